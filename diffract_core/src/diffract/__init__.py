@@ -1,0 +1,53 @@
+"""Diffract: named metrics on every parameter of neural-network checkpoints.
+
+``import diffract`` is cheap: it imports neither torch nor any plugin. The public names
+load on first access.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FieldUndefined",
+    "KernelApplyLevel",
+    "KernelExecutionProtocol",
+    "KernelSpec",
+    "Restriction",
+    "Session",
+    "__version__",
+    "kernel",
+]
+
+_LAZY = {
+    "Session": ("diffract.session", "Session"),
+    "KernelApplyLevel": ("diffract.core.compute._enums", "KernelApplyLevel"),
+    "KernelExecutionProtocol": ("diffract.core.compute._enums", "KernelExecutionProtocol"),
+    "KernelSpec": ("diffract.core.compute.spec", "KernelSpec"),
+    "Restriction": ("diffract.core.compute.spec", "Restriction"),
+    "kernel": ("diffract.core.compute.spec", "kernel"),
+    "FieldUndefined": ("diffract.errors", "FieldUndefined"),
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffract.core.compute._enums import KernelApplyLevel, KernelExecutionProtocol
+    from diffract.core.compute.spec import KernelSpec, Restriction, kernel
+    from diffract.errors import FieldUndefined
+    from diffract.session import Session
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'diffract' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,72 @@
+"""The ``diffract`` command: ``plugins``, ``kernels [-v]`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    from diffract.plugins import get_catalog
+
+    catalog = get_catalog()
+    for record in catalog.plugins:
+        ep = f" (entry point {record.entry_point})" if record.entry_point else ""
+        print(f"{record.label}{ep}: {record.status}")
+        if record.reason:
+            print(f"    reason: {record.reason}")
+        for kind, names in sorted(record.provides.items()):
+            print(f"    {kind}: {', '.join(names)}")
+        if record.refused:
+            print(f"    refused (conflicts): {', '.join(record.refused)}")
+    return 0
+
+
+def _kernels(args: argparse.Namespace) -> int:
+    from diffract.core.compute.registry import get_registry
+
+    registry = get_registry()
+    for spec in registry.kernels():
+        if not args.verbose:
+            print(spec.name)
+            continue
+        print(f"{spec.name}  [{spec.apply_level.name}, {spec.execution_protocol.name}]  "
+              f"from {spec.provider}")
+        print(f"    requires: {', '.join(spec.require_fields) or '-'}")
+        print(f"    produces: {', '.join(spec.produce_fields)}")
+        config = registry.effective_config(spec.name)
+        if config:
+            print("    config:   " + ", ".join(f"{k}={v!r}" for k, v in config.items()))
+        if spec.summary:
+            print(f"    {spec.summary}")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from diffract.demo import run_demo
+
+    run_demo()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="diffract", description="Metrics on every parameter of neural-network checkpoints."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("plugins", help="installed plugins, what they register, what failed").set_defaults(
+        run=_plugins
+    )
+    k = sub.add_parser("kernels", help="registered kernels")
+    k.add_argument("-v", "--verbose", action="store_true", help="fields, level, configuration")
+    k.set_defaults(run=_kernels)
+    sub.add_parser("demo", help="analyse a small torch model with every installed kernel").set_defaults(
+        run=_demo
+    )
+    args = parser.parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

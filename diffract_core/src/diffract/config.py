@@ -1,0 +1,156 @@
+"""Session configuration: defaults, a TOML file (tomllib) or a mapping, validated.
+
+Keys and defaults (every key is optional)::
+
+    [parallel]
+    executor = "processes"        # runs PARALLEL kernels: "processes", "threads",
+                                  # "sequential", or one a plugin provides ("dask")
+
+    [parallel.thread_pool]
+    max_workers = 8               # threads prefetching inputs; default min(8, CPUs)
+
+    [parallel.process_pool]
+    max_workers = 8               # workers for PARALLEL kernels; default min(8, CPUs)
+
+    [cache]
+    max_bytes = 0                 # cap on the read budget in bytes; 0 = no cap
+    headroom = 0.25               # fraction of available memory left untouched
+
+    [profile.<name>]              # free-form options for one storage profile
+    [executor.<name>]             # free-form options for one executor
+
+Pass ``Session(config=...)`` a path, a mapping, or nothing; with nothing, the file named
+by the ``DIFFRACT_CONFIG`` environment variable is read when it is set.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from diffract.errors import ConfigError, did_you_mean
+
+__all__ = ["Config", "load_config"]
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+@attrs.frozen
+class Config:
+    """Validated session configuration (see the module docstring for the file format)."""
+
+    thread_workers: int = attrs.field(factory=lambda: min(8, _cpus()))
+    process_workers: int = attrs.field(factory=lambda: min(8, _cpus()))
+    executor: str = "processes"
+    cache_max_bytes: int = 0
+    cache_headroom: float = 0.25
+    profiles: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+    executors: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+
+
+_SCHEMA: dict[str, Any] = {
+    "parallel": {
+        "executor": str,
+        "thread_pool": {"max_workers": int},
+        "process_pool": {"max_workers": int},
+    },
+    "cache": {"max_bytes": int, "headroom": float},
+    "profile": dict,
+    "executor": dict,
+}
+
+
+def _check(data: Mapping[str, Any], schema: Mapping[str, Any], where: str, problems: list[str]):
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else key
+        if key not in schema:
+            problems.append(
+                f"unknown key {path!r}.{did_you_mean(key, schema)} Known here: {sorted(schema)}"
+            )
+            continue
+        want = schema[key]
+        if isinstance(want, dict):
+            if not isinstance(value, Mapping):
+                problems.append(f"{path!r} must be a table, got {value!r}")
+            else:
+                _check(value, want, path, problems)
+        elif want is dict:
+            if not isinstance(value, Mapping):
+                problems.append(f"{path!r} must be a table, got {value!r}")
+        elif want is float:
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                problems.append(f"{path!r} must be a number, got {value!r}")
+        elif not isinstance(value, want) or isinstance(value, bool):
+            problems.append(f"{path!r} must be {want.__name__}, got {value!r}")
+
+
+def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | Config | None) -> Config:
+    """Read and validate a configuration; raises :class:`ConfigError` listing every problem."""
+    if isinstance(config, Config):
+        return config
+    source = "configuration"
+    if config is None:
+        env = os.environ.get("DIFFRACT_CONFIG")
+        if not env:
+            return Config()
+        config = env
+    if isinstance(config, (str, os.PathLike)):
+        path = Path(config)
+        source = str(path)
+        try:
+            with path.open("rb") as fh:
+                data: Mapping[str, Any] = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(
+                f"Configuration file {source!r} does not exist. Pass an existing TOML file, "
+                "a mapping, or nothing for the defaults."
+            ) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"Configuration file {source!r} is not valid TOML: {exc}.") from None
+    elif isinstance(config, Mapping):
+        data = config
+    else:
+        raise ConfigError(
+            f"config must be a path, a mapping or None, got {type(config).__name__}."
+        )
+    problems: list[str] = []
+    _check(data, _SCHEMA, "", problems)
+    par = data.get("parallel", {}) if isinstance(data.get("parallel", {}), Mapping) else {}
+    cache = data.get("cache", {}) if isinstance(data.get("cache", {}), Mapping) else {}
+    defaults = Config()
+    values = {
+        "thread_workers": par.get("thread_pool", {}).get("max_workers", defaults.thread_workers),
+        "process_workers": par.get("process_pool", {}).get(
+            "max_workers", defaults.process_workers
+        ),
+        "executor": par.get("executor", defaults.executor),
+        "cache_max_bytes": cache.get("max_bytes", defaults.cache_max_bytes),
+        "cache_headroom": float(cache.get("headroom", defaults.cache_headroom)),
+        "profiles": dict(data.get("profile", {})),
+        "executors": dict(data.get("executor", {})),
+    }
+    if not problems:
+        for key in ("thread_workers", "process_workers"):
+            if values[key] < 1:
+                problems.append(f"max_workers must be at least 1, got {values[key]}")
+        if values["cache_max_bytes"] < 0:
+            problems.append(f"'cache.max_bytes' must be >= 0, got {values['cache_max_bytes']}")
+        if not 0.0 <= values["cache_headroom"] < 1.0:
+            problems.append(f"'cache.headroom' must be in [0, 1), got {values['cache_headroom']}")
+    if problems:
+        raise ConfigError(
+            f"Invalid {source}:\n  " + "\n  ".join(sorted(problems))
+            + "\nSee diffract.config for every key and its default.",
+            key=None,
+        )
+    return Config(**values)

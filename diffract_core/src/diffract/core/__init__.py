@@ -1,0 +1,1 @@
+"""Diffract's core: compute (specs, registry, planner, execution) and storage."""

@@ -1,0 +1,1 @@
+"""The compute model: kernel specs, the registry, the planner and the runner."""

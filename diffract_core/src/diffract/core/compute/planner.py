@@ -1,0 +1,290 @@
+"""The planner: requested fields -> ordered steps of pending units, as plain data.
+
+Three stages stay apart: :func:`resolve` turns field names into kernels in topological
+order, :func:`validate_scope` checks pairwise kernels against the scope before any work,
+:func:`make_plan` selects the pending units of each kernel by field presence. The runner
+in ``execution`` consumes the plan, cutting each step into chunks with :func:`chunk_units`
+when the step starts (its inputs' sizes are known only then).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+from diffract.core.compute._enums import KernelApplyLevel
+from diffract.core.compute.registry import KernelRegistry
+from diffract.core.compute.spec import SOURCE_FIELDS, KernelSpec
+from diffract.core.storage.base import ParamInfo, Store, contextual_name
+from diffract.errors import (
+    DependencyCycleError,
+    MissingProducerError,
+    ScopeValidationError,
+    UnknownFieldError,
+)
+
+__all__ = [
+    "Plan",
+    "Step",
+    "Unit",
+    "chunk_units",
+    "downstream_fields",
+    "make_plan",
+    "resolve",
+    "validate_scope",
+]
+
+#: Most units one chunk holds, however small they are: bounds what a crash can lose.
+MAX_UNITS_PER_CHUNK = 1024
+
+
+@attrs.frozen
+class Unit:
+    """One kernel invocation: a parameter of a model, a model, or a parameter of a pair."""
+
+    models: tuple[str, ...]
+    param: str | None = None
+
+    @property
+    def label(self) -> str:
+        head = self.models[0] if len(self.models) == 1 else f"[{','.join(self.models)}]"
+        return head if self.param is None else f"{head}/{self.param}"
+
+
+@attrs.frozen
+class Step:
+    """A kernel with its pending units and the units its restrictions skip (with reasons)."""
+
+    kernel: KernelSpec
+    units: tuple[Unit, ...]
+    skipped: tuple[tuple[Unit, str], ...] = ()
+
+
+@attrs.frozen
+class Plan:
+    """What one ``apply`` will run, in order.
+
+    ``partial`` lists (field, kernel, siblings) for requested fields that are absent
+    while sibling outputs of the same kernel are present: such units are not pending.
+    """
+
+    requested: tuple[str, ...]
+    scope: tuple[str, ...]
+    steps: tuple[Step, ...]
+    partial: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+
+    @property
+    def pending(self) -> int:
+        return sum(len(s.units) for s in self.steps)
+
+
+def resolve(fields: Iterable[str], registry: KernelRegistry) -> list[KernelSpec]:
+    """Kernels needed for ``fields``, dependencies first (each kernel once).
+
+    Raises :class:`UnknownFieldError` for a field no kernel produces (every unknown one
+    is checked, the first sorted is reported with a suggestion),
+    :class:`MissingProducerError` for a dependency nobody produces, and
+    :class:`DependencyCycleError` with the cycle.
+    """
+    fields = list(fields)
+    known = registry.fields()
+    unknown = sorted(f for f in fields if f not in SOURCE_FIELDS and registry.producer(f) is None)
+    if unknown:
+        raise UnknownFieldError(unknown[0], known)
+    order: list[KernelSpec] = []
+    done: set[str] = set()
+    path: list[tuple[str, str]] = []  # (kernel, field that led to it)
+
+    def visit(field: str, consumer: str | None) -> None:
+        if field in SOURCE_FIELDS:
+            return
+        spec = registry.producer(field)
+        if spec is None:
+            raise MissingProducerError(field, consumer or "?", known)
+        if spec.name in done:
+            return
+        on_path = [k for k, _ in path]
+        if spec.name in on_path:
+            start = on_path.index(spec.name)
+            raise DependencyCycleError([f for _, f in path[start:]] + [field])
+        path.append((spec.name, field))
+        for needed in spec.require_fields:
+            visit(needed, spec.name)
+        path.pop()
+        done.add(spec.name)
+        order.append(spec)
+
+    for field in fields:
+        visit(field, None)
+    return order
+
+
+def _closure(field: str, registry: KernelRegistry) -> list[KernelSpec]:
+    return resolve([field], registry)
+
+
+def validate_scope(fields: Iterable[str], registry: KernelRegistry, scope: Sequence[str]) -> None:
+    """Raise :class:`ScopeValidationError` when a requested field needs a binary
+    cross-model kernel (itself or transitively) and the scope is not exactly two models."""
+    if len(scope) == 2:
+        return
+    for field in fields:
+        pairwise = [
+            s for s in _closure(field, registry) if s.apply_level is KernelApplyLevel.CROSS_MODEL
+        ]
+        if not pairwise:
+            continue
+        own = registry.producer(field)
+        # Name the deepest pairwise kernel: the one the requested field ultimately reads.
+        root = pairwise[0]
+        dependency = root.produce_fields[0] if own is None or root.name != own.name else None
+        pair = list(scope[:2]) if len(scope) >= 2 else ["a", "b"]
+        via = (
+            f" it depends on {dependency!r}, and {dependency!r}"
+            if dependency is not None
+            else " it"
+        )
+        raise ScopeValidationError(
+            f"Cannot produce {field!r}:{via} is a binary cross-model kernel that requires "
+            f"exactly two models in scope, but the current scope has {len(scope)}: "
+            f"{list(scope)}. Restrict the scope to a model pair, e.g. "
+            f"session.filter(model_ids={pair!r}).compute.apply({field!r}).",
+            field=field,
+            kernel=root.name,
+            dependency=dependency,
+            scope=list(scope),
+        )
+
+
+def _passes(spec: KernelSpec, info: ParamInfo) -> str | None:
+    for restriction in spec.restrictions:
+        if not restriction.check(info):
+            return restriction.reason
+    return None
+
+
+def make_plan(
+    fields: Sequence[str], registry: KernelRegistry, store: Store, scope: Sequence[str]
+) -> Plan:
+    """Resolve, validate the scope and select pending units by field presence.
+
+    A unit is pending for a kernel only when *all* the kernel's outputs are absent
+    there; restrictions move pending parameters to ``Step.skipped`` with their reason.
+    """
+    kernels = resolve(fields, registry)
+    validate_scope(fields, registry, scope)
+    requested = set(fields)
+    steps: list[Step] = []
+    partial: dict[tuple[str, str], set[str]] = {}
+    for spec in kernels:
+        outputs = spec.produce_fields
+        wanted = [f for f in outputs if f in requested]
+        units: list[Unit] = []
+        skipped: list[tuple[Unit, str]] = []
+        level = spec.apply_level
+        if level is KernelApplyLevel.PARAMETER:
+            for model_id in scope:
+                have = {f: store.present(model_id, f) for f in outputs}
+                any_out = set().union(*have.values())
+                for f in wanted:
+                    if any(p not in have[f] for p in any_out):
+                        partial.setdefault((f, spec.name), set()).update(
+                            s for s in outputs if s != f
+                        )
+                for info in store.params(model_id):
+                    if info.name in any_out:
+                        continue
+                    unit = Unit((model_id,), info.name)
+                    reason = _passes(spec, info)
+                    (skipped.append((unit, reason)) if reason else units.append(unit))
+        elif level is KernelApplyLevel.IN_MODEL:
+            for model_id in scope:
+                names = [contextual_name(f, (model_id,)) for f in outputs]
+                present = [store.has_aggregate(n) for n in names]
+                if not any(present):
+                    units.append(Unit((model_id,)))
+                elif not all(present):
+                    for f, here in zip(outputs, present, strict=True):
+                        if f in requested and not here:
+                            partial.setdefault((f, spec.name), set()).update(
+                                s for s in outputs if s != f
+                            )
+        else:  # CROSS_MODEL: scope is exactly a pair (validated above)
+            a, b = scope
+            in_b = {p.name: p for p in store.params(b)}
+            for info in store.params(a):
+                unit = Unit((a, b), info.name)
+                if info.name not in in_b:
+                    skipped.append((unit, f"parameter {info.name!r} is not in model {b!r}"))
+                    continue
+                names = [contextual_name(f, (a, b), info.name) for f in outputs]
+                if any(store.has_aggregate(n) for n in names):
+                    continue
+                reason = _passes(spec, info) or _passes(spec, in_b[info.name])
+                (skipped.append((unit, reason)) if reason else units.append(unit))
+        steps.append(Step(spec, tuple(units), tuple(skipped)))
+    return Plan(
+        requested=tuple(fields),
+        scope=tuple(scope),
+        steps=tuple(steps),
+        partial=tuple((f, k, tuple(sorted(s))) for (f, k), s in sorted(partial.items())),
+    )
+
+
+def chunk_units(step: Step, store: Store, budget: int) -> list[tuple[Unit, ...]]:
+    """Cut a step's units into chunks whose estimated input bytes fit ``budget``.
+
+    Sizes come from stored metadata (parameter shape and dtype, stored field sizes),
+    so weight matrices make small chunks and scalars large ones; every chunk holds at
+    least one unit and at most :data:`MAX_UNITS_PER_CHUNK`.
+    """
+    models = {m for u in step.units for m in u.models}
+    infos = {m: {p.name: p for p in store.params(m)} for m in models}
+    per_param = {  # inputs stored per parameter (others are aggregates: small)
+        (m, f): store.present(m, f)
+        for m in models
+        for f in step.kernel.require_fields
+        if f not in SOURCE_FIELDS
+    }
+
+    def cost_of(unit: Unit) -> int:
+        total = 0
+        for field in step.kernel.require_fields:
+            for m in unit.models:
+                params = [unit.param] if unit.param is not None else list(infos[m])
+                if field in SOURCE_FIELDS:
+                    total += sum(infos[m][p].nbytes for p in params)
+                elif per_param[(m, field)]:
+                    total += sum(store.nbytes(m, p, field) for p in params)
+                else:
+                    total += 8
+        return total
+
+    chunks: list[tuple[Unit, ...]] = []
+    current: list[Unit] = []
+    used = 0
+    for unit in step.units:
+        cost = cost_of(unit)
+        if current and (used + cost > budget or len(current) >= MAX_UNITS_PER_CHUNK):
+            chunks.append(tuple(current))
+            current, used = [], 0
+        current.append(unit)
+        used += cost
+    if current:
+        chunks.append(tuple(current))
+    return chunks
+
+
+def downstream_fields(fields: Iterable[str], registry: KernelRegistry) -> set[str]:
+    """Every field computed, directly or transitively, from ``fields`` (excluding them)."""
+    seen: set[str] = set()
+    frontier = list(fields)
+    while frontier:
+        field = frontier.pop()
+        for consumer in registry.consumers(field):
+            for out in consumer.produce_fields:
+                if out not in seen:
+                    seen.add(out)
+                    frontier.append(out)
+    return seen - set(fields)

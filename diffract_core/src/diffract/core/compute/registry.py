@@ -1,0 +1,165 @@
+"""The process-global kernel registry and its configuration.
+
+There is one registry per process (documented behaviour of the compute API): kernels
+registered and configuration set through one session apply to every session in the
+process until the interpreter exits. It is filled on first use from the plugin catalog
+(every ``diffract_kernels`` hook), then by ``@session.compute.kernel`` decorators.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from diffract.core.compute.spec import SOURCE_FIELDS, KernelSpec
+from diffract.errors import (
+    KernelConflictError,
+    UnknownConfigKeyError,
+    UnknownKernelError,
+)
+
+__all__ = ["KernelRegistry", "get_registry", "reset_registry", "SESSION_PROVIDER"]
+
+log = logging.getLogger(__name__)
+
+#: Provider recorded for kernels registered with ``@session.compute.kernel``.
+SESSION_PROVIDER = "<session>"
+
+
+class KernelRegistry:
+    """Kernels by name, the producer of each field, and per-kernel configuration."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._specs: dict[str, KernelSpec] = {}
+        self._producers: dict[str, str] = {}
+        self._config: dict[str, dict[str, Any]] = {}
+
+    # -- registration ---------------------------------------------------------
+    def register(self, spec: KernelSpec) -> None:
+        """Add a kernel. A session kernel may replace an earlier session kernel of the
+        same name (redefinition in a notebook); any other clash raises
+        :class:`KernelConflictError` naming both providers."""
+        with self._lock:
+            old = self._specs.get(spec.name)
+            replacing = old is not None and {old.provider, spec.provider} == {SESSION_PROVIDER}
+            if old is not None and not replacing:
+                raise KernelConflictError(
+                    f"Kernel {spec.name!r} from {spec.provider} clashes with the kernel of "
+                    f"that name from {old.provider}. Register it under another name "
+                    "(name=...) or uninstall one of the providers.",
+                    kernel=spec.name,
+                )
+            clashes = sorted(
+                f"{f!r} (already produced by {self._producers[f]!r} from "
+                f"{self._specs[self._producers[f]].provider})"
+                for f in spec.produce_fields
+                if f in self._producers and self._producers[f] != spec.name
+            )
+            if clashes:
+                raise KernelConflictError(
+                    f"Kernel {spec.name!r} from {spec.provider} produces fields another kernel "
+                    f"already produces: {', '.join(clashes)}. Rename its produce_fields.",
+                    kernel=spec.name,
+                )
+            if replacing:
+                log.info("replacing session kernel %r", spec.name)
+                self._drop(spec.name)
+            self._specs[spec.name] = spec
+            for f in spec.produce_fields:
+                self._producers[f] = spec.name
+            stale = set(self._config.get(spec.name, ())) - set(spec.config_defaults)
+            for key in stale:
+                del self._config[spec.name][key]
+
+    def unregister(self, name: str) -> KernelSpec:
+        """Remove a kernel (and its configuration); returns its spec."""
+        with self._lock:
+            spec = self.get(name)
+            self._drop(name)
+            self._config.pop(name, None)
+            return spec
+
+    def _drop(self, name: str) -> None:
+        spec = self._specs.pop(name)
+        for f in spec.produce_fields:
+            if self._producers.get(f) == name:
+                del self._producers[f]
+
+    # -- lookup ---------------------------------------------------------------
+    def get(self, name: str) -> KernelSpec:
+        try:
+            return self._specs[name]
+        except KeyError:
+            raise UnknownKernelError(name, self._specs) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def kernels(self) -> list[KernelSpec]:
+        """Every kernel, sorted by name."""
+        return [self._specs[n] for n in sorted(self._specs)]
+
+    def producer(self, field: str) -> KernelSpec | None:
+        """The kernel producing ``field``, or None (source fields have no producer)."""
+        name = self._producers.get(field)
+        return self._specs[name] if name is not None else None
+
+    def fields(self) -> list[str]:
+        """Every field some kernel produces, plus the source fields, sorted."""
+        return sorted(set(self._producers) | SOURCE_FIELDS)
+
+    def consumers(self, field: str) -> list[KernelSpec]:
+        """Kernels that require ``field``."""
+        return [s for s in self.kernels() if field in s.require_fields]
+
+    # -- configuration ----------------------------------------------------------
+    def configure(self, name: str, **kwargs: Any) -> None:
+        """Set configuration keywords of a kernel (process-global, kept until exit)."""
+        with self._lock:
+            spec = self.get(name)
+            unknown = set(kwargs) - set(spec.config_defaults)
+            if unknown:
+                raise UnknownConfigKeyError(name, unknown, spec.config_defaults)
+            self._config.setdefault(name, {}).update(kwargs)
+
+    def reset_configuration(self, name: str | None = None) -> None:
+        """Forget configuration set with :meth:`configure` (all kernels when ``name`` is None)."""
+        with self._lock:
+            if name is None:
+                self._config.clear()
+            else:
+                self.get(name)
+                self._config.pop(name, None)
+
+    def effective_config(self, name: str) -> dict[str, Any]:
+        """Defaults overlaid with what :meth:`configure` set."""
+        spec = self.get(name)
+        return {**spec.config_defaults, **self._config.get(name, {})}
+
+
+_REGISTRY: KernelRegistry | None = None
+_REGISTRY_LOCK = threading.Lock()
+
+
+def get_registry() -> KernelRegistry:
+    """The process-global registry, filled from the plugin catalog on first use."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        with _REGISTRY_LOCK:
+            if _REGISTRY is None:
+                from diffract.plugins import get_catalog
+
+                registry = KernelRegistry()
+                for spec in get_catalog().kernels:
+                    registry.register(spec)
+                _REGISTRY = registry
+    return _REGISTRY
+
+
+def reset_registry() -> None:
+    """Drop the registry; the next use refills it from the current plugin catalog."""
+    global _REGISTRY
+    with _REGISTRY_LOCK:
+        _REGISTRY = None

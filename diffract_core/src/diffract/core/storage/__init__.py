@@ -1,0 +1,23 @@
+"""Storage profiles: the contract (:class:`Store`) and the built-in ``ram`` profile."""
+
+from diffract.core.storage.base import (
+    Batch,
+    Note,
+    ParamInfo,
+    Store,
+    contextual_name,
+    estimate_nbytes,
+    split_contextual,
+)
+from diffract.core.storage.ram import RamStore
+
+__all__ = [
+    "Batch",
+    "Note",
+    "ParamInfo",
+    "RamStore",
+    "Store",
+    "contextual_name",
+    "estimate_nbytes",
+    "split_contextual",
+]

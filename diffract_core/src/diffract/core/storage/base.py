@@ -1,0 +1,205 @@
+"""The storage contract: what a profile must keep and how a chunk is committed.
+
+A store holds, for each model: its parameters' metadata (:class:`ParamInfo`) and a
+lazy loader for their weights; per-parameter field values; aggregates under contextual
+names (``field@models[m]``, ``field@models[a,b]@params[p]``); and notes (why a unit was
+skipped, left undefined, or failed). All writes of one chunk arrive in one
+:meth:`Store.commit` call, which a profile must apply atomically.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+__all__ = [
+    "Batch",
+    "Note",
+    "ParamInfo",
+    "Store",
+    "contextual_name",
+    "estimate_nbytes",
+    "split_contextual",
+]
+
+
+@attrs.frozen
+class ParamInfo:
+    """One parameter of one model: name, shape and dtype (as a numpy-style string)."""
+
+    model_id: str
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        try:
+            itemsize = np.dtype(self.dtype).itemsize
+        except TypeError:
+            itemsize = 2 if "16" in self.dtype else 4
+        return self.numel * itemsize
+
+
+@attrs.frozen
+class Note:
+    """Why a unit has no (or NaN) values for a kernel.
+
+    ``kind`` is ``skipped`` (a restriction or a missing input: nothing stored),
+    ``undefined`` (the kernel said its outputs are undefined here: NaN stored) or
+    ``failed`` (the kernel raised: nothing stored, retried by the next apply).
+    """
+
+    kernel: str
+    models: tuple[str, ...]
+    param: str | None
+    kind: str
+    reason: str
+
+    @property
+    def unit(self) -> str:
+        """A readable label: ``model/param``, ``model``, or ``[a,b]/param``."""
+        head = self.models[0] if len(self.models) == 1 else f"[{','.join(self.models)}]"
+        return head if self.param is None else f"{head}/{self.param}"
+
+    @property
+    def key(self) -> tuple[str, tuple[str, ...], str | None]:
+        return (self.kernel, self.models, self.param)
+
+
+@attrs.define
+class Batch:
+    """The writes of one chunk, committed together.
+
+    ``values`` maps (model_id, param, field) to a per-parameter value; ``aggregates``
+    maps a contextual name to a value; ``notes`` are recorded (replacing any note of the
+    same kernel and unit) and ``cleared_notes`` (Note.key tuples) removed.
+    """
+
+    values: dict[tuple[str, str, str], Any] = attrs.field(factory=dict)
+    aggregates: dict[str, Any] = attrs.field(factory=dict)
+    notes: list[Note] = attrs.field(factory=list)
+    cleared_notes: set[tuple[str, tuple[str, ...], str | None]] = attrs.field(factory=set)
+
+    def __len__(self) -> int:
+        return len(self.values) + len(self.aggregates) + len(self.notes)
+
+
+def contextual_name(field: str, models: Sequence[str], param: str | None = None) -> str:
+    """The deterministic storage name of an aggregate: ``field@models[a,b]@params[p]``."""
+    name = f"{field}@models[{','.join(models)}]"
+    return f"{name}@params[{param}]" if param is not None else name
+
+
+_CONTEXT = re.compile(r"^(?P<field>[^@]+)@models\[(?P<models>[^\]]*)\](?:@params\[(?P<param>.*)\])?$")
+
+
+def split_contextual(name: str) -> tuple[str, tuple[str, ...], str | None]:
+    """Invert :func:`contextual_name`: (field, models, param or None)."""
+    m = _CONTEXT.match(name)
+    if m is None:
+        return name, (), None
+    models = tuple(x for x in m["models"].split(",") if x)
+    return m["field"], models, m["param"]
+
+
+def estimate_nbytes(value: Any) -> int:
+    """Bytes a stored value takes when read back (arrays exactly, scalars as 8)."""
+    nbytes = getattr(value, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if isinstance(value, (tuple, list)):
+        return sum(estimate_nbytes(v) for v in value) + 8
+    return 8
+
+
+class Store(abc.ABC):
+    """What a storage profile provides; the planner and executor use nothing else."""
+
+    # -- models ---------------------------------------------------------------
+    @abc.abstractmethod
+    def add_model(
+        self, model_id: str, params: Sequence[ParamInfo], load: Callable[[str], np.ndarray]
+    ) -> None:
+        """Record a model's parameters and the loader that reads one parameter's weights."""
+
+    @abc.abstractmethod
+    def model_ids(self) -> list[str]:
+        """Models in insertion order."""
+
+    @abc.abstractmethod
+    def params(self, model_id: str) -> list[ParamInfo]:
+        """Parameters of one model, in insertion order."""
+
+    @abc.abstractmethod
+    def load_weights(self, model_id: str, param: str) -> np.ndarray:
+        """Read one parameter's weights."""
+
+    # -- per-parameter fields -------------------------------------------------
+    @abc.abstractmethod
+    def present(self, model_id: str, field: str) -> set[str]:
+        """Names of the parameters of ``model_id`` that have ``field`` stored."""
+
+    @abc.abstractmethod
+    def read(self, model_id: str, param: str, field: str) -> Any:
+        """A stored per-parameter value (KeyError when absent)."""
+
+    @abc.abstractmethod
+    def nbytes(self, model_id: str, param: str, field: str) -> int:
+        """Bytes ``read`` would return, from stored metadata (0 when absent)."""
+
+    @abc.abstractmethod
+    def fields(self, model_id: str) -> set[str]:
+        """Every per-parameter field stored for the model."""
+
+    # -- aggregates -----------------------------------------------------------
+    @abc.abstractmethod
+    def aggregate_names(self) -> list[str]:
+        """Every stored contextual name, in insertion order."""
+
+    @abc.abstractmethod
+    def read_aggregate(self, name: str) -> Any:
+        """A stored aggregate (KeyError when absent)."""
+
+    # -- notes ----------------------------------------------------------------
+    @abc.abstractmethod
+    def notes(self) -> list[Note]:
+        """Every recorded note."""
+
+    # -- writes ---------------------------------------------------------------
+    @abc.abstractmethod
+    def commit(self, batch: Batch) -> None:
+        """Apply every write of ``batch`` at once, or none of them."""
+
+    @abc.abstractmethod
+    def erase(
+        self, fields: Iterable[str], model_ids: Iterable[str], kernels: Iterable[str] = ()
+    ) -> int:
+        """Erase per-parameter values and aggregates of ``fields`` for the models (an
+        aggregate is erased when all its models are among ``model_ids``), and the notes
+        of ``kernels`` for those models. Returns how many values were erased."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (files, handles). The default does nothing."""
+
+    # -- conveniences built on the contract -----------------------------------
+    def has_aggregate(self, name: str) -> bool:
+        return name in set(self.aggregate_names())
+
+    def describe(self) -> Mapping[str, Any]:
+        """A small summary for logs: models, parameters, stored values."""
+        return {
+            "models": len(self.model_ids()),
+            "params": sum(len(self.params(m)) for m in self.model_ids()),
+            "aggregates": len(self.aggregate_names()),
+        }

@@ -1,0 +1,108 @@
+"""The ``ram`` storage profile: everything in process memory, the embedded default.
+
+Weights are never copied: the store keeps the loader that ``models.add`` built, which
+reads a tensor from the caller's model (or a memory-mapped file) when a chunk needs it.
+Commits are atomic under a lock; nothing survives the process.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from diffract.core.storage.base import Batch, Note, ParamInfo, Store, estimate_nbytes, split_contextual
+
+__all__ = ["RamStore"]
+
+
+class RamStore(Store):
+    """An in-memory store; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._params: dict[str, dict[str, ParamInfo]] = {}
+        self._loaders: dict[str, Callable[[str], np.ndarray]] = {}
+        self._values: dict[str, dict[str, dict[str, Any]]] = {}  # model -> field -> param -> v
+        self._sizes: dict[tuple[str, str, str], int] = {}
+        self._aggregates: dict[str, Any] = {}
+        self._notes: dict[tuple[str, tuple[str, ...], str | None], Note] = {}
+
+    def add_model(
+        self, model_id: str, params: Sequence[ParamInfo], load: Callable[[str], np.ndarray]
+    ) -> None:
+        with self._lock:
+            self._params[model_id] = {p.name: p for p in params}
+            self._loaders[model_id] = load
+            self._values[model_id] = {}
+
+    def model_ids(self) -> list[str]:
+        return list(self._params)
+
+    def params(self, model_id: str) -> list[ParamInfo]:
+        return list(self._params[model_id].values())
+
+    def load_weights(self, model_id: str, param: str) -> np.ndarray:
+        return self._loaders[model_id](param)
+
+    def present(self, model_id: str, field: str) -> set[str]:
+        return set(self._values[model_id].get(field, ()))
+
+    def read(self, model_id: str, param: str, field: str) -> Any:
+        return self._values[model_id][field][param]
+
+    def nbytes(self, model_id: str, param: str, field: str) -> int:
+        return self._sizes.get((model_id, param, field), 0)
+
+    def fields(self, model_id: str) -> set[str]:
+        return {f for f, per in self._values[model_id].items() if per}
+
+    def aggregate_names(self) -> list[str]:
+        return list(self._aggregates)
+
+    def read_aggregate(self, name: str) -> Any:
+        return self._aggregates[name]
+
+    def has_aggregate(self, name: str) -> bool:
+        return name in self._aggregates
+
+    def notes(self) -> list[Note]:
+        return list(self._notes.values())
+
+    def commit(self, batch: Batch) -> None:
+        # Validate everything first so a bad key cannot leave a half-applied batch.
+        for model_id, _param, _field in batch.values:
+            if model_id not in self._values:
+                raise KeyError(f"commit names unknown model {model_id!r}")
+        with self._lock:
+            for (model_id, param, field), value in batch.values.items():
+                self._values[model_id].setdefault(field, {})[param] = value
+                self._sizes[(model_id, param, field)] = estimate_nbytes(value)
+            self._aggregates.update(batch.aggregates)
+            for key in batch.cleared_notes:
+                self._notes.pop(key, None)
+            self._notes.update((note.key, note) for note in batch.notes)
+
+    def erase(
+        self, fields: Iterable[str], model_ids: Iterable[str], kernels: Iterable[str] = ()
+    ) -> int:
+        fields, models, kernels = set(fields), set(model_ids), set(kernels)
+        erased = 0
+        with self._lock:
+            for model_id in models & set(self._values):
+                for field in fields:
+                    per = self._values[model_id].pop(field, {})
+                    erased += len(per)
+                    for param in per:
+                        self._sizes.pop((model_id, param, field), None)
+            for name in list(self._aggregates):
+                base, ctx_models, _ = split_contextual(name)
+                if base in fields and ctx_models and set(ctx_models) <= models:
+                    del self._aggregates[name]
+                    erased += 1
+            for key, note in list(self._notes.items()):
+                if note.kernel in kernels and set(note.models) <= models:
+                    del self._notes[key]
+        return erased

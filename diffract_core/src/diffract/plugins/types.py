@@ -1,0 +1,68 @@
+"""The frozen records that Diffract's hooks yield."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from typing import Any
+
+import attrs
+
+from diffract.core.compute.spec import KernelSpec, Restriction, kernel
+
+__all__ = ["ExecutorSpec", "KernelSpec", "OpSpec", "Restriction", "StorageProfile", "kernel"]
+
+
+def _summary(fn: Any) -> str:
+    return f"<{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)!s}>"
+
+
+@attrs.frozen
+class StorageProfile:
+    """A named storage profile: ``factory(options)`` returns a Store.
+
+    ``options`` merges ``[profile.<name>]`` from the configuration with the keyword
+    arguments given to ``Session(profile=name, ...)``. ``durable`` says whether results
+    survive the process.
+    """
+
+    name: str
+    factory: Callable[[Mapping[str, Any]], Any] = attrs.field(eq=False, hash=False, repr=_summary)
+    description: str = ""
+    durable: bool = False
+    provider: str = "unknown"
+
+
+@attrs.frozen
+class ExecutorSpec:
+    """A named executor: ``factory(config, options)`` returns a ``concurrent.futures.Executor``.
+
+    ``config`` is the session's :class:`~diffract.config.Config`; ``options`` is its
+    ``[executor.<name>]`` table. Workers receive top-level kernel functions by pickle.
+    """
+
+    name: str
+    factory: Callable[[Any, Mapping[str, Any]], Executor] = attrs.field(
+        eq=False, hash=False, repr=_summary
+    )
+    description: str = ""
+    provider: str = "unknown"
+
+
+@attrs.frozen
+class OpSpec:
+    """One implementation of a named op (``causal_conv1d``, ``chunk_kda``).
+
+    ``implementation(*args, **kwargs)`` computes the op; ``is_supported(*args, **kwargs)``
+    returns ``(ok, reason)`` for one call; ``reference`` is the function it replaces,
+    called when no implementation supports the call. Higher ``priority`` is tried first.
+    """
+
+    name: str
+    implementation: Callable[..., Any] = attrs.field(eq=False, hash=False, repr=_summary)
+    is_supported: Callable[..., tuple[bool, str]] = attrs.field(eq=False, hash=False, repr=_summary)
+    reference: Callable[..., Any] | None = attrs.field(
+        default=None, eq=False, hash=False, repr=_summary
+    )
+    priority: int = 0
+    provider: str = "unknown"

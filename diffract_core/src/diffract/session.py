@@ -1,0 +1,536 @@
+"""Sessions: models in a store, the compute API, and the results API.
+
+    from diffract import Session
+
+    with Session(profile="ram") as session:
+        session.models.add(model, model_id="m1")
+        session.compute.apply("frob_norm")
+        table = session.results.export_metrics("frob_norm", export_format="pandas")
+
+``session.filter(model_ids=[...])`` returns a view of the same session scoped to some
+models, with the same ``compute`` and ``results`` API. The kernel registry and kernel
+configuration are process-global (see :mod:`diffract.core.compute.registry`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from diffract.config import Config, load_config
+from diffract.core.cache import CacheManager
+from diffract.core.compute._enums import KernelApplyLevel, KernelExecutionProtocol
+from diffract.core.compute.execution import ApplyReport, Runner
+from diffract.core.compute.planner import downstream_fields, make_plan
+from diffract.core.compute.registry import SESSION_PROVIDER, KernelRegistry, get_registry
+from diffract.core.compute.spec import SOURCE_FIELDS, KernelSpec, Restriction
+from diffract.core.models import read_model
+from diffract.core.storage.base import Note, Store, split_contextual
+from diffract.errors import (
+    ApplyError,
+    DiffractError,
+    DuplicateModelError,
+    ModelError,
+    PartialOutputWarning,
+    ScopeValidationError,
+    StorageError,
+    UnknownExecutorError,
+    UnknownFieldError,
+    UnknownModelError,
+    UnknownProfileError,
+)
+
+__all__ = ["ScopeValidationError", "Session", "SessionView"]
+
+log = logging.getLogger(__name__)
+
+
+class Session:
+    """Models, their fields, and the machinery that computes them.
+
+    ``profile`` names a storage profile (``"ram"`` is built in; plugins add others);
+    ``config`` is a TOML path, a mapping or None (see :mod:`diffract.config`);
+    ``profile_options`` go to the profile's factory (e.g. a path for a disk profile).
+    Use it as a context manager: leaving the block shuts down worker pools and flushes
+    the store; the stored results stay readable, and the session can be entered again.
+    """
+
+    def __init__(
+        self,
+        profile: str = "ram",
+        config: str | Path | Mapping[str, Any] | Config | None = None,
+        **profile_options: Any,
+    ) -> None:
+        from diffract.plugins import get_catalog
+
+        self.config = load_config(config)
+        catalog = get_catalog()
+        if profile not in catalog.profiles:
+            raise UnknownProfileError(profile, catalog.profiles)
+        spec = catalog.profiles[profile]
+        options = {**self.config.profiles.get(profile, {}), **profile_options}
+        store = spec.factory(options)
+        if not isinstance(store, Store):
+            raise StorageError(
+                f"Storage profile {profile!r} from {spec.provider} returned a "
+                f"{type(store).__name__}, not a diffract Store. Report this to its authors."
+            )
+        self.profile = profile
+        self.store: Store = store
+        self.cache = CacheManager(self.config.cache_max_bytes, self.config.cache_headroom)
+        self._lock = threading.RLock()
+        self._threads: ThreadPoolExecutor | None = None
+        self._executor: Executor | None = None
+        self.models = ModelsAPI(self)
+        self.compute = ComputeAPI(self, None)
+        self.results = ResultsAPI(self, None)
+
+    # -- lifecycle --------------------------------------------------------------
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Shut down worker pools; stored results stay readable."""
+        with self._lock:
+            if self._threads is not None:
+                self._threads.shutdown(wait=True)
+                self._threads = None
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+    def __repr__(self) -> str:
+        return f"Session(profile={self.profile!r}, models={self.store.model_ids()!r})"
+
+    # -- scope ------------------------------------------------------------------
+    @property
+    def model_ids(self) -> list[str]:
+        """Every model in the session, in insertion order."""
+        return self.store.model_ids()
+
+    def filter(self, model_ids: Sequence[str]) -> SessionView:
+        """A view scoped to ``model_ids`` (in that order), with compute and results."""
+        return SessionView(self, self._check_ids(model_ids))
+
+    def _check_ids(self, model_ids: Sequence[str]) -> tuple[str, ...]:
+        if isinstance(model_ids, str):
+            model_ids = [model_ids]
+        ids = tuple(model_ids)
+        known = self.store.model_ids()
+        unknown = [m for m in ids if m not in known]
+        if unknown:
+            raise UnknownModelError(
+                f"Unknown model id(s) {unknown}. Models in this session: {known}.",
+                model_id=unknown[0],
+            )
+        if len(set(ids)) != len(ids):
+            raise ModelError(f"filter() lists a model twice: {list(ids)}.", model_id=None)
+        return ids
+
+    # -- machinery --------------------------------------------------------------
+    @property
+    def registry(self) -> KernelRegistry:
+        return get_registry()
+
+    def _thread_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(
+                    max_workers=self.config.thread_workers, thread_name_prefix="diffract-io"
+                )
+            return self._threads
+
+    def _parallel_executor(self) -> Executor:
+        from diffract.plugins import get_catalog
+
+        with self._lock:
+            if self._executor is None:
+                executors = get_catalog().executors
+                name = self.config.executor
+                if name not in executors:
+                    raise UnknownExecutorError(name, executors)
+                self._executor = executors[name].factory(
+                    self.config, self.config.executors.get(name, {})
+                )
+            return self._executor
+
+    def _runner(self) -> Runner:
+        return Runner(
+            self.store, self.registry, self.cache, self._thread_pool(), self._parallel_executor
+        )
+
+
+class SessionView:
+    """A session scoped to some models; ``compute`` and ``results`` act on them only."""
+
+    def __init__(self, session: Session, model_ids: tuple[str, ...]) -> None:
+        self.session = session
+        self.model_ids = list(model_ids)
+        self.compute = ComputeAPI(session, model_ids)
+        self.results = ResultsAPI(session, model_ids)
+
+    def filter(self, model_ids: Sequence[str]) -> SessionView:
+        ids = self.session._check_ids(model_ids)
+        outside = [m for m in ids if m not in self.model_ids]
+        if outside:
+            raise UnknownModelError(
+                f"Model id(s) {outside} are outside this view's scope {self.model_ids}.",
+                model_id=outside[0],
+            )
+        return SessionView(self.session, ids)
+
+    def __repr__(self) -> str:
+        return f"SessionView(model_ids={self.model_ids!r})"
+
+
+class ModelsAPI:
+    """``session.models``: add models and look at what is there."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def add(self, model: Any, model_id: str) -> list[str]:
+        """Add a torch module, a state dict or a checkpoint path under ``model_id``.
+
+        Returns the names of the parameters recorded (floating-point ones only).
+        Raises DuplicateModelError, EmptyModelError or ModelSourceError.
+        """
+        if not isinstance(model_id, str) or not model_id or any(c in model_id for c in ",[]@"):
+            raise ModelError(
+                f"model_id must be a non-empty string without ',', '[', ']' or '@' (they "
+                f"delimit contextual field names), got {model_id!r}.",
+                model_id=str(model_id),
+            )
+        store = self._session.store
+        with self._session._lock:
+            if model_id in store.model_ids():
+                raise DuplicateModelError(
+                    f"Model id {model_id!r} is already in this session. Choose another "
+                    "model_id, or open a new session to replace it.",
+                    model_id=model_id,
+                )
+            infos, load = read_model(model, model_id)
+            store.add_model(model_id, infos, load)
+        return [i.name for i in infos]
+
+    def ids(self) -> list[str]:
+        return self._session.store.model_ids()
+
+    def params(self, model_id: str) -> list[Any]:
+        """ParamInfo records (name, shape, dtype) of one model."""
+        self._session._check_ids([model_id])
+        return self._session.store.params(model_id)
+
+    def __len__(self) -> int:
+        return len(self._session.store.model_ids())
+
+    def __contains__(self, model_id: object) -> bool:
+        return model_id in self._session.store.model_ids()
+
+
+class ComputeAPI:
+    """``session.compute``: apply fields, configure and register kernels."""
+
+    def __init__(self, session: Session, scope: tuple[str, ...] | None) -> None:
+        self._session = session
+        self._scope = scope
+
+    def _scope_ids(self) -> list[str]:
+        return list(self._scope) if self._scope is not None else self._session.store.model_ids()
+
+    def apply(self, *fields: str, errors: str = "raise") -> ApplyReport:
+        """Compute ``fields`` (and their dependencies) for every model in scope.
+
+        Work is selected by field presence: units that already have a kernel's outputs are
+        skipped. Returns an :class:`ApplyReport`. When some units failed, everything else
+        is stored and :class:`~diffract.errors.ApplyError` is raised at the end
+        (``errors="record"`` returns the report instead, after a warning).
+        """
+        if errors not in ("raise", "record"):
+            raise DiffractError(f"errors must be 'raise' or 'record', got {errors!r}.")
+        if not fields:
+            raise DiffractError(
+                "apply() needs at least one field name, e.g. apply('frob_norm'). "
+                "List them with session.compute.list_available_kernels()."
+            )
+        session = self._session
+        scope = self._scope_ids()
+        registry = session.registry
+        if not scope:
+            raise ModelError(
+                "There are no models in scope. Add one with session.models.add(model, "
+                "model_id=...) before applying.",
+                model_id=None,
+            )
+        plan = make_plan(list(fields), registry, session.store, scope)
+        for field, kernel_name, siblings in plan.partial:
+            warnings.warn(
+                PartialOutputWarning(
+                    f"Field {field!r} is absent for some units, but kernel {kernel_name!r} "
+                    f"also produces {list(siblings)}, which are present there, so apply() "
+                    "skips those units. Erase the whole group to recompute: "
+                    f"session.results.erase({', '.join(repr(f) for f in (field, *siblings))})."
+                ),
+                stacklevel=2,
+            )
+        with session._lock:
+            report = session._runner().run(plan)
+        if report.failures:
+            if errors == "raise":
+                raise ApplyError(report)
+            warnings.warn(
+                f"{len(report.failures)} unit(s) failed; see report.failures.", stacklevel=2
+            )
+        return report
+
+    def configure_kernel(self, name: str, **kwargs: Any) -> None:
+        """Set configuration of kernel ``name`` (process-global; see the module docstring).
+
+        Stored results are not invalidated: erase them to recompute under the new values.
+        """
+        self._session.registry.configure(name, **kwargs)
+
+    def kernel_config(self, name: str) -> dict[str, Any]:
+        """The configuration kernel ``name`` runs with now (defaults overlaid)."""
+        return self._session.registry.effective_config(name)
+
+    def list_available_kernels(self, verbose: bool = False) -> list[Any]:
+        """Names of every registered kernel; with ``verbose``, one dict per kernel with
+        its fields, level, protocol, configuration, provider and summary."""
+        registry = self._session.registry
+        if not verbose:
+            return [s.name for s in registry.kernels()]
+        return [
+            {
+                "name": s.name,
+                "require_fields": s.require_fields,
+                "produce_fields": s.produce_fields,
+                "apply_level": s.apply_level.name,
+                "execution_protocol": s.execution_protocol.name,
+                "config": registry.effective_config(s.name),
+                "provider": s.provider,
+                "summary": s.summary,
+            }
+            for s in registry.kernels()
+        ]
+
+    def kernel(
+        self,
+        name: str | None = None,
+        *,
+        require_fields: Iterable[str] | None = None,
+        produce_fields: Iterable[str] | None = None,
+        apply_level: KernelApplyLevel = KernelApplyLevel.PARAMETER,
+        execution_protocol: KernelExecutionProtocol = KernelExecutionProtocol.SEQUENTIAL,
+        restrictions: Iterable[Restriction] = (),
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Register the decorated function as a kernel (process-global); returns it unchanged.
+
+        Defaults: named after the function, one output field of the same name, PARAMETER
+        level, SEQUENTIAL. Inputs and configuration come from the signature.
+        """
+        if callable(name):
+            raise DiffractError(
+                "Use @session.compute.kernel() with parentheses (it takes options)."
+            )
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            spec = KernelSpec.from_function(
+                fn,
+                name=name,
+                require_fields=require_fields,
+                produce_fields=produce_fields,
+                apply_level=apply_level,
+                execution_protocol=execution_protocol,
+                restrictions=tuple(restrictions),
+                provider=SESSION_PROVIDER,
+            )
+            self._session.registry.register(spec)
+            return fn
+
+        return register
+
+
+_FORMATS = ("dict", "pandas", "csv", "json")
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-friendly form of a stored value."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+class ResultsAPI:
+    """``session.results``: export metrics and aggregates, erase fields, read notes."""
+
+    def __init__(self, session: Session, scope: tuple[str, ...] | None) -> None:
+        self._session = session
+        self._scope = scope
+
+    def _scope_ids(self) -> list[str]:
+        return list(self._scope) if self._scope is not None else self._session.store.model_ids()
+
+    def _check_format(self, export_format: str) -> None:
+        if export_format not in _FORMATS:
+            raise DiffractError(
+                f"Unknown export_format {export_format!r}; choose one of {list(_FORMATS)}."
+            )
+
+    def _known_fields(self) -> set[str]:
+        store = self._session.store
+        stored = set().union(*(store.fields(m) for m in store.model_ids()), set())
+        stored |= {split_contextual(n)[0] for n in store.aggregate_names()}
+        return set(self._session.registry.fields()) | stored
+
+    def export_metrics(
+        self, *fields: str, export_format: str = "dict", path: str | Path | None = None
+    ) -> Any:
+        """Per-parameter values of ``fields`` (all stored fields when none are named).
+
+        ``dict``: ``{model_id: {param: {field: value}}}``; ``pandas``: one row per
+        (model_id, param), one column per field (NaN where absent); ``csv``/``json``:
+        written to ``path`` when given, returned as text otherwise.
+        """
+        self._check_format(export_format)
+        store = self._session.store
+        models = self._scope_ids()
+        if fields:
+            known = self._known_fields()
+            for f in fields:
+                if f not in known:
+                    raise UnknownFieldError(f, known, action="to export")
+            names = list(fields)
+        else:
+            names = sorted(set().union(*(store.fields(m) for m in models), set()) - SOURCE_FIELDS)
+        table: dict[str, dict[str, dict[str, Any]]] = {}
+        for m in models:
+            present = {f: store.present(m, f) for f in names}
+            rows: dict[str, dict[str, Any]] = {}
+            for info in store.params(m):
+                row = {f: store.read(m, info.name, f) for f in names if info.name in present[f]}
+                if row:
+                    rows[info.name] = row
+            table[m] = rows
+        if export_format == "dict":
+            return table
+        records = [
+            {"model_id": m, "param": p, **row} for m, rows in table.items() for p, row in rows.items()
+        ]
+        return self._emit(records, ["model_id", "param", *names], export_format, path)
+
+    def export_aggregates(
+        self, *fields: str, export_format: str = "dict", path: str | Path | None = None
+    ) -> Any:
+        """Aggregates (IN_MODEL and CROSS_MODEL fields) within scope.
+
+        A name matches its base (``total_frob_norm`` matches every
+        ``total_frob_norm@models[...]...``) or one contextual name exactly. ``dict``:
+        ``{contextual_name: value}``; ``pandas``: columns name, field, models, param, value.
+        """
+        self._check_format(export_format)
+        store = self._session.store
+        scope = set(self._scope_ids())
+        names = store.aggregate_names()
+        if fields:
+            known = self._known_fields()
+            for f in fields:
+                if "@" not in f and f not in known:
+                    raise UnknownFieldError(f, known, action="to export")
+        selected = {}
+        for name in names:
+            base, models, _ = split_contextual(name)
+            if not set(models) <= scope:
+                continue
+            if fields and not any(f == name or f == base for f in fields):
+                continue
+            selected[name] = store.read_aggregate(name)
+        if export_format == "dict":
+            return selected
+        records = []
+        for name, value in selected.items():
+            base, models, param = split_contextual(name)
+            records.append(
+                {"name": name, "field": base, "models": ",".join(models), "param": param,
+                 "value": value}
+            )
+        return self._emit(records, ["name", "field", "models", "param", "value"], export_format, path)
+
+    def export_notes(self, export_format: str = "dict") -> Any:
+        """Why units were skipped, left undefined (NaN) or failed, within scope."""
+        self._check_format(export_format)
+        scope = set(self._scope_ids())
+        notes: list[Note] = [n for n in self._session.store.notes() if set(n.models) <= scope]
+        records = [
+            {"kernel": n.kernel, "unit": n.unit, "kind": n.kind, "reason": n.reason} for n in notes
+        ]
+        if export_format == "dict":
+            return records
+        return self._emit(records, ["kernel", "unit", "kind", "reason"], export_format, None)
+
+    def erase(self, *fields: str, erase_dependent_also: bool = False) -> int:
+        """Erase stored ``fields`` for the models in scope; returns how many values went.
+
+        With ``erase_dependent_also``, every field computed from them downstream is erased
+        too. Erase a multi-output kernel's fields as a group: a unit is recomputed only
+        when all of its kernel's outputs are absent.
+        """
+        if not fields:
+            raise DiffractError("erase() needs at least one field name.")
+        registry = self._session.registry
+        known = self._known_fields()
+        for f in fields:
+            if f in SOURCE_FIELDS:
+                raise DiffractError(
+                    f"Field {f!r} holds the model's weights and cannot be erased; open a "
+                    "new session without the model instead."
+                )
+            if f not in known:
+                raise UnknownFieldError(f, known, action="to erase")
+        targets = set(fields)
+        if erase_dependent_also:
+            targets |= downstream_fields(fields, registry)
+        kernels = {s.name for f in targets if (s := registry.producer(f)) is not None}
+        with self._session._lock:
+            return self._session.store.erase(targets, self._scope_ids(), kernels)
+
+    # -- output -------------------------------------------------------------------
+    @staticmethod
+    def _emit(records: list[dict], columns: list[str], fmt: str, path: str | Path | None) -> Any:
+        if fmt == "pandas":
+            try:
+                import pandas as pd
+            except ImportError:
+                raise DiffractError(
+                    "export_format='pandas' needs pandas: pip install 'diffract-core[pandas]'."
+                ) from None
+            return pd.DataFrame.from_records(records, columns=columns)
+        if fmt == "json":
+            text = json.dumps([{k: _plain(v) for k, v in r.items()} for r in records], indent=1)
+        else:
+            import csv
+            import io
+
+            buf = io.StringIO()
+            writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+            writer.writeheader()
+            for r in records:
+                writer.writerow({k: (v if not hasattr(v, "shape") or v.shape == () else
+                                     json.dumps(_plain(v))) for k, v in r.items()})
+            text = buf.getvalue()
+        if path is None:
+            return text
+        Path(path).write_text(text)
+        return Path(path)
