@@ -125,6 +125,11 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | Config | No
         )
     problems: list[str] = []
     _check(data, _SCHEMA, "", problems)
+    if problems:
+        raise ConfigError(
+            f"Invalid {source}:\n  " + "\n  ".join(sorted(problems))
+            + "\nSee diffract.config for every key and its default.",
+        )
     par = data.get("parallel", {}) if isinstance(data.get("parallel", {}), Mapping) else {}
     cache = data.get("cache", {}) if isinstance(data.get("cache", {}), Mapping) else {}
     defaults = Config()
@@ -139,18 +144,16 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | Config | No
         "profiles": dict(data.get("profile", {})),
         "executors": dict(data.get("executor", {})),
     }
-    if not problems:
-        for key in ("thread_workers", "process_workers"):
-            if values[key] < 1:
-                problems.append(f"max_workers must be at least 1, got {values[key]}")
-        if values["cache_max_bytes"] < 0:
-            problems.append(f"'cache.max_bytes' must be >= 0, got {values['cache_max_bytes']}")
-        if not 0.0 <= values["cache_headroom"] < 1.0:
-            problems.append(f"'cache.headroom' must be in [0, 1), got {values['cache_headroom']}")
+    for key in ("thread_workers", "process_workers"):
+        if values[key] < 1:
+            problems.append(f"max_workers must be at least 1, got {values[key]}")
+    if values["cache_max_bytes"] < 0:
+        problems.append(f"'cache.max_bytes' must be >= 0, got {values['cache_max_bytes']}")
+    if not 0.0 <= values["cache_headroom"] < 1.0:
+        problems.append(f"'cache.headroom' must be in [0, 1), got {values['cache_headroom']}")
     if problems:
         raise ConfigError(
             f"Invalid {source}:\n  " + "\n  ".join(sorted(problems))
             + "\nSee diffract.config for every key and its default.",
-            key=None,
         )
     return Config(**values)

@@ -141,9 +141,12 @@ def _from_path(model_id: str, path: Path) -> tuple[list[ParamInfo], Loader]:
         try:
             state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
         except Exception as exc:  # noqa: BLE001 - reported with the fix
+            # torch's message suggests weights_only=False; keep only the cause.
+            cause = str(exc).split("WeightsUnpickler error:")[-1].strip().splitlines()[0]
             raise ModelSourceError(
                 f"Model {model_id!r}: cannot read {path.name} with torch.load(weights_only=True)"
-                f": {exc}. Diffract never unpickles arbitrary objects; save a plain state dict.",
+                f": {cause} Diffract never unpickles arbitrary objects: save a plain state "
+                "dict of tensors (model.state_dict()) and add that.",
                 model_id=model_id,
             ) from None
         if not isinstance(state, Mapping):

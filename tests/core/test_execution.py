@@ -1,0 +1,233 @@
+"""Planning and running: errors, failures kept per unit, chunks, crash and resume, pools."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from diffract import FieldUndefined, Restriction, Session
+from diffract.core.compute.execution import KernelApplyLevel, KernelExecutionProtocol
+from diffract.core.compute.planner import Step, Unit, chunk_units, resolve
+from diffract.core.compute.registry import get_registry
+from diffract.core.compute.spec import KernelSpec
+from diffract.core.storage import ParamInfo, RamStore
+from diffract.errors import (
+    ApplyError,
+    DependencyCycleError,
+    DuplicateModelError,
+    EmptyModelError,
+    KernelConflictError,
+    KernelOutputError,
+    MissingProducerError,
+    ModelError,
+    UnknownConfigKeyError,
+    UnknownFieldError,
+    UnknownKernelError,
+)
+from tests.resources import kernels as test_kernels
+
+
+class TestBadInput:
+    def test_unknown_field_suggests_the_closest(self, session, arrays):
+        """A misspelt field names the closest known field."""
+        session.models.add(arrays, model_id="m")
+        with pytest.raises(UnknownFieldError, match=r"Unknown field 'frob_nrom' requested\..*Did you mean 'frob_norm'\?"):
+            session.compute.apply("frob_nrom")
+
+    def test_unknown_kernel_and_config_keyword(self, session):
+        """configure_kernel rejects unknown kernels and keywords, listing what exists."""
+        with pytest.raises(UnknownKernelError, match=r"Unknown kernel 'frob_nrm'\. Did you mean 'frob_norm'\?"):
+            session.compute.configure_kernel("frob_nrm", x=1)
+
+        @session.compute.kernel()
+        def t_cfg(weights, *, rtol: float = 1e-5):
+            return 1.0
+
+        with pytest.raises(UnknownConfigKeyError, match=r"Kernel 't_cfg' has no configuration keyword 'rtl'\. Did you mean 'rtol'\? It accepts: 'rtol'"):
+            session.compute.configure_kernel("t_cfg", rtl=1e-3)
+        with pytest.raises(UnknownConfigKeyError, match="It accepts: none"):
+            session.compute.configure_kernel("frob_norm", scale=2)
+
+    @pytest.mark.parametrize(
+        ("result", "message"),
+        [
+            ((1.0, 2.0, 3.0), r"returned a tuple of 3 values for m/layer0.weight, but it produces 2"),
+            ({"t_a": 1.0}, r"keys do not match its produce_fields \('t_a', 't_b'\): missing \['t_b'\]"),
+            (5.0, r"returned a single float for m/layer0.weight, but it produces 2 fields"),
+            ((None, 1.0), r"returned NoneType for field 't_a'"),
+        ],
+        ids=["tuple-too-long", "dict-missing-key", "scalar-for-two", "none-value"],
+    )
+    def test_wrong_outputs_raise_kernel_output_error(self, session, arrays, result, message):
+        """Outputs that do not fit produce_fields raise KernelOutputError naming kernel and unit."""
+
+        @session.compute.kernel(produce_fields=("t_a", "t_b"))
+        def t_two(weights):
+            return result
+
+        session.models.add(arrays, model_id="m")
+        with pytest.raises(KernelOutputError, match=message) as info:
+            session.compute.apply("t_a")
+        assert info.value.kernel == "t_two"
+
+    def test_duplicate_and_empty_models(self, session, arrays):
+        """A duplicate model_id and a model without parameters get their own errors."""
+        session.models.add(arrays, model_id="m")
+        with pytest.raises(DuplicateModelError, match="Model id 'm' is already in this session"):
+            session.models.add(arrays, model_id="m")
+        with pytest.raises(EmptyModelError, match="Model 'e' has no floating-point parameters"):
+            session.models.add({}, model_id="e")
+        with pytest.raises(ModelError, match=r"model_id must be a non-empty string without ','"):
+            session.models.add(arrays, model_id="a,b")
+        assert session.model_ids == ["m"]
+
+    def test_no_models_in_scope(self, session):
+        """apply with no models says how to add one."""
+        with pytest.raises(ModelError, match=r"no models in scope\. Add one with session.models.add"):
+            session.compute.apply("frob_norm")
+
+    def test_cycle_and_missing_producer_are_reported_by_field(self, session):
+        """Cycles list the fields on the loop; missing producers name the consumer."""
+        session.compute.kernel(require_fields=("t_q",), produce_fields=("t_p",), name="t_kp")(lambda x: x)
+        session.compute.kernel(require_fields=("t_p",), produce_fields=("t_q",), name="t_kq")(lambda x: x)
+        with pytest.raises(DependencyCycleError, match=r"'t_p' -> 't_q' -> 't_p'"):
+            resolve(["t_p"], get_registry())
+        session.compute.kernel(require_fields=("t_nowhere",), name="t_orphan")(lambda x: x)
+        with pytest.raises(MissingProducerError, match=r"Kernel 't_orphan' requires field 't_nowhere', which no registered kernel produces"):
+            resolve(["t_orphan"], get_registry())
+
+    def test_session_kernel_may_not_shadow_a_plugin_kernel(self, session):
+        """Registering a name a plugin provides is refused naming both providers."""
+        with pytest.raises(KernelConflictError, match=r"Kernel 'frob_norm' from <session> clashes with the kernel of that name from diffract-core"):
+
+            @session.compute.kernel()
+            def frob_norm(weights):
+                return 0.0
+
+
+class TestFailuresAndUndefined:
+    def test_failure_on_one_parameter_keeps_the_rest(self, session, arrays):
+        """A kernel raising on one parameter records it; other results (and fields) stay."""
+        session.compute.kernel(name="t_fail")(test_kernels.fails_on_bias)
+        session.models.add(arrays, model_id="m")
+        with pytest.raises(ApplyError, match=r"1 unit\(s\) failed; every other result was stored:\n  t_fail on m/layer1.bias: ValueError: cannot handle a vector of length 12") as info:
+            session.compute.apply("frob_norm", "t_fail")
+        metrics = session.results.export_metrics()["m"]
+        assert set(metrics) == set(arrays)
+        assert "t_fail" not in metrics["layer1.bias"] and "frob_norm" in metrics["layer1.bias"]
+        assert metrics["layer0.weight"]["t_fail"] == pytest.approx(np.abs(arrays["layer0.weight"]).max())
+        assert [n.unit for n in info.value.report.failures] == ["m/layer1.bias"]
+        notes = session.results.export_notes()
+        assert notes == [{"kernel": "t_fail", "unit": "m/layer1.bias", "kind": "failed",
+                          "reason": notes[0]["reason"]}]
+
+    def test_errors_record_returns_the_report(self, session, arrays):
+        """errors='record' warns and returns the report instead of raising."""
+        session.compute.kernel(name="t_fail")(test_kernels.fails_on_bias)
+        session.models.add(arrays, model_id="m")
+        with pytest.warns(UserWarning, match=r"1 unit\(s\) failed"):
+            report = session.compute.apply("t_fail", errors="record")
+        assert not report.ok and report.computed == {"t_fail": 3}
+
+    def test_field_undefined_stores_nan_with_reason_and_is_not_retried(self, session, arrays):
+        """FieldUndefined stores NaN and a note; the next apply does not rerun the unit."""
+        calls = []
+
+        @session.compute.kernel()
+        def t_positive_mean(weights):
+            calls.append(1)
+            if weights.mean() < 0:
+                raise FieldUndefined("mean is negative")
+            return float(weights.mean())
+
+        session.models.add({"neg": -np.ones((2, 2)), "pos": np.ones((2, 2))}, model_id="m")
+        session.compute.apply("t_positive_mean")
+        session.compute.apply("t_positive_mean")
+        rows = session.results.export_metrics()["m"]
+        assert np.isnan(rows["neg"]["t_positive_mean"]) and rows["pos"]["t_positive_mean"] == 1.0
+        assert len(calls) == 2
+        assert session.results.export_notes()[0]["reason"] == "mean is negative"
+
+    def test_restrictions_skip_with_reason_and_dependents_skip_too(self, session, arrays):
+        """A restricted parameter is skipped with its reason; a dependent kernel skips it too."""
+        session.compute.kernel(name="t_mat", restrictions=[Restriction.min_ndim(2)])(test_kernels.squared_sum)
+
+        @session.compute.kernel()
+        def t_mat_twice(t_mat):
+            return 2 * t_mat
+
+        session.models.add(arrays, model_id="m")
+        session.compute.apply("t_mat_twice")
+        rows = session.results.export_metrics()["m"]
+        assert "t_mat" not in rows.get("layer1.bias", {})
+        assert rows["layer0.weight"]["t_mat_twice"] == pytest.approx(2 * np.sum(arrays["layer0.weight"] ** 2))
+        reasons = {(n["kernel"], n["unit"]): n["reason"] for n in session.results.export_notes()}
+        assert reasons[("t_mat", "m/layer1.bias")] == "needs a parameter of at least 2 dimensions"
+        assert reasons[("t_mat_twice", "m/layer1.bias")] == "input field 't_mat' is not available for this unit"
+
+
+class TestChunks:
+    def test_chunks_follow_the_read_budget(self):
+        """Weight-sized inputs make small chunks, every chunk has at least one unit."""
+        store = RamStore()
+        infos = [ParamInfo("m", f"p{i}", (10, 10), "float64") for i in range(5)]  # 800 B each
+        store.add_model("m", infos, lambda name: np.zeros((10, 10)))
+        spec = KernelSpec.from_function(test_kernels.squared_sum)
+        step = Step(spec, tuple(Unit(("m",), i.name) for i in infos))
+        sizes = [len(c) for c in chunk_units(step, store, budget=1700)]
+        assert sizes == [2, 2, 1]
+        assert [len(c) for c in chunk_units(step, store, budget=10)] == [1] * 5
+
+    def test_crash_loses_only_the_chunk_in_flight_and_apply_resumes(self, arrays):
+        """An interrupt mid-apply keeps committed chunks; the next apply computes the rest."""
+        calls: list[str] = []
+        # A budget below one matrix puts every parameter in its own chunk.
+        with Session(config={"cache": {"max_bytes": 64}}) as session:
+
+            @session.compute.kernel()
+            def t_interruptible(weights):
+                calls.append("x")
+                if len(calls) == 3:
+                    raise KeyboardInterrupt
+                return float(weights.size)
+
+            session.models.add(arrays, model_id="m")
+            with pytest.raises(KeyboardInterrupt):
+                session.compute.apply("t_interruptible")
+            done = set(session.results.export_metrics("t_interruptible")["m"])
+            assert done == {"layer0.weight", "layer1.weight"}
+            report = session.compute.apply("t_interruptible")
+            assert report.computed == {"t_interruptible": 2}
+            assert len(session.results.export_metrics("t_interruptible")["m"]) == 4
+
+
+class TestParallel:
+    def test_parallel_kernel_runs_on_worker_processes(self, arrays):
+        """A PARALLEL kernel runs in spawned workers and gives the same values."""
+        with Session(config={"parallel": {"executor": "processes", "process_pool": {"max_workers": 2}}}) as session:
+            session.compute.kernel(name="t_pid", execution_protocol=KernelExecutionProtocol.PARALLEL)(test_kernels.worker_pid)
+            session.compute.kernel(name="t_sq", execution_protocol=KernelExecutionProtocol.PARALLEL)(test_kernels.squared_sum)
+            session.compute.configure_kernel("t_sq", offset=1.0)
+            session.models.add(arrays, model_id="m")
+            session.compute.apply("t_pid", "t_sq")
+            rows = session.results.export_metrics()["m"]
+        assert all(r["t_pid"] != os.getpid() for r in rows.values())
+        for name, w in arrays.items():
+            assert rows[name]["t_sq"] == pytest.approx(np.sum(w**2) + 1.0)
+
+
+class TestInputs:
+    def test_parameter_kernel_reads_its_models_aggregate(self, session, arrays):
+        """A PARAMETER kernel can read its model's IN_MODEL aggregate."""
+
+        @session.compute.kernel()
+        def t_share(frob_norm, param_norm):
+            return frob_norm**2 / param_norm
+
+        session.models.add(arrays, model_id="m")
+        session.compute.apply("t_share")
+        shares = [r["t_share"] for r in session.results.export_metrics("t_share")["m"].values()]
+        assert sum(shares) == pytest.approx(1.0)
+        assert KernelApplyLevel.IN_MODEL is get_registry().get("param_norm").apply_level

@@ -1,0 +1,171 @@
+"""The plugin layer with real dist-infos discovered through importlib.metadata."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from diffract import Session
+from diffract.errors import PluginConflictError, PluginLoadError, PluginWarning
+from diffract.plugins import (
+    get_plugin_manager,
+    hookimpl,
+    make_plugin_manager,
+    set_plugin_manager,
+)
+from diffract.plugins.types import KernelSpec, StorageProfile
+
+SITE = Path(__file__).parent.parent / "resources" / "site"
+
+
+@pytest.fixture
+def fake_site(monkeypatch):
+    """Put the fake distributions (good, broken, clashing) on sys.path."""
+    monkeypatch.syspath_prepend(str(SITE))
+    for mod in ("good_pack", "broken_pack", "clash_pack"):
+        monkeypatch.delitem(sys.modules, mod, raising=False)
+    monkeypatch.delenv("DIFFRACT_PLUGINS", raising=False)
+    monkeypatch.delenv("DIFFRACT_DISABLE_PLUGINS", raising=False)
+    monkeypatch.delenv("DIFFRACT_STRICT_PLUGINS", raising=False)
+    return SITE
+
+
+@pytest.fixture
+def installed_manager():
+    """Install a manager for the test, restore the previous one after."""
+    previous = get_plugin_manager()
+    yield lambda pm: set_plugin_manager(pm)
+    set_plugin_manager(previous)
+
+
+def _records(pm):
+    return {r.distribution: r for r in pm.catalog().plugins}
+
+
+class TestDiscovery:
+    def test_good_broken_and_clashing_plugins(self, fake_site):
+        """Good loads; broken warns with distribution and version; clashes refused naming both."""
+        with pytest.warns(PluginWarning) as caught:
+            pm = make_plugin_manager()
+            catalog = pm.catalog()
+        messages = [str(w.message) for w in caught]
+        assert any(
+            "Plugin broken-pack 0.3.0 (entry point 'broken-pack' = 'broken_pack') failed to load" in m
+            and "DIFFRACT_DISABLE_PLUGINS=broken-pack" in m
+            for m in messages
+        )
+        assert any(
+            "kernel 'frob_norm' is provided by both diffract-core" in m and "clash-pack 2.0.0" in m
+            for m in messages
+        )
+        assert any("kernel 'abs_max' is provided by both clash-pack 2.0.0 and good-pack 1.2.0" in m for m in messages)
+        kernels = {k.name: k.provider for k in catalog.kernels}
+        assert kernels["frob_norm"].startswith("diffract-core")
+        assert kernels["abs_max"] == "clash-pack 2.0.0"  # first by distribution name
+        assert kernels["clash_only"] == "clash-pack 2.0.0"
+        assert "scratch" in catalog.profiles and "inline-good" in catalog.executors
+        records = _records(pm)
+        assert records["broken-pack"].status == "failed"
+        assert "ImportError" in records["broken-pack"].reason
+        assert records["good-pack"].refused == ["abs_max"]
+        assert records["clash-pack"].refused == ["frob_norm"]
+
+    def test_strict_mode_raises(self, fake_site, monkeypatch):
+        """DIFFRACT_STRICT_PLUGINS=1 turns a broken plugin into an error naming it."""
+        monkeypatch.setenv("DIFFRACT_STRICT_PLUGINS", "1")
+        with pytest.raises(PluginLoadError, match="Plugin broken-pack 0.3.0") as info:
+            make_plugin_manager()
+        assert (info.value.distribution, info.value.version) == ("broken-pack", "0.3.0")
+
+    def test_strict_mode_raises_on_conflict(self, fake_site):
+        """In strict mode a name clash is a PluginConflictError."""
+        pm = make_plugin_manager(deny=["broken-pack"], strict=True)
+        with pytest.raises(PluginConflictError, match="provided by both"):
+            pm.catalog()
+
+    def test_deny_list_acts_before_import(self, fake_site, monkeypatch):
+        """A denied plugin is never imported (no warning, not in sys.modules)."""
+        monkeypatch.setenv("DIFFRACT_DISABLE_PLUGINS", "broken-pack,clash_pack")
+        pm = make_plugin_manager()
+        pm.catalog()
+        assert "broken_pack" not in sys.modules and "clash_pack" not in sys.modules
+        records = _records(pm)
+        assert records["broken-pack"].status == "disabled"
+        assert records["good-pack"].status == "loaded"
+
+    def test_allow_list_acts_before_import(self, fake_site, monkeypatch):
+        """With DIFFRACT_PLUGINS only the listed plugins are imported; the core is always there."""
+        monkeypatch.setenv("DIFFRACT_PLUGINS", "good-pack")
+        pm = make_plugin_manager()
+        names = {k.name for k in pm.catalog().kernels}
+        assert "abs_max" in names and "frob_norm" in names and "clash_only" not in names
+        assert "broken_pack" not in sys.modules
+
+    def test_session_uses_a_plugin_profile(self, fake_site, installed_manager):
+        """A profile from a discovered plugin is usable by name; an unknown one suggests."""
+        installed_manager(make_plugin_manager(allow=["good-pack"]))
+        with Session(profile="scratch") as session:
+            session.models.add({"w": __import__("numpy").ones((2, 2))}, model_id="m")
+            session.compute.apply("abs_max")
+            assert session.results.export_metrics()["m"]["w"]["abs_max"] == 1.0
+        from diffract.errors import UnknownProfileError
+
+        with pytest.raises(UnknownProfileError, match=r"Unknown storage profile 'scrach'\. Did you mean 'scratch'\?"):
+            Session(profile="scrach")
+
+
+class _HandPlugin:
+    @hookimpl
+    def diffract_kernels(self):
+        def hand_made(weights):
+            """Sum of entries."""
+            return float(weights.sum())
+
+        yield KernelSpec.from_function(hand_made)
+
+    @hookimpl
+    def diffract_storage_profiles(self):
+        yield "not a record"
+
+
+class TestEmbedding:
+    def test_autoload_off_and_register_by_hand(self, installed_manager, fake_site):
+        """A host builds a manager with autoload off: no entry points, its own plugins, core built-ins."""
+        pm = make_plugin_manager(autoload=False)
+        pm.register_plugin(_HandPlugin(), distribution="host-tool", version="9.9")
+        with pytest.warns(PluginWarning, match="Plugin host-tool 9.9: hook diffract_storage_profiles yielded a str"):
+            catalog = pm.catalog()
+        names = {k.name for k in catalog.kernels}
+        assert "hand_made" in names and "frob_norm" in names and "abs_max" not in names
+        installed_manager(pm)
+        with Session() as session:
+            session.models.add({"w": __import__("numpy").full((2, 2), 2.0)}, model_id="m")
+            session.compute.apply("hand_made")
+            assert session.results.export_metrics()["m"]["w"]["hand_made"] == 8.0
+
+    def test_example_pack_is_installed_and_discovered(self):
+        """The example pack under examples/ is installed by the set-up and found by entry point."""
+        record = next(r for r in get_plugin_manager().catalog().plugins if r.distribution == "diffract-example-pack")
+        assert record.status == "loaded" and record.provides["kernels"] == ["row_norm_stats", "max_row_norm"]
+        import numpy as np
+
+        w = np.arange(12.0).reshape(3, 4)
+        with Session() as session:
+            session.models.add({"w": w, "b": np.ones(3)}, model_id="m")
+            session.compute.apply("max_row_norm")
+            rows = session.results.export_metrics()["m"]
+            agg = session.results.export_aggregates("max_row_norm")
+        norms = np.linalg.norm(w, axis=1)
+        assert rows["w"]["row_norm_mean"] == pytest.approx(norms.mean())
+        assert rows["w"]["row_norm_std"] == pytest.approx(norms.std())
+        assert "b" not in rows
+        assert agg == {"max_row_norm@models[m]": pytest.approx(norms.mean())}
+
+
+def test_storage_profile_records_are_frozen():
+    """Hook records are frozen attrs values."""
+    p = StorageProfile("x", lambda o: None)
+    with pytest.raises(AttributeError):
+        p.name = "y"  # type: ignore[misc]

@@ -1,0 +1,25 @@
+"""A well-behaved fake plugin: one kernel, one storage profile, one executor."""
+
+from diffract.core.executors import InlineExecutor
+from diffract.core.storage import RamStore
+from diffract.plugins import ExecutorSpec, KernelSpec, StorageProfile, hookimpl
+
+
+def abs_max(weights):
+    """Largest absolute entry: ``max |W_ij|``."""
+    return float(abs(weights).max())
+
+
+@hookimpl
+def diffract_kernels():
+    yield KernelSpec.from_function(abs_max)
+
+
+@hookimpl
+def diffract_storage_profiles():
+    yield StorageProfile("scratch", lambda options: RamStore(), "a second RAM store")
+
+
+@hookimpl
+def diffract_executors():
+    yield ExecutorSpec("inline-good", lambda config, options: InlineExecutor())
