@@ -18,6 +18,14 @@ from diffract.core.compute._enums import KernelApplyLevel
 __all__ = ["build_demo_model", "run_demo"]
 
 
+#: Columns shown first when their fields are installed; at most MAX_COLUMNS in all.
+PREFERRED = (
+    "frob_norm", "stable_rank", "hard_rank", "log_norm", "pl_alpha", "pl_xmin", "pl_n_tail",
+    "pl_ks_distance", "pl_pvalue", "alpha_weighted", "num_spikes",
+)
+MAX_COLUMNS = 12
+
+
 def build_demo_model(seed: int = 0) -> Any:
     import torch
 
@@ -95,16 +103,25 @@ def run_demo(print_fn: Any = print) -> dict[str, Any]:
     scalar_fields = sorted(
         {f for row in per_param.values() for f, v in row.items() if _is_scalar(v)}
     )
-    rows = [[name] + [row.get(f, "") for f in scalar_fields] for name, row in per_param.items()]
+    shown = [f for f in PREFERRED if f in scalar_fields]
+    shown += [f for f in scalar_fields if f not in shown][: max(0, MAX_COLUMNS - len(shown))]
+    rows = [[name] + [row.get(f, "") for f in shown] for name, row in per_param.items()]
     print_fn(f"Diffract demo: {len(per_param)} parameters of model 'step0', "
              f"{len(kernels)} kernels installed, {elapsed:.2f} s\n")
-    print_fn(format_table(["parameter", *scalar_fields], rows))
+    print_fn(format_table(["parameter", *shown], rows))
+    hidden = sorted(set(scalar_fields) - set(shown))
+    if hidden:
+        print_fn(f"(also computed: {', '.join(hidden)}; see session.results.export_metrics())")
     agg_rows = [[n, v] for n, v in aggregates.items() if _is_scalar(v)]
     if agg_rows:
         print_fn("\nAggregates")
         print_fn(format_table(["name", "value"], agg_rows))
-    if notes:
-        print_fn(f"\n{len(notes)} note(s) (skipped or undefined units), e.g.:")
-        for note in notes[:5]:
+    undefined = [n for n in notes if n["kind"] != "skipped"]
+    skipped = len(notes) - len(undefined)
+    if skipped:
+        print_fn(f"\n{skipped} unit(s) skipped by kernel restrictions (1-D parameters).")
+    if undefined:
+        print_fn(f"{len(undefined)} value(s) undefined or failed, e.g.:")
+        for note in undefined[:5]:
             print_fn(f"  {note['kernel']} on {note['unit']}: {note['kind']}: {note['reason']}")
     return {"metrics": metrics, "aggregates": aggregates, "notes": notes}

@@ -163,6 +163,8 @@ class Runner:
     # -- inputs -----------------------------------------------------------------
     def _read(self, spec_level: KernelApplyLevel, field: str, model_id: str, param: str | None):
         store = self.store
+        if field == "shape":
+            return self._shapes[model_id][param]
         if field in SOURCE_FIELDS:
             return store.load_weights(model_id, param)
         producer = self.registry.producer(field)
@@ -217,6 +219,22 @@ class Runner:
 
         return list(self.threads.map(one, chunk))
 
+    def _inherited_undefined(self, spec: KernelSpec, unit: Unit) -> str | None:
+        """The reason an input of this unit is undefined, when its producer said so."""
+        if not self._undefined or spec.apply_level is KernelApplyLevel.IN_MODEL:
+            return None  # aggregates see NaN entries in their tuples and decide
+        for field, producer in self._producers.items():
+            level = self.registry.get(producer).apply_level
+            keys = (
+                [(producer, (m,), unit.param) for m in unit.models]
+                if level is KernelApplyLevel.PARAMETER
+                else [(producer, unit.models, unit.param)]
+            )
+            for key in keys:
+                if key in self._undefined:
+                    return f"input {field!r} is undefined: {self._undefined[key]}"
+        return None
+
     # -- outputs ----------------------------------------------------------------
     @staticmethod
     def _write(batch: Batch, spec: KernelSpec, unit: Unit, values: Mapping[str, Any]) -> None:
@@ -235,6 +253,18 @@ class Runner:
 
     def _run_step(self, step: Step, report: ApplyReport) -> None:
         spec = step.kernel
+        models = {m for u in step.units for m in u.models}
+        self._shapes = {m: {p.name: p.shape for p in self.store.params(m)} for m in models}
+        # Units whose inputs a producer declared undefined inherit that (NaN + reason).
+        producers = {
+            f: p.name for f in spec.require_fields if (p := self.registry.producer(f)) is not None
+        }
+        self._undefined = {
+            (n.kernel, n.models, n.param): n.reason
+            for n in self.store.notes()
+            if n.kind == "undefined" and n.kernel in producers.values()
+        }
+        self._producers = producers
         if step.skipped:
             batch = Batch(
                 notes=[Note(spec.name, u.models, u.param, "skipped", r) for u, r in step.skipped]
@@ -263,6 +293,11 @@ class Runner:
                     Note(spec.name, unit.models, unit.param, "skipped",
                          f"input field {got.args[0]!r} is not available for this unit")
                 )
+                continue
+            inherited = self._inherited_undefined(spec, unit)
+            if inherited is not None:
+                self._write(batch, spec, unit, {f: math.nan for f in spec.produce_fields})
+                batch.notes.append(Note(spec.name, unit.models, unit.param, "undefined", inherited))
             else:
                 runnable.append((unit, got))
         if spec.execution_protocol is KernelExecutionProtocol.PARALLEL and len(runnable) > 1:

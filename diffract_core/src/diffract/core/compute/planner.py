@@ -253,8 +253,10 @@ def chunk_units(step: Step, store: Store, budget: int) -> list[tuple[Unit, ...]]
         for field in step.kernel.require_fields:
             for m in unit.models:
                 params = [unit.param] if unit.param is not None else list(infos[m])
-                if field in SOURCE_FIELDS:
+                if field == "weights":
                     total += sum(infos[m][p].nbytes for p in params)
+                elif field in SOURCE_FIELDS:
+                    total += 8 * len(params)
                 elif per_param[(m, field)]:
                     total += sum(store.nbytes(m, p, field) for p in params)
                 else:

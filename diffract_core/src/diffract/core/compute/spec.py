@@ -22,8 +22,9 @@ __all__ = ["KernelSpec", "Restriction", "kernel", "SOURCE_FIELDS"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Fields that exist as soon as a model is added; no kernel produces them.
-SOURCE_FIELDS: frozenset[str] = frozenset({"weights"})
+#: Fields that exist as soon as a model is added; no kernel produces them:
+#: ``weights`` (the parameter's data, read lazily) and ``shape`` (its shape, a tuple).
+SOURCE_FIELDS: frozenset[str] = frozenset({"weights", "shape"})
 
 _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 _MARK = "__diffract_kernel__"

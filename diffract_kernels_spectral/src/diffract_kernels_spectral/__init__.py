@@ -1,0 +1,42 @@
+"""Spectral kernels for Diffract and fitting functions for any 1-D array.
+
+``fit_power_law``, ``fit_truncated_power_law``, ``fit_exponential``,
+``power_law_pvalue`` and ``compare_distributions`` work on spectra computed anywhere;
+the kernels (see :mod:`diffract_kernels_spectral.kernels`) call them.
+"""
+
+from diffract_kernels_spectral._records import (
+    Comparison,
+    ExponentialFit,
+    FitError,
+    FitUnavailableError,
+    PowerLawFit,
+    PValue,
+    TruncatedPowerLawFit,
+)
+from diffract_kernels_spectral.fitting import (
+    candidate_range,
+    compare_distributions,
+    fit_exponential,
+    fit_power_law,
+    fit_truncated_power_law,
+    power_law_pvalue,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Comparison",
+    "ExponentialFit",
+    "FitError",
+    "FitUnavailableError",
+    "PValue",
+    "PowerLawFit",
+    "TruncatedPowerLawFit",
+    "candidate_range",
+    "compare_distributions",
+    "fit_exponential",
+    "fit_power_law",
+    "fit_truncated_power_law",
+    "power_law_pvalue",
+]

@@ -1,0 +1,102 @@
+"""Frozen result records of the public fitting functions."""
+
+from __future__ import annotations
+
+import attrs
+
+from diffract.errors import DiffractError
+
+__all__ = [
+    "Comparison",
+    "ExponentialFit",
+    "FitError",
+    "FitUnavailableError",
+    "PowerLawFit",
+    "PValue",
+    "TruncatedPowerLawFit",
+]
+
+
+class FitError(DiffractError):
+    """The fit is undefined for this data (too few points, no tail, all values equal...)."""
+
+
+class FitUnavailableError(DiffractError):
+    """The requested fit_method cannot run here (taichi missing or failing to start)."""
+
+
+@attrs.frozen
+class PowerLawFit:
+    """A continuous power law ``p(x) ~ x^-alpha`` fitted to the tail ``x >= xmin``.
+
+    ``alpha``: the maximum-likelihood exponent ``1 + n_tail / sum(ln(x_i / xmin))``;
+    ``xmin``: the start of the tail; ``ks_distance``: the Kolmogorov-Smirnov distance of
+    the fit (see :mod:`diffract_kernels_spectral.fitting` for its exact definition);
+    ``sigma``: the standard error ``(alpha - 1) / sqrt(n_tail)``; ``n_tail``: points in
+    the tail; ``n``: points considered; ``xmax``: the largest point;
+    ``n_candidates``: xmin candidates searched (0 when xmin was fixed);
+    ``method``: "diffract" or "powerlaw".
+    """
+
+    alpha: float
+    xmin: float
+    ks_distance: float
+    sigma: float
+    n_tail: int
+    n: int
+    xmax: float
+    n_candidates: int
+    method: str
+
+
+@attrs.frozen
+class TruncatedPowerLawFit:
+    """``p(x) ~ x^-alpha exp(-lambda x)`` on ``x >= xmin``, by maximum likelihood."""
+
+    alpha: float
+    lambda_: float
+    xmin: float
+    ks_distance: float
+    loglikelihood: float
+    n_tail: int
+    method: str
+
+
+@attrs.frozen
+class ExponentialFit:
+    """``p(x) = lambda exp(-lambda (x - xmin))`` on ``x >= xmin``, by maximum likelihood."""
+
+    lambda_: float
+    xmin: float
+    ks_distance: float
+    loglikelihood: float
+    n_tail: int
+    method: str
+
+
+@attrs.frozen
+class Comparison:
+    """A log-likelihood-ratio test of the power law against one alternative on one tail.
+
+    ``R > 0`` favours the power law; ``p`` is the significance of the sign of ``R``
+    (Wilks' chi-squared for nested pairs, Vuong's normal test otherwise).
+    """
+
+    alternative: str
+    R: float
+    p: float
+    nested: bool
+
+
+@attrs.frozen
+class PValue:
+    """The Clauset-Shalizi-Newman bootstrap goodness-of-fit p-value of a power-law fit.
+
+    ``p``: fraction of synthetic data sets whose refitted KS distance is at least the
+    observed one; ``replicates``: replicates that could be refitted; ``seed``.
+    """
+
+    p: float
+    ks_distance: float
+    replicates: int
+    seed: int

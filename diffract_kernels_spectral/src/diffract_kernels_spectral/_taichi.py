@@ -1,0 +1,84 @@
+"""The Taichi side of the accelerated fitter: lazy, once-only start and two kernels.
+
+Taichi starts on the CPU (``arch=cpu``, float64) the first time a fit needs it; a
+runtime the host program already started is reused, never re-initialised. If taichi is
+missing or fails to start, :func:`kernels` raises :class:`FitUnavailableError` with the
+reason, every time, without retrying the import.
+
+Both kernels walk candidates in parallel. For candidate ``c`` with tail start index
+``s`` (in the sorted data), tail size ``m = n - s`` and exponent ``alpha``, the distance
+at sorted index ``j >= s`` is ``|T(x_j) - A(x_j)|`` with the fitted CDF
+``T(x) = 1 - (x / x_s)^(1 - alpha)`` and the empirical CDF ``A(x_j) = (f_j - s) / m``,
+``f_j`` being the first index holding the value ``x_j``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+from diffract_kernels_spectral._records import FitUnavailableError
+
+__all__ = ["available", "kernels", "unavailable_reason"]
+
+_LOCK = threading.Lock()
+_STATE: dict[str, Any] = {"kernels": None, "error": None}
+
+
+def _start(ti: Any) -> None:
+    try:
+        running = ti.lang.impl.get_runtime().prog is not None
+    except Exception:  # noqa: BLE001 - private API moved: start our own
+        running = False
+    if not running:
+        ti.init(arch=ti.cpu, default_fp=ti.f64, log_level=ti.ERROR, offline_cache=True)
+
+
+def kernels() -> SimpleNamespace:
+    """The compiled kernels; raises FitUnavailableError when taichi cannot run."""
+    if _STATE["kernels"] is not None:
+        return _STATE["kernels"]
+    with _LOCK:
+        if _STATE["kernels"] is None:
+            if _STATE["error"] is not None:
+                raise FitUnavailableError(_STATE["error"])
+            try:
+                os.environ.setdefault("TI_LOG_LEVEL", "error")
+                with contextlib.redirect_stdout(io.StringIO()):  # taichi's import banner
+                    import taichi as ti
+                _start(ti)
+                from diffract_kernels_spectral import _taichi_kernels as tk
+
+                _STATE["kernels"] = SimpleNamespace(ks_bounds=tk.ks_bounds, ks_exact=tk.ks_exact)
+            except ImportError as exc:
+                _STATE["error"] = (
+                    f"taichi is not installed ({exc}). Install the extra: "
+                    "pip install 'diffract-kernels-spectral[taichi]', or use "
+                    "fit_method='powerlaw'."
+                )
+            except Exception as exc:  # noqa: BLE001 - any start-up failure
+                _STATE["error"] = (
+                    f"taichi failed to initialize on the CPU ({type(exc).__name__}: {exc}). "
+                    "Use fit_method='powerlaw' or fix the taichi installation."
+                )
+            if _STATE["error"] is not None:
+                raise FitUnavailableError(_STATE["error"])
+    return _STATE["kernels"]
+
+
+def available() -> bool:
+    """Whether the accelerated fitter can run (starts taichi on first call)."""
+    try:
+        kernels()
+    except FitUnavailableError:
+        return False
+    return True
+
+
+def unavailable_reason() -> str | None:
+    """Why taichi cannot run, or None when it can (or was not tried yet)."""
+    return _STATE["error"]

@@ -1,0 +1,251 @@
+"""The spectral kernels. Each docstring's first lines hold the field's formula.
+
+Notation: ``W`` is the parameter as a ``N x M`` matrix (more than two dimensions are
+reshaped to ``(shape[0], -1)``), ``k = min(N, M)``, ``sigma_i`` its singular values and
+``lambda_i = sigma_i^2`` the ESD (eigenvalues of ``W^T W``), ``lambda_max`` the largest.
+1-D parameters are skipped (a restriction, with its reason). When a value is undefined
+for an input (NaN or Inf weights, an all-zero matrix, too few eigenvalues for a fit)
+the field is NaN and the reason is recorded for that parameter.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from diffract import FieldUndefined, Restriction, kernel
+from diffract_kernels_spectral import linalg
+from diffract_kernels_spectral._records import FitError, FitUnavailableError
+from diffract_kernels_spectral.fitting import (
+    compare_distributions,
+    fit_exponential,
+    fit_power_law,
+    fit_truncated_power_law,
+    power_law_pvalue,
+)
+
+__all__ = ["ALL"]
+
+_MATRIX = [Restriction.min_ndim(2)]
+
+
+def _finite_matrix(weights: np.ndarray) -> np.ndarray:
+    w = linalg.as_matrix(weights)
+    if not np.isfinite(w).all():
+        raise FieldUndefined(f"weights contain {int((~np.isfinite(w)).sum())} NaN or Inf value(s)")
+    return w
+
+
+def _positive(esd: np.ndarray, what: str) -> np.ndarray:
+    values = np.asarray(esd)
+    if values.size == 0 or float(values[-1]) <= 0.0:
+        raise FieldUndefined(f"{what} is undefined for an all-zero matrix (every eigenvalue is 0)")
+    return values
+
+
+def _fit_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a fitting function; undefined fits become FieldUndefined with the reason.
+
+    FitUnavailableError (fit_method="diffract" without taichi) is a configuration
+    problem, not a property of the data: it propagates as a failure of the unit.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except FitUnavailableError:
+        raise
+    except FitError as exc:
+        raise FieldUndefined(str(exc)) from None
+
+
+# -- decompositions ---------------------------------------------------------------------
+@kernel(produce_fields=("weights_lsvs", "weights_svals", "weights_rsvs"), restrictions=_MATRIX)
+def svd(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Thin SVD ``W = U diag(sigma) V^T`` in float64: ``weights_lsvs = U [N, k]``,
+    ``weights_svals = sigma [k]`` (descending), ``weights_rsvs = V^T [k, M]``."""
+    return linalg.svd(_finite_matrix(weights))
+
+
+@kernel(restrictions=_MATRIX)
+def esd(weights: np.ndarray, *, precision: str = "float32") -> np.ndarray:
+    """Empirical spectral density ``lambda_i``: eigenvalues of ``W^T W``, ascending ``[k]``.
+
+    Values only (no singular vectors). ``precision`` float32 (default; about twice as
+    fast) or float64. Eigenvalues below ``k * eps * lambda_max`` are stored as 0.
+    """
+    if precision not in ("float32", "float64"):
+        raise ValueError(f"precision must be 'float32' or 'float64', got {precision!r}")
+    return linalg.esd(_finite_matrix(weights), precision)
+
+
+@kernel(restrictions=_MATRIX)
+def svals(weights: np.ndarray) -> np.ndarray:
+    """Singular values ``sigma_i`` in float64, descending ``[k]``, values only
+    (accurate to ``eps64 * sigma_max``: what rank decisions need)."""
+    return linalg.singular_values(_finite_matrix(weights))
+
+
+# -- norms and ranks ----------------------------------------------------------------------
+@kernel
+def spectral_norm(esd: np.ndarray) -> float:
+    """``lambda_max = sigma_max^2``, the squared spectral norm (WeightWatcher's convention)."""
+    return float(np.asarray(esd)[-1])
+
+
+@kernel
+def log_spectral_norm(esd: np.ndarray) -> float:
+    """``log10(lambda_max)``."""
+    return float(math.log10(_positive(esd, "log_spectral_norm")[-1]))
+
+
+@kernel
+def stable_rank(esd: np.ndarray) -> float:
+    """``sum_i lambda_i / lambda_max = ||W||_F^2 / ||W||_2^2``."""
+    values = _positive(esd, "stable_rank")
+    return float(np.sum(values) / values[-1])
+
+
+@kernel
+def log_norm(esd: np.ndarray) -> float:
+    """``log10(sum_i lambda_i) = log10(||W||_F^2)``."""
+    return float(math.log10(np.sum(_positive(esd, "log_norm"))))
+
+
+@kernel
+def hard_rank(svals: np.ndarray, *, rtol: float = 1e-5) -> int:
+    """``#{i : sigma_i > rtol * sigma_max}``: singular values above ``rtol`` relative to
+    the largest (float64 singular values; 0 for an all-zero matrix)."""
+    s = np.asarray(svals)
+    if s.size == 0 or s[0] <= 0:
+        return 0
+    return int(np.sum(s > rtol * s[0]))
+
+
+@kernel
+def matrix_entropy(esd: np.ndarray) -> float:
+    """Normalised spectral entropy ``-sum_i p_i ln p_i / ln k`` with ``p_i = lambda_i /
+    sum_j lambda_j`` (1 for a flat spectrum, 0 for rank one; 0 ln 0 = 0)."""
+    values = _positive(esd, "matrix_entropy")
+    if len(values) < 2:
+        raise FieldUndefined("matrix_entropy needs at least two eigenvalues")
+    p = values / np.sum(values)
+    p = p[p > 0]
+    return float(-np.sum(p * np.log(p)) / math.log(len(values)))
+
+
+@kernel(produce_fields=("mp_bulk_max", "mp_softrank", "num_spikes"))
+def marchenko_pastur(esd: np.ndarray, shape: tuple[int, ...]) -> tuple[float, float, int]:
+    """Marchenko-Pastur bulk edge of a random matrix of the same size and scale:
+    ``mp_bulk_max = lambda_+ = (sum_i lambda_i / k) (1 + sqrt(k / L))^2`` with
+    ``L = max(N, M)`` (``s^2 = ||W||_F^2 / (N M)`` estimates the entry variance, so
+    ``lambda_+ = L s^2 (1 + sqrt(k / L))^2``); ``mp_softrank = lambda_+ / lambda_max``;
+    ``num_spikes = #{i : lambda_i > lambda_+}``, eigenvalues outside the random bulk.
+    """
+    values = _positive(esd, "marchenko_pastur")
+    n = int(shape[0])
+    m = int(np.prod(shape[1:]))
+    k, big = min(n, m), max(n, m)
+    edge = float(np.sum(values) / k * (1.0 + math.sqrt(k / big)) ** 2)
+    return edge, edge / float(values[-1]), int(np.sum(values > edge))
+
+
+# -- fits ------------------------------------------------------------------------------------
+@kernel(produce_fields=("pl_alpha", "pl_xmin", "pl_xmax", "pl_ks_distance", "pl_sigma", "pl_n_tail"))
+def power_law_fit(esd: np.ndarray, *, fit_method: str = "auto", min_tail: int = 50):
+    """Power law ``p(lambda) ~ lambda^-pl_alpha`` on the ESD tail ``lambda >= pl_xmin``
+    (Clauset-Shalizi-Newman: continuous MLE ``alpha = 1 + n / sum ln(lambda_i / xmin)``,
+    xmin minimising the KS distance over candidates leaving ``min_tail`` points);
+    ``pl_sigma = (alpha - 1) / sqrt(pl_n_tail)``; ``pl_xmax = lambda_max``. Zero
+    eigenvalues are left out."""
+    fit = _fit_call(fit_power_law, esd, fit_method=fit_method, min_tail=min_tail)
+    return fit.alpha, fit.xmin, fit.xmax, fit.ks_distance, fit.sigma, fit.n_tail
+
+
+@kernel
+def alpha_weighted(pl_alpha: float, spectral_norm: float) -> float:
+    """``pl_alpha * log10(lambda_max)``."""
+    if not spectral_norm > 0:
+        raise FieldUndefined("alpha_weighted is undefined for an all-zero matrix")
+    return float(pl_alpha * math.log10(spectral_norm))
+
+
+@kernel
+def log_alpha_norm(pl_alpha: float, esd: np.ndarray) -> float:
+    """``log10(sum_i lambda_i^pl_alpha)``, the log of the Schatten ``2 alpha``-norm to the
+    power ``2 alpha`` (computed as ``alpha log10 lambda_max + log10 sum (lambda_i /
+    lambda_max)^alpha`` to avoid overflow)."""
+    values = _positive(esd, "log_alpha_norm")
+    top = float(values[-1])
+    return float(pl_alpha * math.log10(top) + math.log10(np.sum((values / top) ** pl_alpha)))
+
+
+@kernel(produce_fields=("tpl_alpha", "tpl_lambda", "tpl_ks_distance"))
+def truncated_power_law_fit(esd: np.ndarray, pl_xmin: float, *, fit_method: str = "auto"):
+    """Truncated power law ``p(lambda) ~ lambda^-tpl_alpha exp(-tpl_lambda lambda)`` by
+    maximum likelihood on the power law's tail ``lambda >= pl_xmin``."""
+    method = "powerlaw" if fit_method == "powerlaw" else "diffract"
+    fit = _fit_call(fit_truncated_power_law, esd, xmin=pl_xmin, fit_method=method)
+    return fit.alpha, fit.lambda_, fit.ks_distance
+
+
+@kernel(produce_fields=("exp_lambda", "exp_ks_distance"))
+def exponential_fit(esd: np.ndarray, pl_xmin: float, *, fit_method: str = "auto"):
+    """Exponential ``p(lambda) = exp_lambda exp(-exp_lambda (lambda - xmin))`` on the power
+    law's tail; MLE ``exp_lambda = 1 / mean(lambda_i - xmin)``."""
+    method = "powerlaw" if fit_method == "powerlaw" else "diffract"
+    fit = _fit_call(fit_exponential, esd, xmin=pl_xmin, fit_method=method)
+    return fit.lambda_, fit.ks_distance
+
+
+@kernel(
+    produce_fields=(
+        "lr_tpl_R", "lr_tpl_p", "lr_exp_R", "lr_exp_p", "lr_lognormal_R", "lr_lognormal_p"
+    )
+)
+def distribution_comparison(esd: np.ndarray, pl_xmin: float, pl_alpha: float):
+    """Log-likelihood ratios ``R = sum_i (ln p_pl(lambda_i) - ln p_alt(lambda_i))`` on the
+    power law's tail (``R > 0`` favours the power law) with their p-values: truncated
+    power law (nested: ``p = chi2_1.sf(2|R|)``), exponential and lognormal (Vuong:
+    ``p = erfc(|R| / (sqrt(2n) s))``)."""
+    out = _fit_call(compare_distributions, esd, xmin=pl_xmin, alpha=pl_alpha)
+    tpl, exp, logn = out["truncated_power_law"], out["exponential"], out["lognormal"]
+    return tpl.R, tpl.p, exp.R, exp.p, logn.R, logn.p
+
+
+@kernel
+def pl_pvalue(
+    esd: np.ndarray,
+    pl_alpha: float,
+    pl_xmin: float,
+    pl_ks_distance: float,
+    pl_n_tail: int,
+    *,
+    n_replicates: int = 100,
+    seed: int = 0,
+    fit_method: str = "auto",
+    min_tail: int = 50,
+) -> float:
+    """Goodness-of-fit p-value of the power law: the fraction of ``n_replicates``
+    semi-parametric bootstrap data sets (CSN) whose refitted KS distance is at least
+    ``pl_ks_distance``; NaN when the tail has fewer than 50 points."""
+    from diffract_kernels_spectral._records import PowerLawFit
+
+    values = np.asarray(esd)
+    values = values[values > 0]
+    if pl_n_tail < 50:
+        raise FieldUndefined(f"the fitted tail has {pl_n_tail} points, fewer than 50")
+    fit = PowerLawFit(pl_alpha, pl_xmin, pl_ks_distance, math.nan, int(pl_n_tail), len(values),
+                      float(values[-1]), 0, fit_method)
+    result = _fit_call(power_law_pvalue, values, fit=fit, n_replicates=n_replicates, seed=seed,
+                       fit_method=fit_method, min_tail=min_tail)
+    if math.isnan(result.p):
+        raise FieldUndefined("no bootstrap replicate could be refitted")
+    return result.p
+
+
+ALL = (
+    svd, esd, svals, spectral_norm, log_spectral_norm, stable_rank, log_norm, hard_rank,
+    matrix_entropy, marchenko_pastur, power_law_fit, alpha_weighted, log_alpha_norm,
+    truncated_power_law_fit, exponential_fit, distribution_comparison, pl_pvalue,
+)
