@@ -43,6 +43,20 @@ def _kernels(args: argparse.Namespace) -> int:
     return 0
 
 
+def _catalog(args: argparse.Namespace) -> int:
+    from diffract.catalog import render_catalog
+    from diffract.plugins import make_plugin_manager
+
+    allow = [p for p in args.plugins.split(",") if p] if args.plugins is not None else None
+    text = render_catalog(make_plugin_manager(allow=allow).catalog().kernels)
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from diffract.demo import run_demo
 
@@ -61,6 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     k = sub.add_parser("kernels", help="registered kernels")
     k.add_argument("-v", "--verbose", action="store_true", help="fields, level, configuration")
     k.set_defaults(run=_kernels)
+    c = sub.add_parser("catalog", help="write the metric catalog (Markdown) of the registered kernels")
+    c.add_argument("-o", "--output", help="file to write (default: standard output)")
+    c.add_argument("--plugins", help="comma-separated plugins to include (default: all installed)")
+    c.set_defaults(run=_catalog)
     sub.add_parser("demo", help="analyse a small torch model with every installed kernel").set_defaults(
         run=_demo
     )

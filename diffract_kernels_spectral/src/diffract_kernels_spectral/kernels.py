@@ -157,8 +157,18 @@ def power_law_fit(esd: np.ndarray, *, fit_method: str = "auto", min_tail: int = 
     (Clauset-Shalizi-Newman: continuous MLE ``alpha = 1 + n / sum ln(lambda_i / xmin)``,
     xmin minimising the KS distance over candidates leaving ``min_tail`` points);
     ``pl_sigma = (alpha - 1) / sqrt(pl_n_tail)``; ``pl_xmax = lambda_max``. Zero
-    eigenvalues are left out."""
-    fit = _fit_call(fit_power_law, esd, fit_method=fit_method, min_tail=min_tail)
+    eigenvalues are left out; a spectrum whose spread is within ``k * eps32 *
+    lambda_max`` counts as all-equal (undefined)."""
+    values = np.asarray(esd)
+    positive = values[values > 0]
+    if positive.size >= min_tail and positive[-1] - positive[0] <= linalg.noise_floor(
+        values.size, float(positive[-1]), "float32"
+    ):
+        raise FieldUndefined(
+            "all eigenvalues are equal within rounding (e.g. an orthogonal matrix): "
+            "a power law cannot be fitted"
+        )
+    fit = _fit_call(fit_power_law, positive, fit_method=fit_method, min_tail=min_tail)
     return fit.alpha, fit.xmin, fit.xmax, fit.ks_distance, fit.sigma, fit.n_tail
 
 

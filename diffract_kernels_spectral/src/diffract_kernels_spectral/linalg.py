@@ -42,11 +42,17 @@ def esd(weights: np.ndarray, precision: str = "float32") -> np.ndarray:
 
     if precision not in _PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(_PRECISIONS)}, got {precision!r}")
-    w = as_matrix(weights).astype(_PRECISIONS[precision], copy=False)
+    w = as_matrix(weights)
+    # Scale by the largest entry so the Gram product cannot overflow (float32 overflows
+    # at 3e38, i.e. entries of 1e19); the eigenvalues are scaled back in float64.
+    scale = float(np.max(np.abs(w))) if w.size else 0.0
+    if scale == 0.0:
+        return np.zeros(min(w.shape))
+    w = (w / scale).astype(_PRECISIONS[precision], copy=False)
     a = w if w.shape[0] <= w.shape[1] else w.T
     gram = a @ a.T
     values = eigh(gram, eigvals_only=True, driver="evr", check_finite=False, overwrite_a=True)
-    values = np.sort(values.astype(np.float64))
+    values = np.sort(values.astype(np.float64)) * scale**2
     top = float(values[-1]) if len(values) else 0.0
     values[values <= noise_floor(len(values), max(top, 0.0), precision)] = 0.0
     return values

@@ -1,0 +1,181 @@
+"""The spectral kernels in a session: known answers, the guide's hard_rank cycle, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from diffract import Session
+from diffract_kernels_spectral import fit_power_law, linalg
+from tests.spectral.conftest import pareto
+
+
+def _metrics(session, model_id="m"):
+    return session.results.export_metrics(export_format="dict")[model_id]
+
+
+def _notes(session):
+    return {(n["kernel"], n["unit"]): (n["kind"], n["reason"]) for n in session.results.export_notes()}
+
+
+@pytest.fixture
+def small(rng):
+    """A 40 x 24 matrix, a conv kernel [6, 4, 3] and a bias."""
+    return {"w": rng.standard_normal((40, 24)), "conv": rng.standard_normal((6, 4, 3)),
+            "b": rng.standard_normal(5)}
+
+
+class TestKnownAnswers:
+    def test_spectra_and_norms_match_numpy(self, small):
+        """ESD, singular values, SVD, norms and ranks equal their numpy definitions."""
+        with Session() as session:
+            session.models.add(small, model_id="m")
+            session.compute.configure_kernel("esd", precision="float64")
+            session.compute.apply("weights_svals", "esd", "stable_rank", "log_norm", "spectral_norm",
+                                  "log_spectral_norm", "hard_rank", "matrix_entropy")
+            rows = _metrics(session)
+            session.compute.configure_kernel("esd", precision="float32")
+        for name in ("w", "conv"):
+            w = small[name].reshape(small[name].shape[0], -1)
+            s = np.linalg.svd(w, compute_uv=False)
+            lam = np.sort(s**2)
+            row = rows[name]
+            np.testing.assert_allclose(row["esd"], lam, rtol=1e-10, atol=1e-12 * lam[-1])
+            np.testing.assert_allclose(row["weights_svals"], s, rtol=1e-12)
+            u, sv, vt = row["weights_lsvs"], row["weights_svals"], row["weights_rsvs"]
+            np.testing.assert_allclose(u @ np.diag(sv) @ vt, w, atol=1e-12)
+            assert row["stable_rank"] == pytest.approx(np.sum(w**2) / s[0] ** 2, rel=1e-10)
+            assert row["log_norm"] == pytest.approx(math.log10(np.sum(w**2)), rel=1e-12)
+            assert row["spectral_norm"] == pytest.approx(s[0] ** 2, rel=1e-10)
+            assert row["log_spectral_norm"] == pytest.approx(math.log10(s[0] ** 2), rel=1e-12)
+            assert row["hard_rank"] == np.linalg.matrix_rank(w)
+            p = lam / lam.sum()
+            assert row["matrix_entropy"] == pytest.approx(-np.sum(p * np.log(p)) / np.log(len(p)), rel=1e-10)
+        assert "esd" not in rows.get("b", {})
+        assert _notes(session)[("esd", "m/b")] == ("skipped", "needs a parameter of at least 2 dimensions")
+
+    def test_float32_esd_is_accurate_where_documented(self, rng):
+        """float32 ESD: large eigenvalues to ~1e-5 relative; rounding noise stored as 0."""
+        w = rng.standard_normal((300, 200)) @ np.diag(np.logspace(0, -6, 200)) @ rng.standard_normal((200, 200))
+        exact = np.sort(np.linalg.svd(w, compute_uv=False) ** 2)
+        got = linalg.esd(w, "float32")
+        big = exact > 1e-3 * exact[-1]
+        np.testing.assert_allclose(got[big], exact[big], rtol=1e-4)
+        floor = linalg.noise_floor(200, exact[-1], "float32")
+        assert np.all(got[exact < floor / 100] == 0.0)
+
+    def test_guide_hard_rank_reconfigure_erase_cycle(self, rng):
+        """configure -> apply, reconfigure -> no-op, erase -> recompute (singular values 1..1e-7)."""
+        u, _ = np.linalg.qr(rng.standard_normal((30, 6)))
+        v, _ = np.linalg.qr(rng.standard_normal((8, 6)))
+        w = u @ np.diag([1.0, 0.5, 1e-2, 1e-4, 1e-6, 1e-8]) @ v.T
+        with Session() as session:
+            session.models.add({"w": w}, model_id="m")
+            session.compute.configure_kernel("hard_rank", rtol=1e-9)
+            session.compute.apply("hard_rank")
+            assert _metrics(session)["w"]["hard_rank"] == 6
+            session.compute.configure_kernel("hard_rank", rtol=0.3)
+            session.compute.apply("hard_rank")
+            assert _metrics(session)["w"]["hard_rank"] == 6
+            session.results.erase("hard_rank")
+            session.compute.apply("hard_rank")
+            assert _metrics(session)["w"]["hard_rank"] == 2
+            session.compute.configure_kernel("hard_rank", rtol=1e-5)
+
+    def test_marchenko_pastur_counts_spikes(self, rng):
+        """A random matrix has no spikes; adding rank-2 signal gives two."""
+        n, m = 1000, 400
+        noise = rng.standard_normal((n, m))
+        spikes = 4.0 * np.sqrt(n) * (rng.standard_normal((n, 2)) / np.sqrt(n)) @ (rng.standard_normal((2, m)) / np.sqrt(m)) * np.sqrt(m)
+        with Session() as session:
+            session.models.add({"noise": noise, "spiked": noise + spikes / 4.0 * 3.0}, model_id="m")
+            session.compute.apply("num_spikes", "mp_softrank")
+            rows = _metrics(session)
+        edge = (np.sqrt(n) + np.sqrt(m)) ** 2
+        assert rows["noise"]["mp_bulk_max"] == pytest.approx(edge, rel=0.02)
+        assert rows["noise"]["num_spikes"] == 0
+        assert rows["spiked"]["num_spikes"] == 2
+        assert rows["spiked"]["mp_softrank"] < 1.0 < rows["noise"]["mp_softrank"] * 1.05
+
+    def test_fits_in_the_session_match_the_function(self, rng):
+        """power_law_fit stores the public fitter's result; derived fields follow the formulas."""
+        w = rng.standard_t(1.8, size=(400, 800))
+        with Session() as session:
+            session.models.add({"w": w}, model_id="m")
+            session.compute.apply("pl_alpha", "alpha_weighted", "log_alpha_norm", "exp_lambda",
+                                  "tpl_alpha", "lr_exp_R")
+            row = _metrics(session)["w"]
+        lam = row["esd"]
+        fit = fit_power_law(lam[lam > 0], fit_method="diffract")
+        assert (row["pl_alpha"], row["pl_xmin"], row["pl_n_tail"]) == (fit.alpha, fit.xmin, fit.n_tail)
+        assert row["alpha_weighted"] == pytest.approx(fit.alpha * math.log10(lam[-1]))
+        assert row["log_alpha_norm"] == pytest.approx(math.log10(np.sum(lam ** fit.alpha)), rel=1e-9)
+        tail = lam[lam >= fit.xmin]
+        assert row["exp_lambda"] == pytest.approx(1 / np.mean(tail - fit.xmin))
+        assert math.isfinite(row["tpl_alpha"]) and math.isfinite(row["lr_exp_R"])
+
+
+class TestBadInput:
+    def test_each_bad_parameter_is_nan_with_reason_and_the_rest_computes(self, rng):
+        """NaN, zero, rank-1, short, all-equal and huge-range matrices: NaN + reason, no exception."""
+        q, _ = np.linalg.qr(rng.standard_normal((80, 80)))
+        huge = rng.standard_normal((200, 100)) @ np.diag(np.logspace(-150, 150, 100)) @ np.linalg.qr(rng.standard_normal((100, 100)))[0]
+        model = {
+            "nan": np.where(rng.random((60, 60)) < 0.01, np.nan, rng.standard_normal((60, 60))),
+            "zero": np.zeros((70, 60)),
+            "rank1": np.outer(rng.standard_normal(90), rng.standard_normal(70)),
+            "short": rng.standard_normal((30, 40)),
+            "orthogonal": q,
+            "huge": huge,
+            "good": rng.standard_t(1.8, size=(300, 600)),
+        }
+        with Session() as session:
+            session.models.add(model, model_id="m")
+            report = session.compute.apply("pl_alpha", "stable_rank", "log_norm", "hard_rank", "pl_pvalue")
+            rows = _metrics(session)
+            notes = _notes(session)
+        assert report.ok
+        assert math.isnan(rows["nan"]["pl_alpha"]) and math.isnan(rows["nan"]["stable_rank"])
+        assert notes[("esd", "m/nan")][1].startswith("weights contain")
+        assert "input 'esd' is undefined: weights contain" in notes[("power_law_fit", "m/nan")][1]
+        assert math.isnan(rows["zero"]["stable_rank"]) and rows["zero"]["hard_rank"] == 0
+        assert "all-zero matrix" in notes[("stable_rank", "m/zero")][1]
+        assert rows["rank1"]["stable_rank"] == pytest.approx(1.0) and rows["rank1"]["hard_rank"] == 1
+        assert "only 1 positive point(s)" in notes[("power_law_fit", "m/rank1")][1]
+        assert "only 30 positive point(s), fewer than min_tail=50" in notes[("power_law_fit", "m/short")][1]
+        assert "all eigenvalues are equal within rounding" in notes[("power_law_fit", "m/orthogonal")][1]
+        assert rows["orthogonal"]["stable_rank"] == pytest.approx(80.0, rel=1e-5)
+        assert math.isfinite(rows["huge"]["log_norm"]) and rows["huge"]["hard_rank"] < 100
+        assert math.isfinite(rows["good"]["pl_alpha"]) and 0.0 <= rows["good"]["pl_pvalue"] <= 1.0
+
+    def test_diffract_method_without_taichi_is_a_failure_not_nan(self, rng, monkeypatch):
+        """fit_method='diffract' without taichi fails the unit with the fix, keeping the rest."""
+        from diffract.errors import ApplyError
+        from diffract_kernels_spectral import _taichi
+
+        monkeypatch.setitem(_taichi._STATE, "kernels", None)
+        monkeypatch.setitem(_taichi._STATE, "error", "taichi is not installed (simulated)")
+        with Session() as session:
+            session.models.add({"w": rng.standard_normal((200, 300))}, model_id="m")
+            session.compute.configure_kernel("power_law_fit", fit_method="diffract")
+            try:
+                with pytest.raises(ApplyError, match="FitUnavailableError: taichi is not installed"):
+                    session.compute.apply("pl_alpha", "stable_rank")
+            finally:
+                session.compute.configure_kernel("power_law_fit", fit_method="auto")
+            assert "stable_rank" in _metrics(session)["w"]
+
+
+def test_pvalue_kernel_is_reproducible(rng):
+    """pl_pvalue with a seed gives the same value in two sessions."""
+    x = np.diag(np.sqrt(pareto(rng, 300, 2.5)))
+    values = []
+    for _ in range(2):
+        with Session() as session:
+            session.models.add({"w": x}, model_id="m")
+            session.compute.configure_kernel("pl_pvalue", n_replicates=20, seed=3)
+            session.compute.apply("pl_pvalue")
+            values.append(_metrics(session)["w"]["pl_pvalue"])
+    assert values[0] == values[1] and 0.0 <= values[0] <= 1.0
