@@ -63,6 +63,12 @@ __all__ = [
 MIN_POINTS_ACCELERATED = 100
 #: Candidates scanned exactly first (smallest upper bounds) to set the pruning threshold.
 _SEEDS = 8
+#: Grid of the exact scan's first pass (see ``ks_exact``).
+_EXACT_STRIDE = 16
+#: Grid of the first bounds pass, as a multiple of sqrt(n); later passes are 4x finer.
+_COARSE = 1.0
+#: Bounds passes repeat while more candidates than this survive.
+_REFINE_ABOVE = 256
 _METHODS = ("auto", "diffract", "powerlaw")
 
 
@@ -166,37 +172,62 @@ def resolve_fit_method(fit_method: str, n_points: int) -> str:
 
 # -- power law -------------------------------------------------------------------------
 def _search(x: np.ndarray, starts: np.ndarray) -> tuple[int, int]:
-    """Index (into ``starts``) of the minimum-KS candidate, via the bounded Taichi search.
+    """Index (into ``starts``) of the minimum-KS candidate, by the bounded Taichi search.
 
-    Returns (best, exactly_scanned)."""
+    1. Exact distances of a few evenly spread candidates give a threshold ``best``.
+    2. A coarse pass (every ``sqrt(n)``-th tail point) bounds each other candidate's
+       distance from below and above; a candidate whose lower bound exceeds ``best`` is
+       dropped (its scan stops there). The candidates with the smallest upper bounds
+       are scanned exactly, which can only lower ``best``.
+    3. Every survivor is scanned exactly (interval-skipping scan, see ``ks_exact``),
+       stopping once it exceeds ``best``. The minimum is exact: nothing dropped could
+       have been smaller.
+
+    Returns (best index, candidates scanned exactly).
+    """
     k = _taichi.kernels()
     n = len(x)
+    count = len(starts)
+    # A fixed shuffle spreads the long tails (the early candidates) over the threads.
+    order = np.random.default_rng(count).permutation(count)
+    starts = np.ascontiguousarray(starts[order])
     alphas = _alphas(x, starts)
     logx = np.log(x)
     first = np.searchsorted(x, x, side="left").astype(np.int32)
-    count = len(starts)
-    if count <= 2 * _SEEDS:
-        dist = np.empty(count)
-        k.ks_exact(logx, first, starts, alphas, n, np.inf, dist)
-        return int(np.argmin(dist)), count
-    stride = max(4, int(math.sqrt(n) / 4))
-    lower, upper = np.empty(count), np.empty(count)
-    k.ks_bounds(logx, first, starts, alphas, n, stride, lower, upper)
     dist = np.full(count, np.inf)
-    seeds = np.argsort(upper, kind="stable")[:_SEEDS]
-    seed_d = np.empty(len(seeds))
-    k.ks_exact(logx, first, np.ascontiguousarray(starts[seeds]), np.ascontiguousarray(alphas[seeds]),
-               n, np.inf, seed_d)
-    dist[seeds] = seed_d
-    best = float(seed_d.min())
-    rest = np.flatnonzero(lower <= best)
-    rest = rest[~np.isin(rest, seeds)]
-    if len(rest):
-        out = np.empty(len(rest))
-        k.ks_exact(logx, first, np.ascontiguousarray(starts[rest]), np.ascontiguousarray(alphas[rest]),
-                   n, best, out)
-        dist[rest] = out
-    return int(np.argmin(dist)), len(seeds) + len(rest)
+    fine = _EXACT_STRIDE
+
+    def exact(idx: np.ndarray, stop_above: float) -> np.ndarray:
+        out = np.empty(len(idx))
+        k.ks_exact(logx, first, np.ascontiguousarray(starts[idx]),
+                   np.ascontiguousarray(alphas[idx]), n, fine, stop_above, out)
+        return out
+
+    if count <= 4 * _SEEDS:
+        dist[:] = exact(np.arange(count), np.inf)
+        return int(order[np.argmin(dist)]), count
+    probe = np.argsort(order)[np.linspace(0, count - 1, _SEEDS).astype(int)]
+    dist[probe] = exact(probe, np.inf)
+    best = float(dist[probe].min())
+    alive = np.flatnonzero(np.isinf(dist))
+    scanned = len(probe)
+    stride = max(4, int(math.sqrt(n) * _COARSE))
+    while len(alive) > _REFINE_ABOVE and stride > fine:
+        lower, upper = np.empty(len(alive)), np.empty(len(alive))
+        k.ks_bounds(logx, first, np.ascontiguousarray(starts[alive]),
+                    np.ascontiguousarray(alphas[alive]), n, stride, best, lower, upper)
+        seeds = alive[np.argsort(upper, kind="stable")[:_SEEDS]]
+        dist[seeds] = exact(seeds, best)
+        scanned += len(seeds)
+        best = min(best, float(dist[seeds].min()))
+        # The coarse pass multiplies by 1/m where the exact pass divides: allow rounding.
+        alive = np.setdiff1d(alive[lower - 1e-12 <= best], seeds)
+        stride //= 4
+    if len(alive):
+        dist[alive] = exact(alive, best)
+    # Exact ties go to the smallest xmin, as in an ordered scan.
+    winners = np.flatnonzero(dist == dist.min())
+    return int(order[winners].min()), scanned + len(alive)
 
 
 def _fit_diffract(x: np.ndarray, min_tail: int) -> PowerLawFit:
