@@ -231,3 +231,41 @@ class TestInputs:
         shares = [r["t_share"] for r in session.results.export_metrics("t_share")["m"].values()]
         assert sum(shares) == pytest.approx(1.0)
         assert KernelApplyLevel.IN_MODEL is get_registry().get("param_norm").apply_level
+
+
+class TestBatchPath:
+    def test_batch_results_and_per_unit_exceptions(self, session, arrays):
+        """A kernel's batch path computes the chunk at once; exception instances are per unit."""
+        calls = []
+
+        def many(units, *, offset=0.0):
+            calls.append(len(units))
+            return [FieldUndefined("vector") if u["weights"].ndim == 1
+                    else float(np.sum(u["weights"] ** 2)) + offset for u in units]
+
+        get_registry().register(
+            KernelSpec.from_function(test_kernels.squared_sum, name="t_batched", batch=many,
+                                     provider="<session>")
+        )
+        session.models.add(arrays, model_id="m")
+        session.compute.configure_kernel("t_batched", offset=2.0)
+        session.compute.apply("t_batched")
+        rows = session.results.export_metrics("t_batched")["m"]
+        assert calls == [4]
+        assert rows["layer0.weight"]["t_batched"] == pytest.approx(np.sum(arrays["layer0.weight"] ** 2) + 2.0)
+        assert np.isnan(rows["layer1.bias"]["t_batched"])
+
+    def test_a_failing_batch_falls_back_to_units(self, session, arrays):
+        """If the batch path itself raises, every unit runs through the plain function."""
+
+        def broken(units, **config):
+            raise MemoryError("simulated")
+
+        get_registry().register(
+            KernelSpec.from_function(test_kernels.squared_sum, name="t_fallback", batch=broken,
+                                     provider="<session>")
+        )
+        session.models.add(arrays, model_id="m")
+        session.compute.apply("t_fallback")
+        rows = session.results.export_metrics("t_fallback")["m"]
+        assert rows["conv.weight"]["t_fallback"] == pytest.approx(np.sum(arrays["conv.weight"] ** 2))

@@ -60,14 +60,30 @@ def _fit_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 # -- decompositions ---------------------------------------------------------------------
-@kernel(produce_fields=("weights_lsvs", "weights_svals", "weights_rsvs"), restrictions=_MATRIX)
+def _svd_batch(units: list[dict[str, Any]]) -> list[Any]:
+    return linalg.parallel_map(lambda u: svd(u["weights"]), units)
+
+
+def _esd_batch(units: list[dict[str, Any]], *, precision: str = "float32") -> list[Any]:
+    return linalg.parallel_map(lambda u: esd(u["weights"], precision=precision), units)
+
+
+def _svals_batch(units: list[dict[str, Any]]) -> list[Any]:
+    return linalg.parallel_map(lambda u: svals(u["weights"]), units)
+
+
+@kernel(
+    produce_fields=("weights_lsvs", "weights_svals", "weights_rsvs"),
+    restrictions=_MATRIX,
+    batch=lambda units: _svd_batch(units),
+)
 def svd(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Thin SVD ``W = U diag(sigma) V^T`` in float64: ``weights_lsvs = U [N, k]``,
     ``weights_svals = sigma [k]`` (descending), ``weights_rsvs = V^T [k, M]``."""
     return linalg.svd(_finite_matrix(weights))
 
 
-@kernel(restrictions=_MATRIX)
+@kernel(restrictions=_MATRIX, batch=lambda units, **cfg: _esd_batch(units, **cfg))
 def esd(weights: np.ndarray, *, precision: str = "float32") -> np.ndarray:
     """Empirical spectral density ``lambda_i``: eigenvalues of ``W^T W``, ascending ``[k]``.
 
@@ -79,7 +95,7 @@ def esd(weights: np.ndarray, *, precision: str = "float32") -> np.ndarray:
     return linalg.esd(_finite_matrix(weights), precision)
 
 
-@kernel(restrictions=_MATRIX)
+@kernel(restrictions=_MATRIX, batch=lambda units: _svals_batch(units))
 def svals(weights: np.ndarray) -> np.ndarray:
     """Singular values ``sigma_i`` in float64, descending ``[k]``, values only
     (accurate to ``eps64 * sigma_max``: what rank decisions need)."""

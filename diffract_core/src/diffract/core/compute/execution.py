@@ -94,6 +94,26 @@ def _invoke(fn: Callable[..., Any], inputs: Mapping[str, Any], config: Mapping[s
         return ("error", f"{type(exc).__name__}: {exc} ({where.filename}:{where.lineno})")
 
 
+def _invoke_batch(spec: KernelSpec, units: list[Mapping[str, Any]], config: Mapping[str, Any]):
+    """Run a kernel's batch path; on any failure of the batch itself, unit by unit."""
+    try:
+        results = list(spec.batch(units, **config))
+        if len(results) != len(units):
+            raise ValueError(f"batch returned {len(results)} results for {len(units)} units")
+    except Exception as exc:  # noqa: BLE001 - the per-unit path decides per unit
+        log.warning("%s: batch path failed (%s); running unit by unit", spec.name, exc)
+        return [_invoke(spec.function, got, config) for got in units]
+    outcomes = []
+    for result in results:
+        if isinstance(result, FieldUndefined):
+            outcomes.append(("undefined", result.reason))
+        elif isinstance(result, Exception):
+            outcomes.append(("error", f"{type(result).__name__}: {result}"))
+        else:
+            outcomes.append(("ok", result))
+    return outcomes
+
+
 _BAD_TYPES = (types.GeneratorType, type(None))
 
 
@@ -309,6 +329,8 @@ class Runner:
                     outcomes.append(fut.result())
                 except Exception as exc:  # noqa: BLE001 - a dead worker, pickling...
                     outcomes.append(("error", f"executor failed: {type(exc).__name__}: {exc}"))
+        elif spec.batch is not None and len(runnable) > 1:
+            outcomes = _invoke_batch(spec, [got for _, got in runnable], config)
         else:
             outcomes = [_invoke(spec.function, got, config) for _, got in runnable]
 

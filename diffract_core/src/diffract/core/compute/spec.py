@@ -90,6 +90,13 @@ class KernelSpec:
     ``inputs`` pairs each required function parameter with the field it reads;
     ``config`` holds the default of every configuration keyword; ``provider`` names the
     distribution that registered it (filled in by the plugin manager).
+
+    ``batch`` is an optional faster path for SEQUENTIAL kernels: called as
+    ``batch(units, **config)`` with ``units`` a list of per-unit input dicts, it returns
+    one result per unit, in order, where an exception instance stands for that unit
+    raising it. It must compute what ``function`` computes (it may batch same-shaped
+    inputs, use several threads or a GPU). If it raises, the runner falls back to
+    ``function`` unit by unit.
     """
 
     name: str
@@ -102,6 +109,7 @@ class KernelSpec:
     restrictions: tuple[Restriction, ...] = ()
     doc: str = attrs.field(default="", repr=False)
     provider: str = "unknown"
+    batch: Callable[..., Any] | None = attrs.field(default=None, eq=False, hash=False, repr=False)
 
     @property
     def require_fields(self) -> tuple[str, ...]:
@@ -129,6 +137,7 @@ class KernelSpec:
         apply_level: KernelApplyLevel | None = None,
         execution_protocol: KernelExecutionProtocol | None = None,
         restrictions: Iterable[Restriction] | None = None,
+        batch: Callable[..., Any] | None = None,
         provider: str = "unknown",
     ) -> KernelSpec:
         """Build a spec from ``fn``'s signature; explicit arguments override ``@kernel`` marks.
@@ -145,6 +154,7 @@ class KernelSpec:
             "apply_level": apply_level,
             "execution_protocol": execution_protocol,
             "restrictions": restrictions,
+            "batch": batch,
         }
         marks.update({k: v for k, v in given.items() if v is not None})
         if not callable(fn):
@@ -249,6 +259,7 @@ class KernelSpec:
             restrictions=rest,
             doc=inspect.getdoc(fn) or "",
             provider=provider,
+            batch=marks.get("batch"),
         )
 
 
@@ -261,6 +272,7 @@ def kernel(
     apply_level: KernelApplyLevel | None = None,
     execution_protocol: KernelExecutionProtocol | None = None,
     restrictions: Iterable[Restriction] | None = None,
+    batch: Callable[..., Any] | None = None,
 ) -> Any:
     """Mark a function as a kernel for a pack; it stays a plain, callable function.
 
@@ -279,6 +291,7 @@ def kernel(
                 "apply_level": apply_level,
                 "execution_protocol": execution_protocol,
                 "restrictions": tuple(restrictions) if restrictions else None,
+                "batch": batch,
             },
         )
         return f
