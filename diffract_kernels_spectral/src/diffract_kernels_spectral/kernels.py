@@ -64,8 +64,24 @@ def _svd_batch(units: list[dict[str, Any]]) -> list[Any]:
     return linalg.parallel_map(lambda u: svd(u["weights"]), units)
 
 
-def _esd_batch(units: list[dict[str, Any]], *, precision: str = "float32") -> list[Any]:
-    return linalg.parallel_map(lambda u: esd(u["weights"], precision=precision), units)
+def _esd_batch(
+    units: list[dict[str, Any]], *, precision: str = "float32", device: str = "auto"
+) -> list[Any]:
+    where = linalg.resolve_device(device)
+    if where == "cpu":
+        return linalg.parallel_map(lambda u: esd(u["weights"], precision=precision), units)
+    # On a GPU: screen NaN/Inf per unit on the host, then one batched call per shape.
+    out: list[Any] = [None] * len(units)
+    good = []
+    for i, u in enumerate(units):
+        try:
+            good.append((i, _finite_matrix(u["weights"])))
+        except FieldUndefined as exc:
+            out[i] = exc
+    values = linalg.esd_batched_torch([m for _, m in good], precision, where)
+    for (i, _), v in zip(good, values, strict=True):
+        out[i] = v
+    return out
 
 
 def _svals_batch(units: list[dict[str, Any]]) -> list[Any]:
@@ -84,14 +100,20 @@ def svd(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 @kernel(restrictions=_MATRIX, batch=lambda units, **cfg: _esd_batch(units, **cfg))
-def esd(weights: np.ndarray, *, precision: str = "float32") -> np.ndarray:
+def esd(weights: np.ndarray, *, precision: str = "float32", device: str = "auto") -> np.ndarray:
     """Empirical spectral density ``lambda_i``: eigenvalues of ``W^T W``, ascending ``[k]``.
 
     Values only (no singular vectors). ``precision`` float32 (default; about twice as
     fast) or float64. Eigenvalues below ``k * eps * lambda_max`` are stored as 0.
+    ``device``: "auto" batches same-shaped matrices through torch on the GPU when torch
+    sees one, else one single-threaded LAPACK solver per CPU core; "cpu" or a torch
+    device ("cuda", "cuda:1") forces the choice.
     """
     if precision not in ("float32", "float64"):
         raise ValueError(f"precision must be 'float32' or 'float64', got {precision!r}")
+    where = linalg.resolve_device(device)
+    if where != "cpu":
+        return linalg.esd_batched_torch([_finite_matrix(weights)], precision, where)[0]
     return linalg.esd(_finite_matrix(weights), precision)
 
 
