@@ -1,11 +1,23 @@
-"""Shared fixtures: a fresh kernel registry per test, small models."""
+"""Shared fixtures: a fresh kernel registry per test, small models.
+
+Without a CUDA GPU, Triton runs in its interpreter on CPU tensors: TRITON_INTERPRET must
+be set before anything imports triton, so it is set here, at collection, together with
+kernel-fun's switch that admits CPU tensors (KERNEL_FUN_INTERPRET). On a GPU machine set
+KERNEL_FUN_TEST_GPU=1 to run the kernel-fun tests on the device instead.
+"""
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
+import os
 
-from diffract.core.compute.registry import reset_registry
+if os.environ.get("KERNEL_FUN_TEST_GPU") != "1":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("KERNEL_FUN_INTERPRET", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from diffract.core.compute.registry import reset_registry  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
