@@ -22,6 +22,7 @@ SHAPES = [  # (B, T, D, W, non_contiguous)
     (2, 20, 10, 1, False),
     (2, 20, 10, 2, True),    # x a strided view
     (1, 33, 20, 3, True),
+    (3, 100, 8, 4, False),   # several tiles per backward strip
 ]
 
 

@@ -8,6 +8,10 @@
 * ``dx[t] = sum_k w[k] dz[t + (W-1) - k]``;
 * ``dw[k] = sum_{b,t} dz[t] x[t - (W-1) + k]``.
 
+Memory traffic: the forward reads x once and writes y; the backward reads x and dy once
+(the shifted tiles overlap in cache) and writes dx, plus a ``[B, strips, D, 4]`` float32
+buffer of per-strip dw partials summed on the host.
+
 Layout of this module: constants, kernels, launchers, the autograd Function.
 """
 
@@ -44,12 +48,21 @@ def _configs() -> list[triton.Config]:
 
 
 # -- kernels --------------------------------------------------------------------------------
+# Both kernels work with four taps: a narrower weight is left-padded with zero taps on the
+# host (``_taps``), which is the same convolution. Fixed taps let the backward load the
+# seven shifted x tiles it needs once and reuse them for all four recomputed rows.
+
+
+@triton.jit
+def _load_rows(base, rows, d, d_ok, T, st, sd):
+    ok = (rows >= 0) & (rows < T)
+    return tl.load(base + rows[:, None] * st + d[None, :] * sd,
+                   mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+
+
 @triton.autotune(configs=_configs(), key=["D", "W", "B", "T"])
 @triton.jit
-def _fwd_kernel(
-    x, w, y, B, T, D, sxb, sxt, sxd,
-    W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-):
+def _fwd_kernel(x, w4, y, B, T, D, W, sxb, sxt, sxd, BT: tl.constexpr, BD: tl.constexpr):
     pid_d = tl.program_id(0)
     pid_t = tl.program_id(1)
     pid_b = tl.program_id(2).to(tl.int64)
@@ -57,91 +70,79 @@ def _fwd_kernel(
     d = pid_d * BD + tl.arange(0, BD)
     d_ok = d < D
     xb = x + pid_b * sxb
-    z = tl.zeros([BT, BD], dtype=tl.float32)
-    for k in tl.static_range(W):
-        src = t - (W - 1) + k
-        ok = (src >= 0) & (src < T)
-        xv = tl.load(xb + src[:, None] * sxt + d[None, :] * sxd, mask=ok[:, None] & d_ok[None, :], other=0.0)
-        wk = tl.load(w + d * W + k, mask=d_ok, other=0.0)
-        z += xv.to(tl.float32) * wk.to(tl.float32)[None, :]
+    w0 = tl.load(w4 + d * 4 + 0, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    w1 = tl.load(w4 + d * 4 + 1, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    w2 = tl.load(w4 + d * 4 + 2, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    w3 = tl.load(w4 + d * 4 + 3, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    z = (w0 * _load_rows(xb, t - 3, d, d_ok, T, sxt, sxd)
+         + w1 * _load_rows(xb, t - 2, d, d_ok, T, sxt, sxd)
+         + w2 * _load_rows(xb, t - 1, d, d_ok, T, sxt, sxd)
+         + w3 * _load_rows(xb, t, d, d_ok, T, sxt, sxd))
     out = z * tl.sigmoid(z)
-    yb = y + pid_b * T * D
-    tl.store(yb + t[:, None] * D + d[None, :], out.to(y.dtype.element_ty),
+    tl.store(y + pid_b * T * D + t[:, None] * D + d[None, :], out.to(y.dtype.element_ty),
              mask=(t < T)[:, None] & d_ok[None, :])
 
 
 @triton.jit
-def _z_at(xb, w, rows, d, d_ok, T, sxt, sxd, W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """Pre-activation at ``rows`` (recomputed from x)."""
-    z = tl.zeros([BT, BD], dtype=tl.float32)
-    for k in tl.static_range(W):
-        src = rows - (W - 1) + k
-        ok = (src >= 0) & (src < T)
-        xv = tl.load(xb + src[:, None] * sxt + d[None, :] * sxd, mask=ok[:, None] & d_ok[None, :], other=0.0)
-        wk = tl.load(w + d * W + k, mask=d_ok, other=0.0)
-        z += xv.to(tl.float32) * wk.to(tl.float32)[None, :]
-    return z
+def _dz(z, g):
+    """d silu(z) / dz times the incoming gradient."""
+    s = tl.sigmoid(z)
+    return g * s * (1.0 + z * (1.0 - s))
 
 
 @triton.autotune(configs=_configs(), key=["D", "W", "B", "T"])
 @triton.jit
 def _bwd_kernel(
-    x, w, dy, dx, dwp, B, T, D, sxb, sxt, sxd, syb, syt, syd,
-    W: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+    x, w4, dy, dx, dwp, B, T, D, W, sxb, sxt, sxd, syb, syt, syd,
+    BT: tl.constexpr, BD: tl.constexpr,
 ):
-    """One strip of T per program: dx for its rows, dw summed over its rows."""
+    """One strip of T per program: dx for its rows, dw summed over its rows.
+
+    For rows t of a tile the pre-activation is recomputed at t, t+1, t+2, t+3 (the rows
+    whose gradient reaches x[t]) from the seven x tiles at t-3 .. t+3, loaded once.
+    """
     pid_d = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_b = tl.program_id(2).to(tl.int64)
     n_strips = tl.num_programs(1)
-    n_tiles = tl.cdiv(T, BT)
-    per_strip = tl.cdiv(n_tiles, n_strips)
+    per_strip = tl.cdiv(tl.cdiv(T, BT), n_strips)
     d = pid_d * BD + tl.arange(0, BD)
     d_ok = d < D
     xb = x + pid_b * sxb
-    dyb = dy + pid_b * syb
-    dxb = dx + pid_b * T * D
-    acc0 = tl.zeros([BD], dtype=tl.float32)
-    acc1 = tl.zeros([BD], dtype=tl.float32)
-    acc2 = tl.zeros([BD], dtype=tl.float32)
-    acc3 = tl.zeros([BD], dtype=tl.float32)
+    gb = dy + pid_b * syb
+    w0 = tl.load(w4 + d * 4 + 0, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    w1 = tl.load(w4 + d * 4 + 1, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    w2 = tl.load(w4 + d * 4 + 2, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    w3 = tl.load(w4 + d * 4 + 3, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    a0 = tl.zeros([BD], dtype=tl.float32)
+    a1 = tl.zeros([BD], dtype=tl.float32)
+    a2 = tl.zeros([BD], dtype=tl.float32)
+    a3 = tl.zeros([BD], dtype=tl.float32)
     for i in range(0, per_strip):
         t = (pid_s * per_strip + i) * BT + tl.arange(0, BT)
-        gx = tl.zeros([BT, BD], dtype=tl.float32)
-        for s in tl.static_range(W):
-            rows = t + s
-            z = _z_at(xb, w, rows, d, d_ok, T, sxt, sxd, W, BT, BD)
-            ok = (rows < T)[:, None] & d_ok[None, :]
-            g = tl.load(dyb + rows[:, None] * syt + d[None, :] * syd, mask=ok, other=0.0).to(tl.float32)
-            sg = tl.sigmoid(z)
-            dz = g * sg * (1.0 + z * (1.0 - sg))
-            wk = tl.load(w + d * W + (W - 1 - s), mask=d_ok, other=0.0).to(tl.float32)
-            gx += dz * wk[None, :]
-            if s == 0:
-                for k in tl.static_range(W):
-                    src = t - (W - 1) + k
-                    okx = (src >= 0) & (src < T)
-                    xv = tl.load(xb + src[:, None] * sxt + d[None, :] * sxd,
-                                 mask=okx[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-                    part = tl.sum(dz * xv, axis=0)
-                    if k == 0:
-                        acc0 += part
-                    elif k == 1:
-                        acc1 += part
-                    elif k == 2:
-                        acc2 += part
-                    else:
-                        acc3 += part
-        tl.store(dxb + t[:, None] * D + d[None, :], gx.to(dx.dtype.element_ty),
+        xm3 = _load_rows(xb, t - 3, d, d_ok, T, sxt, sxd)
+        xm2 = _load_rows(xb, t - 2, d, d_ok, T, sxt, sxd)
+        xm1 = _load_rows(xb, t - 1, d, d_ok, T, sxt, sxd)
+        x0 = _load_rows(xb, t, d, d_ok, T, sxt, sxd)
+        xp1 = _load_rows(xb, t + 1, d, d_ok, T, sxt, sxd)
+        xp2 = _load_rows(xb, t + 2, d, d_ok, T, sxt, sxd)
+        xp3 = _load_rows(xb, t + 3, d, d_ok, T, sxt, sxd)
+        dz0 = _dz(w0 * xm3 + w1 * xm2 + w2 * xm1 + w3 * x0, _load_rows(gb, t, d, d_ok, T, syt, syd))
+        dz1 = _dz(w0 * xm2 + w1 * xm1 + w2 * x0 + w3 * xp1, _load_rows(gb, t + 1, d, d_ok, T, syt, syd))
+        dz2 = _dz(w0 * xm1 + w1 * x0 + w2 * xp1 + w3 * xp2, _load_rows(gb, t + 2, d, d_ok, T, syt, syd))
+        dz3 = _dz(w0 * x0 + w1 * xp1 + w2 * xp2 + w3 * xp3, _load_rows(gb, t + 3, d, d_ok, T, syt, syd))
+        gx = w3 * dz0 + w2 * dz1 + w1 * dz2 + w0 * dz3
+        tl.store(dx + pid_b * T * D + t[:, None] * D + d[None, :], gx.to(dx.dtype.element_ty),
                  mask=(t < T)[:, None] & d_ok[None, :])
-    base = dwp + ((pid_b * n_strips + pid_s) * D + d) * W
-    tl.store(base + 0, acc0, mask=d_ok)
-    if W > 1:
-        tl.store(base + 1, acc1, mask=d_ok)
-    if W > 2:
-        tl.store(base + 2, acc2, mask=d_ok)
-    if W > 3:
-        tl.store(base + 3, acc3, mask=d_ok)
+        a0 += tl.sum(dz0 * xm3, axis=0)
+        a1 += tl.sum(dz0 * xm2, axis=0)
+        a2 += tl.sum(dz0 * xm1, axis=0)
+        a3 += tl.sum(dz0 * x0, axis=0)
+    base = dwp + ((pid_b * n_strips + pid_s) * D + d) * 4
+    tl.store(base + 0, a0, mask=d_ok)
+    tl.store(base + 1, a1, mask=d_ok)
+    tl.store(base + 2, a2, mask=d_ok)
+    tl.store(base + 3, a3, mask=d_ok)
 
 
 # -- launchers ------------------------------------------------------------------------------
@@ -157,8 +158,14 @@ class _Null:
         return None
 
 
+def _taps(w: torch.Tensor) -> torch.Tensor:
+    """``w [D, W]`` as four taps ``[D, 4]``, zero taps first (a no-op copy-free for W=4)."""
+    W = w.shape[1]
+    return w.contiguous() if W == MAX_W else torch.nn.functional.pad(w, (MAX_W - W, 0)).contiguous()
+
+
 def forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``y`` (contiguous, x's dtype) for ``x [B, T, D]`` (any strides), ``w [D, W]`` contiguous."""
+    """``y`` (contiguous, x's dtype) for ``x [B, T, D]`` (any strides), ``w [D, W]``."""
     B, T, D = x.shape
     W = w.shape[1]
     y = torch.empty((B, T, D), dtype=x.dtype, device=x.device)
@@ -166,7 +173,7 @@ def forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         def grid(meta):
             return (triton.cdiv(D, meta["BD"]), triton.cdiv(T, meta["BT"]), B)
 
-        _fwd_kernel[grid](x, w, y, B, T, D, *x.stride(), W=W)
+        _fwd_kernel[grid](x, _taps(w), y, B, T, D, W, *x.stride())
     return y
 
 
@@ -182,13 +189,13 @@ def backward(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> tuple[torch.
     W = w.shape[1]
     strips = _strips(x, B, T, D)
     dx = torch.empty((B, T, D), dtype=x.dtype, device=x.device)
-    dwp = torch.empty((B, strips, D, W), dtype=torch.float32, device=x.device)
+    dwp = torch.empty((B, strips, D, MAX_W), dtype=torch.float32, device=x.device)
     with _device_ctx(x):
         def grid(meta):
             return (triton.cdiv(D, meta["BD"]), strips, B)
 
-        _bwd_kernel[grid](x, w, dy, dx, dwp, B, T, D, *x.stride(), *dy.stride(), W=W)
-    return dx, dwp.sum(dim=(0, 1))
+        _bwd_kernel[grid](x, _taps(w), dy, dx, dwp, B, T, D, W, *x.stride(), *dy.stride())
+    return dx, dwp.sum(dim=(0, 1))[:, MAX_W - W:]
 
 
 # -- autograd ---------------------------------------------------------------------------------
