@@ -238,8 +238,8 @@ class ModelsAPI:
         return model_id in self._session.store.model_ids()
 
 
-class ComputeAPI:
-    """``session.compute``: apply fields, configure and register kernels."""
+class _Scoped:
+    """An API bound to a session and a scope (None: every model of the session)."""
 
     def __init__(self, session: Session, scope: tuple[str, ...] | None) -> None:
         self._session = session
@@ -247,6 +247,10 @@ class ComputeAPI:
 
     def _scope_ids(self) -> list[str]:
         return list(self._scope) if self._scope is not None else self._session.store.model_ids()
+
+
+class ComputeAPI(_Scoped):
+    """``session.compute``: apply fields, configure and register kernels."""
 
     def apply(self, *fields: str, errors: str = "raise") -> ApplyReport:
         """Compute ``fields`` (and their dependencies) for every model in scope.
@@ -373,15 +377,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-class ResultsAPI:
+class ResultsAPI(_Scoped):
     """``session.results``: export metrics and aggregates, erase fields, read notes."""
-
-    def __init__(self, session: Session, scope: tuple[str, ...] | None) -> None:
-        self._session = session
-        self._scope = scope
-
-    def _scope_ids(self) -> list[str]:
-        return list(self._scope) if self._scope is not None else self._session.store.model_ids()
 
     def _check_format(self, export_format: str) -> None:
         if export_format not in _FORMATS:
