@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The GPU check of kernel-fun, as one script for a lent CUDA machine (not yet run: no GPU
+# has been lent to this project so far). Run from the repository root; results go to
+# $OUT (or ./gpu-results). Needs torch with CUDA, triton, fla-core, pytest, attrs, pluggy
+# and numpy importable (carry wheels when the machine has no network).
+set -uo pipefail
+OUT=${OUT:-./gpu-results}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-deps --no-build-isolation -e diffract_core -e kernel_fun_gpu 2>&1 | tail -2
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+# Correctness on the device: fp16, fp32 and bf16 against fla and a PyTorch reference.
+KERNEL_FUN_TEST_GPU=1 python3 -m pytest -q -p no:cacheprovider tests/kernel_fun_gpu 2>&1 | tee "$OUT/tests.log"
+# Speed against fla (and kernel-fun 0.2.0 when its wheel sits in .whl/kf020).
+kf=""; [ -d .whl/kf020 ] && kf="--kf020 .whl/kf020"
+python3 benchmarks/bench_cconv.py $kf 2>&1 | tee "$OUT/bench.log"
