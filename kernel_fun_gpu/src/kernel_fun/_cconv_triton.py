@@ -55,6 +55,7 @@ def _configs() -> list[triton.Config]:
 
 @triton.jit
 def _load_rows(base, rows, d, d_ok, T, st, sd):
+    """x (or dy) at ``rows`` (int64: offsets of large tensors pass 2**31), 0 outside [0, T)."""
     ok = (rows >= 0) & (rows < T)
     return tl.load(base + rows[:, None] * st + d[None, :] * sd,
                    mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
@@ -66,7 +67,7 @@ def _fwd_kernel(x, w4, y, B, T, D, W, sxb, sxt, sxd, BT: tl.constexpr, BD: tl.co
     pid_d = tl.program_id(0)
     pid_t = tl.program_id(1)
     pid_b = tl.program_id(2).to(tl.int64)
-    t = pid_t * BT + tl.arange(0, BT)
+    t = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)
     d = pid_d * BD + tl.arange(0, BD)
     d_ok = d < D
     xb = x + pid_b * sxb
@@ -119,7 +120,7 @@ def _bwd_kernel(
     a2 = tl.zeros([BD], dtype=tl.float32)
     a3 = tl.zeros([BD], dtype=tl.float32)
     for i in range(0, per_strip):
-        t = (pid_s * per_strip + i) * BT + tl.arange(0, BT)
+        t = ((pid_s * per_strip + i) * BT + tl.arange(0, BT)).to(tl.int64)
         xm3 = _load_rows(xb, t - 3, d, d_ok, T, sxt, sxd)
         xm2 = _load_rows(xb, t - 2, d, d_ok, T, sxt, sxd)
         xm1 = _load_rows(xb, t - 1, d, d_ok, T, sxt, sxd)
