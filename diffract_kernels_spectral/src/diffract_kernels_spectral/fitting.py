@@ -69,6 +69,8 @@ _EXACT_STRIDE = 16
 _COARSE = 1.0
 #: Bounds passes repeat while more candidates than this survive.
 _REFINE_ABOVE = 256
+#: Finest bounds pass (below it the exact scan is as cheap).
+_MIN_BOUND_STRIDE = 8
 _METHODS = ("auto", "diffract", "powerlaw")
 
 
@@ -212,7 +214,7 @@ def _search(x: np.ndarray, starts: np.ndarray) -> tuple[int, int]:
     alive = np.flatnonzero(np.isinf(dist))
     scanned = len(probe)
     stride = max(4, int(math.sqrt(n) * _COARSE))
-    while len(alive) > _REFINE_ABOVE and stride > fine:
+    while len(alive) > _REFINE_ABOVE and stride >= _MIN_BOUND_STRIDE:
         lower, upper = np.empty(len(alive)), np.empty(len(alive))
         k.ks_bounds(logx, first, np.ascontiguousarray(starts[alive]),
                     np.ascontiguousarray(alphas[alive]), n, stride, best, lower, upper)
