@@ -107,3 +107,26 @@ def test_import_is_lazy():
     assert out.stdout.strip() == "[] False False"
     code2 = "import sys, diffract\nimport torch\ns = diffract.Session()\ns.models.add(torch.nn.Linear(2, 2), model_id='m')\nprint('ok')"
     assert subprocess.run([sys.executable, "-c", code2], capture_output=True, text=True, check=True).stdout.strip() == "ok"
+
+
+class TestTensorField:
+    def test_tensor_is_the_sources_own_object(self, session, arrays):
+        """`tensor` gives torch parameters as they are (same storage, dtype, device) and
+        numpy arrays as arrays; `weights` is always numpy."""
+        model = torch.nn.Linear(4, 3).to(torch.bfloat16)
+        seen = {}
+
+        @session.compute.kernel()
+        def t_kind(tensor, weights):
+            seen[tensor.shape] = (tensor, weights)
+            return 1
+
+        session.models.add(model, model_id="torch")
+        session.models.add({"a": arrays["layer0.weight"]}, model_id="numpy")
+        session.compute.apply("t_kind")
+        tensor, weights = seen[torch.Size([3, 4])]
+        assert isinstance(tensor, torch.Tensor) and tensor.dtype == torch.bfloat16
+        assert tensor.data_ptr() == model.weight.data_ptr()
+        assert isinstance(weights, np.ndarray) and weights.dtype == np.float32
+        array, _ = seen[(16, 8)]
+        assert isinstance(array, np.ndarray)

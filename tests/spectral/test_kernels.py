@@ -206,3 +206,20 @@ class TestBatchedSpectra:
             rows = _metrics(session)
         for name, w in model.items():
             np.testing.assert_array_equal(rows[name]["esd"], esd_kernel(w, device="cpu"))
+
+
+def test_esd_of_torch_parameters_matches_numpy(rng):
+    """esd reads the `tensor` field: a bf16 torch model gives the spectrum of its float32
+    values, the same as the numpy path and the batched torch path."""
+    import torch
+
+    layer = torch.nn.Linear(30, 40).to(torch.bfloat16)
+    with Session() as session:
+        session.models.add(layer, model_id="m")
+        session.compute.apply("esd")
+        got = _metrics(session)["weight"]["esd"]
+    w32 = layer.weight.detach().float().numpy()
+    np.testing.assert_array_equal(got, linalg.esd(w32, "float32"))
+    (batched,) = linalg.esd_batched_torch([layer.weight.detach()], "float64", "cpu")
+    exact = np.sort(np.linalg.svd(w32.astype(np.float64), compute_uv=False) ** 2)
+    np.testing.assert_allclose(batched, exact, rtol=1e-9, atol=1e-12 * exact[-1])

@@ -219,8 +219,8 @@ class ModelsAPI:
                     "model_id, or open a new session to replace it.",
                     model_id=model_id,
                 )
-            infos, load = read_model(model, model_id)
-            store.add_model(model_id, infos, load)
+            infos, load, raw = read_model(model, model_id)
+            store.add_model(model_id, infos, load, raw)
         return [i.name for i in infos]
 
     def ids(self) -> list[str]:

@@ -38,6 +38,18 @@ def _finite_matrix(weights: np.ndarray) -> np.ndarray:
     return w
 
 
+def _finite_tensor(tensor: Any) -> Any:
+    """``tensor`` (torch or numpy) after the NaN/Inf check, computed where it lives."""
+    if isinstance(tensor, np.ndarray):
+        return _finite_matrix(tensor)
+    import torch
+
+    bad = int((~torch.isfinite(tensor)).sum())
+    if bad:
+        raise FieldUndefined(f"weights contain {bad} NaN or Inf value(s)")
+    return tensor
+
+
 def _positive(esd: np.ndarray, what: str) -> np.ndarray:
     values = np.asarray(esd)
     if values.size == 0 or float(values[-1]) <= 0.0:
@@ -67,20 +79,25 @@ def _svd_batch(units: list[dict[str, Any]]) -> list[Any]:
 def _esd_batch(
     units: list[dict[str, Any]], *, precision: str = "float32", device: str = "auto"
 ) -> list[Any]:
-    where = linalg.resolve_device(device)
-    if where == "cpu":
-        return linalg.parallel_map(lambda u: esd(u["weights"], precision=precision), units)
-    # On a GPU: screen NaN/Inf per unit on the host, then one batched call per shape.
     out: list[Any] = [None] * len(units)
-    good = []
+    on_host, on_gpu = [], {}
     for i, u in enumerate(units):
-        try:
-            good.append((i, _finite_matrix(u["weights"])))
-        except FieldUndefined as exc:
-            out[i] = exc
-    values = linalg.esd_batched_torch([m for _, m in good], precision, where)
-    for (i, _), v in zip(good, values, strict=True):
+        where = linalg.resolve_device(device, u["tensor"])
+        (on_host.append(i) if where == "cpu" else on_gpu.setdefault(where, []).append(i))
+    host = linalg.parallel_map(lambda i: esd(units[i]["tensor"], precision=precision, device="cpu"),
+                               on_host)
+    for i, v in zip(on_host, host, strict=True):
         out[i] = v
+    for where, idx in on_gpu.items():  # one batched call per device and shape
+        good = []
+        for i in idx:
+            try:
+                good.append((i, _finite_tensor(units[i]["tensor"])))
+            except FieldUndefined as exc:
+                out[i] = exc
+        values = linalg.esd_batched_torch([t for _, t in good], precision, where)
+        for (i, _), v in zip(good, values, strict=True):
+            out[i] = v
     return out
 
 
@@ -100,21 +117,22 @@ def svd(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 @kernel(restrictions=_MATRIX, batch=lambda units, **cfg: _esd_batch(units, **cfg))
-def esd(weights: np.ndarray, *, precision: str = "float32", device: str = "auto") -> np.ndarray:
+def esd(tensor: Any, *, precision: str = "float32", device: str = "auto") -> np.ndarray:
     """Empirical spectral density ``lambda_i``: eigenvalues of ``W^T W``, ascending ``[k]``.
 
     Values only (no singular vectors). ``precision`` float32 (default; about twice as
     fast) or float64. Eigenvalues below ``k * eps * lambda_max`` are stored as 0.
-    ``device``: "auto" batches same-shaped matrices through torch on the GPU when torch
-    sees one, else one single-threaded LAPACK solver per CPU core; "cpu" or a torch
-    device ("cuda", "cuda:1") forces the choice.
+    ``device``: "auto" computes where the weights are: same-shaped matrices on a GPU go
+    through one batched torch call there (no copy through the host); on the CPU, one
+    single-threaded LAPACK solver per core. "cpu" or a torch device ("cuda", "cuda:1")
+    forces the choice.
     """
     if precision not in ("float32", "float64"):
         raise ValueError(f"precision must be 'float32' or 'float64', got {precision!r}")
-    where = linalg.resolve_device(device)
+    where = linalg.resolve_device(device, tensor)
     if where != "cpu":
-        return linalg.esd_batched_torch([_finite_matrix(weights)], precision, where)[0]
-    return linalg.esd(_finite_matrix(weights), precision)
+        return linalg.esd_batched_torch([_finite_tensor(tensor)], precision, where)[0]
+    return linalg.esd(_finite_matrix(linalg.host_array(tensor)), precision)
 
 
 @kernel(restrictions=_MATRIX, batch=lambda units: _svals_batch(units))

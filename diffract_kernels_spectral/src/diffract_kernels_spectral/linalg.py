@@ -17,7 +17,9 @@ import numpy as np
 
 __all__ = [
     "as_matrix",
+    "device_of",
     "esd",
+    "host_array",
     "esd_batched_torch",
     "noise_floor",
     "parallel_map",
@@ -118,39 +120,60 @@ def parallel_map(fn: Callable[[Any], T], items: Sequence[Any]) -> list[T | Excep
         return list(pool.map(safe, items))
 
 
-def resolve_device(device: str) -> str:
-    """``"auto"``: ``"cuda"`` when torch is loaded and sees a GPU, else ``"cpu"``."""
+def device_of(tensor: Any) -> str | None:
+    """The CUDA device a torch tensor lives on, or None (numpy arrays, CPU tensors)."""
+    dev = getattr(tensor, "device", None)
+    return str(dev) if dev is not None and getattr(dev, "type", None) == "cuda" else None
+
+
+def host_array(tensor: Any) -> np.ndarray:
+    """A numpy view or copy of ``tensor`` (torch half types as float32)."""
+    if isinstance(tensor, np.ndarray):
+        return tensor
+    t = tensor.detach()
+    if t.dtype.is_floating_point and t.element_size() < 4:
+        t = t.float()
+    return t.cpu().numpy()
+
+
+def resolve_device(device: str, tensor: Any = None) -> str:
+    """``"auto"``: the GPU ``tensor`` is on, else ``"cpu"``; anything else as given."""
     if device != "auto":
         return device
-    import sys
-
-    torch = sys.modules.get("torch")
-    return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
+    return device_of(tensor) or "cpu"
 
 
 def esd_batched_torch(
-    matrices: Sequence[np.ndarray], precision: str = "float32", device: str = "cuda"
+    matrices: Sequence[Any], precision: str = "float32", device: str = "cuda"
 ) -> list[np.ndarray]:
-    """:func:`esd` of many matrices with torch on ``device``, same shapes in one batched call.
+    """:func:`esd` of many matrices (torch tensors or numpy arrays) with torch on
+    ``device``, same shapes in one batched call.
 
-    Matrices are grouped by shape; each group is stacked, scaled per matrix by a power
-    of two when its entries are extreme (as :func:`esd` does), multiplied into Gram
-    matrices and handed to one batched ``torch.linalg.eigvalsh``. Results come back as
-    float64 numpy arrays with the same noise floor as :func:`esd`.
+    Matrices are grouped by shape; each group is stacked on the device (tensors already
+    there are not copied through the host), scaled per matrix by a power of two when its
+    entries are extreme (as :func:`esd` does), multiplied into Gram matrices and handed
+    to one batched ``torch.linalg.eigvalsh``. Results come back as float64 numpy arrays
+    with the same noise floor as :func:`esd`.
     """
     import torch
 
     dtype = {"float32": torch.float32, "float64": torch.float64}[precision]
     out: list[np.ndarray | None] = [None] * len(matrices)
+    mats = []
+    for m in matrices:
+        t = torch.as_tensor(m) if isinstance(m, np.ndarray) else m.detach()
+        if t.dim() < 2:
+            raise ValueError(f"a spectrum needs a matrix, got shape {tuple(t.shape)}")
+        mats.append(t if t.dim() == 2 else t.reshape(t.shape[0], -1))
     groups: dict[tuple[int, ...], list[int]] = {}
-    mats = [as_matrix(m) for m in matrices]
     for i, m in enumerate(mats):
-        groups.setdefault(m.shape, []).append(i)
+        groups.setdefault(tuple(m.shape), []).append(i)
     for shape, idx in groups.items():
-        batch = torch.as_tensor(np.stack([mats[i] for i in idx])).to(device=device, dtype=torch.float64)
+        batch = torch.stack([mats[i].to(device=device, dtype=torch.float64) for i in idx])
         top = batch.abs().amax(dim=(1, 2))
         exponent = torch.frexp(top.clamp_min(torch.finfo(torch.float64).tiny))[1]
-        scale = torch.where(exponent.abs() > _SAFE_EXPONENT, torch.ldexp(torch.ones_like(top), exponent), torch.ones_like(top))
+        one = torch.ones_like(top)
+        scale = torch.where(exponent.abs() > _SAFE_EXPONENT, torch.ldexp(one, exponent), one)
         a = (batch / scale[:, None, None]).to(dtype)
         if shape[0] > shape[1]:
             a = a.transpose(1, 2)

@@ -45,7 +45,7 @@ def _tensor_to_numpy(t: Any) -> np.ndarray:
     return t.cpu().numpy()
 
 
-def _from_tensors(model_id: str, tensors: Mapping[str, Any]) -> tuple[list[ParamInfo], Loader]:
+def _from_tensors(model_id: str, tensors: Mapping[str, Any]) -> tuple[list[ParamInfo], Loader, Any]:
     import torch
 
     infos = []
@@ -60,10 +60,13 @@ def _from_tensors(model_id: str, tensors: Mapping[str, Any]) -> tuple[list[Param
         with torch.no_grad():
             return _tensor_to_numpy(kept[name])
 
-    return infos, load
+    def raw(name: str) -> Any:
+        return kept[name].detach()
+
+    return infos, load, raw
 
 
-def _from_arrays(model_id: str, arrays: Mapping[str, np.ndarray]) -> tuple[list[ParamInfo], Loader]:
+def _from_arrays(model_id: str, arrays: Mapping[str, np.ndarray]) -> tuple[list[ParamInfo], Loader, Any]:
     kept = {n: a for n, a in arrays.items() if np.issubdtype(a.dtype, np.floating)}
     infos = [ParamInfo(model_id, n, tuple(a.shape), str(a.dtype)) for n, a in kept.items()]
 
@@ -71,10 +74,10 @@ def _from_arrays(model_id: str, arrays: Mapping[str, np.ndarray]) -> tuple[list[
         a = np.asarray(kept[name])
         return a.astype(np.float32) if a.dtype.itemsize < 4 else a
 
-    return infos, load
+    return infos, load, load
 
 
-def _from_mapping(model_id: str, mapping: Mapping[str, Any]) -> tuple[list[ParamInfo], Loader]:
+def _from_mapping(model_id: str, mapping: Mapping[str, Any]) -> tuple[list[ParamInfo], Loader, Any]:
     torch_mod = sys.modules.get("torch")
     bad = sorted(
         str(k)
@@ -105,7 +108,7 @@ def _from_mapping(model_id: str, mapping: Mapping[str, Any]) -> tuple[list[Param
     return _from_tensors(model_id, mapping)
 
 
-def _from_path(model_id: str, path: Path) -> tuple[list[ParamInfo], Loader]:
+def _from_path(model_id: str, path: Path) -> tuple[list[ParamInfo], Loader, Any]:
     if not path.exists():
         raise ModelSourceError(
             f"Model {model_id!r}: file {str(path)!r} does not exist.", model_id=model_id
@@ -134,7 +137,7 @@ def _from_path(model_id: str, path: Path) -> tuple[list[ParamInfo], Loader]:
         def load(name: str) -> np.ndarray:
             return _tensor_to_numpy(handle.get_tensor(name))
 
-        return infos, load
+        return infos, load, handle.get_tensor
     if suffix in (".pt", ".pth", ".bin"):
         import torch
 
@@ -165,14 +168,18 @@ def _from_path(model_id: str, path: Path) -> tuple[list[ParamInfo], Loader]:
     )
 
 
-def read_model(source: Any, model_id: str) -> tuple[list[ParamInfo], Loader]:
-    """Parameters and a loader for ``source`` (see the module docstring)."""
+def read_model(source: Any, model_id: str) -> tuple[list[ParamInfo], Loader, Any]:
+    """Parameters, the numpy loader and the raw loader for ``source`` (module docstring).
+
+    The raw loader returns the parameter as the source holds it: a detached torch tensor
+    on its own device and in its own dtype, or a numpy array (the ``tensor`` field).
+    """
     if isinstance(source, (str, os.PathLike)):
-        infos, load = _from_path(model_id, Path(source))
+        infos, load, raw = _from_path(model_id, Path(source))
     elif _is_torch_module(source):
-        infos, load = _from_tensors(model_id, dict(source.named_parameters()))
+        infos, load, raw = _from_tensors(model_id, dict(source.named_parameters()))
     elif isinstance(source, Mapping):
-        infos, load = _from_mapping(model_id, source)
+        infos, load, raw = _from_mapping(model_id, source)
     else:
         raise ModelSourceError(
             f"Model {model_id!r}: cannot read a {type(source).__module__}."
@@ -187,4 +194,4 @@ def read_model(source: Any, model_id: str) -> tuple[list[ParamInfo], Loader]:
             "container.",
             model_id=model_id,
         )
-    return infos, load
+    return infos, load, raw

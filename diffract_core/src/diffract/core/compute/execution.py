@@ -185,6 +185,8 @@ class Runner:
         store = self.store
         if field == "shape":
             return self._shapes[model_id][param]
+        if field == "tensor":
+            return store.load_tensor(model_id, param)
         if field in SOURCE_FIELDS:
             return store.load_weights(model_id, param)
         producer = self.registry.producer(field)

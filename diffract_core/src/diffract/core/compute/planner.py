@@ -253,7 +253,7 @@ def chunk_units(step: Step, store: Store, budget: int) -> list[tuple[Unit, ...]]
         for field in step.kernel.require_fields:
             for m in unit.models:
                 params = [unit.param] if unit.param is not None else list(infos[m])
-                if field == "weights":
+                if field in ("weights", "tensor"):
                     total += sum(infos[m][p].nbytes for p in params)
                 elif field in SOURCE_FIELDS:
                     total += 8 * len(params)

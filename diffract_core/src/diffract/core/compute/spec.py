@@ -23,8 +23,10 @@ __all__ = ["KernelSpec", "Restriction", "kernel", "SOURCE_FIELDS"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: Fields that exist as soon as a model is added; no kernel produces them:
-#: ``weights`` (the parameter's data, read lazily) and ``shape`` (its shape, a tuple).
-SOURCE_FIELDS: frozenset[str] = frozenset({"weights", "shape"})
+#: ``weights`` (the parameter as a numpy array, half types as float32, read lazily),
+#: ``tensor`` (the parameter as its source holds it: a detached torch tensor on its
+#: device and in its dtype, or a numpy array) and ``shape`` (its shape, a tuple).
+SOURCE_FIELDS: frozenset[str] = frozenset({"weights", "tensor", "shape"})
 
 _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 _MARK = "__diffract_kernel__"

@@ -129,9 +129,14 @@ class Store(abc.ABC):
     # -- models ---------------------------------------------------------------
     @abc.abstractmethod
     def add_model(
-        self, model_id: str, params: Sequence[ParamInfo], load: Callable[[str], np.ndarray]
+        self,
+        model_id: str,
+        params: Sequence[ParamInfo],
+        load: Callable[[str], np.ndarray],
+        load_raw: Callable[[str], Any] | None = None,
     ) -> None:
-        """Record a model's parameters and the loader that reads one parameter's weights."""
+        """Record a model's parameters, the loader that reads one parameter's weights as
+        numpy, and optionally the loader of the raw tensor (device and dtype kept)."""
 
     @abc.abstractmethod
     def model_ids(self) -> list[str]:
@@ -143,7 +148,12 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def load_weights(self, model_id: str, param: str) -> np.ndarray:
-        """Read one parameter's weights."""
+        """Read one parameter's weights (numpy; half types as float32)."""
+
+    def load_tensor(self, model_id: str, param: str) -> Any:
+        """The parameter as its source holds it (the ``tensor`` field); by default the
+        numpy weights, for profiles that cannot keep the original object."""
+        return self.load_weights(model_id, param)
 
     # -- per-parameter fields -------------------------------------------------
     @abc.abstractmethod

@@ -25,17 +25,23 @@ class RamStore(Store):
         self._lock = threading.RLock()
         self._params: dict[str, dict[str, ParamInfo]] = {}
         self._loaders: dict[str, Callable[[str], np.ndarray]] = {}
+        self._raw: dict[str, Callable[[str], Any]] = {}
         self._values: dict[str, dict[str, dict[str, Any]]] = {}  # model -> field -> param -> v
         self._sizes: dict[tuple[str, str, str], int] = {}
         self._aggregates: dict[str, Any] = {}
         self._notes: dict[tuple[str, tuple[str, ...], str | None], Note] = {}
 
     def add_model(
-        self, model_id: str, params: Sequence[ParamInfo], load: Callable[[str], np.ndarray]
+        self,
+        model_id: str,
+        params: Sequence[ParamInfo],
+        load: Callable[[str], np.ndarray],
+        load_raw: Callable[[str], Any] | None = None,
     ) -> None:
         with self._lock:
             self._params[model_id] = {p.name: p for p in params}
             self._loaders[model_id] = load
+            self._raw[model_id] = load_raw or load
             self._values[model_id] = {}
 
     def model_ids(self) -> list[str]:
@@ -46,6 +52,9 @@ class RamStore(Store):
 
     def load_weights(self, model_id: str, param: str) -> np.ndarray:
         return self._loaders[model_id](param)
+
+    def load_tensor(self, model_id: str, param: str) -> Any:
+        return self._raw[model_id](param)
 
     def present(self, model_id: str, field: str) -> set[str]:
         return set(self._values[model_id].get(field, ()))
