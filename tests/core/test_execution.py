@@ -269,3 +269,15 @@ class TestBatchPath:
         session.compute.apply("t_fallback")
         rows = session.results.export_metrics("t_fallback")["m"]
         assert rows["conv.weight"]["t_fallback"] == pytest.approx(np.sum(arrays["conv.weight"] ** 2))
+
+
+class TestProgress:
+    def test_progress_after_each_committed_chunk(self, arrays):
+        """apply(progress=...) reports every committed chunk, per kernel, in plan order."""
+        events = []
+        with Session(config={"cache": {"max_bytes": 64}}) as session:
+            session.models.add(arrays, model_id="m")
+            session.compute.apply("param_norm", progress=events.append)
+        frob = [(e.done, e.total) for e in events if e.kernel == "frob_norm"]
+        assert frob == [(1, 4), (2, 4), (3, 4), (4, 4)]
+        assert [(e.kernel, e.step, e.steps) for e in events][-1] == ("param_norm", 2, 2)

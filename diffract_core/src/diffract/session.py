@@ -27,7 +27,7 @@ from typing import Any
 from diffract.config import Config, load_config
 from diffract.core.cache import CacheManager
 from diffract.core.compute._enums import KernelApplyLevel, KernelExecutionProtocol
-from diffract.core.compute.execution import ApplyReport, Runner
+from diffract.core.compute.execution import ApplyReport, Progress, Runner
 from diffract.core.compute.planner import downstream_fields, make_plan
 from diffract.core.compute.registry import SESSION_PROVIDER, KernelRegistry, get_registry
 from diffract.core.compute.spec import SOURCE_FIELDS, KernelSpec, Restriction
@@ -164,9 +164,10 @@ class Session:
                 )
             return self._executor
 
-    def _runner(self) -> Runner:
+    def _runner(self, progress: Callable[[Progress], None] | None = None) -> Runner:
         return Runner(
-            self.store, self.registry, self.cache, self._thread_pool(), self._parallel_executor
+            self.store, self.registry, self.cache, self._thread_pool(), self._parallel_executor,
+            progress,
         )
 
 
@@ -252,13 +253,20 @@ class _Scoped:
 class ComputeAPI(_Scoped):
     """``session.compute``: apply fields, configure and register kernels."""
 
-    def apply(self, *fields: str, errors: str = "raise") -> ApplyReport:
+    def apply(
+        self,
+        *fields: str,
+        errors: str = "raise",
+        progress: Callable[[Progress], None] | None = None,
+    ) -> ApplyReport:
         """Compute ``fields`` (and their dependencies) for every model in scope.
 
         Work is selected by field presence: units that already have a kernel's outputs are
         skipped. Returns an :class:`ApplyReport`. When some units failed, everything else
         is stored and :class:`~diffract.errors.ApplyError` is raised at the end
         (``errors="record"`` returns the report instead, after a warning).
+        ``progress`` is called after each committed chunk with a
+        :class:`~diffract.core.compute.execution.Progress` record.
         """
         if errors not in ("raise", "record"):
             raise DiffractError(f"errors must be 'raise' or 'record', got {errors!r}.")
@@ -288,7 +296,7 @@ class ComputeAPI(_Scoped):
                 stacklevel=2,
             )
         with session._lock:
-            report = session._runner().run(plan)
+            report = session._runner(progress).run(plan)
         if report.failures:
             if errors == "raise":
                 raise ApplyError(report)

@@ -42,6 +42,7 @@ from diffract.errors import FieldUndefined, KernelOutputError
 
 __all__ = [
     "ApplyReport",
+    "Progress",
     "KernelApplyLevel",
     "KernelExecutionProtocol",
     "Runner",
@@ -77,6 +78,18 @@ class ApplyReport:
     @property
     def ok(self) -> bool:
         return not self.failures
+
+
+@attrs.frozen
+class Progress:
+    """One committed chunk: ``kernel``, units ``done`` of ``total`` for that kernel,
+    and the ``step`` (1-based) of ``steps`` kernels in the plan."""
+
+    kernel: str
+    done: int
+    total: int
+    step: int
+    steps: int
 
 
 class _MissingInput(Exception):
@@ -173,12 +186,14 @@ class Runner:
         cache: CacheManager,
         threads: ThreadPoolExecutor,
         parallel_executor: Callable[[], Executor],
+        progress: Callable[[Progress], None] | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
         self.cache = cache
         self.threads = threads
         self.parallel_executor = parallel_executor
+        self.progress = progress
 
     # -- inputs -----------------------------------------------------------------
     def _read(self, spec_level: KernelApplyLevel, field: str, model_id: str, param: str | None):
@@ -269,7 +284,8 @@ class Runner:
     # -- running ----------------------------------------------------------------
     def run(self, plan: Plan) -> ApplyReport:
         report = ApplyReport(requested=plan.requested)
-        for step in plan.steps:
+        for number, step in enumerate(plan.steps, start=1):
+            self._position = (number, len(plan.steps))
             self._run_step(step, report)
         return report
 
@@ -300,11 +316,15 @@ class Runner:
         log.info("%s: %d unit(s) in %d chunk(s)", spec.name, len(step.units), len(chunks))
         report.computed.setdefault(spec.name, 0)
         pending: Future[list[Any]] = self.threads.submit(self._prefetch, spec, chunks[0])
+        done = 0
         for i, chunk in enumerate(chunks):
             inputs = pending.result()
             if i + 1 < len(chunks):
                 pending = self.threads.submit(self._prefetch, spec, chunks[i + 1])
             self._run_chunk(spec, chunk, inputs, config, report)
+            done += len(chunk)
+            if self.progress is not None:
+                self.progress(Progress(spec.name, done, len(step.units), *self._position))
 
     def _run_chunk(self, spec, chunk, inputs, config, report: ApplyReport) -> None:
         batch = Batch()
