@@ -34,17 +34,24 @@ BWD_PROGRAMS_PER_SM = 4
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _configs() -> list[triton.Config]:
-    # The interpreter cannot benchmark: one small config there.
+def _configs(max_tile: int) -> list[triton.Config]:
+    """Tile shapes to autotune over, at most ``max_tile`` elements per tile (register
+    budget). The interpreter cannot benchmark: one small config there."""
     if _INTERPRET:
         return [triton.Config({"BT": 16, "BD": 16}, num_warps=1)]
     return [
         triton.Config({"BT": bt, "BD": bd}, num_warps=nw)
-        for bt in (32, 64, 128)
+        for bt in (8, 16, 32, 64, 128)
         for bd in (64, 128, 256)
         for nw in (4, 8)
-        if bt * bd <= 16384
+        if 1024 <= bt * bd <= max_tile
     ]
+
+
+#: The forward holds one fp32 accumulator tile; the backward about nine tiles at once
+#: (seven shifted x tiles, a dz tile, the dx accumulator), so its tiles are smaller.
+FWD_MAX_TILE = 16384
+BWD_MAX_TILE = 4096
 
 
 # -- kernels --------------------------------------------------------------------------------
@@ -61,7 +68,7 @@ def _load_rows(base, rows, d, d_ok, T, st, sd):
                    mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
 
 
-@triton.autotune(configs=_configs(), key=["D", "W", "B", "T"])
+@triton.autotune(configs=_configs(FWD_MAX_TILE), key=["D", "W", "B", "T"])
 @triton.jit
 def _fwd_kernel(x, w4, y, B, T, D, W, sxb, sxt, sxd, BT: tl.constexpr, BD: tl.constexpr):
     pid_d = tl.program_id(0)
@@ -91,7 +98,7 @@ def _dz(z, g):
     return g * s * (1.0 + z * (1.0 - s))
 
 
-@triton.autotune(configs=_configs(), key=["D", "W", "B", "T"])
+@triton.autotune(configs=_configs(BWD_MAX_TILE), key=["D", "W", "B", "T"])
 @triton.jit
 def _bwd_kernel(
     x, w4, dy, dx, dwp, B, T, D, W, sxb, sxt, sxd, syb, syt, syd,
@@ -121,24 +128,25 @@ def _bwd_kernel(
     a3 = tl.zeros([BD], dtype=tl.float32)
     for i in range(0, per_strip):
         t = ((pid_s * per_strip + i) * BT + tl.arange(0, BT)).to(tl.int64)
+        # Ordered so that each x tile dies as soon as the last row using it is done.
         xm3 = _load_rows(xb, t - 3, d, d_ok, T, sxt, sxd)
         xm2 = _load_rows(xb, t - 2, d, d_ok, T, sxt, sxd)
         xm1 = _load_rows(xb, t - 1, d, d_ok, T, sxt, sxd)
         x0 = _load_rows(xb, t, d, d_ok, T, sxt, sxd)
+        dz = _dz(w0 * xm3 + w1 * xm2 + w2 * xm1 + w3 * x0, _load_rows(gb, t, d, d_ok, T, syt, syd))
+        a0 += tl.sum(dz * xm3, axis=0)
+        a1 += tl.sum(dz * xm2, axis=0)
+        a2 += tl.sum(dz * xm1, axis=0)
+        a3 += tl.sum(dz * x0, axis=0)
+        gx = w3 * dz
         xp1 = _load_rows(xb, t + 1, d, d_ok, T, sxt, sxd)
+        gx += w2 * _dz(w0 * xm2 + w1 * xm1 + w2 * x0 + w3 * xp1, _load_rows(gb, t + 1, d, d_ok, T, syt, syd))
         xp2 = _load_rows(xb, t + 2, d, d_ok, T, sxt, sxd)
+        gx += w1 * _dz(w0 * xm1 + w1 * x0 + w2 * xp1 + w3 * xp2, _load_rows(gb, t + 2, d, d_ok, T, syt, syd))
         xp3 = _load_rows(xb, t + 3, d, d_ok, T, sxt, sxd)
-        dz0 = _dz(w0 * xm3 + w1 * xm2 + w2 * xm1 + w3 * x0, _load_rows(gb, t, d, d_ok, T, syt, syd))
-        dz1 = _dz(w0 * xm2 + w1 * xm1 + w2 * x0 + w3 * xp1, _load_rows(gb, t + 1, d, d_ok, T, syt, syd))
-        dz2 = _dz(w0 * xm1 + w1 * x0 + w2 * xp1 + w3 * xp2, _load_rows(gb, t + 2, d, d_ok, T, syt, syd))
-        dz3 = _dz(w0 * x0 + w1 * xp1 + w2 * xp2 + w3 * xp3, _load_rows(gb, t + 3, d, d_ok, T, syt, syd))
-        gx = w3 * dz0 + w2 * dz1 + w1 * dz2 + w0 * dz3
+        gx += w0 * _dz(w0 * x0 + w1 * xp1 + w2 * xp2 + w3 * xp3, _load_rows(gb, t + 3, d, d_ok, T, syt, syd))
         tl.store(dx + pid_b * T * D + t[:, None] * D + d[None, :], gx.to(dx.dtype.element_ty),
                  mask=(t < T)[:, None] & d_ok[None, :])
-        a0 += tl.sum(dz0 * xm3, axis=0)
-        a1 += tl.sum(dz0 * xm2, axis=0)
-        a2 += tl.sum(dz0 * xm1, axis=0)
-        a3 += tl.sum(dz0 * x0, axis=0)
     base = dwp + ((pid_b * n_strips + pid_s) * D + d) * 4
     tl.store(base + 0, a0, mask=d_ok)
     tl.store(base + 1, a1, mask=d_ok)
