@@ -44,6 +44,6 @@ def table(header_row: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     cells = [list(map(str, header_row))] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header_row))]
     for i, row in enumerate(cells):
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
         if i == 0:
             print("  ".join("-" * w for w in widths))

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from diffract import Session
 from diffract.errors import ModelSourceError
 
 

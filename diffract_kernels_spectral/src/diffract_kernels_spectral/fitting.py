@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -42,7 +41,6 @@ from diffract_kernels_spectral._records import (
     Comparison,
     ExponentialFit,
     FitError,
-    FitUnavailableError,
     PowerLawFit,
     PValue,
     TruncatedPowerLawFit,
