@@ -184,6 +184,16 @@ class TestPairwiseScope:
         agreement = pair.results.export_aggregates("t_agreement@models[a,c]@params[w]")
         assert agreement == {"t_agreement@models[a,c]@params[w]": pytest.approx(abs(got["t_overlap@models[a,c]@params[w]"]))}
 
+    def test_parameters_missing_from_one_model_are_skipped_with_reason(self):
+        """A parameter only one model of the pair has is skipped, and the note says why."""
+        session = self._session(2)
+        session.models.add({"w": np.ones((4, 4)), "extra": np.ones((2, 2))}, model_id="d")
+        pair = session.filter(model_ids=["d", "a"])
+        pair.compute.apply("t_overlap")
+        assert sorted(pair.results.export_aggregates("t_overlap")) == ["t_overlap@models[d,a]@params[w]"]
+        notes = {n["unit"]: n["reason"] for n in pair.results.export_notes()}
+        assert notes["[d,a]/extra"] == "parameter 'extra' is not in model 'a'"
+
     def test_every_pair_by_combinations(self):
         """Applying once per pair gives one result set per pair."""
         session = self._session(3)

@@ -35,7 +35,8 @@ def _start(ti: Any) -> None:
     except Exception:  # noqa: BLE001 - private API moved: start our own
         running = False
     if not running:
-        ti.init(arch=ti.cpu, default_fp=ti.f64, log_level=ti.ERROR, offline_cache=True)
+        with contextlib.redirect_stdout(io.StringIO()):  # "[Taichi] Starting on arch=..."
+            ti.init(arch=ti.cpu, default_fp=ti.f64, log_level=ti.ERROR, offline_cache=True)
 
 
 def kernels() -> SimpleNamespace:
