@@ -217,16 +217,13 @@ class CausalConv1dSiLU(torch.autograd.Function):
         y = forward(x, w)
         ctx.save_for_backward(x, w)
         ctx.weight_dtype = weight.dtype
-        _support.mark_warm(("fwd", *_key(x, w)))
+        _support.mark_warm(("fwd", *_support.shape_key(x, w)))
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         x, w = ctx.saved_tensors
         dx, dw = backward(x, w, dy)
-        _support.mark_warm(("bwd", *_key(x, w)))
+        _support.mark_warm(("bwd", *_support.shape_key(x, w)))
         return dx, dw.to(ctx.weight_dtype)
 
-
-def _key(x: torch.Tensor, w: torch.Tensor) -> tuple:
-    return (tuple(x.shape), x.stride(), x.dtype, w.dtype, str(x.device))

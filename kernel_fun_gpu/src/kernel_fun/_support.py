@@ -79,6 +79,11 @@ def log_versions() -> None:
              version("torch"), version("triton"), version("fla"))
 
 
+def shape_key(x: Any, w: Any) -> tuple:
+    """What a warm shape is keyed by: shapes, strides, dtypes and device (not the stream)."""
+    return (tuple(x.shape), x.stride(), x.dtype, w.dtype, str(x.device))
+
+
 def mark_warm(key: Hashable) -> None:
     with _lock:
         _warm.add(key)

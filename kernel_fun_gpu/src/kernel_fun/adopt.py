@@ -97,7 +97,7 @@ def _fwd(x, weight, bias=None, residual=None, initial_state=None, output_final_s
 
     w = weight.contiguous()
     y = k.forward(x, w)
-    _support.mark_warm(("fwd", *k._key(x, w)))
+    _support.mark_warm(("fwd", *_support.shape_key(x, w)))
     return y, None
 
 
@@ -118,7 +118,7 @@ def _bwd(x, dy, dht, weight=None, bias=None, residual=None, initial_state=None,
 
     w = weight.contiguous()
     dx, dw = k.backward(x, w, dy)
-    _support.mark_warm(("bwd", *k._key(x, w)))
+    _support.mark_warm(("bwd", *_support.shape_key(x, w)))
     return dx, dw.to(weight), None, None, None
 
 

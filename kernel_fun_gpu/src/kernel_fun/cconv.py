@@ -102,7 +102,7 @@ def is_supported(
     if weight.device != x.device:
         return False, f"weight is on {weight.device} but x on {x.device}."
     if _support.is_capturing():  # last: it only speaks for a call otherwise accepted
-        key = (tuple(x.shape), x.stride(), x.dtype, weight.dtype, str(x.device))
+        key = _support.shape_key(x, weight)
         need_bwd = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
         if not _support.is_warm(("fwd", *key)) or (need_bwd and not _support.is_warm(("bwd", *key))):
             return False, ("CUDA-graph capture of a shape that has not run eagerly yet (forward"
@@ -205,7 +205,7 @@ def warmup(
                                "Set KERNEL_FUN_DEBUG=1 to log every decision.")
         y, _ = causal_conv1d(x, w, activation="silu")
         y.sum().backward()
-        key = (tuple(x.shape), x.stride(), x.dtype, w.dtype, str(x.device))
+        key = _support.shape_key(x, w)
         missing = [p for p in ("fwd", "bwd") if not _support.is_warm((p, *key))]
         if missing:
             raise RuntimeError(f"kernel-fun warm-up at D={d}: the {missing} kernel(s) did not run. "

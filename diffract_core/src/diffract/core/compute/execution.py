@@ -196,7 +196,7 @@ class Runner:
         self.progress = progress
 
     # -- inputs -----------------------------------------------------------------
-    def _read(self, spec_level: KernelApplyLevel, field: str, model_id: str, param: str | None):
+    def _read(self, field: str, model_id: str, param: str | None):
         store = self.store
         if field == "shape":
             return self._shapes[model_id][param]
@@ -222,7 +222,7 @@ class Runner:
             producer = self.registry.producer(field)
             plevel = producer.apply_level if producer is not None else KernelApplyLevel.PARAMETER
             if level is KernelApplyLevel.PARAMETER:
-                inputs[arg] = self._read(level, field, unit.models[0], unit.param)
+                inputs[arg] = self._read(field, unit.models[0], unit.param)
             elif level is KernelApplyLevel.IN_MODEL:
                 (model_id,) = unit.models
                 if plevel is KernelApplyLevel.PARAMETER:
@@ -231,9 +231,9 @@ class Runner:
                     else:
                         have = self.store.present(model_id, field)
                         names = [p.name for p in self.store.params(model_id) if p.name in have]
-                    inputs[arg] = tuple(self._read(level, field, model_id, n) for n in names)
+                    inputs[arg] = tuple(self._read(field, model_id, n) for n in names)
                 else:
-                    inputs[arg] = self._read(level, field, model_id, None)
+                    inputs[arg] = self._read(field, model_id, None)
             else:  # CROSS_MODEL
                 if plevel is KernelApplyLevel.CROSS_MODEL:
                     name = contextual_name(field, unit.models, unit.param)
@@ -243,7 +243,7 @@ class Runner:
                         raise _MissingInput(field) from None
                 else:
                     inputs[arg] = tuple(
-                        self._read(level, field, m, unit.param) for m in unit.models
+                        self._read(field, m, unit.param) for m in unit.models
                     )
         return inputs
 

@@ -120,10 +120,6 @@ def resolve(fields: Iterable[str], registry: KernelRegistry) -> list[KernelSpec]
     return order
 
 
-def _closure(field: str, registry: KernelRegistry) -> list[KernelSpec]:
-    return resolve([field], registry)
-
-
 def validate_scope(fields: Iterable[str], registry: KernelRegistry, scope: Sequence[str]) -> None:
     """Raise :class:`ScopeValidationError` when a requested field needs a binary
     cross-model kernel (itself or transitively) and the scope is not exactly two models."""
@@ -131,7 +127,7 @@ def validate_scope(fields: Iterable[str], registry: KernelRegistry, scope: Seque
         return
     for field in fields:
         pairwise = [
-            s for s in _closure(field, registry) if s.apply_level is KernelApplyLevel.CROSS_MODEL
+            s for s in resolve([field], registry) if s.apply_level is KernelApplyLevel.CROSS_MODEL
         ]
         if not pairwise:
             continue
