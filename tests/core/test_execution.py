@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
 
 from diffract import FieldUndefined, Restriction, Session
 from diffract.core.compute.execution import KernelApplyLevel, KernelExecutionProtocol
-from diffract.core.compute.planner import Step, Unit, chunk_units, resolve
+from diffract.core.compute.execution import chunk_units
+from diffract.core.compute.planner import Step, Unit, resolve
 from diffract.core.compute.registry import get_registry
 from diffract.core.compute.spec import KernelSpec
 from diffract.core.storage import ParamInfo, RamStore
@@ -56,21 +58,33 @@ class TestBadInput:
             ((1.0, 2.0, 3.0), r"returned a tuple of 3 values for m/layer0.weight, but it produces 2"),
             ({"t_a": 1.0}, r"keys do not match its produce_fields \('t_a', 't_b'\): missing \['t_b'\]"),
             (5.0, r"returned a single float for m/layer0.weight, but it produces 2 fields"),
-            ((None, 1.0), r"returned NoneType for field 't_a'"),
+            ((None, 1.0), r"returned a value of type NoneType for field 't_a' on m/layer0.weight, which no store can keep"),
+            (("text", 1.0), r"returned a value of type str for field 't_a' on m/layer0.weight, which no store can keep\. Return numbers"),
+            ((object(), 1.0), r"returned a value of type object for field 't_a'"),
+            (([1.0, 2.0], 1.0), r"returned a value of type list for field 't_a'"),
+            ((np.array(["a"]), 1.0), r"returned a numpy array of dtype <U1 for field 't_a'"),
+            (((1.0, "x"), 1.0), r"returned a tuple holding a value of type str for field 't_a'"),
         ],
-        ids=["tuple-too-long", "dict-missing-key", "scalar-for-two", "none-value"],
+        ids=["tuple-too-long", "dict-missing-key", "scalar-for-two", "none-value", "string",
+             "object", "list", "string-array", "tuple-with-string"],
     )
-    def test_wrong_outputs_raise_kernel_output_error(self, session, arrays, result, message):
-        """Outputs that do not fit produce_fields raise KernelOutputError naming kernel and unit."""
+    def test_wrong_outputs_fail_only_their_unit(self, session, arrays, result, message):
+        """Outputs that do not fit produce_fields, or that no store can keep, fail that
+        unit only (kernel and unit named); every other unit and later kernels still run."""
 
         @session.compute.kernel(produce_fields=("t_a", "t_b"))
         def t_two(weights):
-            return result
+            return result if weights.shape == (16, 8) else (1.0, 2.0)
 
         session.models.add(arrays, model_id="m")
-        with pytest.raises(KernelOutputError, match=message) as info:
-            session.compute.apply("t_a")
-        assert info.value.kernel == "t_two"
+        with pytest.raises(ApplyError, match=r"1 unit\(s\) failed") as info:
+            session.compute.apply("t_a", "frob_norm")
+        (failure,) = info.value.report.failures
+        assert (failure.kernel, failure.unit) == ("t_two", "m/layer0.weight")
+        assert re.search(message, failure.reason), failure.reason
+        rows = session.results.export_metrics()["m"]
+        assert "t_a" not in rows["layer0.weight"] and rows["layer1.weight"]["t_a"] == 1.0
+        assert all("frob_norm" in row for row in rows.values())
 
     def test_duplicate_and_empty_models(self, session, arrays):
         """A duplicate model_id and a model without parameters get their own errors."""

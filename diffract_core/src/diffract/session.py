@@ -377,10 +377,13 @@ _FORMATS = ("dict", "pandas", "csv", "json")
 
 
 def _plain(value: Any) -> Any:
-    """A JSON-friendly form of a stored value."""
+    """A JSON-friendly form of a stored value: arrays and tuples as lists, NaN and
+    infinities as None (JSON has no such numbers)."""
     if hasattr(value, "tolist"):
-        return value.tolist()
-    if isinstance(value, float) and math.isnan(value):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
 
@@ -523,7 +526,9 @@ class ResultsAPI(_Scoped):
                 ) from None
             return pd.DataFrame.from_records(records, columns=columns)
         if fmt == "json":
-            text = json.dumps([{k: _plain(v) for k, v in r.items()} for r in records], indent=1)
+            text = json.dumps(
+                [{k: _plain(v) for k, v in r.items()} for r in records], indent=1, allow_nan=False
+            )
         else:
             import csv
             import io

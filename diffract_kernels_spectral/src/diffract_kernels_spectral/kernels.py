@@ -31,8 +31,14 @@ __all__ = ["ALL"]
 _MATRIX = [Restriction.min_ndim(2)]
 
 
+def _nonempty(shape: tuple[int, ...]) -> None:
+    if math.prod(shape) == 0:
+        raise FieldUndefined(f"the matrix has no elements (shape {tuple(shape)})")
+
+
 def _finite_matrix(weights: np.ndarray) -> np.ndarray:
     w = linalg.as_matrix(weights)
+    _nonempty(w.shape)
     if not np.isfinite(w).all():
         raise FieldUndefined(f"weights contain {int((~np.isfinite(w)).sum())} NaN or Inf value(s)")
     return w
@@ -44,6 +50,7 @@ def _finite_tensor(tensor: Any) -> Any:
         return _finite_matrix(tensor)
     import torch
 
+    _nonempty(tuple(tensor.shape))
     bad = int((~torch.isfinite(tensor)).sum())
     if bad:
         raise FieldUndefined(f"weights contain {bad} NaN or Inf value(s)")
@@ -146,7 +153,10 @@ def svals(weights: np.ndarray) -> np.ndarray:
 @kernel
 def spectral_norm(esd: np.ndarray) -> float:
     """``lambda_max = sigma_max^2``, the squared spectral norm (WeightWatcher's convention)."""
-    return float(np.asarray(esd)[-1])
+    values = np.asarray(esd)
+    if values.size == 0:
+        raise FieldUndefined("spectral_norm is undefined for an empty spectrum")
+    return float(values[-1])
 
 
 @kernel

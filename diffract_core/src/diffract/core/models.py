@@ -38,8 +38,25 @@ def _is_torch_module(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.nn.Module)
 
 
+def _readable(t: Any) -> Any:
+    """``t`` detached, or a clear error when it holds no readable dense data."""
+    if t.is_meta:
+        raise ModelSourceError(
+            "the parameter is on the meta device and has no data; load real weights into "
+            "the model (load_state_dict, to_empty + init) before analysing it",
+            model_id=None,
+        )
+    if t.layout is not sys.modules["torch"].strided:
+        raise ModelSourceError(
+            f"the parameter is a {t.layout} tensor; add the dense weights instead "
+            "(tensor.to_dense())",
+            model_id=None,
+        )
+    return t.detach()
+
+
 def _tensor_to_numpy(t: Any) -> np.ndarray:
-    t = t.detach()
+    t = _readable(t)
     if t.dtype.is_floating_point and t.element_size() < 4:
         t = t.float()
     return t.cpu().numpy()
@@ -61,7 +78,7 @@ def _from_tensors(model_id: str, tensors: Mapping[str, Any]) -> tuple[list[Param
             return _tensor_to_numpy(kept[name])
 
     def raw(name: str) -> Any:
-        return kept[name].detach()
+        return _readable(kept[name])
 
     return infos, load, raw
 

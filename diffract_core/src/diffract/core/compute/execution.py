@@ -1,23 +1,27 @@
-"""Running a plan: prefetch inputs on threads, run kernels, normalize, commit per chunk.
+"""Running a plan: cut steps into chunks, prefetch inputs, run kernels, commit per chunk.
 
-For each step the runner cuts the pending units into chunks by the cache manager's read
-budget, prefetches the next chunk's inputs on the thread pool while the current one
-computes, runs the kernel on every unit (in-process for SEQUENTIAL kernels, on the
-configured executor for PARALLEL ones), normalizes each return value onto the kernel's
+For each step the runner cuts the pending units into chunks by the read budget,
+prefetches the next chunk's inputs on the thread pool while the current one computes,
+runs the kernel on every unit (in-process for SEQUENTIAL kernels, on the configured
+executor for PARALLEL ones), normalizes each return value onto the kernel's
 produce_fields and commits the chunk to the store in one atomic write. A crash loses at
 most the chunk in flight; applying again resumes where it stopped.
 
-Per-unit outcomes:
+Every outcome belongs to one unit; nothing one unit does costs another its results:
 
-* a value: stored;
-* :class:`~diffract.errors.FieldUndefined` raised: NaN stored for every output, the
-  reason recorded as an ``undefined`` note (not retried);
-* any other exception: recorded as a ``failed`` note, nothing stored, retried by the
-  next apply; the run goes on and :class:`~diffract.errors.ApplyError` reports all
-  failures at the end;
-* a return value that does not fit produce_fields: a bug in the kernel, not in the
-  data: the chunk's good results are committed, then
-  :class:`~diffract.errors.KernelOutputError` is raised.
+* a value: stored (after checking that it fits produce_fields and that a store can keep
+  it, see :func:`~diffract.core.storage.base.storable_problem`);
+* :class:`~diffract.errors.FieldUndefined` raised, or an input a producer declared
+  undefined: NaN stored for every output, the reason recorded as an ``undefined`` note
+  (not retried). An aggregate that comes out NaN because some of its inputs are
+  undefined records which ones, and why;
+* a required input that is absent (a restriction skipped it upstream): a ``skipped``
+  note, nothing stored;
+* anything else -- the kernel raised, its weights could not be read (a meta or sparse
+  tensor, an I/O error), it returned the wrong number of values or a value no store can
+  keep, a worker died: a ``failed`` note naming the cause, nothing stored, retried by
+  the next apply. The run goes on and :class:`~diffract.errors.ApplyError` reports all
+  failures at the end (``apply(errors="record")`` only warns).
 """
 
 from __future__ import annotations
@@ -26,30 +30,44 @@ import logging
 import math
 import traceback
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any
 
 import attrs
+import numpy as np
 
 from diffract.core.cache import CacheManager
 from diffract.core.compute._enums import KernelApplyLevel, KernelExecutionProtocol
-from diffract.core.compute.planner import Plan, Step, Unit, chunk_units
+from diffract.core.compute.planner import Plan, Step, Unit
 from diffract.core.compute.registry import KernelRegistry
 from diffract.core.compute.spec import SOURCE_FIELDS, KernelSpec
-from diffract.core.storage.base import Batch, Note, Store, contextual_name
+from diffract.core.storage.base import (
+    STORABLE_TYPES,
+    Batch,
+    Note,
+    ParamInfo,
+    Store,
+    contextual_name,
+    storable_problem,
+)
 from diffract.errors import FieldUndefined, KernelOutputError
 
 __all__ = [
     "ApplyReport",
-    "Progress",
     "KernelApplyLevel",
     "KernelExecutionProtocol",
+    "MAX_UNITS_PER_CHUNK",
+    "Progress",
     "Runner",
+    "chunk_units",
     "normalize_outputs",
 ]
 
 log = logging.getLogger(__name__)
+
+#: Most units one chunk holds, however small they are: bounds what a crash can lose.
+MAX_UNITS_PER_CHUNK = 1024
 
 
 @attrs.define
@@ -92,8 +110,67 @@ class Progress:
     steps: int
 
 
+# -- chunks --------------------------------------------------------------------------------
+def chunk_units(step: Step, store: Store, budget: int) -> list[tuple[Unit, ...]]:
+    """Cut a step's units into chunks whose estimated input bytes fit ``budget``.
+
+    Sizes come from stored metadata (parameter shape and dtype, stored field sizes),
+    so weight matrices make small chunks and scalars large ones; every chunk holds at
+    least one unit and at most :data:`MAX_UNITS_PER_CHUNK`.
+    """
+    models = {m for u in step.units for m in u.models}
+    infos = {m: {p.name: p for p in store.params(m)} for m in models}
+    per_param = {  # inputs stored per parameter (others are aggregates: small)
+        (m, f): store.present(m, f)
+        for m in models
+        for f in step.kernel.require_fields
+        if f not in SOURCE_FIELDS
+    }
+
+    def cost_of(unit: Unit) -> int:
+        total = 0
+        for field in step.kernel.require_fields:
+            for m in unit.models:
+                params = [unit.param] if unit.param is not None else list(infos[m])
+                if field in ("weights", "tensor"):
+                    total += sum(infos[m][p].nbytes for p in params)
+                elif field in SOURCE_FIELDS:
+                    total += 8 * len(params)
+                elif per_param[(m, field)]:
+                    total += sum(store.nbytes(m, p, field) for p in params)
+                else:
+                    total += 8
+        return total
+
+    chunks: list[tuple[Unit, ...]] = []
+    current: list[Unit] = []
+    used = 0
+    for unit in step.units:
+        cost = cost_of(unit)
+        if current and (used + cost > budget or len(current) >= MAX_UNITS_PER_CHUNK):
+            chunks.append(tuple(current))
+            current, used = [], 0
+        current.append(unit)
+        used += cost
+    if current:
+        chunks.append(tuple(current))
+    return chunks
+
+
+# -- calling kernels ----------------------------------------------------------------------
 class _MissingInput(Exception):
-    pass
+    """A required input field is absent for the unit (skipped upstream)."""
+
+
+class _UnreadableInput(Exception):
+    """A required input exists but could not be read (meta tensor, I/O error...)."""
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message (file:line)`` of an exception raised by a kernel."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
 
 
 def _invoke(fn: Callable[..., Any], inputs: Mapping[str, Any], config: Mapping[str, Any]):
@@ -103,8 +180,7 @@ def _invoke(fn: Callable[..., Any], inputs: Mapping[str, Any], config: Mapping[s
     except FieldUndefined as exc:
         return ("undefined", exc.reason)
     except Exception as exc:  # noqa: BLE001 - recorded per unit, reported at the end
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        return ("error", f"{type(exc).__name__}: {exc} ({where.filename}:{where.lineno})")
+        return ("error", _describe(exc))
 
 
 def _invoke_batch(spec: KernelSpec, units: list[Mapping[str, Any]], config: Mapping[str, Any]):
@@ -121,17 +197,19 @@ def _invoke_batch(spec: KernelSpec, units: list[Mapping[str, Any]], config: Mapp
         if isinstance(result, FieldUndefined):
             outcomes.append(("undefined", result.reason))
         elif isinstance(result, Exception):
-            outcomes.append(("error", f"{type(result).__name__}: {result}"))
+            outcomes.append(("error", _describe(result)))
         else:
             outcomes.append(("ok", result))
     return outcomes
 
 
-_BAD_TYPES = (types.GeneratorType, type(None))
-
-
 def normalize_outputs(spec: KernelSpec, unit: str, result: Any) -> dict[str, Any]:
-    """Map a kernel's return value onto its produce_fields (dict, tuple or scalar)."""
+    """Map a kernel's return value onto its produce_fields (dict, tuple or scalar).
+
+    Raises :class:`KernelOutputError` naming the kernel and the unit when the value does
+    not fit produce_fields or holds something a store cannot keep; the runner records
+    that as the unit's failure.
+    """
     produce = spec.produce_fields
     if isinstance(result, dict):
         keys = set(result)
@@ -165,15 +243,48 @@ def normalize_outputs(spec: KernelSpec, unit: str, result: Any) -> dict[str, Any
             )
         values = {produce[0]: result}
     for field, value in values.items():
-        if isinstance(value, _BAD_TYPES):
+        problem = storable_problem(value)
+        if problem is not None:
+            undefined_hint = (
+                " (raise FieldUndefined with a reason when the value is undefined)"
+                if value is None or isinstance(value, types.GeneratorType)
+                else ""
+            )
             raise KernelOutputError(
-                f"Kernel {spec.name!r} returned {type(value).__name__} for field {field!r} "
-                f"on {unit}. Return a number or an array (raise FieldUndefined with a reason "
-                "when the value is undefined).",
+                f"Kernel {spec.name!r} returned {problem} for field {field!r} on {unit}, "
+                f"which no store can keep. Return {STORABLE_TYPES}{undefined_hint}.",
                 kernel=spec.name,
                 unit=unit,
             )
     return values
+
+
+def _is_nan(value: Any) -> bool:
+    """True when a stored value is or contains NaN."""
+    if isinstance(value, tuple):
+        return any(_is_nan(v) for v in value)
+    try:
+        return bool(np.isnan(np.asarray(value, dtype=np.float64)).any())
+    except (TypeError, ValueError):
+        return False
+
+
+# -- the runner -----------------------------------------------------------------------------
+NoteKey = tuple[str, tuple[str, ...], "str | None"]
+
+
+@attrs.frozen
+class _StepState:
+    """What the runner knows while one step runs (built once when the step starts)."""
+
+    spec: KernelSpec
+    config: Mapping[str, Any]
+    params: Mapping[str, Mapping[str, ParamInfo]]  # model -> name -> info
+    #: input field -> (producing kernel, its level), for fields some kernel produces
+    producers: Mapping[str, tuple[str, KernelApplyLevel]]
+    #: (kernel, models, param) -> reason, for undefined notes of those producers
+    undefined: Mapping[NoteKey, str]
+    position: tuple[int, int]
 
 
 class Runner:
@@ -196,16 +307,21 @@ class Runner:
         self.progress = progress
 
     # -- inputs -----------------------------------------------------------------
-    def _read(self, field: str, model_id: str, param: str | None):
+    def _read(self, state: _StepState, field: str, model_id: str, param: str | None) -> Any:
         store = self.store
         if field == "shape":
-            return self._shapes[model_id][param]
-        if field == "tensor":
-            return store.load_tensor(model_id, param)
+            return state.params[model_id][param].shape
         if field in SOURCE_FIELDS:
-            return store.load_weights(model_id, param)
-        producer = self.registry.producer(field)
-        level = producer.apply_level if producer is not None else KernelApplyLevel.PARAMETER
+            try:
+                if field == "tensor":
+                    return store.load_tensor(model_id, param)
+                return store.load_weights(model_id, param)
+            except Exception as exc:  # noqa: BLE001 - that unit fails, with the reason
+                raise _UnreadableInput(
+                    f"cannot read input {field!r} of {model_id}/{param}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from None
+        level = state.producers[field][1] if field in state.producers else None
         try:
             if level is KernelApplyLevel.PARAMETER:
                 return store.read(model_id, param, field)
@@ -213,64 +329,102 @@ class Runner:
                 return store.read_aggregate(contextual_name(field, (model_id,)))
         except KeyError:
             raise _MissingInput(field) from None
-        raise _MissingInput(field)  # pragma: no cover - CROSS handled by the caller
+        raise _MissingInput(field)
 
-    def _gather(self, spec: KernelSpec, unit: Unit) -> dict[str, Any]:
+    def _gather(self, state: _StepState, unit: Unit) -> dict[str, Any]:
+        """The keyword arguments of one kernel call (raises _MissingInput/_UnreadableInput)."""
+        spec = state.spec
         inputs: dict[str, Any] = {}
-        level = spec.apply_level
         for arg, field in spec.inputs:
-            producer = self.registry.producer(field)
-            plevel = producer.apply_level if producer is not None else KernelApplyLevel.PARAMETER
-            if level is KernelApplyLevel.PARAMETER:
-                inputs[arg] = self._read(field, unit.models[0], unit.param)
-            elif level is KernelApplyLevel.IN_MODEL:
+            plevel = state.producers.get(field, ("", KernelApplyLevel.PARAMETER))[1]
+            if spec.apply_level is KernelApplyLevel.PARAMETER:
+                inputs[arg] = self._read(state, field, unit.models[0], unit.param)
+            elif spec.apply_level is KernelApplyLevel.IN_MODEL:
                 (model_id,) = unit.models
                 if plevel is KernelApplyLevel.PARAMETER:
-                    if field in SOURCE_FIELDS:
-                        names = [p.name for p in self.store.params(model_id)]
-                    else:
+                    names = list(state.params[model_id])
+                    if field not in SOURCE_FIELDS:
                         have = self.store.present(model_id, field)
-                        names = [p.name for p in self.store.params(model_id) if p.name in have]
-                    inputs[arg] = tuple(self._read(field, model_id, n) for n in names)
+                        names = [n for n in names if n in have]
+                    inputs[arg] = tuple(self._read(state, field, model_id, n) for n in names)
                 else:
-                    inputs[arg] = self._read(field, model_id, None)
-            else:  # CROSS_MODEL
-                if plevel is KernelApplyLevel.CROSS_MODEL:
-                    name = contextual_name(field, unit.models, unit.param)
-                    try:
-                        inputs[arg] = self.store.read_aggregate(name)
-                    except KeyError:
-                        raise _MissingInput(field) from None
-                else:
-                    inputs[arg] = tuple(
-                        self._read(field, m, unit.param) for m in unit.models
-                    )
+                    inputs[arg] = self._read(state, field, model_id, None)
+            elif plevel is KernelApplyLevel.CROSS_MODEL:
+                name = contextual_name(field, unit.models, unit.param)
+                try:
+                    inputs[arg] = self.store.read_aggregate(name)
+                except KeyError:
+                    raise _MissingInput(field) from None
+            else:
+                inputs[arg] = tuple(self._read(state, field, m, unit.param) for m in unit.models)
         return inputs
 
-    def _prefetch(self, spec: KernelSpec, chunk: tuple[Unit, ...]) -> list[Any]:
-        def one(unit: Unit) -> Any:
-            try:
-                return self._gather(spec, unit)
-            except _MissingInput as exc:
-                return exc
+    def _gather_one(self, state: _StepState, unit: Unit) -> Any:
+        try:
+            return self._gather(state, unit)
+        except (_MissingInput, _UnreadableInput) as exc:
+            return exc
+        except Exception as exc:  # noqa: BLE001 - a store that fails on one unit
+            return _UnreadableInput(f"cannot read the inputs of {unit.label}: {_describe(exc)}")
 
-        return list(self.threads.map(one, chunk))
+    def _prefetch(self, state: _StepState, chunk: Sequence[Unit]) -> list[Future[Any]]:
+        """Start reading a chunk's inputs on the thread pool: one task per unit.
 
-    def _inherited_undefined(self, spec: KernelSpec, unit: Unit) -> str | None:
-        """The reason an input of this unit is undefined, when its producer said so."""
-        if not self._undefined or spec.apply_level is KernelApplyLevel.IN_MODEL:
-            return None  # aggregates see NaN entries in their tuples and decide
-        for field, producer in self._producers.items():
-            level = self.registry.get(producer).apply_level
-            keys = (
-                [(producer, (m,), unit.param) for m in unit.models]
-                if level is KernelApplyLevel.PARAMETER
-                else [(producer, unit.models, unit.param)]
-            )
-            for key in keys:
-                if key in self._undefined:
-                    return f"input {field!r} is undefined: {self._undefined[key]}"
+        Tasks never wait on other tasks of the pool (a task that did could hold every
+        worker while the tasks it waits for sit in the queue).
+        """
+        return [self.threads.submit(self._gather_one, state, unit) for unit in chunk]
+
+    @staticmethod
+    def _input_keys(level: KernelApplyLevel, unit: Unit) -> list[tuple[tuple[str, ...], Any]]:
+        """The (models, param) keys of one input of ``unit`` produced at ``level``."""
+        if level is KernelApplyLevel.PARAMETER:
+            return [((m,), unit.param) for m in unit.models]
+        if level is KernelApplyLevel.IN_MODEL:
+            return [((m,), None) for m in unit.models]
+        return [(unit.models, unit.param)]
+
+    def _inherited_undefined(self, state: _StepState, unit: Unit) -> str | None:
+        """The reason an input of this unit is undefined, when its producer said so.
+
+        Aggregates over a model's parameters are not covered here: they see NaN entries
+        in their tuples and decide (see :meth:`_undefined_parts`).
+        """
+        if not state.undefined:
+            return None
+        for field, (producer, level) in state.producers.items():
+            if state.spec.apply_level is KernelApplyLevel.IN_MODEL and (
+                level is KernelApplyLevel.PARAMETER
+            ):
+                continue
+            for models, param in self._input_keys(level, unit):
+                reason = state.undefined.get((producer, models, param))
+                if reason is not None:
+                    return f"input {field!r} is undefined: {reason}"
         return None
+
+    def _undefined_parts(self, state: _StepState, unit: Unit) -> str | None:
+        """For an aggregate over a model's parameters: which inputs were undefined, why."""
+        if state.spec.apply_level is not KernelApplyLevel.IN_MODEL or not state.undefined:
+            return None
+        (model_id,) = unit.models
+        parts = []
+        for field, (producer, level) in state.producers.items():
+            if level is not KernelApplyLevel.PARAMETER:
+                continue
+            bad = [
+                (name, state.undefined[(producer, (model_id,), name)])
+                for name in state.params[model_id]
+                if (producer, (model_id,), name) in state.undefined
+            ]
+            if bad:
+                shown = "; ".join(f"{name}: {why}" for name, why in bad[:3])
+                more = f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
+                parts.append(
+                    f"input {field!r} is undefined for {len(bad)} of "
+                    f"{len(state.params[model_id])} parameters ({shown}{more})"
+                )
+        return "; ".join(parts) or None
 
     # -- outputs ----------------------------------------------------------------
     @staticmethod
@@ -285,24 +439,34 @@ class Runner:
     def run(self, plan: Plan) -> ApplyReport:
         report = ApplyReport(requested=plan.requested)
         for number, step in enumerate(plan.steps, start=1):
-            self._position = (number, len(plan.steps))
-            self._run_step(step, report)
+            self._run_step(step, (number, len(plan.steps)), report)
         return report
 
-    def _run_step(self, step: Step, report: ApplyReport) -> None:
+    def _state(self, step: Step, position: tuple[int, int]) -> _StepState:
         spec = step.kernel
         models = {m for u in step.units for m in u.models}
-        self._shapes = {m: {p.name: p.shape for p in self.store.params(m)} for m in models}
-        # Units whose inputs a producer declared undefined inherit that (NaN + reason).
-        producers = {
-            f: p.name for f in spec.require_fields if (p := self.registry.producer(f)) is not None
-        }
-        self._undefined = {
-            (n.kernel, n.models, n.param): n.reason
+        producers = {}
+        for field in spec.require_fields:
+            producer = self.registry.producer(field)
+            if producer is not None:
+                producers[field] = (producer.name, producer.apply_level)
+        names = {name for name, _ in producers.values()}
+        undefined = {
+            n.key: n.reason
             for n in self.store.notes()
-            if n.kind == "undefined" and n.kernel in producers.values()
-        }
-        self._producers = producers
+            if n.kind == "undefined" and n.kernel in names
+        } if names else {}
+        return _StepState(
+            spec=spec,
+            config=self.registry.effective_config(spec.name),
+            params={m: {p.name: p for p in self.store.params(m)} for m in models},
+            producers=producers,
+            undefined=undefined,
+            position=position,
+        )
+
+    def _run_step(self, step: Step, position: tuple[int, int], report: ApplyReport) -> None:
+        spec = step.kernel
         if step.skipped:
             batch = Batch(
                 notes=[Note(spec.name, u.models, u.param, "skipped", r) for u, r in step.skipped]
@@ -311,37 +475,26 @@ class Runner:
             report.notes.extend(batch.notes)
         if not step.units:
             return
-        config = self.registry.effective_config(spec.name)
+        state = self._state(step, position)
         chunks = chunk_units(step, self.store, self.cache.read_budget())
         log.info("%s: %d unit(s) in %d chunk(s)", spec.name, len(step.units), len(chunks))
         report.computed.setdefault(spec.name, 0)
-        pending: Future[list[Any]] = self.threads.submit(self._prefetch, spec, chunks[0])
+        pending = self._prefetch(state, chunks[0])
         done = 0
-        for i, chunk in enumerate(chunks):
-            inputs = pending.result()
-            if i + 1 < len(chunks):
-                pending = self.threads.submit(self._prefetch, spec, chunks[i + 1])
-            self._run_chunk(spec, chunk, inputs, config, report)
-            done += len(chunk)
-            if self.progress is not None:
-                self.progress(Progress(spec.name, done, len(step.units), *self._position))
+        try:
+            for i, chunk in enumerate(chunks):
+                inputs = [f.result() for f in pending]
+                pending = self._prefetch(state, chunks[i + 1]) if i + 1 < len(chunks) else []
+                self._run_chunk(state, chunk, inputs, report)
+                done += len(chunk)
+                if self.progress is not None:
+                    self.progress(Progress(spec.name, done, len(step.units), *position))
+        finally:
+            for future in pending:  # interrupted: do not read what nobody will use
+                future.cancel()
 
-    def _run_chunk(self, spec, chunk, inputs, config, report: ApplyReport) -> None:
-        batch = Batch()
-        runnable = []
-        for unit, got in zip(chunk, inputs, strict=True):
-            if isinstance(got, _MissingInput):
-                batch.notes.append(
-                    Note(spec.name, unit.models, unit.param, "skipped",
-                         f"input field {got.args[0]!r} is not available for this unit")
-                )
-                continue
-            inherited = self._inherited_undefined(spec, unit)
-            if inherited is not None:
-                self._write(batch, spec, unit, {f: math.nan for f in spec.produce_fields})
-                batch.notes.append(Note(spec.name, unit.models, unit.param, "undefined", inherited))
-            else:
-                runnable.append((unit, got))
+    def _outcomes(self, state: _StepState, runnable: list[tuple[Unit, Any]]) -> list[Any]:
+        spec, config = state.spec, state.config
         if spec.execution_protocol is KernelExecutionProtocol.PARALLEL and len(runnable) > 1:
             executor = self.parallel_executor()
             futures = [executor.submit(_invoke, spec.function, got, config) for _, got in runnable]
@@ -351,29 +504,55 @@ class Runner:
                     outcomes.append(fut.result())
                 except Exception as exc:  # noqa: BLE001 - a dead worker, pickling...
                     outcomes.append(("error", f"executor failed: {type(exc).__name__}: {exc}"))
-        elif spec.batch is not None and len(runnable) > 1:
-            outcomes = _invoke_batch(spec, [got for _, got in runnable], config)
-        else:
-            outcomes = [_invoke(spec.function, got, config) for _, got in runnable]
+            return outcomes
+        if spec.batch is not None and len(runnable) > 1:
+            return _invoke_batch(spec, [got for _, got in runnable], config)
+        return [_invoke(spec.function, got, config) for _, got in runnable]
 
-        output_error: KernelOutputError | None = None
-        for (unit, _), (status, payload) in zip(runnable, outcomes, strict=True):
-            key = (spec.name, unit.models, unit.param)
-            if status == "ok":
-                try:
-                    values = normalize_outputs(spec, unit.label, payload)
-                except KernelOutputError as exc:
-                    output_error = output_error or exc
-                    continue
-                self._write(batch, spec, unit, values)
-                batch.cleared_notes.add(key)
-                report.computed[spec.name] += 1
-            elif status == "undefined":
-                self._write(batch, spec, unit, {f: math.nan for f in spec.produce_fields})
-                batch.notes.append(Note(spec.name, unit.models, unit.param, "undefined", payload))
+    def _run_chunk(
+        self, state: _StepState, chunk: Sequence[Unit], inputs: Sequence[Any], report: ApplyReport
+    ) -> None:
+        spec = state.spec
+        batch = Batch()
+
+        def note(unit: Unit, kind: str, reason: str) -> None:
+            batch.notes.append(Note(spec.name, unit.models, unit.param, kind, reason))
+
+        def undefined(unit: Unit, reason: str) -> None:
+            self._write(batch, spec, unit, {f: math.nan for f in spec.produce_fields})
+            note(unit, "undefined", reason)
+
+        runnable = []
+        for unit, got in zip(chunk, inputs, strict=True):
+            if isinstance(got, _MissingInput):
+                note(unit, "skipped", f"input field {got.args[0]!r} is not available for this unit")
+            elif isinstance(got, _UnreadableInput):
+                note(unit, "failed", str(got))
+            elif (inherited := self._inherited_undefined(state, unit)) is not None:
+                undefined(unit, inherited)
             else:
-                batch.notes.append(Note(spec.name, unit.models, unit.param, "failed", payload))
+                runnable.append((unit, got))
+
+        for (unit, _), (status, payload) in zip(
+            runnable, self._outcomes(state, runnable), strict=True
+        ):
+            if status == "undefined":
+                undefined(unit, payload)
+                continue
+            if status != "ok":
+                note(unit, "failed", payload)
+                continue
+            try:
+                values = normalize_outputs(spec, unit.label, payload)
+            except KernelOutputError as exc:
+                note(unit, "failed", str(exc))
+                continue
+            self._write(batch, spec, unit, values)
+            parts = self._undefined_parts(state, unit)
+            if parts is not None and any(_is_nan(v) for v in values.values()):
+                note(unit, "undefined", parts)
+            else:
+                batch.cleared_notes.add((spec.name, unit.models, unit.param))
+            report.computed[spec.name] += 1
         self.store.commit(batch)
         report.notes.extend(batch.notes)
-        if output_error is not None:
-            raise output_error

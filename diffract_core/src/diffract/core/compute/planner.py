@@ -3,8 +3,8 @@
 Three stages stay apart: :func:`resolve` turns field names into kernels in topological
 order, :func:`validate_scope` checks pairwise kernels against the scope before any work,
 :func:`make_plan` selects the pending units of each kernel by field presence. The runner
-in ``execution`` consumes the plan, cutting each step into chunks with :func:`chunk_units`
-when the step starts (its inputs' sizes are known only then).
+in ``execution`` consumes the plan; cutting a step into chunks is its job (the inputs'
+sizes are known only when the step starts).
 """
 
 from __future__ import annotations
@@ -28,16 +28,11 @@ __all__ = [
     "Plan",
     "Step",
     "Unit",
-    "chunk_units",
     "downstream_fields",
     "make_plan",
     "resolve",
     "validate_scope",
 ]
-
-#: Most units one chunk holds, however small they are: bounds what a crash can lose.
-MAX_UNITS_PER_CHUNK = 1024
-
 
 @attrs.frozen
 class Unit:
@@ -226,52 +221,6 @@ def make_plan(
         steps=tuple(steps),
         partial=tuple((f, k, tuple(sorted(s))) for (f, k), s in sorted(partial.items())),
     )
-
-
-def chunk_units(step: Step, store: Store, budget: int) -> list[tuple[Unit, ...]]:
-    """Cut a step's units into chunks whose estimated input bytes fit ``budget``.
-
-    Sizes come from stored metadata (parameter shape and dtype, stored field sizes),
-    so weight matrices make small chunks and scalars large ones; every chunk holds at
-    least one unit and at most :data:`MAX_UNITS_PER_CHUNK`.
-    """
-    models = {m for u in step.units for m in u.models}
-    infos = {m: {p.name: p for p in store.params(m)} for m in models}
-    per_param = {  # inputs stored per parameter (others are aggregates: small)
-        (m, f): store.present(m, f)
-        for m in models
-        for f in step.kernel.require_fields
-        if f not in SOURCE_FIELDS
-    }
-
-    def cost_of(unit: Unit) -> int:
-        total = 0
-        for field in step.kernel.require_fields:
-            for m in unit.models:
-                params = [unit.param] if unit.param is not None else list(infos[m])
-                if field in ("weights", "tensor"):
-                    total += sum(infos[m][p].nbytes for p in params)
-                elif field in SOURCE_FIELDS:
-                    total += 8 * len(params)
-                elif per_param[(m, field)]:
-                    total += sum(store.nbytes(m, p, field) for p in params)
-                else:
-                    total += 8
-        return total
-
-    chunks: list[tuple[Unit, ...]] = []
-    current: list[Unit] = []
-    used = 0
-    for unit in step.units:
-        cost = cost_of(unit)
-        if current and (used + cost > budget or len(current) >= MAX_UNITS_PER_CHUNK):
-            chunks.append(tuple(current))
-            current, used = [], 0
-        current.append(unit)
-        used += cost
-    if current:
-        chunks.append(tuple(current))
-    return chunks
 
 
 def downstream_fields(fields: Iterable[str], registry: KernelRegistry) -> set[str]:

@@ -8,6 +8,7 @@ from diffract.core.storage.base import (
     contextual_name,
     estimate_nbytes,
     split_contextual,
+    storable_problem,
 )
 from diffract.core.storage.ram import RamStore
 
@@ -20,4 +21,5 @@ __all__ = [
     "contextual_name",
     "estimate_nbytes",
     "split_contextual",
+    "storable_problem",
 ]

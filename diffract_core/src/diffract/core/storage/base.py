@@ -5,6 +5,11 @@ lazy loader for their weights; per-parameter field values; aggregates under cont
 names (``field@models[m]``, ``field@models[a,b]@params[p]``); and notes (why a unit was
 skipped, left undefined, or failed). All writes of one chunk arrive in one
 :meth:`Store.commit` call, which a profile must apply atomically.
+
+Values a store keeps (:func:`storable_problem` checks them before any commit): Python
+and numpy numbers (bool, int, float), numpy arrays of a numeric or boolean dtype, and
+tuples of those (nested tuples too). Strings, None, lists, dicts, torch tensors and other
+objects are refused, so every profile, durable or not, can keep every value.
 """
 
 from __future__ import annotations
@@ -26,7 +31,14 @@ __all__ = [
     "contextual_name",
     "estimate_nbytes",
     "split_contextual",
+    "storable_problem",
 ]
+
+#: What :func:`storable_problem` accepts, for error messages.
+STORABLE_TYPES = (
+    "numbers (bool, int, float, numpy scalars), numpy arrays of a numeric or boolean "
+    "dtype, and tuples of them"
+)
 
 
 @attrs.frozen
@@ -121,6 +133,27 @@ def estimate_nbytes(value: Any) -> int:
     if isinstance(value, (tuple, list)):
         return sum(estimate_nbytes(v) for v in value) + 8
     return 8
+
+
+def storable_problem(value: Any) -> str | None:
+    """Why a store cannot keep ``value`` (a short phrase), or None when it can."""
+    if isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)):
+        return None
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "biuf":
+            return None
+        return f"a numpy array of dtype {value.dtype}"
+    if isinstance(value, tuple):
+        for item in value:
+            problem = storable_problem(item)
+            if problem is not None:
+                return f"a tuple holding {problem}"
+        return None
+    kind = type(value)
+    qualname = kind.__qualname__ if kind.__module__ == "builtins" else (
+        f"{kind.__module__}.{kind.__qualname__}"
+    )
+    return f"a value of type {qualname}"
 
 
 class Store(abc.ABC):

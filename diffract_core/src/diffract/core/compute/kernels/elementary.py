@@ -6,6 +6,7 @@ import numpy as np
 
 from diffract.core.compute._enums import KernelApplyLevel
 from diffract.core.compute.spec import kernel
+from diffract.errors import FieldUndefined
 
 __all__ = ["ELEMENTARY", "frob_norm", "numel", "param_norm", "total_numel"]
 
@@ -14,6 +15,12 @@ __all__ = ["ELEMENTARY", "frob_norm", "numel", "param_norm", "total_numel"]
 def frob_norm(weights: np.ndarray) -> float:
     """Frobenius norm of the parameter: ``sqrt(sum_ij W_ij^2)``, accumulated in float64."""
     w = np.asarray(weights)
+    finite = np.isfinite(w)
+    if not finite.all():
+        nan = int(np.isnan(w).sum())
+        raise FieldUndefined(
+            f"weights contain {nan} NaN and {w.size - int(finite.sum()) - nan} Inf value(s)"
+        )
     return float(np.sqrt(np.sum(np.square(w, dtype=np.float64))))
 
 
