@@ -150,6 +150,31 @@ class TestBadInput:
         assert math.isfinite(rows["huge"]["log_norm"]) and rows["huge"]["hard_rank"] < 100
         assert math.isfinite(rows["good"]["pl_alpha"]) and 0.0 <= rows["good"]["pl_pvalue"] <= 1.0
 
+    @pytest.mark.parametrize("shape", [(0, 5), (7, 0), (3, 0, 2)], ids=["0x5", "7x0", "3x0x2"])
+    def test_a_zero_size_matrix_is_undefined_in_every_field(self, rng, shape):
+        """A 0-size parameter: every spectral field is NaN with a reason, nothing fails."""
+        from diffract.core.compute.registry import get_registry
+
+        fields = sorted(
+            f for spec in get_registry().kernels() if spec.provider.startswith("diffract-kernels-spectral")
+            for f in spec.produce_fields
+        )
+        with Session() as session:
+            session.models.add({"empty": np.zeros(shape), "good": rng.standard_normal((60, 80))},
+                               model_id="m")
+            session.compute.configure_kernel("pl_pvalue", n_replicates=5)
+            report = session.compute.apply(*fields)
+            rows = _metrics(session)
+            notes = _notes(session)
+        assert report.ok and len(fields) > 20
+        for field in fields:
+            value = rows["empty"][field]
+            assert np.all(np.isnan(value)), (field, value)
+        assert notes[("esd", "m/empty")] == (
+            "undefined", f"the matrix has no elements (shape {(shape[0], math.prod(shape[1:]))})")
+        assert notes[("spectral_norm", "m/empty")][1].startswith("input 'esd' is undefined: the matrix")
+        assert math.isfinite(rows["good"]["stable_rank"])
+
     def test_diffract_method_without_taichi_is_a_failure_not_nan(self, rng, monkeypatch):
         """fit_method='diffract' without taichi fails the unit with the fix, keeping the rest."""
         from diffract.errors import ApplyError
