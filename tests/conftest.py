@@ -17,7 +17,7 @@ if os.environ.get("KERNEL_FUN_TEST_GPU") != "1":
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from diffract.core.compute.registry import reset_registry  # noqa: E402
+from diffract.plugins import reset_registry  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -32,3 +32,39 @@ class TestCli:
         assert "Diffract demo: 9 parameters of model 'step0'" in out
         assert "parameter" in out and "frob_norm" in out and "1.weight" in out
         assert "param_norm@models[step0]" in out
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run the console script with the fake plugins of tests/resources/site installed."""
+    import os
+    from pathlib import Path
+
+    site = Path(__file__).parent.parent / "resources" / "site"
+    full = {k: v for k, v in os.environ.items() if k != "DIFFRACT_STRICT_PLUGINS"}
+    full.update(PYTHONPATH=f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **env)
+    return subprocess.run([sys.executable, "-m", "diffract.cli", *args], capture_output=True,
+                          text=True, env=full)
+
+
+class TestCliWithBrokenPlugins:
+    def test_strict_mode_prints_one_clean_paragraph(self):
+        """Under DIFFRACT_STRICT_PLUGINS=1 a broken plugin is one error paragraph (exit 2),
+        not a traceback."""
+        run = _cli("plugins", env={"DIFFRACT_STRICT_PLUGINS": "1"})
+        assert run.returncode == 2
+        assert "Traceback" not in run.stderr
+        assert run.stderr.startswith("diffract plugins: error: Plugin broken-pack 0.3.0 (entry point")
+        assert len(run.stderr.strip().splitlines()) == 1
+
+    def test_conflicts_are_listed_and_each_warning_printed_once(self):
+        """Without strict mode: every warning once on stderr, conflicts listed on stdout
+        with the line that picks a provider."""
+        run = _cli("plugins", env={})
+        assert run.returncode == 0, run.stderr
+        warnings = [line for line in run.stderr.splitlines() if "PluginWarning" in line]
+        assert len(warnings) == len(set(warnings)) == 4  # broken, frob_norm, abs_max, row_max
+        assert "Conflicts (neither provider is used until one is preferred):" in run.stdout
+        assert ("  'abs_max': clash-pack 2.0.0 and good-pack 1.2.0\n"
+                "    pick one: [plugins] prefer = { abs_max = \"clash-pack\" }  "
+                "(or DIFFRACT_PREFER=abs_max=clash-pack)") in run.stdout
+        assert "    withheld (conflicts): frob_norm, abs_max, row_max_other" in run.stdout

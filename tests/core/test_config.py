@@ -50,14 +50,10 @@ class TestConfig:
         with pytest.raises(ConfigError, match="is not valid TOML"):
             load_config(bad)
 
-    def test_unknown_executor_is_reported_when_needed(self, arrays):
-        """An executor name no plugin provides fails with the available names."""
-        from diffract import KernelExecutionProtocol, Session
+    def test_unknown_executor_is_reported_when_the_session_opens(self):
+        """An executor name no plugin provides fails at Session(), with the available names."""
+        from diffract import Session
         from diffract.errors import UnknownExecutorError
-        from tests.resources.kernels import squared_sum
 
-        with Session(config={"parallel": {"executor": "dusk"}}) as session:
-            session.compute.kernel(name="t_par", execution_protocol=KernelExecutionProtocol.PARALLEL)(squared_sum)
-            session.models.add(arrays, model_id="m")
-            with pytest.raises(UnknownExecutorError, match=r"Unknown executor 'dusk'.*Available executors: 'processes', 'sequential', 'threads'"):
-                session.compute.apply("t_par")
+        with pytest.raises(UnknownExecutorError, match=r"Unknown executor 'dusk'.*Available executors: 'processes', 'sequential', 'threads'"):
+            Session(config={"parallel": {"executor": "dusk"}})

@@ -12,7 +12,7 @@ from diffract import FieldUndefined, Restriction, Session
 from diffract.core.compute.execution import KernelApplyLevel, KernelExecutionProtocol
 from diffract.core.compute.execution import chunk_units
 from diffract.core.compute.planner import Step, Unit, resolve
-from diffract.core.compute.registry import get_registry
+from diffract.plugins import get_registry
 from diffract.core.compute.spec import KernelSpec
 from diffract.core.storage import ParamInfo, RamStore
 from diffract.errors import (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from diffract import Session
@@ -34,8 +35,11 @@ def fake_site(monkeypatch):
 
 @pytest.fixture
 def installed_manager():
-    """Install a manager for the test, restore the previous one after."""
-    previous = get_plugin_manager()
+    """Install a manager for the test, restore the previous one after (without building
+    one now: with the fake site on sys.path it would load the fake plugins)."""
+    from diffract.plugins import _runtime
+
+    previous = _runtime._MANAGER
     yield lambda pm: set_plugin_manager(pm)
     set_plugin_manager(previous)
 
@@ -46,31 +50,83 @@ def _records(pm):
 
 class TestDiscovery:
     def test_good_broken_and_clashing_plugins(self, fake_site):
-        """Good loads; broken warns with distribution and version; clashes refused naming both."""
+        """Good loads; broken warns with distribution and version; a contested name is
+        used from neither provider (however the names sort), each conflict warned once."""
         with pytest.warns(PluginWarning) as caught:
             pm = make_plugin_manager()
             catalog = pm.catalog()
+            pm._catalog = None
+            pm.catalog()  # collecting again warns no more
         messages = [str(w.message) for w in caught]
-        assert any(
-            "Plugin broken-pack 0.3.0 (entry point 'broken-pack' = 'broken_pack') failed to load" in m
-            and "DIFFRACT_DISABLE_PLUGINS=broken-pack" in m
-            for m in messages
-        )
-        assert any(
-            "kernel 'frob_norm' is provided by both diffract-core" in m and "clash-pack 2.0.0" in m
-            for m in messages
-        )
-        assert any("kernel 'abs_max' is provided by both clash-pack 2.0.0 and good-pack 1.2.0" in m for m in messages)
+        assert sum("broken-pack 0.3.0 (entry point 'broken-pack' = 'broken_pack') failed" in m
+                   and "DIFFRACT_DISABLE_PLUGINS=broken-pack" in m for m in messages) == 1
+        assert sum("kernel or field 'frob_norm' is provided by diffract-core 0.1.0 and "
+                   "clash-pack 2.0.0; neither is used" in m for m in messages) == 1
+        assert sum("'abs_max' is provided by clash-pack 2.0.0 and good-pack 1.2.0" in m
+                   for m in messages) == 1
+        assert sum("'row_max' is provided by clash-pack 2.0.0 and good-pack 1.2.0" in m
+                   for m in messages) == 1
         kernels = {k.name: k.provider for k in catalog.kernels}
-        assert kernels["frob_norm"].startswith("diffract-core")
-        assert kernels["abs_max"] == "clash-pack 2.0.0"  # first by distribution name
+        for withheld in ("frob_norm", "abs_max", "row_max", "row_max_other"):
+            assert withheld not in kernels
         assert kernels["clash_only"] == "clash-pack 2.0.0"
+        assert kernels["numel"].startswith("diffract-core")
         assert "scratch" in catalog.profiles and "inline-good" in catalog.executors
         records = _records(pm)
         assert records["broken-pack"].status == "failed"
         assert "ImportError" in records["broken-pack"].reason
-        assert records["good-pack"].refused == ["abs_max"]
-        assert records["clash-pack"].refused == ["frob_norm"]
+        assert sorted(records["good-pack"].refused) == ["abs_max", "row_max"]
+        assert sorted(records["clash-pack"].refused) == ["abs_max", "frob_norm", "row_max_other"]
+        assert catalog.contested["kernels"]["row_max_other"] == (
+            "row_max", ("clash-pack 2.0.0", "good-pack 1.2.0"))
+
+    def test_using_a_contested_name_names_both_providers_and_the_fix(self, fake_site,
+                                                                       installed_manager):
+        """apply, a dependent field and configure_kernel all raise KernelConflictError with
+        both providers and the [plugins] prefer line."""
+        from diffract.errors import KernelConflictError
+
+        with pytest.warns(PluginWarning):
+            installed_manager(make_plugin_manager(deny=["broken-pack"]))
+            with Session() as session:
+                session.models.add({"w": np.ones((2, 2))}, model_id="m")
+                with pytest.raises(KernelConflictError, match=(
+                        r"'frob_norm' is provided by diffract-core 0.1.0 and clash-pack 2.0.0, so "
+                        r"neither is registered\. Pick one in the configuration \(\[plugins\] "
+                        r"prefer = \{ frob_norm = \"diffract-core\" \}\)")) as info:
+                    session.compute.apply("param_norm")
+                assert info.value.providers == ("diffract-core 0.1.0", "clash-pack 2.0.0")
+                with pytest.raises(KernelConflictError, match=r"'row_max_other' is withheld: "
+                                   r"'row_max' is provided by clash-pack 2.0.0 and good-pack"):
+                    session.compute.configure_kernel("row_max_other")
+                with pytest.raises(KernelConflictError, match=r"'row_max' is provided by"):
+                    session.compute.apply("row_max")
+                session.compute.apply("clash_only")
+
+    @pytest.mark.parametrize("how", ["argument", "environment", "session-config"])
+    def test_prefer_picks_a_provider(self, fake_site, installed_manager, monkeypatch, how):
+        """A preference (argument, DIFFRACT_PREFER or [plugins] prefer) settles a conflict:
+        the preferred provider's kernel runs, the other stays withheld."""
+        prefer = {"abs_max": "clash-pack", "row_max": "good_pack"}
+        config = None
+        with pytest.warns(PluginWarning):
+            if how == "argument":
+                pm = make_plugin_manager(deny=["broken-pack"], prefer=prefer)
+            elif how == "environment":
+                monkeypatch.setenv("DIFFRACT_PREFER", "abs_max=clash-pack, row_max=good_pack")
+                pm = make_plugin_manager(deny=["broken-pack"])
+            else:
+                pm = make_plugin_manager(deny=["broken-pack"])
+                config = {"plugins": {"prefer": prefer}}
+            installed_manager(pm)
+            with Session(config=config) as session:
+                session.models.add({"w": np.arange(4.0).reshape(2, 2)}, model_id="m")
+                session.compute.apply("abs_max", "row_max")
+                row = session.results.export_metrics()["m"]["w"]
+        assert row == {"abs_max": -1.0, "row_max": 5.0}  # clash-pack's abs_max, good-pack's row_max
+        records = _records(pm)
+        assert "abs_max" in records["good-pack"].refused
+        assert "row_max_other" in records["clash-pack"].refused
 
     def test_strict_mode_raises(self, fake_site, monkeypatch):
         """DIFFRACT_STRICT_PLUGINS=1 turns a broken plugin into an error naming it."""
@@ -82,7 +138,8 @@ class TestDiscovery:
     def test_strict_mode_raises_on_conflict(self, fake_site):
         """In strict mode a name clash is a PluginConflictError."""
         pm = make_plugin_manager(deny=["broken-pack"], strict=True)
-        with pytest.raises(PluginConflictError, match="provided by both"):
+        with pytest.raises(PluginConflictError, match="'abs_max' is provided by clash-pack 2.0.0 "
+                                                      "and good-pack 1.2.0; neither is used"):
             pm.catalog()
 
     def test_deny_list_acts_before_import(self, fake_site, monkeypatch):

@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 
 from diffract_kernels_spectral import (
+    FitArgumentError,
     FitError,
     FitUnavailableError,
     candidate_range,
@@ -119,22 +120,35 @@ class TestBadInput:
         ("data", "message"),
         [
             (np.array([1.0, np.nan, 2.0]), "1 NaN or Inf"),
-            (np.ones((3, 3)), r"data must be 1-D, got shape \(3, 3\)"),
             (np.arange(1.0, 40.0), r"only 39 positive point\(s\), fewer than min_tail=50"),
             (np.full(500, 2.0), "all points are equal"),
             (np.zeros(100), r"only 0 positive point\(s\)"),
         ],
-        ids=["nan", "2-d", "short", "all-equal", "all-zero"],
+        ids=["nan", "short", "all-equal", "all-zero"],
     )
     def test_undefined_fits_raise_fit_error(self, data, message):
         """Each undefined fit raises FitError with the reason."""
         with pytest.raises(FitError, match=message):
             fit_power_law(data, fit_method="diffract")
 
-    def test_unknown_method(self):
-        """An unknown fit_method lists the valid ones."""
-        with pytest.raises(FitError, match=r"Unknown fit_method 'fast'; choose one of \['auto', 'diffract', 'powerlaw'\]"):
-            fit_power_law(np.arange(1.0, 200.0), fit_method="fast")
+    @pytest.mark.parametrize(
+        ("call", "message"),
+        [
+            (lambda x: fit_power_law(x, fit_method="fast"),
+             r"Unknown fit_method 'fast'; choose one of \['auto', 'diffract', 'powerlaw'\]"),
+            (lambda x: fit_power_law(np.ones((3, 3))), r"data must be 1-D, got shape \(3, 3\)"),
+            (lambda x: fit_power_law(x, min_tail=1), r"min_tail must be at least 2, got 1"),
+            (lambda x: fit_exponential(x, xmin=2.0, fit_method="exact"), r"Unknown fit_method 'exact'"),
+            (lambda x: fit_truncated_power_law(x, xmin=2.0, fit_method="x"), r"Unknown fit_method 'x'"),
+            (lambda x: power_law_pvalue(x, n_replicates=0), r"n_replicates must be at least 1, got 0"),
+        ],
+        ids=["method", "2-d", "min-tail", "exp-method", "tpl-method", "replicates"],
+    )
+    def test_bad_arguments_are_value_errors_not_undefined_fits(self, call, message):
+        """A bad argument raises FitArgumentError (a ValueError, not a FitError) naming it."""
+        with pytest.raises(FitArgumentError, match=message) as info:
+            call(np.arange(1.0, 200.0))
+        assert isinstance(info.value, ValueError) and not isinstance(info.value, FitError)
 
     def test_without_taichi_diffract_raises_and_auto_falls_back(self, rng, monkeypatch):
         """With taichi unavailable, 'diffract' raises with the fix and 'auto' uses powerlaw."""

@@ -15,6 +15,7 @@ __all__ = [
     "KernelApplyLevel",
     "KernelExecutionProtocol",
     "KernelSpec",
+    "Range",
     "Restriction",
     "Session",
     "__version__",
@@ -26,12 +27,14 @@ _LAZY = {
     "KernelApplyLevel": ("diffract.core.compute._enums", "KernelApplyLevel"),
     "KernelExecutionProtocol": ("diffract.core.compute._enums", "KernelExecutionProtocol"),
     "KernelSpec": ("diffract.core.compute.spec", "KernelSpec"),
+    "Range": ("diffract.core.compute._domains", "Range"),
     "Restriction": ("diffract.core.compute.spec", "Restriction"),
     "kernel": ("diffract.core.compute.spec", "kernel"),
     "FieldUndefined": ("diffract.errors", "FieldUndefined"),
 }
 
 if TYPE_CHECKING:  # pragma: no cover
+    from diffract.core.compute._domains import Range
     from diffract.core.compute._enums import KernelApplyLevel, KernelExecutionProtocol
     from diffract.core.compute.spec import KernelSpec, Restriction, kernel
     from diffract.errors import FieldUndefined

@@ -19,12 +19,23 @@ def _plugins(args: argparse.Namespace) -> int:
         for kind, names in sorted(record.provides.items()):
             print(f"    {kind}: {', '.join(names)}")
         if record.refused:
-            print(f"    refused (conflicts): {', '.join(record.refused)}")
+            print(f"    withheld (conflicts): {', '.join(record.refused)}")
+    contested = sorted(
+        {(claimed, providers) for names in catalog.contested.values()
+         for claimed, providers in names.values()}
+    )
+    if contested:
+        print("\nConflicts (neither provider is used until one is preferred):")
+        for claimed, providers in contested:
+            dist = providers[0].split(" ")[0]
+            print(f"  {claimed!r}: {' and '.join(providers)}")
+            print(f"    pick one: [plugins] prefer = {{ {claimed} = \"{dist}\" }}  "
+                  f"(or DIFFRACT_PREFER={claimed}={dist})")
     return 0
 
 
 def _kernels(args: argparse.Namespace) -> int:
-    from diffract.core.compute.registry import get_registry
+    from diffract.plugins import get_registry
 
     registry = get_registry()
     for spec in registry.kernels():
@@ -83,7 +94,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         run=_demo
     )
     args = parser.parse_args(argv)
-    return int(args.run(args))
+    import warnings
+
+    from diffract.errors import DiffractError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")  # each distinct warning once
+            return int(args.run(args))
+    except DiffractError as exc:
+        print(f"diffract {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

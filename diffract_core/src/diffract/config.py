@@ -19,6 +19,16 @@ Keys and defaults (every key is optional)::
     [profile.<name>]              # free-form options for one storage profile
     [executor.<name>]             # free-form options for one executor
 
+    [plugins]
+    prefer = { stable_rank = "diffract-kernels-spectral" }
+                                  # which distribution provides a name two plugins
+                                  # claim (process-wide, like kernel configuration)
+
+    [kernels.<name>]              # configuration of one kernel, e.g.
+    fit_method = "diffract"       # [kernels.power_law_fit]; checked against the
+                                  # kernel's signature when a Session opens, and
+                                  # process-wide once applied (as configure_kernel)
+
 Pass ``Session(config=...)`` a path, a mapping, or nothing; with nothing, the file named
 by the ``DIFFRACT_CONFIG`` environment variable is read when it is set.
 """
@@ -56,6 +66,8 @@ class Config:
     cache_headroom: float = 0.25
     profiles: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     executors: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+    prefer: Mapping[str, str] = attrs.field(factory=dict)
+    kernels: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
 
 
 _SCHEMA: dict[str, Any] = {
@@ -67,6 +79,8 @@ _SCHEMA: dict[str, Any] = {
     "cache": {"max_bytes": int, "headroom": float},
     "profile": dict,
     "executor": dict,
+    "plugins": {"prefer": dict},
+    "kernels": dict,
 }
 
 
@@ -143,7 +157,17 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | Config | No
         "cache_headroom": float(cache.get("headroom", defaults.cache_headroom)),
         "profiles": dict(data.get("profile", {})),
         "executors": dict(data.get("executor", {})),
+        "prefer": dict(data.get("plugins", {}).get("prefer", {})),
+        "kernels": {
+            k: dict(v) if isinstance(v, Mapping) else v for k, v in data.get("kernels", {}).items()
+        },
     }
+    for name, value in values["prefer"].items():
+        if not isinstance(value, str):
+            problems.append(f"'plugins.prefer.{name}' must be a distribution name, got {value!r}")
+    for name, value in values["kernels"].items():
+        if not isinstance(value, Mapping):
+            problems.append(f"'kernels.{name}' must be a table of keywords, got {value!r}")
     for key in ("thread_workers", "process_workers"):
         if values[key] < 1:
             problems.append(f"max_workers must be at least 1, got {values[key]}")

@@ -4,33 +4,51 @@ Every error raised on purpose by Diffract derives from :class:`DiffractError` an
 the offending object as an attribute (``kernel``, ``field``, ``model_id``,
 ``distribution`` ...). Messages say which object, what is wrong and what to do.
 
-Hierarchy::
+Hierarchy (``(ValueError)``: also a ValueError, so code that catches bad arguments the
+standard way catches these too)::
 
     DiffractError
-    ├── ConfigError                 bad configuration file or key
-    ├── KernelError                 .kernel
-    │   ├── KernelDefinitionError   a function that cannot be a kernel
-    │   ├── KernelConflictError     two kernels claim one name or one field
-    │   ├── UnknownKernelError      configure_kernel on a name nobody registered
-    │   ├── UnknownConfigKeyError   configure_kernel with a keyword the kernel lacks
-    │   └── KernelOutputError       a kernel returned the wrong number or type of outputs
-    ├── FieldError                  .field
-    │   ├── UnknownFieldError       a field no kernel produces
-    │   ├── MissingProducerError    a kernel requires a field no kernel produces
-    │   └── DependencyCycleError    kernels that require each other's outputs
-    ├── ScopeValidationError        a pairwise kernel applied to a scope that is not a pair
-    ├── ModelError                  .model_id
+    ├── InvalidArgumentError (ValueError)  a bad argument to a public call
+    │   ├── UnknownNameError               .name: a name nothing registered (every "unknown")
+    │   │   ├── UnknownKernelError         .kernel
+    │   │   ├── UnknownConfigKeyError      .kernel, .keys: configure_kernel keywords it lacks
+    │   │   ├── UnknownFieldError          .field: a field no kernel produces
+    │   │   ├── UnknownModelError          .model_id
+    │   │   ├── UnknownProfileError        .profile
+    │   │   ├── UnknownExecutorError       .executor
+    │   │   ├── UnknownOpError             .op
+    │   │   └── UnknownFormatError         .format: an export format nobody registered
+    │   └── InvalidConfigValueError        .kernel, .problems: values outside their domain
+    ├── ConfigError (ValueError)           .key: bad configuration file or key
+    ├── KernelError                        .kernel
+    │   ├── KernelDefinitionError (ValueError)  a function that cannot be a kernel
+    │   ├── KernelConflictError (ValueError)    two kernels claim one name or field (.providers)
+    │   └── KernelOutputError              a kernel's return value does not fit (recorded
+    │                                      as that unit's failure, see ApplyError)
+    ├── FieldError (ValueError)            .field
+    │   ├── MissingProducerError           a kernel requires a field no kernel produces
+    │   ├── DependencyCycleError           kernels that require each other's outputs
+    │   └── ScopeValidationError           a pairwise kernel on a scope that is not a pair
+    ├── ModelError (ValueError)            .model_id
     │   ├── DuplicateModelError
-    │   ├── EmptyModelError         a model with no parameters
-    │   ├── UnknownModelError
-    │   └── ModelSourceError        something models.add cannot read
-    ├── StorageError
-    │   └── UnknownProfileError
-    ├── UnknownExecutorError
-    ├── PluginError                 .distribution, .version
-    │   ├── PluginLoadError         (strict mode) a plugin failed to import or answer a hook
-    │   └── PluginConflictError     (strict mode) two plugins provide one name
-    └── ApplyError                  some units failed; .report holds everything
+    │   ├── EmptyModelError                a model with no parameters
+    │   └── ModelSourceError               something models.add cannot read
+    ├── StorageError                       a storage profile failed or was misused
+    ├── PluginError                        .distribution, .version
+    │   ├── PluginLoadError                (strict mode) a plugin failed to import or answer
+    │   └── PluginConflictError            (strict mode) two plugins provide one name
+    └── ApplyError                         some units failed; .report holds everything
+
+The unknown-name errors sit under two parents where they also belong to a family
+(``UnknownKernelError`` is a ``KernelError``, ``UnknownFieldError`` a ``FieldError``,
+``UnknownModelError`` a ``ModelError``, ``UnknownProfileError`` a ``StorageError``).
+Kernel packs derive their own errors from these; the spectral pack's are in
+``diffract_kernels_spectral.errors`` (``FitError``: the data admit no fit, the field is
+NaN with the reason; ``FitArgumentError``: a bad argument, a ValueError;
+``FitUnavailableError``: the fit method cannot run here).
+
+:class:`FieldUndefined` is not an error: a kernel raises it to say its outputs are
+undefined for one input (NaN is stored with the reason).
 
 Warnings derive from :class:`DiffractWarning`.
 """
@@ -51,6 +69,8 @@ __all__ = [
     "EmptyModelError",
     "FieldError",
     "FieldUndefined",
+    "InvalidArgumentError",
+    "InvalidConfigValueError",
     "KernelConflictError",
     "KernelDefinitionError",
     "KernelError",
@@ -70,6 +90,9 @@ __all__ = [
     "UnknownFieldError",
     "UnknownKernelError",
     "UnknownModelError",
+    "UnknownNameError",
+    "UnknownOpError",
+    "UnknownFormatError",
     "UnknownProfileError",
     "did_you_mean",
 ]
@@ -92,7 +115,20 @@ class DiffractError(Exception):
     """Base class of every error Diffract raises on purpose."""
 
 
-class ConfigError(DiffractError):
+class InvalidArgumentError(DiffractError, ValueError):
+    """A public call got an argument it cannot use; the message says what it accepts."""
+
+
+class UnknownNameError(InvalidArgumentError):
+    """A name (kernel, field, model, profile, executor, op, format...) nothing registered.
+
+    ``.name`` is the unknown name; messages list the known ones with a suggestion.
+    """
+
+    name: str
+
+
+class ConfigError(DiffractError, ValueError):
     """A configuration file or key is invalid."""
 
     def __init__(self, message: str, *, key: str | None = None) -> None:
@@ -108,15 +144,22 @@ class KernelError(DiffractError):
         self.kernel = kernel
 
 
-class KernelDefinitionError(KernelError):
+class KernelDefinitionError(KernelError, ValueError):
     """A function cannot be registered as a kernel (bad signature, bad metadata)."""
 
 
-class KernelConflictError(KernelError):
-    """Two kernels claim the same name or produce the same field."""
+class KernelConflictError(KernelError, ValueError):
+    """Two kernels claim the same name or produce the same field.
+
+    ``.providers`` names the distributions that claim it, when plugins do.
+    """
+
+    def __init__(self, message: str, *, kernel: str, providers: Iterable[str] = ()) -> None:
+        super().__init__(message, kernel=kernel)
+        self.providers = tuple(providers)
 
 
-class UnknownKernelError(KernelError):
+class UnknownKernelError(KernelError, UnknownNameError):
     """A kernel name nobody registered."""
 
     def __init__(self, kernel: str, known: Iterable[str]) -> None:
@@ -127,9 +170,10 @@ class UnknownKernelError(KernelError):
             "List them with session.compute.list_available_kernels().",
             kernel=kernel,
         )
+        self.name = kernel
 
 
-class UnknownConfigKeyError(KernelError):
+class UnknownConfigKeyError(KernelError, UnknownNameError):
     """configure_kernel was given keywords the kernel does not accept."""
 
     def __init__(self, kernel: str, keys: Iterable[str], known: Iterable[str]) -> None:
@@ -142,6 +186,26 @@ class UnknownConfigKeyError(KernelError):
             kernel=kernel,
         )
         self.keys = tuple(keys)
+        self.name = keys[0]
+
+
+class InvalidConfigValueError(KernelError, InvalidArgumentError):
+    """configure_kernel (or the configuration file) set values outside their domain.
+
+    ``.problems`` lists each one (``key: what is wrong``); nothing was changed.
+    """
+
+    def __init__(self, kernel: str, problems: Iterable[str], *, source: str = "") -> None:
+        problems = sorted(problems)
+        where = f" in {source}" if source else ""
+        super().__init__(
+            f"Invalid configuration of kernel {kernel!r}{where}:\n  "
+            + "\n  ".join(problems)
+            + "\nNothing was changed; see the kernel's signature (diffract kernels -v) for "
+            "the values each keyword accepts.",
+            kernel=kernel,
+        )
+        self.problems = tuple(problems)
 
 
 class KernelOutputError(KernelError):
@@ -152,7 +216,7 @@ class KernelOutputError(KernelError):
         self.unit = unit
 
 
-class FieldError(DiffractError):
+class FieldError(DiffractError, ValueError):
     """Something is wrong with one field; ``.field`` names it."""
 
     def __init__(self, message: str, *, field: str) -> None:
@@ -160,7 +224,7 @@ class FieldError(DiffractError):
         self.field = field
 
 
-class UnknownFieldError(FieldError):
+class UnknownFieldError(FieldError, UnknownNameError):
     """A field that no registered kernel produces."""
 
     def __init__(self, field: str, known: Iterable[str], *, action: str = "requested") -> None:
@@ -171,6 +235,7 @@ class UnknownFieldError(FieldError):
             "or register a kernel with @session.compute.kernel().",
             field=field,
         )
+        self.name = field
 
 
 class MissingProducerError(FieldError):
@@ -199,7 +264,7 @@ class DependencyCycleError(FieldError):
         self.cycle = tuple(cycle)
 
 
-class ScopeValidationError(DiffractError):
+class ScopeValidationError(FieldError):
     """A binary cross-model kernel was applied to a scope that is not exactly two models.
 
     Attributes: ``field`` (what was requested), ``kernel`` (the pairwise kernel that
@@ -210,14 +275,13 @@ class ScopeValidationError(DiffractError):
     def __init__(
         self, message: str, *, field: str, kernel: str, dependency: str | None, scope: list[str]
     ) -> None:
-        super().__init__(message)
-        self.field = field
+        super().__init__(message, field=field)
         self.kernel = kernel
         self.dependency = dependency
         self.scope = tuple(scope)
 
 
-class ModelError(DiffractError):
+class ModelError(DiffractError, ValueError):
     """Something is wrong with one model; ``.model_id`` names it."""
 
     def __init__(self, message: str, *, model_id: str | None) -> None:
@@ -233,8 +297,12 @@ class EmptyModelError(ModelError):
     """models.add was given a model with no parameters."""
 
 
-class UnknownModelError(ModelError):
+class UnknownModelError(ModelError, UnknownNameError):
     """A model id that is not in the session."""
+
+    def __init__(self, message: str, *, model_id: str | None) -> None:
+        super().__init__(message, model_id=model_id)
+        self.name = str(model_id)
 
 
 class ModelSourceError(ModelError):
@@ -245,7 +313,7 @@ class StorageError(DiffractError):
     """A storage profile failed or was misused."""
 
 
-class UnknownProfileError(StorageError):
+class UnknownProfileError(StorageError, UnknownNameError):
     """Session(profile=...) names a profile no plugin provides."""
 
     def __init__(self, profile: str, known: Iterable[str]) -> None:
@@ -255,10 +323,10 @@ class UnknownProfileError(StorageError):
             f"Available profiles: {_listing(known)}. Install the plugin that provides it "
             "(see `diffract plugins`)."
         )
-        self.profile = profile
+        self.profile = self.name = profile
 
 
-class UnknownExecutorError(DiffractError):
+class UnknownExecutorError(UnknownNameError):
     """The configuration names an executor no plugin provides."""
 
     def __init__(self, executor: str, known: Iterable[str]) -> None:
@@ -268,7 +336,27 @@ class UnknownExecutorError(DiffractError):
             f"Available executors: {_listing(known)}. Set [parallel] executor in the "
             "configuration to one of them, or install the plugin that provides it."
         )
-        self.executor = executor
+        self.executor = self.name = executor
+
+
+class UnknownOpError(UnknownNameError):
+    """No plugin offers an op of that name, or none can run this call."""
+
+    def __init__(self, message: str, *, op: str) -> None:
+        super().__init__(message)
+        self.op = self.name = op
+
+
+class UnknownFormatError(UnknownNameError):
+    """An export format nobody registered."""
+
+    def __init__(self, fmt: str, known: Iterable[str]) -> None:
+        known = list(known)
+        super().__init__(
+            f"Unknown export_format {fmt!r}.{did_you_mean(fmt, known)} Choose one of "
+            f"{_listing(known)}."
+        )
+        self.format = self.name = fmt
 
 
 class PluginError(DiffractError):

@@ -12,13 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from diffract.errors import DiffractError, did_you_mean
+from diffract.errors import UnknownOpError, did_you_mean
 
 __all__ = ["UnknownOpError", "available", "call", "implementations", "resolve"]
-
-
-class UnknownOpError(DiffractError):
-    """No plugin offers an op of that name."""
 
 
 def implementations(name: str) -> list[Any]:
@@ -31,7 +27,8 @@ def implementations(name: str) -> list[Any]:
         raise UnknownOpError(
             f"No plugin offers an op named {name!r}.{did_you_mean(name, known)} "
             f"Offered ops: {known or 'none'}. Install the package that provides it "
-            "(e.g. kernel-fun-gpu for causal_conv1d)."
+            "(e.g. kernel-fun-gpu for causal_conv1d).",
+            op=name,
         )
     return sorted(specs, key=lambda op: -op.priority)
 
@@ -54,8 +51,11 @@ def resolve(name: str, *args: Any, **kwargs: Any) -> Callable[..., Any]:
         if spec.reference is not None:
             return spec.reference
     reasons = "; ".join(f"{s.provider}: {s.is_supported(*args, **kwargs)[1]}" for s in specs)
-    raise UnknownOpError(f"No implementation of {name!r} supports this call ({reasons}) and "
-                         "none offers a reference to fall back on.")
+    raise UnknownOpError(
+        f"No implementation of {name!r} supports this call ({reasons}) and none offers a "
+        "reference to fall back on.",
+        op=name,
+    )
 
 
 def call(name: str, *args: Any, **kwargs: Any) -> Any:

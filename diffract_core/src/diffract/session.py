@@ -24,18 +24,23 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from diffract.config import Config, load_config
 from diffract.core.cache import CacheManager
 from diffract.core.compute._enums import KernelApplyLevel, KernelExecutionProtocol
 from diffract.core.compute.execution import ApplyReport, Progress, Runner
 from diffract.core.compute.planner import downstream_fields, make_plan
-from diffract.core.compute.registry import SESSION_PROVIDER, KernelRegistry, get_registry
-from diffract.core.compute.spec import SOURCE_FIELDS, KernelSpec, Restriction
+from diffract.core.compute.registry import SESSION_PROVIDER, KernelRegistry
+from diffract.core.compute.spec import SOURCE_FIELDS, KernelOptions, KernelSpec
 from diffract.core.models import read_model
 from diffract.core.storage.base import Note, Store, split_contextual
 from diffract.errors import (
     ApplyError,
+    ConfigError,
     DiffractError,
+    InvalidArgumentError,
+    UnknownFormatError,
     DuplicateModelError,
     ModelError,
     PartialOutputWarning,
@@ -69,11 +74,23 @@ class Session:
         **profile_options: Any,
     ) -> None:
         from diffract.plugins import get_catalog
+        from diffract.plugins._runtime import apply_preferences
 
         self.config = load_config(config)
+        if self.config.prefer:
+            apply_preferences(self.config.prefer)
         catalog = get_catalog()
         if profile not in catalog.profiles:
+            contested = catalog.conflict_message("profiles", profile)
+            if contested is not None:
+                raise StorageError(f"Storage profile {contested}")
             raise UnknownProfileError(profile, catalog.profiles)
+        if self.config.executor not in catalog.executors:
+            contested = catalog.conflict_message("executors", self.config.executor)
+            if contested is not None:
+                raise ConfigError(f"Executor {contested}", key="parallel.executor")
+            raise UnknownExecutorError(self.config.executor, catalog.executors)
+        self._configure_kernels(self.config.kernels)
         spec = catalog.profiles[profile]
         options = {**self.config.profiles.get(profile, {}), **profile_options}
         store = spec.factory(options)
@@ -91,6 +108,23 @@ class Session:
         self.models = ModelsAPI(self)
         self.compute = ComputeAPI(self, None)
         self.results = ResultsAPI(self, None)
+
+    def _configure_kernels(self, tables: Mapping[str, Mapping[str, Any]]) -> None:
+        """Apply ``[kernels.<name>]`` tables: every table checked first, all or nothing."""
+        problems = []
+        for name, values in sorted(tables.items()):
+            try:
+                self.registry.check_config(name, dict(values))
+            except DiffractError as exc:
+                problems.append(f"[kernels.{name}]: {exc}")
+        if problems:
+            raise ConfigError(
+                "Invalid kernel configuration; nothing was applied:\n  "
+                + "\n  ".join(problems),
+                key="kernels",
+            )
+        for name, values in tables.items():
+            self.registry.configure(name, **values)
 
     # -- lifecycle --------------------------------------------------------------
     def __enter__(self) -> Session:
@@ -140,6 +174,8 @@ class Session:
     # -- machinery --------------------------------------------------------------
     @property
     def registry(self) -> KernelRegistry:
+        from diffract.plugins import get_registry
+
         return get_registry()
 
     def _thread_pool(self) -> ThreadPoolExecutor:
@@ -157,8 +193,6 @@ class Session:
             if self._executor is None:
                 executors = get_catalog().executors
                 name = self.config.executor
-                if name not in executors:
-                    raise UnknownExecutorError(name, executors)
                 self._executor = executors[name].factory(
                     self.config, self.config.executors.get(name, {})
                 )
@@ -269,9 +303,9 @@ class ComputeAPI(_Scoped):
         :class:`~diffract.core.compute.execution.Progress` record.
         """
         if errors not in ("raise", "record"):
-            raise DiffractError(f"errors must be 'raise' or 'record', got {errors!r}.")
+            raise InvalidArgumentError(f"errors must be 'raise' or 'record', got {errors!r}.")
         if not fields:
-            raise DiffractError(
+            raise InvalidArgumentError(
                 "apply() needs at least one field name, e.g. apply('frob_norm'). "
                 "List them with session.compute.list_available_kernels()."
             )
@@ -337,35 +371,26 @@ class ComputeAPI(_Scoped):
         ]
 
     def kernel(
-        self,
-        name: str | None = None,
-        *,
-        require_fields: Iterable[str] | None = None,
-        produce_fields: Iterable[str] | None = None,
-        apply_level: KernelApplyLevel = KernelApplyLevel.PARAMETER,
-        execution_protocol: KernelExecutionProtocol = KernelExecutionProtocol.SEQUENTIAL,
-        restrictions: Iterable[Restriction] = (),
+        self, name: str | None = None, /, **options: Any
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register the decorated function as a kernel (process-global); returns it unchanged.
 
-        Defaults: named after the function, one output field of the same name, PARAMETER
-        level, SEQUENTIAL. Inputs and configuration come from the signature.
+        ``options`` are those of :class:`~diffract.core.compute.spec.KernelOptions`
+        (require_fields, produce_fields, apply_level, execution_protocol, restrictions,
+        batch). Defaults: named after the function, one output field of the same name,
+        PARAMETER level, SEQUENTIAL. Inputs and configuration come from the signature.
         """
         if callable(name):
-            raise DiffractError(
+            raise InvalidArgumentError(
                 "Use @session.compute.kernel() with parentheses (it takes options)."
             )
+        if name is not None:
+            options["name"] = name
+        opts = KernelOptions.of(options, where="session.compute.kernel")
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             spec = KernelSpec.from_function(
-                fn,
-                name=name,
-                require_fields=require_fields,
-                produce_fields=produce_fields,
-                apply_level=apply_level,
-                execution_protocol=execution_protocol,
-                restrictions=tuple(restrictions),
-                provider=SESSION_PROVIDER,
+                fn, provider=SESSION_PROVIDER, **attrs.asdict(opts, recurse=False)
             )
             self._session.registry.register(spec)
             return fn
@@ -393,9 +418,7 @@ class ResultsAPI(_Scoped):
 
     def _check_format(self, export_format: str) -> None:
         if export_format not in _FORMATS:
-            raise DiffractError(
-                f"Unknown export_format {export_format!r}; choose one of {list(_FORMATS)}."
-            )
+            raise UnknownFormatError(export_format, _FORMATS)
 
     def _known_fields(self) -> set[str]:
         store = self._session.store
@@ -496,12 +519,12 @@ class ResultsAPI(_Scoped):
         when all of its kernel's outputs are absent.
         """
         if not fields:
-            raise DiffractError("erase() needs at least one field name.")
+            raise InvalidArgumentError("erase() needs at least one field name.")
         registry = self._session.registry
         known = self._known_fields()
         for f in fields:
             if f in SOURCE_FIELDS:
-                raise DiffractError(
+                raise InvalidArgumentError(
                     f"Field {f!r} holds the model's weights and cannot be erased; open a "
                     "new session without the model instead."
                 )

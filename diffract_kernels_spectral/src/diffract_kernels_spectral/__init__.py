@@ -8,12 +8,11 @@ the kernels (see :mod:`diffract_kernels_spectral.kernels`) call them.
 from diffract_kernels_spectral._records import (
     Comparison,
     ExponentialFit,
-    FitError,
-    FitUnavailableError,
     PowerLawFit,
     PValue,
     TruncatedPowerLawFit,
 )
+from diffract_kernels_spectral.errors import FitArgumentError, FitError, FitUnavailableError
 from diffract_kernels_spectral.fitting import (
     candidate_range,
     compare_distributions,
@@ -28,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Comparison",
     "ExponentialFit",
+    "FitArgumentError",
     "FitError",
     "FitUnavailableError",
     "PValue",

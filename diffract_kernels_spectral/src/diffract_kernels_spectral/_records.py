@@ -4,25 +4,13 @@ from __future__ import annotations
 
 import attrs
 
-from diffract.errors import DiffractError
-
 __all__ = [
     "Comparison",
     "ExponentialFit",
-    "FitError",
-    "FitUnavailableError",
     "PowerLawFit",
     "PValue",
     "TruncatedPowerLawFit",
 ]
-
-
-class FitError(DiffractError):
-    """The fit is undefined for this data (too few points, no tail, all values equal...)."""
-
-
-class FitUnavailableError(DiffractError):
-    """The requested fit_method cannot run here (taichi missing or failing to start)."""
 
 
 @attrs.frozen

@@ -21,7 +21,7 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
-from diffract_kernels_spectral._records import FitUnavailableError
+from diffract_kernels_spectral.errors import FitUnavailableError
 
 __all__ = ["available", "kernels", "unavailable_reason"]
 

@@ -40,11 +40,11 @@ from diffract_kernels_spectral import _taichi
 from diffract_kernels_spectral._records import (
     Comparison,
     ExponentialFit,
-    FitError,
     PowerLawFit,
     PValue,
     TruncatedPowerLawFit,
 )
+from diffract_kernels_spectral.errors import FitArgumentError, FitError
 
 __all__ = [
     "MIN_POINTS_ACCELERATED",
@@ -76,7 +76,9 @@ _METHODS = ("auto", "diffract", "powerlaw")
 def _prepare(data: Any, xmax: float | None = None) -> np.ndarray:
     x = np.asarray(data, dtype=np.float64)
     if x.ndim != 1:
-        raise FitError(f"data must be 1-D, got shape {x.shape}. Pass a spectrum (a vector).")
+        raise FitArgumentError(
+            f"data must be 1-D, got shape {x.shape}. Pass a spectrum (a vector)."
+        )
     if not np.isfinite(x).all():
         bad = int((~np.isfinite(x)).sum())
         raise FitError(f"data contain {bad} NaN or Inf value(s); drop them before fitting.")
@@ -152,14 +154,20 @@ def _ks_power_law(tail: np.ndarray, xmin: float, alpha: float) -> float:
 
 
 # -- method selection ------------------------------------------------------------------
+def _check_method(fit_method: str) -> None:
+    if fit_method not in _METHODS:
+        raise FitArgumentError(
+            f"Unknown fit_method {fit_method!r}; choose one of {list(_METHODS)}."
+        )
+
+
 def resolve_fit_method(fit_method: str, n_points: int) -> str:
     """The implementation ``fit_method`` means for ``n_points`` points: diffract or powerlaw.
 
     Raises :class:`FitUnavailableError` for "diffract" when taichi cannot run, and
-    ValueError-like :class:`FitError` for an unknown name.
+    :class:`FitArgumentError` for an unknown name.
     """
-    if fit_method not in _METHODS:
-        raise FitError(f"Unknown fit_method {fit_method!r}; choose one of {list(_METHODS)}.")
+    _check_method(fit_method)
     if fit_method == "powerlaw":
         return "powerlaw"
     if fit_method == "diffract":
@@ -283,7 +291,7 @@ def fit_power_law(
     2.5
     """
     if min_tail < 2:
-        raise FitError(f"min_tail must be at least 2, got {min_tail}.")
+        raise FitArgumentError(f"min_tail must be at least 2, got {min_tail}.")
     x = _prepare(data, xmax)
     method = resolve_fit_method(fit_method, len(x))
     if len(x) < min_tail:
@@ -370,10 +378,9 @@ def fit_truncated_power_law(
     L-BFGS-B from several starts; ``"powerlaw"`` uses the library's fit (its parameter
     ranges included). The KS distance follows the module's definition.
     """
+    _check_method(fit_method)
     tail = _tail(data, xmin, xmax)
     method = "powerlaw" if fit_method == "powerlaw" else "diffract"
-    if fit_method not in _METHODS:
-        raise FitError(f"Unknown fit_method {fit_method!r}; choose one of {list(_METHODS)}.")
     if method == "powerlaw":
         import powerlaw
 
@@ -400,8 +407,7 @@ def fit_exponential(
     ``"diffract"``: the closed form ``lambda = 1 / mean(x - xmin)``; ``"powerlaw"``: the
     library's numerical fit.
     """
-    if fit_method not in _METHODS:
-        raise FitError(f"Unknown fit_method {fit_method!r}; choose one of {list(_METHODS)}.")
+    _check_method(fit_method)
     tail = _tail(data, xmin, xmax)
     if fit_method == "powerlaw":
         import powerlaw
@@ -496,7 +502,7 @@ def power_law_pvalue(
     ``sqrt(p (1 - p) / n_replicates)``.
     """
     if n_replicates < 1:
-        raise FitError(f"n_replicates must be at least 1, got {n_replicates}.")
+        raise FitArgumentError(f"n_replicates must be at least 1, got {n_replicates}.")
     x = _prepare(data, xmax)
     if fit is None:
         fit = fit_power_law(x, fit_method=fit_method, min_tail=min_tail)

@@ -11,13 +11,13 @@ the field is NaN and the reason is recorded for that parameter.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 
-from diffract import FieldUndefined, Restriction, kernel
+from diffract import FieldUndefined, Range, Restriction, kernel
 from diffract_kernels_spectral import linalg
-from diffract_kernels_spectral._records import FitError, FitUnavailableError
+from diffract_kernels_spectral.errors import FitError
 from diffract_kernels_spectral.fitting import (
     compare_distributions,
     fit_exponential,
@@ -29,6 +29,10 @@ from diffract_kernels_spectral.fitting import (
 __all__ = ["ALL"]
 
 _MATRIX = [Restriction.min_ndim(2)]
+
+#: The configuration domains the kernels share (checked by configure_kernel).
+FitMethod = Literal["auto", "diffract", "powerlaw"]
+MinTail = Annotated[int, Range(ge=2)]
 
 
 def _nonempty(shape: tuple[int, ...]) -> None:
@@ -67,13 +71,12 @@ def _positive(esd: np.ndarray, what: str) -> np.ndarray:
 def _fit_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Run a fitting function; undefined fits become FieldUndefined with the reason.
 
-    FitUnavailableError (fit_method="diffract" without taichi) is a configuration
-    problem, not a property of the data: it propagates as a failure of the unit.
+    FitArgumentError (a bad configuration) and FitUnavailableError (fit_method=
+    "diffract" without taichi) are not properties of the data: they propagate as a
+    failure of the unit, retried once the cause is fixed.
     """
     try:
         return fn(*args, **kwargs)
-    except FitUnavailableError:
-        raise
     except FitError as exc:
         raise FieldUndefined(str(exc)) from None
 
@@ -124,7 +127,9 @@ def svd(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 @kernel(restrictions=_MATRIX, batch=lambda units, **cfg: _esd_batch(units, **cfg))
-def esd(tensor: Any, *, precision: str = "float32", device: str = "auto") -> np.ndarray:
+def esd(
+    tensor: Any, *, precision: Literal["float32", "float64"] = "float32", device: str = "auto"
+) -> np.ndarray:
     """Empirical spectral density ``lambda_i``: eigenvalues of ``W^T W``, ascending ``[k]``.
 
     Values only (no singular vectors). ``precision`` float32 (default; about twice as
@@ -134,8 +139,6 @@ def esd(tensor: Any, *, precision: str = "float32", device: str = "auto") -> np.
     single-threaded LAPACK solver per core. "cpu" or a torch device ("cuda", "cuda:1")
     forces the choice.
     """
-    if precision not in ("float32", "float64"):
-        raise ValueError(f"precision must be 'float32' or 'float64', got {precision!r}")
     where = linalg.resolve_device(device, tensor)
     if where != "cpu":
         return linalg.esd_batched_torch([_finite_tensor(tensor)], precision, where)[0]
@@ -179,7 +182,7 @@ def log_norm(esd: np.ndarray) -> float:
 
 
 @kernel
-def hard_rank(svals: np.ndarray, *, rtol: float = 1e-5) -> int:
+def hard_rank(svals: np.ndarray, *, rtol: Annotated[float, Range(ge=0.0, lt=1.0)] = 1e-5) -> int:
     """``#{i : sigma_i > rtol * sigma_max}``: singular values above ``rtol`` relative to
     the largest (float64 singular values; 0 for an all-zero matrix)."""
     s = np.asarray(svals)
@@ -218,7 +221,7 @@ def marchenko_pastur(esd: np.ndarray, shape: tuple[int, ...]) -> tuple[float, fl
 
 # -- fits ------------------------------------------------------------------------------------
 @kernel(produce_fields=("pl_alpha", "pl_xmin", "pl_xmax", "pl_ks_distance", "pl_sigma", "pl_n_tail"))
-def power_law_fit(esd: np.ndarray, *, fit_method: str = "auto", min_tail: int = 50):
+def power_law_fit(esd: np.ndarray, *, fit_method: FitMethod = "auto", min_tail: MinTail = 50):
     """Power law ``p(lambda) ~ lambda^-pl_alpha`` on the ESD tail ``lambda >= pl_xmin``
     (Clauset-Shalizi-Newman: continuous MLE ``alpha = 1 + n / sum ln(lambda_i / xmin)``,
     xmin minimising the KS distance over candidates leaving ``min_tail`` points);
@@ -257,7 +260,7 @@ def log_alpha_norm(pl_alpha: float, esd: np.ndarray) -> float:
 
 
 @kernel(produce_fields=("tpl_alpha", "tpl_lambda", "tpl_ks_distance"))
-def truncated_power_law_fit(esd: np.ndarray, pl_xmin: float, *, fit_method: str = "auto"):
+def truncated_power_law_fit(esd: np.ndarray, pl_xmin: float, *, fit_method: FitMethod = "auto"):
     """Truncated power law ``p(lambda) ~ lambda^-tpl_alpha exp(-tpl_lambda lambda)`` by
     maximum likelihood on the power law's tail ``lambda >= pl_xmin``."""
     method = "powerlaw" if fit_method == "powerlaw" else "diffract"
@@ -266,7 +269,7 @@ def truncated_power_law_fit(esd: np.ndarray, pl_xmin: float, *, fit_method: str 
 
 
 @kernel(produce_fields=("exp_lambda", "exp_ks_distance"))
-def exponential_fit(esd: np.ndarray, pl_xmin: float, *, fit_method: str = "auto"):
+def exponential_fit(esd: np.ndarray, pl_xmin: float, *, fit_method: FitMethod = "auto"):
     """Exponential ``p(lambda) = exp_lambda exp(-exp_lambda (lambda - xmin))`` on the power
     law's tail; MLE ``exp_lambda = 1 / mean(lambda_i - xmin)``."""
     method = "powerlaw" if fit_method == "powerlaw" else "diffract"
@@ -297,10 +300,10 @@ def pl_pvalue(
     pl_ks_distance: float,
     pl_n_tail: int,
     *,
-    n_replicates: int = 100,
-    seed: int = 0,
-    fit_method: str = "auto",
-    min_tail: int = 50,
+    n_replicates: Annotated[int, Range(ge=1)] = 100,
+    seed: Annotated[int, Range(ge=0)] = 0,
+    fit_method: FitMethod = "auto",
+    min_tail: MinTail = 50,
 ) -> float:
     """Goodness-of-fit p-value of the power law: the fraction of ``n_replicates``
     semi-parametric bootstrap data sets (CSN) whose refitted KS distance is at least

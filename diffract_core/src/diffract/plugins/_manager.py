@@ -8,6 +8,13 @@ costs a :class:`~diffract.errors.PluginWarning` naming its distribution and vers
 never the host, unless strict mode (``DIFFRACT_STRICT_PLUGINS=1``) turns it into an
 error. ``DIFFRACT_PLUGINS`` (an allow-list) and ``DIFFRACT_DISABLE_PLUGINS`` (a
 deny-list), comma-separated distribution or entry-point names, act before import.
+
+Two distributions that claim one name (a kernel, a field two kernels produce, a storage
+profile, an executor) are a conflict: neither record is used, whatever the names sort
+like, and using the name raises an error naming both and the setting that picks one:
+``prefer`` (``make_plugin_manager(prefer={"stable_rank": "diffract-kernels-spectral"})``,
+``DIFFRACT_PREFER=stable_rank=diffract-kernels-spectral`` or ``[plugins] prefer`` in a
+session's configuration).
 """
 
 from __future__ import annotations
@@ -16,7 +23,6 @@ import importlib.metadata as md
 import logging
 import os
 import re
-import threading
 import warnings
 from collections.abc import Callable, Iterable
 from types import ModuleType
@@ -29,15 +35,7 @@ from diffract.plugins import hookspec
 from diffract.plugins.types import ExecutorSpec, KernelSpec, OpSpec, StorageProfile
 from diffract.errors import PluginConflictError, PluginLoadError, PluginWarning
 
-__all__ = [
-    "Catalog",
-    "DiffractPluginManager",
-    "PluginRecord",
-    "get_catalog",
-    "get_plugin_manager",
-    "make_plugin_manager",
-    "set_plugin_manager",
-]
+__all__ = ["Catalog", "DiffractPluginManager", "PluginRecord", "make_plugin_manager"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +65,31 @@ def _env_flag(var: str) -> bool:
     return os.environ.get(var, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _env_prefer() -> dict[str, str]:
+    """``DIFFRACT_PREFER=name=dist,name=dist`` as a mapping (malformed entries ignored
+    with a warning)."""
+    out: dict[str, str] = {}
+    for entry in os.environ.get("DIFFRACT_PREFER", "").split(","):
+        if not entry.strip():
+            continue
+        name, sep, dist = entry.partition("=")
+        if not sep or not name.strip() or not dist.strip():
+            warnings.warn(
+                PluginWarning(f"DIFFRACT_PREFER entry {entry!r} is not name=distribution; ignored."),
+                stacklevel=3,
+            )
+            continue
+        out[name.strip()] = dist.strip()
+    return out
+
+
+def _keys(kind: str, item: Any) -> tuple[str, ...]:
+    """The names a record claims: its own, and for a kernel every field it produces."""
+    if kind == "kernels":
+        return tuple(dict.fromkeys((item.name, *item.produce_fields)))
+    return (item.name,)
+
+
 @attrs.define
 class PluginRecord:
     """One plugin as ``diffract plugins`` shows it.
@@ -83,6 +106,7 @@ class PluginRecord:
     reason: str = ""
     provides: dict[str, list[str]] = attrs.field(factory=dict)
     refused: list[str] = attrs.field(factory=list)
+    conflicts: list[str] = attrs.field(factory=list)
 
     @property
     def label(self) -> str:
@@ -91,24 +115,47 @@ class PluginRecord:
 
 @attrs.frozen
 class Catalog:
-    """Every record the plugins yielded, stamped with its provider, conflicts removed."""
+    """Every record the plugins yielded, stamped with its provider, conflicts removed.
+
+    ``contested`` maps a kind (kernels, profiles, executors) to the names withheld
+    because plugins conflict: name -> (the claimed name, its providers).
+    """
 
     kernels: tuple[KernelSpec, ...]
     profiles: dict[str, StorageProfile]
     executors: dict[str, ExecutorSpec]
     ops: tuple[OpSpec, ...]
     plugins: tuple[PluginRecord, ...]
+    contested: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = attrs.field(factory=dict)
+
+    def conflict_message(self, kind: str, name: str) -> str | None:
+        """Why ``name`` of ``kind`` is withheld, with the setting that picks, or None."""
+        from diffract.core.compute.registry import contested_message
+
+        entry = self.contested.get(kind, {}).get(name)
+        return contested_message(name, *entry) if entry is not None else None
 
 
 class DiffractPluginManager(pluggy.PluginManager):
     """A pluggy manager that knows each plugin's distribution and load outcome."""
 
-    def __init__(self, *, strict: bool = False) -> None:
+    def __init__(self, *, strict: bool = False, prefer: dict[str, str] | None = None) -> None:
         super().__init__(hookspec.PROJECT)
         self.add_hookspecs(hookspec)
         self.strict = strict
+        self.prefer: dict[str, str] = dict(prefer or {})
         self.records: dict[str, PluginRecord] = {}
         self._catalog: Catalog | None = None
+        self._warned: set[str] = set()
+
+    def set_prefer(self, prefer: dict[str, str]) -> bool:
+        """Add preferences (claimed name -> distribution); True when that changed them."""
+        merged = {**self.prefer, **prefer}
+        if merged == self.prefer:
+            return False
+        self.prefer = merged
+        self._catalog = None
+        return True
 
     # -- registration -----------------------------------------------------------
     def register_plugin(
@@ -129,8 +176,9 @@ class DiffractPluginManager(pluggy.PluginManager):
         if self.strict:
             cls = PluginConflictError if conflict else PluginLoadError
             raise cls(message, distribution=record.distribution, version=record.version)
-        warnings.warn(PluginWarning(message), stacklevel=3)
-        log.warning("%s", message)
+        if message not in self._warned:  # once per manager, however often it collects
+            self._warned.add(message)
+            warnings.warn(PluginWarning(message), stacklevel=3)
 
     def load_entry_points(
         self, allow: Iterable[str] | None = None, deny: Iterable[str] | None = None
@@ -176,9 +224,6 @@ class DiffractPluginManager(pluggy.PluginManager):
         return self._catalog
 
     def _collect(self) -> Catalog:
-        taken: dict[str, dict[str, str]] = {kind: {} for _, _, kind in _HOOKS}
-        fields: dict[str, tuple[str, str]] = {}  # field -> (kernel, provider)
-        out: dict[str, list[Any]] = {kind: [] for _, _, kind in _HOOKS}
         impls: dict[str, dict[str, Callable[[], Iterable[Any]]]] = {
             hook_name: {i.plugin_name: i.function for i in getattr(self.hook, hook_name).get_hookimpls()}
             for hook_name, _, _ in _HOOKS
@@ -186,7 +231,8 @@ class DiffractPluginManager(pluggy.PluginManager):
         for name, _plugin in self.list_name_plugin():  # plugins registered with plain register()
             if name not in self.records:
                 self.records[name] = PluginRecord(name, None, None, "loaded")
-        # Built-in first, then by distribution name: a deterministic winner on conflict.
+        offers: dict[str, list[tuple[PluginRecord, Any]]] = {kind: [] for _, _, kind in _HOOKS}
+        # Built-in first, then by distribution name: a deterministic order for listings.
         order = sorted(
             self.records.items(), key=lambda kv: (kv[1].distribution != BUILTIN, kv[0])
         )
@@ -195,69 +241,122 @@ class DiffractPluginManager(pluggy.PluginManager):
                 continue
             record.provides.clear()
             record.refused.clear()
+            record.conflicts.clear()
             for hook_name, rtype, kind in _HOOKS:
                 fn = impls[hook_name].get(name)
-                if fn is None:
-                    continue
-                try:
-                    items = list(fn() or ())
-                except Exception as exc:  # noqa: BLE001
-                    record.status, record.reason = "failed", f"{hook_name}: {type(exc).__name__}: {exc}"
-                    self._problem(
-                        record,
-                        f"Plugin {record.label}: hook {hook_name} raised {type(exc).__name__}: "
-                        f"{exc}; its {kind} were skipped. Upgrade or uninstall it.",
-                    )
-                    continue
-                for item in items:
-                    if not isinstance(item, rtype):
-                        self._problem(
-                            record,
-                            f"Plugin {record.label}: hook {hook_name} yielded a "
-                            f"{type(item).__name__}, not a {rtype.__name__}; it was skipped.",
-                        )
-                        continue
-                    item = attrs.evolve(item, provider=record.label)
-                    if kind != "ops":
-                        clash = self._clash(kind, item, taken, fields)
-                        if clash:
-                            record.refused.append(item.name)
-                            self._problem(record, clash, conflict=True)
-                            continue
-                        taken[kind][item.name] = record.label
-                        if kind == "kernels":
-                            for f in item.produce_fields:
-                                fields[f] = (item.name, record.label)
-                    record.provides.setdefault(kind, []).append(item.name)
-                    out[kind].append(item)
+                if fn is not None:
+                    offers[kind].extend((record, item) for item in self._answer(record, fn, hook_name, rtype, kind))
+        kept: dict[str, list[Any]] = {"ops": [item for _, item in offers["ops"]]}
+        contested: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {}
+        for record, item in offers["ops"]:
+            record.provides.setdefault("ops", []).append(item.name)
+        for kind in ("kernels", "profiles", "executors"):
+            kept[kind], contested[kind] = self._settle(kind, offers[kind])
         return Catalog(
-            kernels=tuple(out["kernels"]),
-            profiles={p.name: p for p in out["profiles"]},
-            executors={e.name: e for e in out["executors"]},
-            ops=tuple(out["ops"]),
+            kernels=tuple(kept["kernels"]),
+            profiles={p.name: p for p in kept["profiles"]},
+            executors={e.name: e for e in kept["executors"]},
+            ops=tuple(kept["ops"]),
             plugins=tuple(self.records.values()),
+            contested=contested,
         )
 
-    @staticmethod
-    def _clash(kind: str, item: Any, taken: dict, fields: dict) -> str | None:
-        what = {"kernels": "kernel", "profiles": "storage profile", "executors": "executor"}[kind]
-        if item.name in taken[kind]:
-            return (
-                f"Conflicting plugins: {what} {item.name!r} is provided by both "
-                f"{taken[kind][item.name]} and {item.provider}; the one from {item.provider} "
-                f"was refused. Uninstall one, or disable it with DIFFRACT_DISABLE_PLUGINS."
+    def _answer(self, record: PluginRecord, fn: Callable[[], Iterable[Any]], hook_name: str,
+                rtype: type, kind: str) -> list[Any]:
+        """One plugin's records from one hook, stamped with the provider; garbage skipped."""
+        try:
+            items = list(fn() or ())
+        except Exception as exc:  # noqa: BLE001
+            record.status, record.reason = "failed", f"{hook_name}: {type(exc).__name__}: {exc}"
+            self._problem(
+                record,
+                f"Plugin {record.label}: hook {hook_name} raised {type(exc).__name__}: "
+                f"{exc}; its {kind} were skipped. Upgrade or uninstall it.",
             )
-        if kind == "kernels":
-            for f in item.produce_fields:
-                if f in fields:
-                    other, prov = fields[f]
-                    return (
-                        f"Conflicting plugins: field {f!r} is produced by kernel {other!r} "
-                        f"from {prov} and by kernel {item.name!r} from {item.provider}; the "
-                        f"one from {item.provider} was refused. Uninstall one, or disable it "
-                        "with DIFFRACT_DISABLE_PLUGINS."
-                    )
+            return []
+        out, names = [], set()
+        for item in items:
+            if not isinstance(item, rtype):
+                self._problem(
+                    record,
+                    f"Plugin {record.label}: hook {hook_name} yielded a "
+                    f"{type(item).__name__}, not a {rtype.__name__}; it was skipped.",
+                )
+                continue
+            if kind != "ops" and item.name in names:
+                self._problem(
+                    record,
+                    f"Plugin {record.label}: hook {hook_name} yielded two records named "
+                    f"{item.name!r}; the second was skipped.",
+                )
+                continue
+            names.add(item.name)
+            out.append(attrs.evolve(item, provider=record.label))
+        return out
+
+    def _preferred(self, claimed: str, providers: dict[str, PluginRecord]) -> str | None:
+        """The provider label ``prefer`` picks for ``claimed``, if it names one of them."""
+        wanted = self.prefer.get(claimed)
+        if wanted is None:
+            return None
+        for label, record in providers.items():
+            if _norm(wanted) in (_norm(record.distribution), _norm(label)):
+                return label
         return None
+
+    def _settle(self, kind: str, offers: list[tuple[PluginRecord, Any]]):
+        """Keep the records no other distribution contests (after preferences); withhold
+        the others, report each conflict once, and note what each plugin provides."""
+
+        def claims(pool):
+            table: dict[str, dict[str, PluginRecord]] = {}
+            for record, item in pool:
+                for key in _keys(kind, item):
+                    table.setdefault(key, {})[record.label] = record
+            return table
+
+        losers: set[tuple[str, str]] = set()  # (provider label, claimed name)
+        for claimed, providers in claims(offers).items():
+            chosen = self._preferred(claimed, providers) if len(providers) > 1 else None
+            if chosen is not None:
+                losers.update((label, claimed) for label in providers if label != chosen)
+        pool = [
+            (r, i) for r, i in offers
+            if not any((r.label, key) in losers for key in _keys(kind, i))
+        ]
+        survivors = {id(i) for _, i in pool}
+        for r, i in offers:
+            if id(i) not in survivors:
+                r.refused.append(i.name)
+        table = claims(pool)
+        open_claims = {k: tuple(v) for k, v in table.items() if len(v) > 1}
+        contested: dict[str, tuple[str, tuple[str, ...]]] = {}
+        kept = []
+        for record, item in pool:
+            clash = next((k for k in _keys(kind, item) if k in open_claims), None)
+            if clash is None:
+                kept.append(item)
+                record.provides.setdefault(kind, []).append(item.name)
+                continue
+            record.refused.append(item.name)
+            contested[item.name] = (clash, open_claims[clash])
+            for key in _keys(kind, item):
+                if key in open_claims:
+                    contested[key] = (key, open_claims[key])
+        what = {"kernels": "kernel or field", "profiles": "storage profile",
+                "executors": "executor"}[kind]
+        for claimed, providers in sorted(open_claims.items()):
+            for label in providers:
+                table[claimed][label].conflicts.append(f"{what} {claimed!r}")
+            self._problem(
+                table[claimed][providers[0]],
+                f"Conflicting plugins: {what} {claimed!r} is provided by "
+                f"{' and '.join(providers)}; neither is used. Pick one with "
+                f"[plugins] prefer = {{ {claimed} = \"<distribution>\" }} in the "
+                "configuration (or DIFFRACT_PREFER), or uninstall one.",
+                conflict=True,
+            )
+        return kept, contested
 
 
 def make_plugin_manager(
@@ -267,15 +366,21 @@ def make_plugin_manager(
     allow: Iterable[str] | None = None,
     deny: Iterable[str] | None = None,
     strict: bool | None = None,
+    prefer: dict[str, str] | None = None,
 ) -> DiffractPluginManager:
     """Build a plugin manager.
 
     ``autoload`` loads the ``diffract`` entry points (filtered by ``allow``/``deny``, which
     default to the ``DIFFRACT_PLUGINS``/``DIFFRACT_DISABLE_PLUGINS`` environment
     variables); ``builtins`` registers the core's own RAM profile, executors and kernels;
-    ``strict`` (default: ``DIFFRACT_STRICT_PLUGINS``) raises instead of warning.
+    ``strict`` (default: ``DIFFRACT_STRICT_PLUGINS``) raises instead of warning;
+    ``prefer`` (default: ``DIFFRACT_PREFER``) maps a name two plugins claim to the
+    distribution that should provide it.
     """
-    pm = DiffractPluginManager(strict=_env_flag("DIFFRACT_STRICT_PLUGINS") if strict is None else strict)
+    pm = DiffractPluginManager(
+        strict=_env_flag("DIFFRACT_STRICT_PLUGINS") if strict is None else strict,
+        prefer=_env_prefer() if prefer is None else prefer,
+    )
     if builtins:
         from diffract import __version__
         from diffract.plugins import _builtin
@@ -287,34 +392,3 @@ def make_plugin_manager(
             deny=deny if deny is not None else _env_list("DIFFRACT_DISABLE_PLUGINS"),
         )
     return pm
-
-
-_DEFAULT: DiffractPluginManager | None = None
-_LOCK = threading.Lock()
-
-
-def get_plugin_manager() -> DiffractPluginManager:
-    """The process's plugin manager, built with autoload on first use."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        with _LOCK:
-            if _DEFAULT is None:
-                _DEFAULT = make_plugin_manager()
-    return _DEFAULT
-
-
-def set_plugin_manager(pm: DiffractPluginManager | None) -> DiffractPluginManager | None:
-    """Install ``pm`` as the process's manager (None: rebuild on next use); returns the
-    previous one. The kernel registry is refilled from the new manager on next use."""
-    global _DEFAULT
-    from diffract.core.compute.registry import reset_registry
-
-    with _LOCK:
-        previous, _DEFAULT = _DEFAULT, pm
-    reset_registry()
-    return previous
-
-
-def get_catalog() -> Catalog:
-    """The catalog of the process's plugin manager."""
-    return get_plugin_manager().catalog()

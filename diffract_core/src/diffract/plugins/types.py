@@ -8,9 +8,19 @@ from typing import Any
 
 import attrs
 
-from diffract.core.compute.spec import KernelSpec, Restriction, kernel
+from diffract.core.compute.spec import Domain, KernelOptions, KernelSpec, Range, Restriction, kernel
 
-__all__ = ["ExecutorSpec", "KernelSpec", "OpSpec", "Restriction", "StorageProfile", "kernel"]
+__all__ = [
+    "Domain",
+    "ExecutorSpec",
+    "KernelOptions",
+    "KernelSpec",
+    "OpSpec",
+    "Range",
+    "Restriction",
+    "StorageProfile",
+    "kernel",
+]
 
 
 def _summary(fn: Any) -> str:

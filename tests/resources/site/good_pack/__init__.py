@@ -10,9 +10,15 @@ def abs_max(weights):
     return float(abs(weights).max())
 
 
+def row_max(weights):
+    """Largest row sum: ``max_i sum_j W_ij``."""
+    return float(weights.sum(axis=-1).max())
+
+
 @hookimpl
 def diffract_kernels():
     yield KernelSpec.from_function(abs_max)
+    yield KernelSpec.from_function(row_max)
 
 
 @hookimpl

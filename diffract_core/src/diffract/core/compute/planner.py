@@ -85,6 +85,10 @@ def resolve(fields: Iterable[str], registry: KernelRegistry) -> list[KernelSpec]
     fields = list(fields)
     known = registry.fields()
     unknown = sorted(f for f in fields if f not in SOURCE_FIELDS and registry.producer(f) is None)
+    for field in unknown:
+        conflict = registry.conflict(field)
+        if conflict is not None:
+            raise conflict
     if unknown:
         raise UnknownFieldError(unknown[0], known)
     order: list[KernelSpec] = []
@@ -96,6 +100,9 @@ def resolve(fields: Iterable[str], registry: KernelRegistry) -> list[KernelSpec]
             return
         spec = registry.producer(field)
         if spec is None:
+            conflict = registry.conflict(field)
+            if conflict is not None:
+                raise conflict
             raise MissingProducerError(field, consumer or "?", known)
         if spec.name in done:
             return

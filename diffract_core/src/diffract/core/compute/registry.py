@@ -1,9 +1,13 @@
-"""The process-global kernel registry and its configuration.
+"""The kernel registry: kernels by name, the producer of each field, configuration.
 
 There is one registry per process (documented behaviour of the compute API): kernels
 registered and configuration set through one session apply to every session in the
-process until the interpreter exits. It is filled on first use from the plugin catalog
-(every ``diffract_kernels`` hook), then by ``@session.compute.kernel`` decorators.
+process until the interpreter exits. The process's registry and plugin manager are both
+owned by :mod:`diffract.plugins._runtime`, which fills the registry on first use from
+the plugin catalog (every ``diffract_kernels`` hook); ``@session.compute.kernel``
+decorators add to it. Names two plugins claim are *contested*: neither kernel is
+registered, and using the name raises :class:`KernelConflictError` naming both
+providers and the setting that picks one.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ from typing import Any
 
 from diffract.core.compute.spec import SOURCE_FIELDS, KernelSpec
 from diffract.errors import (
+    InvalidConfigValueError,
     KernelConflictError,
     UnknownConfigKeyError,
     UnknownKernelError,
 )
 
-__all__ = ["KernelRegistry", "get_registry", "reset_registry", "SESSION_PROVIDER"]
+__all__ = ["SESSION_PROVIDER", "KernelRegistry", "contested_message"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +40,8 @@ class KernelRegistry:
         self._specs: dict[str, KernelSpec] = {}
         self._producers: dict[str, str] = {}
         self._config: dict[str, dict[str, Any]] = {}
+        # kernel or field name -> (the name two plugins claim, their providers)
+        self._contested: dict[str, tuple[str, tuple[str, ...]]] = {}
 
     # -- registration ---------------------------------------------------------
     def register(self, spec: KernelSpec) -> None:
@@ -87,11 +94,30 @@ class KernelRegistry:
             if self._producers.get(f) == name:
                 del self._producers[f]
 
+    def contest(self, name: str, claimed: str, providers: tuple[str, ...]) -> None:
+        """Mark kernel or field ``name`` as withheld because several plugins claim
+        ``claimed`` (the same name, or a field both kernels produce)."""
+        with self._lock:
+            self._contested[name] = (claimed, tuple(providers))
+
+    def conflict(self, name: str) -> KernelConflictError | None:
+        """The error to raise for a contested kernel or field name, or None."""
+        entry = self._contested.get(name)
+        if entry is None or name in self._specs or name in self._producers:
+            return None
+        claimed, providers = entry
+        return KernelConflictError(
+            contested_message(name, claimed, providers), kernel=name, providers=providers
+        )
+
     # -- lookup ---------------------------------------------------------------
     def get(self, name: str) -> KernelSpec:
         try:
             return self._specs[name]
         except KeyError:
+            conflict = self.conflict(name)
+            if conflict is not None:
+                raise conflict from None
             raise UnknownKernelError(name, self._specs) from None
 
     def __contains__(self, name: object) -> bool:
@@ -115,13 +141,26 @@ class KernelRegistry:
         return [s for s in self.kernels() if field in s.require_fields]
 
     # -- configuration ----------------------------------------------------------
+    def check_config(self, name: str, values: dict[str, Any], *, source: str = "") -> None:
+        """Raise when ``values`` do not configure kernel ``name``: unknown keywords
+        (:class:`UnknownConfigKeyError`) or values outside their domain
+        (:class:`InvalidConfigValueError`, every problem listed)."""
+        spec = self.get(name)
+        unknown = set(values) - set(spec.config_defaults)
+        if unknown:
+            raise UnknownConfigKeyError(name, unknown, spec.config_defaults)
+        problems = spec.config_problems(values)
+        if problems:
+            raise InvalidConfigValueError(name, problems, source=source)
+
     def configure(self, name: str, **kwargs: Any) -> None:
-        """Set configuration keywords of a kernel (process-global, kept until exit)."""
+        """Set configuration keywords of a kernel (process-global, kept until exit).
+
+        Every value is checked against its keyword's domain first; on any problem
+        nothing changes.
+        """
         with self._lock:
-            spec = self.get(name)
-            unknown = set(kwargs) - set(spec.config_defaults)
-            if unknown:
-                raise UnknownConfigKeyError(name, unknown, spec.config_defaults)
+            self.check_config(name, kwargs)
             self._config.setdefault(name, {}).update(kwargs)
 
     def reset_configuration(self, name: str | None = None) -> None:
@@ -139,27 +178,13 @@ class KernelRegistry:
         return {**spec.config_defaults, **self._config.get(name, {})}
 
 
-_REGISTRY: KernelRegistry | None = None
-_REGISTRY_LOCK = threading.Lock()
-
-
-def get_registry() -> KernelRegistry:
-    """The process-global registry, filled from the plugin catalog on first use."""
-    global _REGISTRY
-    if _REGISTRY is None:
-        with _REGISTRY_LOCK:
-            if _REGISTRY is None:
-                from diffract.plugins import get_catalog
-
-                registry = KernelRegistry()
-                for spec in get_catalog().kernels:
-                    registry.register(spec)
-                _REGISTRY = registry
-    return _REGISTRY
-
-
-def reset_registry() -> None:
-    """Drop the registry; the next use refills it from the current plugin catalog."""
-    global _REGISTRY
-    with _REGISTRY_LOCK:
-        _REGISTRY = None
+def contested_message(name: str, claimed: str, providers: tuple[str, ...]) -> str:
+    """Why a name plugins contest is unusable, and the settings that pick a provider."""
+    dist = providers[0].split(" ")[0]
+    why = "" if name == claimed else f"{name!r} is withheld: "
+    return (
+        f"{why}{claimed!r} is provided by {' and '.join(providers)}, so neither is "
+        f"registered. Pick one in the configuration ([plugins] prefer = "
+        f"{{ {claimed} = \"{dist}\" }}), with DIFFRACT_PREFER={claimed}={dist}, or with "
+        f"make_plugin_manager(prefer={{{claimed!r}: {dist!r}}}); or uninstall one of them."
+    )

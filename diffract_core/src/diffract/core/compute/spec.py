@@ -2,7 +2,12 @@
 
 A kernel is a plain function. Parameters without defaults are required input fields
 (named after the parameter unless ``require_fields`` renames them, positionally);
-parameters with defaults are configuration. ``*args`` and ``**kwargs`` are refused.
+parameters with defaults are configuration, each with a domain read from its annotation
+(see :mod:`diffract.core.compute._domains`). ``*args`` and ``**kwargs`` are refused.
+
+Building a spec is two stages: :func:`_parse` reads the signature (the only
+``inspect.signature`` call of the project), :func:`_validate` checks names, fields and
+options. The options a kernel may carry are listed once, in :class:`KernelOptions`.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ from typing import Any, TypeVar
 
 import attrs
 
+from diffract.core.compute._domains import Domain, Range, domain_of
 from diffract.core.compute._enums import KernelApplyLevel, KernelExecutionProtocol
-from diffract.errors import KernelDefinitionError
+from diffract.errors import KernelDefinitionError, did_you_mean
 
-__all__ = ["KernelSpec", "Restriction", "kernel", "SOURCE_FIELDS"]
+__all__ = ["SOURCE_FIELDS", "Domain", "KernelOptions", "KernelSpec", "Range", "Restriction", "kernel"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -81,8 +87,49 @@ class Restriction:
         )
 
 
-def _frozen_mapping(value: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    return tuple(value.items())
+def _tuple_or_none(value: Iterable[Any] | None) -> tuple[Any, ...] | None:
+    return tuple(value) if value is not None else None
+
+
+@attrs.frozen
+class KernelOptions:
+    """Everything about a kernel its signature does not say; None: not given.
+
+    ``name`` (default: the function's name), ``require_fields`` (the field each required
+    parameter reads, in order; default: the parameter names), ``produce_fields``
+    (default: the kernel's name), ``apply_level`` (default PARAMETER),
+    ``execution_protocol`` (default SEQUENTIAL), ``restrictions`` (Restriction records)
+    and ``batch`` (a faster path for a whole chunk, see :class:`KernelSpec`).
+    """
+
+    name: str | None = None
+    require_fields: tuple[str, ...] | None = attrs.field(default=None, converter=_tuple_or_none)
+    produce_fields: tuple[str, ...] | None = attrs.field(default=None, converter=_tuple_or_none)
+    apply_level: KernelApplyLevel | None = None
+    execution_protocol: KernelExecutionProtocol | None = None
+    restrictions: tuple[Restriction, ...] | None = attrs.field(
+        default=None, converter=_tuple_or_none
+    )
+    batch: Callable[..., Any] | None = attrs.field(default=None, eq=False, repr=False)
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any], *, where: str) -> KernelOptions:
+        """Options from keyword arguments; an unknown keyword names the known ones."""
+        known = [f.name for f in attrs.fields(cls)]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            hint = did_you_mean(unknown[0], known)
+            raise KernelDefinitionError(
+                f"{where} got unknown option(s) {unknown}.{hint} Kernel options are: "
+                f"{', '.join(known)}.",
+                kernel=str(options.get("name") or "?"),
+            )
+        return cls(**options)
+
+    def over(self, base: KernelOptions) -> KernelOptions:
+        """These options where given, ``base``'s elsewhere."""
+        given = {k: v for k, v in attrs.asdict(self, recurse=False).items() if v is not None}
+        return attrs.evolve(base, **given)
 
 
 @attrs.frozen
@@ -90,8 +137,9 @@ class KernelSpec:
     """A registered kernel: its function and what the signature says about it.
 
     ``inputs`` pairs each required function parameter with the field it reads;
-    ``config`` holds the default of every configuration keyword; ``provider`` names the
-    distribution that registered it (filled in by the plugin manager).
+    ``config`` holds the default of every configuration keyword and ``domains`` the
+    values each accepts; ``provider`` names the distribution that registered it (filled
+    in by the plugin manager).
 
     ``batch`` is an optional faster path for SEQUENTIAL kernels: called as
     ``batch(units, **config)`` with ``units`` a list of per-unit input dicts, it returns
@@ -112,6 +160,7 @@ class KernelSpec:
     doc: str = attrs.field(default="", repr=False)
     provider: str = "unknown"
     batch: Callable[..., Any] | None = attrs.field(default=None, eq=False, hash=False, repr=False)
+    domains: tuple[tuple[str, Domain], ...] = attrs.field(default=(), repr=False)
 
     @property
     def require_fields(self) -> tuple[str, ...]:
@@ -124,178 +173,198 @@ class KernelSpec:
         return dict(self.config)
 
     @property
+    def config_domains(self) -> dict[str, Domain]:
+        """Each configuration keyword with the values it accepts."""
+        return dict(self.domains)
+
+    def config_problems(self, values: Mapping[str, Any]) -> list[str]:
+        """Every value of ``values`` outside its keyword's domain, as sorted phrases
+        (``key=value ...``); keys the kernel lacks are the caller's to report."""
+        domains = self.config_domains
+        problems = []
+        for key in sorted(values):
+            domain = domains.get(key)
+            problem = domain.problem(values[key]) if domain is not None else None
+            if problem is not None:
+                problems.append(f"{key}: {problem}")
+        return problems
+
+    @property
     def summary(self) -> str:
         """The first line of the kernel's docstring."""
         return self.doc.strip().splitlines()[0] if self.doc.strip() else ""
 
     @classmethod
     def from_function(
-        cls,
-        fn: Callable[..., Any],
-        *,
-        name: str | None = None,
-        require_fields: Iterable[str] | None = None,
-        produce_fields: Iterable[str] | None = None,
-        apply_level: KernelApplyLevel | None = None,
-        execution_protocol: KernelExecutionProtocol | None = None,
-        restrictions: Iterable[Restriction] | None = None,
-        batch: Callable[..., Any] | None = None,
-        provider: str = "unknown",
+        cls, fn: Callable[..., Any], *, provider: str = "unknown", **options: Any
     ) -> KernelSpec:
-        """Build a spec from ``fn``'s signature; explicit arguments override ``@kernel`` marks.
+        """Build a spec from ``fn``'s signature; ``options`` (see :class:`KernelOptions`)
+        override what ``@kernel`` marked on the function.
 
         Raises :class:`KernelDefinitionError` naming the kernel for ``*args``/``**kwargs``,
-        a ``require_fields`` list that does not match the required parameters, or an
-        invalid field name.
+        a ``require_fields`` list that does not match the required parameters, an
+        invalid field name, or a default outside its own annotated domain.
         """
-        marks: dict[str, Any] = dict(getattr(fn, _MARK, {}))
-        given = {
-            "name": name,
-            "require_fields": require_fields,
-            "produce_fields": produce_fields,
-            "apply_level": apply_level,
-            "execution_protocol": execution_protocol,
-            "restrictions": restrictions,
-            "batch": batch,
-        }
-        marks.update({k: v for k, v in given.items() if v is not None})
+        given = KernelOptions.of(options, where="KernelSpec.from_function")
+        opts = given.over(getattr(fn, _MARK, KernelOptions()))
         if not callable(fn):
             raise KernelDefinitionError(
                 f"A kernel must be a function, got {type(fn).__name__}.",
-                kernel=str(marks.get("name", fn)),
+                kernel=str(opts.name or fn),
             )
-        kname = marks.get("name") or getattr(fn, "__name__", None)
-        if not kname or not _FIELD_NAME.match(kname):
+        name = opts.name or getattr(fn, "__name__", None)
+        if not name or not _FIELD_NAME.match(name):
             raise KernelDefinitionError(
-                f"Kernel name {kname!r} is not valid: use letters, digits, '_' and '.'.",
-                kernel=str(kname),
+                f"Kernel name {name!r} is not valid: use letters, digits, '_' and '.'.",
+                kernel=str(name),
             )
-        try:
-            signature = inspect.signature(fn)
-        except (TypeError, ValueError) as exc:
-            raise KernelDefinitionError(
-                f"Kernel {kname!r}: cannot read the signature of {_summary(fn)} ({exc}).",
-                kernel=kname,
-            ) from None
+        return _validate(fn, name, _parse(fn, name), opts, provider)
 
-        required: list[str] = []
-        config: dict[str, Any] = {}
-        for p in signature.parameters.values():
-            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-                star = "*" if p.kind is p.VAR_POSITIONAL else "**"
-                raise KernelDefinitionError(
-                    f"Kernel {kname!r} takes {star}{p.name}: kernels may not take *args or "
-                    "**kwargs, because Diffract reads their inputs and configuration from "
-                    "the signature. Name each input field and configuration keyword.",
-                    kernel=kname,
-                )
-            if p.default is p.empty:
-                required.append(p.name)
-            else:
-                config[p.name] = p.default
 
-        fields = list(marks.get("require_fields") or required)
-        if len(fields) != len(required):
+@attrs.frozen
+class _Signature:
+    """What a kernel function's signature says: required parameters, configuration."""
+
+    required: tuple[str, ...]
+    defaults: tuple[tuple[str, Any], ...]
+    domains: tuple[tuple[str, Domain], ...]
+
+
+def _parse(fn: Callable[..., Any], name: str) -> _Signature:
+    """Read the signature: required parameters, configuration defaults and domains."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError) as exc:
+        raise KernelDefinitionError(
+            f"Kernel {name!r}: cannot read the signature of {_summary(fn)} ({exc}).",
+            kernel=name,
+        ) from None
+    required: list[str] = []
+    defaults: list[tuple[str, Any]] = []
+    domains: list[tuple[str, Domain]] = []
+    for p in signature.parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            star = "*" if p.kind is p.VAR_POSITIONAL else "**"
             raise KernelDefinitionError(
-                f"Kernel {kname!r}: require_fields {tuple(fields)} has {len(fields)} "
-                f"entries but the function has {len(required)} required parameters "
-                f"{tuple(required)}. Give one field per parameter without a default.",
-                kernel=kname,
+                f"Kernel {name!r} takes {star}{p.name}: kernels may not take *args or "
+                "**kwargs, because Diffract reads their inputs and configuration from "
+                "the signature. Name each input field and configuration keyword.",
+                kernel=name,
             )
-        produce = tuple(marks.get("produce_fields") or (kname,))
-        for field in (*fields, *produce):
-            if not isinstance(field, str) or not _FIELD_NAME.match(field):
-                raise KernelDefinitionError(
-                    f"Kernel {kname!r}: {field!r} is not a valid field name "
-                    "(letters, digits, '_' and '.'; '@' is reserved for contextual names).",
-                    kernel=kname,
-                )
-        if len(set(produce)) != len(produce):
+        if p.default is p.empty:
+            required.append(p.name)
+        else:
+            defaults.append((p.name, p.default))
+            annotation = None if p.annotation is p.empty else p.annotation
+            domains.append((p.name, domain_of(annotation, p.default, fn)))
+    return _Signature(tuple(required), tuple(defaults), tuple(domains))
+
+
+def _check_fields(name: str, fields: tuple[str, ...], produce: tuple[str, ...]) -> None:
+    for field in (*fields, *produce):
+        if not isinstance(field, str) or not _FIELD_NAME.match(field):
             raise KernelDefinitionError(
-                f"Kernel {kname!r} lists a produced field twice: {produce}.", kernel=kname
+                f"Kernel {name!r}: {field!r} is not a valid field name "
+                "(letters, digits, '_' and '.'; '@' is reserved for contextual names).",
+                kernel=name,
             )
-        if SOURCE_FIELDS & set(produce):
-            raise KernelDefinitionError(
-                f"Kernel {kname!r} may not produce {sorted(SOURCE_FIELDS & set(produce))}: "
-                "those fields come from models.add.",
-                kernel=kname,
-            )
-        level = marks.get("apply_level") or KernelApplyLevel.PARAMETER
-        protocol = marks.get("execution_protocol") or KernelExecutionProtocol.SEQUENTIAL
-        if not isinstance(level, KernelApplyLevel):
-            raise KernelDefinitionError(
-                f"Kernel {kname!r}: apply_level must be a KernelApplyLevel, got {level!r}.",
-                kernel=kname,
-            )
-        if not isinstance(protocol, KernelExecutionProtocol):
-            raise KernelDefinitionError(
-                f"Kernel {kname!r}: execution_protocol must be a KernelExecutionProtocol, "
-                f"got {protocol!r}.",
-                kernel=kname,
-            )
-        if protocol is KernelExecutionProtocol.PARALLEL:
-            try:
-                pickle.dumps(fn)
-            except Exception:
-                raise KernelDefinitionError(
-                    f"Kernel {kname!r} is PARALLEL but {_summary(fn)} cannot be pickled: "
-                    "worker processes need a top-level function of an importable module. "
-                    "Move it to module level or make it SEQUENTIAL.",
-                    kernel=kname,
-                ) from None
-        rest = tuple(marks.get("restrictions") or ())
-        for r in rest:
-            if not isinstance(r, Restriction):
-                raise KernelDefinitionError(
-                    f"Kernel {kname!r}: restrictions must be Restriction records, got {r!r}.",
-                    kernel=kname,
-                )
-        return cls(
-            name=kname,
-            function=fn,
-            inputs=tuple(zip(required, fields, strict=True)),
-            produce_fields=produce,
-            config=_frozen_mapping(config),
-            apply_level=level,
-            execution_protocol=protocol,
-            restrictions=rest,
-            doc=inspect.getdoc(fn) or "",
-            provider=provider,
-            batch=marks.get("batch"),
+    if len(set(produce)) != len(produce):
+        raise KernelDefinitionError(
+            f"Kernel {name!r} lists a produced field twice: {produce}.", kernel=name
+        )
+    if SOURCE_FIELDS & set(produce):
+        raise KernelDefinitionError(
+            f"Kernel {name!r} may not produce {sorted(SOURCE_FIELDS & set(produce))}: "
+            "those fields come from models.add.",
+            kernel=name,
         )
 
 
-def kernel(
-    fn: F | None = None,
-    *,
-    name: str | None = None,
-    require_fields: Iterable[str] | None = None,
-    produce_fields: Iterable[str] | None = None,
-    apply_level: KernelApplyLevel | None = None,
-    execution_protocol: KernelExecutionProtocol | None = None,
-    restrictions: Iterable[Restriction] | None = None,
-    batch: Callable[..., Any] | None = None,
-) -> Any:
+def _check_kinds(name: str, fn: Callable[..., Any], opts: KernelOptions) -> None:
+    if opts.apply_level is not None and not isinstance(opts.apply_level, KernelApplyLevel):
+        raise KernelDefinitionError(
+            f"Kernel {name!r}: apply_level must be a KernelApplyLevel, got {opts.apply_level!r}.",
+            kernel=name,
+        )
+    protocol = opts.execution_protocol
+    if protocol is not None and not isinstance(protocol, KernelExecutionProtocol):
+        raise KernelDefinitionError(
+            f"Kernel {name!r}: execution_protocol must be a KernelExecutionProtocol, "
+            f"got {protocol!r}.",
+            kernel=name,
+        )
+    if protocol is KernelExecutionProtocol.PARALLEL:
+        try:
+            pickle.dumps(fn)
+        except Exception:
+            raise KernelDefinitionError(
+                f"Kernel {name!r} is PARALLEL but {_summary(fn)} cannot be pickled: "
+                "worker processes need a top-level function of an importable module. "
+                "Move it to module level or make it SEQUENTIAL.",
+                kernel=name,
+            ) from None
+    for r in opts.restrictions or ():
+        if not isinstance(r, Restriction):
+            raise KernelDefinitionError(
+                f"Kernel {name!r}: restrictions must be Restriction records, got {r!r}.",
+                kernel=name,
+            )
+
+
+def _validate(
+    fn: Callable[..., Any], name: str, sig: _Signature, opts: KernelOptions, provider: str
+) -> KernelSpec:
+    """Check the parsed signature and the options; build the spec."""
+    fields = opts.require_fields or sig.required
+    if len(fields) != len(sig.required):
+        raise KernelDefinitionError(
+            f"Kernel {name!r}: require_fields {tuple(fields)} has {len(fields)} "
+            f"entries but the function has {len(sig.required)} required parameters "
+            f"{sig.required}. Give one field per parameter without a default.",
+            kernel=name,
+        )
+    produce = opts.produce_fields or (name,)
+    _check_fields(name, fields, produce)
+    _check_kinds(name, fn, opts)
+    bad_defaults = sorted(
+        f"{key}={default!r} ({problem})"
+        for (key, default), (_, domain) in zip(sig.defaults, sig.domains, strict=True)
+        if (problem := domain.problem(default)) is not None
+    )
+    if bad_defaults:
+        raise KernelDefinitionError(
+            f"Kernel {name!r}: default(s) outside their own annotation: "
+            f"{'; '.join(bad_defaults)}. Fix the default or the annotation.",
+            kernel=name,
+        )
+    return KernelSpec(
+        name=name,
+        function=fn,
+        inputs=tuple(zip(sig.required, fields, strict=True)),
+        produce_fields=produce,
+        config=sig.defaults,
+        apply_level=opts.apply_level or KernelApplyLevel.PARAMETER,
+        execution_protocol=opts.execution_protocol or KernelExecutionProtocol.SEQUENTIAL,
+        restrictions=opts.restrictions or (),
+        doc=inspect.getdoc(fn) or "",
+        provider=provider,
+        batch=opts.batch,
+        domains=sig.domains,
+    )
+
+
+def kernel(fn: F | None = None, /, **options: Any) -> Any:
     """Mark a function as a kernel for a pack; it stays a plain, callable function.
 
-    A pack's ``diffract_kernels`` hook then yields ``KernelSpec.from_function(fn)``.
-    Usable bare (``@kernel``) or with arguments (``@kernel(apply_level=...)``).
+    ``options`` are those of :class:`KernelOptions` (name, require_fields,
+    produce_fields, apply_level, execution_protocol, restrictions, batch). A pack's
+    ``diffract_kernels`` hook then yields ``KernelSpec.from_function(fn)``. Usable bare
+    (``@kernel``) or with options (``@kernel(apply_level=...)``).
     """
+    marks = KernelOptions.of(options, where="@kernel")
 
     def mark(f: F) -> F:
-        setattr(
-            f,
-            _MARK,
-            {
-                "name": name,
-                "require_fields": tuple(require_fields) if require_fields else None,
-                "produce_fields": tuple(produce_fields) if produce_fields else None,
-                "apply_level": apply_level,
-                "execution_protocol": execution_protocol,
-                "restrictions": tuple(restrictions) if restrictions else None,
-                "batch": batch,
-            },
-        )
+        setattr(f, _MARK, marks)
         return f
 
     return mark(fn) if fn is not None else mark
