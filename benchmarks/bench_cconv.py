@@ -55,7 +55,8 @@ def _timings(conv, B, T, D, W):
     for f in (fwd, bwd, both):  # autotune outside the timing
         f()
     torch.cuda.synchronize()
-    return {name: do_bench(f, warmup=50, rep=200) for name, f in (("fwd", fwd), ("bwd", bwd), ("fwd+bwd", both))}
+    runs = (("fwd", fwd), ("bwd", bwd), ("fwd+bwd", both))
+    return {name: do_bench(f, warmup=50, rep=200) for name, f in runs}
 
 
 def child_kf020() -> None:
@@ -76,20 +77,23 @@ def main() -> None:
         return
 
     import torch
-
     from _common import header, table
+
     from kernel_fun.adopt import original
     from kernel_fun.cconv import causal_conv1d, is_supported
 
-    header("causal_conv1d (bf16, SiLU, W=4): kernel-fun vs fla", ["kernel-fun-gpu", "fla-core", "triton", "torch"])
+    header("causal_conv1d (bf16, SiLU, W=4): kernel-fun vs fla",
+           ["kernel-fun-gpu", "fla-core", "triton", "torch"])
     name = torch.cuda.get_device_name()
     peak = args.peak_gbps or next((v for k, v in PEAKS.items() if k in name), None)
     print(f"# device {name}; peak HBM {peak or '?'} GB/s")
     fla_conv = original("causal_conv1d")
     kf020 = None
     if args.kf020:
-        env = dict(os.environ, PYTHONPATH=args.kf020 + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        out = subprocess.run([sys.executable, __file__, "--child-kf020"], env=env, capture_output=True, text=True)
+        path = args.kf020 + os.pathsep + os.environ.get("PYTHONPATH", "")
+        env = dict(os.environ, PYTHONPATH=path)
+        out = subprocess.run([sys.executable, __file__, "--child-kf020"], env=env,
+                             capture_output=True, text=True)
         if out.returncode == 0:
             kf020 = json.loads(out.stdout.strip().splitlines()[-1])
         else:
@@ -98,7 +102,8 @@ def main() -> None:
     for i, case in enumerate(CASES):
         B, T, D, W = case["B"], case["T"], case["D"], case["W"]
         probe = torch.empty(B, T, D, device="cuda", dtype=torch.bfloat16)
-        ok, why = is_supported(probe, torch.empty(D, W, device="cuda", dtype=torch.bfloat16), activation="silu")
+        weight = torch.empty(D, W, device="cuda", dtype=torch.bfloat16)
+        ok, why = is_supported(probe, weight, activation="silu")
         if not ok:
             print(f"# D={D}: kernel-fun would fall back: {why}")
         ours = _timings(causal_conv1d, **case)

@@ -36,10 +36,12 @@ def main() -> None:
     rows = []
     for n, ours_reps, lib_reps in CASES:
         x = (1.0 - rng.random(n)) ** (-1.0 / 1.3)
-        t_ours, ours = median_time(lambda: fit_power_law(x, fit_method="diffract"), ours_reps)
+        t_ours, ours = median_time(
+            lambda x=x: fit_power_law(x, fit_method="diffract"), ours_reps
+        )
         rng_xmin = candidate_range(x)
 
-        def lib():
+        def lib(x=x, rng_xmin=rng_xmin):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 return powerlaw.Fit(x, xmin=rng_xmin, verbose=False)

@@ -79,7 +79,8 @@ def pvalue_cost(model) -> None:
     fits = replicates * len(model)
     print(f"pl_pvalue on all {len(model)} matrices ({replicates} replicates each, {fits} refits): "
           f"{ours:.1f} s measured; with powerlaw.Fit at {t_one * 1e3:.0f} ms per refit "
-          f"(measured on one {len(esd)}-eigenvalue ESD) about {fits * t_one / 60:.0f} min (estimated)")
+          f"(measured on one {len(esd)}-eigenvalue ESD) about {fits * t_one / 60:.0f} min "
+          "(estimated)")
 
 
 def main() -> None:
@@ -100,7 +101,8 @@ def main() -> None:
     table(["tool", "time", "vs diffract"], rows)
     names = list(ours)
     ww_rows = details.reset_index(drop=True)
-    for field, ww_col in (("stable_rank", "stable_rank"), ("log_norm", "log_norm"), ("pl_alpha", "alpha")):
+    pairs = (("stable_rank", "stable_rank"), ("log_norm", "log_norm"), ("pl_alpha", "alpha"))
+    for field, ww_col in pairs:
         a = np.array([ours[n][field] for n in names], dtype=float)
         b = ww_rows[ww_col].to_numpy(dtype=float)[: len(a)]
         rel = np.abs(a - b) / np.abs(b)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal
 
 import numpy as np
 import pytest
@@ -33,12 +33,12 @@ class TestDomainsFromSignatures:
             method: Literal["a", "b"] = "a",
             tail: Annotated[int, Range(ge=2)] = 50,
             frac: Annotated[float, Range(gt=0, le=1)] = 0.5,
-            limit: Optional[int] = None,  # noqa: UP007 - the old spelling must work too
+            limit: int | None = None,  # noqa: UP007 - the old spelling must work too
             scale: float | None = None,
             either: int | str = 1,
             plain=3.0,
             anything: np.ndarray = None,
-            unknown: "NoSuchName" = 1,  # noqa: F821 - an annotation that cannot be resolved
+            unknown: NoSuchName = 1,  # noqa: F821 - an annotation that cannot be resolved
         ):
             return 0.0
 

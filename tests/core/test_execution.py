@@ -9,10 +9,8 @@ import numpy as np
 import pytest
 
 from diffract import FieldUndefined, Restriction, Session
-from diffract.core.compute.execution import KernelApplyLevel, KernelExecutionProtocol
-from diffract.core.compute.execution import chunk_units
+from diffract.core.compute.execution import KernelApplyLevel, KernelExecutionProtocol, chunk_units
 from diffract.core.compute.planner import Step, Unit, resolve
-from diffract.plugins import get_registry
 from diffract.core.compute.spec import KernelSpec
 from diffract.core.storage import ParamInfo, RamStore
 from diffract.errors import (
@@ -21,13 +19,13 @@ from diffract.errors import (
     DuplicateModelError,
     EmptyModelError,
     KernelConflictError,
-    KernelOutputError,
     MissingProducerError,
     ModelError,
     UnknownConfigKeyError,
     UnknownFieldError,
     UnknownKernelError,
 )
+from diffract.plugins import get_registry
 from tests.resources import kernels as test_kernels
 
 
@@ -179,7 +177,9 @@ class TestFailuresAndUndefined:
         assert rows["layer0.weight"]["t_mat_twice"] == pytest.approx(2 * np.sum(arrays["layer0.weight"] ** 2))
         reasons = {(n["kernel"], n["unit"]): n["reason"] for n in session.results.export_notes()}
         assert reasons[("t_mat", "m/layer1.bias")] == "needs a parameter of at least 2 dimensions"
-        assert reasons[("t_mat_twice", "m/layer1.bias")] == "input field 't_mat' is not available for this unit"
+        assert reasons[("t_mat_twice", "m/layer1.bias")] == (
+            "input 't_mat' is not available: 't_mat' skipped m/layer1.bias (needs a parameter of "
+            "at least 2 dimensions)")
 
 
 class TestChunks:

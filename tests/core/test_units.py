@@ -70,16 +70,55 @@ class TestUnreadableWeights:
         assert report.computed == {"frob_norm": 1}
         assert session.results.export_notes() == []
 
-    def test_an_aggregate_over_an_unreadable_parameter_still_runs(self, session):
-        """param_norm sums the parameters that have frob_norm; the failed one is named."""
+    def test_an_aggregate_waits_for_a_failed_parameter(self, session, monkeypatch):
+        """param_norm is not stored from a partial set while one frob_norm failed (it would
+        never be recomputed): it fails naming the parameter, and is computed once the
+        parameter reads again."""
         state = _model(3)
-        state["layer1.weight"] = torch.empty(2, 2, device="meta")
         session.models.add(state, model_id="m")
-        with pytest.raises(ApplyError, match=r"1 unit\(s\) failed"):
+        store = session.store
+        real = store.load_weights
+
+        def flaky(model_id, param):
+            if param == "layer1.weight":
+                raise OSError("disk went away")
+            return real(model_id, param)
+
+        monkeypatch.setattr(store, "load_weights", flaky)
+        with pytest.raises(ApplyError, match=r"2 unit\(s\) failed") as info:
             session.compute.apply("param_norm")
-        agg = session.results.export_aggregates("param_norm")["param_norm@models[m]"]
-        expected = sum(float(torch.sum(state[f"layer{i}.weight"] ** 2)) for i in (0, 2))
-        assert agg == pytest.approx(expected)
+        failure = next(f for f in info.value.report.failures if f.kernel == "param_norm")
+        assert failure.reason.startswith(
+            "input 'frob_norm' failed on 1 of 3 parameters of m (layer1.weight: cannot read "
+            "input 'weights' of m/layer1.weight: OSError: disk went away); the aggregate is "
+            "computed once they succeed")
+        assert session.results.export_aggregates("param_norm") == {}
+        monkeypatch.setattr(store, "load_weights", real)
+        session.compute.apply("param_norm")
+        expected = sum(float(torch.sum(w.double() ** 2)) for w in state.values())
+        assert session.results.export_aggregates("param_norm") == {
+            "param_norm@models[m]": pytest.approx(expected)}
+
+    def test_a_dependent_of_a_failed_unit_fails_too_and_is_retried(self, session, monkeypatch):
+        """A per-parameter kernel whose input failed upstream fails with that cause (not a
+        permanent skip), and runs once the input exists."""
+
+        @session.compute.kernel()
+        def t_double(frob_norm):
+            return 2 * frob_norm
+
+        session.models.add(_model(2), model_id="m")
+        store = session.store
+        real = store.load_weights
+        monkeypatch.setattr(store, "load_weights", lambda m, p: (_ for _ in ()).throw(OSError("gone"))
+                            if p == "layer0.weight" else real(m, p))
+        with pytest.raises(ApplyError) as info:
+            session.compute.apply("t_double")
+        reasons = {(f.kernel, f.unit): f.reason for f in info.value.report.failures}
+        assert reasons[("t_double", "m/layer0.weight")].startswith(
+            "input 'frob_norm' is missing because 'frob_norm' failed on m/layer0.weight: cannot read")
+        monkeypatch.setattr(store, "load_weights", real)
+        assert session.compute.apply("t_double").computed == {"frob_norm": 1, "t_double": 1}
 
 
 class TestNonFiniteWeights:

@@ -13,6 +13,7 @@ from diffract_kernels_spectral import (
     FitArgumentError,
     FitError,
     FitUnavailableError,
+    _taichi,
     candidate_range,
     compare_distributions,
     fit_exponential,
@@ -20,7 +21,6 @@ from diffract_kernels_spectral import (
     fit_truncated_power_law,
     power_law_pvalue,
 )
-from diffract_kernels_spectral import _taichi
 from tests.spectral.conftest import exhaustive, heavy_esd, pareto
 
 powerlaw = pytest.importorskip("powerlaw")

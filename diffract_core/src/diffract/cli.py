@@ -80,19 +80,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="diffract", description="Metrics on every parameter of neural-network checkpoints."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("plugins", help="installed plugins, what they register, what failed").set_defaults(
-        run=_plugins
-    )
+    p = sub.add_parser("plugins", help="installed plugins, what they register, what failed")
+    p.set_defaults(run=_plugins)
     k = sub.add_parser("kernels", help="registered kernels")
     k.add_argument("-v", "--verbose", action="store_true", help="fields, level, configuration")
     k.set_defaults(run=_kernels)
-    c = sub.add_parser("catalog", help="write the metric catalog (Markdown) of the registered kernels")
+    c = sub.add_parser(
+        "catalog", help="write the metric catalog (Markdown) of the registered kernels"
+    )
     c.add_argument("-o", "--output", help="file to write (default: standard output)")
     c.add_argument("--plugins", help="comma-separated plugins to include (default: all installed)")
     c.set_defaults(run=_catalog)
-    sub.add_parser("demo", help="analyse a small torch model with every installed kernel").set_defaults(
-        run=_demo
-    )
+    d = sub.add_parser("demo", help="analyse a small torch model with every installed kernel")
+    d.set_defaults(run=_demo)
     args = parser.parse_args(argv)
     import warnings
 

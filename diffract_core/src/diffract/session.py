@@ -19,7 +19,7 @@ import logging
 import math
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,6 @@ import attrs
 
 from diffract.config import Config, load_config
 from diffract.core.cache import CacheManager
-from diffract.core.compute._enums import KernelApplyLevel, KernelExecutionProtocol
 from diffract.core.compute.execution import ApplyReport, Progress, Runner
 from diffract.core.compute.planner import downstream_fields, make_plan
 from diffract.core.compute.registry import SESSION_PROVIDER, KernelRegistry
@@ -39,15 +38,15 @@ from diffract.errors import (
     ApplyError,
     ConfigError,
     DiffractError,
-    InvalidArgumentError,
-    UnknownFormatError,
     DuplicateModelError,
+    InvalidArgumentError,
     ModelError,
     PartialOutputWarning,
     ScopeValidationError,
     StorageError,
     UnknownExecutorError,
     UnknownFieldError,
+    UnknownFormatError,
     UnknownModelError,
     UnknownProfileError,
 )
@@ -458,7 +457,9 @@ class ResultsAPI(_Scoped):
         if export_format == "dict":
             return table
         records = [
-            {"model_id": m, "param": p, **row} for m, rows in table.items() for p, row in rows.items()
+            {"model_id": m, "param": p, **row}
+            for m, rows in table.items()
+            for p, row in rows.items()
         ]
         return self._emit(records, ["model_id", "param", *names], export_format, path)
 
@@ -497,7 +498,8 @@ class ResultsAPI(_Scoped):
                 {"name": name, "field": base, "models": ",".join(models), "param": param,
                  "value": value}
             )
-        return self._emit(records, ["name", "field", "models", "param", "value"], export_format, path)
+        columns = ["name", "field", "models", "param", "value"]
+        return self._emit(records, columns, export_format, path)
 
     def export_notes(self, export_format: str = "dict") -> Any:
         """Why units were skipped, left undefined (NaN) or failed, within scope."""

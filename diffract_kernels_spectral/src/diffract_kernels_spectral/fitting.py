@@ -94,7 +94,9 @@ def _starts(x: np.ndarray, min_tail: int) -> np.ndarray:
     return distinct[(n - distinct) >= min_tail].astype(np.int32)
 
 
-def candidate_range(data: Any, *, min_tail: int = 50, xmax: float | None = None) -> tuple[float, float]:
+def candidate_range(
+    data: Any, *, min_tail: int = 50, xmax: float | None = None
+) -> tuple[float, float]:
     """The ``xmin=(lo, hi)`` range that makes ``powerlaw.Fit`` search exactly our candidates.
 
     powerlaw searches the distinct values in ``[lo, hi)`` except the last one, so ``hi``
@@ -267,7 +269,9 @@ def _fit_powerlaw_library(x: np.ndarray, xmin: Any, xmax: float | None) -> Power
         raise FitError("the powerlaw library found no valid xmin for these data")
     n_tail = int(np.sum(x >= fitted_xmin))
     n_cand = 0 if xmin is not None else len(np.unique(x)) - 1
-    return PowerLawFit(alpha, fitted_xmin, d, sigma, n_tail, len(x), float(x[-1]), n_cand, "powerlaw")
+    return PowerLawFit(
+        alpha, fitted_xmin, d, sigma, n_tail, len(x), float(x[-1]), n_cand, "powerlaw"
+    )
 
 
 def fit_power_law(

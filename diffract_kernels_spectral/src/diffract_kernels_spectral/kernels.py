@@ -220,7 +220,9 @@ def marchenko_pastur(esd: np.ndarray, shape: tuple[int, ...]) -> tuple[float, fl
 
 
 # -- fits ------------------------------------------------------------------------------------
-@kernel(produce_fields=("pl_alpha", "pl_xmin", "pl_xmax", "pl_ks_distance", "pl_sigma", "pl_n_tail"))
+@kernel(
+    produce_fields=("pl_alpha", "pl_xmin", "pl_xmax", "pl_ks_distance", "pl_sigma", "pl_n_tail")
+)
 def power_law_fit(esd: np.ndarray, *, fit_method: FitMethod = "auto", min_tail: MinTail = 50):
     """Power law ``p(lambda) ~ lambda^-pl_alpha`` on the ESD tail ``lambda >= pl_xmin``
     (Clauset-Shalizi-Newman: continuous MLE ``alpha = 1 + n / sum ln(lambda_i / xmin)``,

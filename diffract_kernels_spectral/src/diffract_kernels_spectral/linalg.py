@@ -177,7 +177,8 @@ def esd_batched_torch(
         a = (batch / scale[:, None, None]).to(dtype)
         if shape[0] > shape[1]:
             a = a.transpose(1, 2)
-        values = torch.linalg.eigvalsh(a @ a.transpose(1, 2)).to(torch.float64) * (scale**2)[:, None]
+        values = torch.linalg.eigvalsh(a @ a.transpose(1, 2)).to(torch.float64)
+        values = values * (scale**2)[:, None]
         values = values.sort(dim=1).values.cpu().numpy()
         empty = (top == 0).cpu().numpy()
         for row, i, zero in zip(values, idx, empty, strict=True):

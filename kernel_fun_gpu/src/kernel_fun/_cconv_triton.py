@@ -140,11 +140,14 @@ def _bwd_kernel(
         a3 += tl.sum(dz * x0, axis=0)
         gx = w3 * dz
         xp1 = _load_rows(xb, t + 1, d, d_ok, T, sxt, sxd)
-        gx += w2 * _dz(w0 * xm2 + w1 * xm1 + w2 * x0 + w3 * xp1, _load_rows(gb, t + 1, d, d_ok, T, syt, syd))
+        g1 = _load_rows(gb, t + 1, d, d_ok, T, syt, syd)
+        gx += w2 * _dz(w0 * xm2 + w1 * xm1 + w2 * x0 + w3 * xp1, g1)
         xp2 = _load_rows(xb, t + 2, d, d_ok, T, sxt, sxd)
-        gx += w1 * _dz(w0 * xm1 + w1 * x0 + w2 * xp1 + w3 * xp2, _load_rows(gb, t + 2, d, d_ok, T, syt, syd))
+        g2 = _load_rows(gb, t + 2, d, d_ok, T, syt, syd)
+        gx += w1 * _dz(w0 * xm1 + w1 * x0 + w2 * xp1 + w3 * xp2, g2)
         xp3 = _load_rows(xb, t + 3, d, d_ok, T, sxt, sxd)
-        gx += w0 * _dz(w0 * x0 + w1 * xp1 + w2 * xp2 + w3 * xp3, _load_rows(gb, t + 3, d, d_ok, T, syt, syd))
+        g3 = _load_rows(gb, t + 3, d, d_ok, T, syt, syd)
+        gx += w0 * _dz(w0 * x0 + w1 * xp1 + w2 * xp2 + w3 * xp3, g3)
         tl.store(dx + pid_b * T * D + t[:, None] * D + d[None, :], gx.to(dx.dtype.element_ty),
                  mask=(t < T)[:, None] & d_ok[None, :])
     base = dwp + ((pid_b * n_strips + pid_s) * D + d) * 4
@@ -192,7 +195,9 @@ def _strips(x: torch.Tensor, B: int, T: int, D: int) -> int:
     return int(min(per_strip, max(1, -(-T // 32))))
 
 
-def backward(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def backward(
+    x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx contiguous in x's dtype, dw float32 [D, W]) for the saved ``x``, ``w`` and ``dy``."""
     B, T, D = x.shape
     W = w.shape[1]

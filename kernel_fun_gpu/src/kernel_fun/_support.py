@@ -29,7 +29,8 @@ _warm: set[Hashable] = set()
 
 def interpreter_allowed() -> bool:
     """Whether CPU tensors may take the Triton path (Triton's interpreter, for tests)."""
-    return os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("KERNEL_FUN_INTERPRET") == "1"
+    env = os.environ
+    return env.get("TRITON_INTERPRET") == "1" and env.get("KERNEL_FUN_INTERPRET") == "1"
 
 
 def device_reason(t: Any) -> str | None:
@@ -45,8 +46,8 @@ def device_reason(t: Any) -> str | None:
     major, minor = torch.cuda.get_device_capability(t.device)
     if (major, minor) < MIN_ARCH:
         return (
-            f"the GPU is sm{major}{minor}; kernel-fun's Triton kernels need sm{MIN_ARCH[0]}{MIN_ARCH[1]} "
-            "(Hopper) or newer, so kernel-fun uses fla."
+            f"the GPU is sm{major}{minor}; kernel-fun's Triton kernels need "
+            f"sm{MIN_ARCH[0]}{MIN_ARCH[1]} (Hopper) or newer, so kernel-fun uses fla."
         )
     return None
 

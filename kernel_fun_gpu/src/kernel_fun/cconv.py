@@ -104,7 +104,8 @@ def is_supported(
     if _support.is_capturing():  # last: it only speaks for a call otherwise accepted
         key = _support.shape_key(x, weight)
         need_bwd = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-        if not _support.is_warm(("fwd", *key)) or (need_bwd and not _support.is_warm(("bwd", *key))):
+        cold_bwd = need_bwd and not _support.is_warm(("bwd", *key))
+        if not _support.is_warm(("fwd", *key)) or cold_bwd:
             return False, ("CUDA-graph capture of a shape that has not run eagerly yet (forward"
                            + (" and backward" if need_bwd else "") + "): autotuning cannot happen "
                            "during capture, so this call goes to fla. Run one eager step first "
@@ -141,7 +142,9 @@ def causal_conv1d(
     )
     _support.log_versions()
     if not ok:
-        _support.log_once(("fallback", reason), logging.WARNING, "kernel-fun causal_conv1d: %s", reason)
+        _support.log_once(
+            ("fallback", reason), logging.WARNING, "kernel-fun causal_conv1d: %s", reason
+        )
         return _fla_causal_conv1d()(
             x=x, weight=weight, bias=bias, residual=residual, initial_state=initial_state,
             output_final_state=output_final_state, activation=activation, backend=backend,

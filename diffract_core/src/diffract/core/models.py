@@ -83,7 +83,9 @@ def _from_tensors(model_id: str, tensors: Mapping[str, Any]) -> tuple[list[Param
     return infos, load, raw
 
 
-def _from_arrays(model_id: str, arrays: Mapping[str, np.ndarray]) -> tuple[list[ParamInfo], Loader, Any]:
+def _from_arrays(
+    model_id: str, arrays: Mapping[str, np.ndarray]
+) -> tuple[list[ParamInfo], Loader, Any]:
     kept = {n: a for n, a in arrays.items() if np.issubdtype(a.dtype, np.floating)}
     infos = [ParamInfo(model_id, n, tuple(a.shape), str(a.dtype)) for n, a in kept.items()]
 
@@ -99,7 +101,8 @@ def _from_mapping(model_id: str, mapping: Mapping[str, Any]) -> tuple[list[Param
     bad = sorted(
         str(k)
         for k, v in mapping.items()
-        if not (isinstance(v, np.ndarray) or (torch_mod is not None and isinstance(v, torch_mod.Tensor)))
+        if not isinstance(v, np.ndarray)
+        and not (torch_mod is not None and isinstance(v, torch_mod.Tensor))
     )
     if bad:
         nested = [k for k in bad if isinstance(mapping[k], Mapping)]
@@ -149,7 +152,8 @@ def _from_path(model_id: str, path: Path) -> tuple[list[ParamInfo], Loader, Any]
             dtype = sl.get_dtype().lower()
             if dtype.startswith(("f", "bf")):
                 norm = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64"}
-                infos.append(ParamInfo(model_id, name, tuple(sl.get_shape()), norm.get(dtype, dtype)))
+                shape = tuple(sl.get_shape())
+                infos.append(ParamInfo(model_id, name, shape, norm.get(dtype, dtype)))
 
         def load(name: str) -> np.ndarray:
             return _tensor_to_numpy(handle.get_tensor(name))
@@ -171,7 +175,8 @@ def _from_path(model_id: str, path: Path) -> tuple[list[ParamInfo], Loader, Any]
             ) from None
         if not isinstance(state, Mapping):
             raise ModelSourceError(
-                f"Model {model_id!r}: {path.name} holds a {type(state).__name__}, not a state dict.",
+                f"Model {model_id!r}: {path.name} holds a {type(state).__name__}, not a "
+                "state dict.",
                 model_id=model_id,
             )
         return _from_mapping(model_id, state)

@@ -9,6 +9,17 @@ A third-party pack declares ``[project.entry-points.diffract] <dist> = "<module>
 and puts ``@hookimpl`` functions in that module; see docs/plugins.md.
 """
 
+from diffract.core.storage.base import (
+    STORABLE_TYPES,
+    Batch,
+    Note,
+    ParamInfo,
+    Store,
+    contextual_name,
+    split_contextual,
+    storable_problem,
+)
+from diffract.errors import FieldUndefined
 from diffract.plugins._manager import (
     Catalog,
     DiffractPluginManager,
@@ -23,17 +34,6 @@ from diffract.plugins._runtime import (
     set_plugin_manager,
 )
 from diffract.plugins.hookspec import hookimpl, hookspec
-from diffract.core.storage.base import (
-    STORABLE_TYPES,
-    Batch,
-    Note,
-    ParamInfo,
-    Store,
-    contextual_name,
-    split_contextual,
-    storable_problem,
-)
-from diffract.errors import FieldUndefined
 from diffract.plugins.types import (
     Domain,
     ExecutorSpec,

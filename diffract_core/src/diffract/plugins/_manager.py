@@ -31,9 +31,9 @@ from typing import Any
 import attrs
 import pluggy
 
+from diffract.errors import PluginConflictError, PluginLoadError, PluginWarning
 from diffract.plugins import hookspec
 from diffract.plugins.types import ExecutorSpec, KernelSpec, OpSpec, StorageProfile
-from diffract.errors import PluginConflictError, PluginLoadError, PluginWarning
 
 __all__ = ["Catalog", "DiffractPluginManager", "PluginRecord", "make_plugin_manager"]
 
@@ -74,10 +74,8 @@ def _env_prefer() -> dict[str, str]:
             continue
         name, sep, dist = entry.partition("=")
         if not sep or not name.strip() or not dist.strip():
-            warnings.warn(
-                PluginWarning(f"DIFFRACT_PREFER entry {entry!r} is not name=distribution; ignored."),
-                stacklevel=3,
-            )
+            message = f"DIFFRACT_PREFER entry {entry!r} is not name=distribution; ignored."
+            warnings.warn(PluginWarning(message), stacklevel=3)
             continue
         out[name.strip()] = dist.strip()
     return out
@@ -200,14 +198,21 @@ class DiffractPluginManager(pluggy.PluginManager):
             names = {_norm(dist), _norm(ep.name)}
             key = f"{dist}:{ep.name}"
             if (allow_set is not None and not names & allow_set) or names & deny_set:
-                why = "not in DIFFRACT_PLUGINS" if allow_set is not None and not names & allow_set else "listed in DIFFRACT_DISABLE_PLUGINS"
+                why = (
+                    "not in DIFFRACT_PLUGINS"
+                    if allow_set is not None and not names & allow_set
+                    else "listed in DIFFRACT_DISABLE_PLUGINS"
+                )
                 self.records[key] = PluginRecord(dist, version, ep.name, "disabled", why)
                 continue
             try:
                 module = ep.load()
-                self.register_plugin(module, distribution=dist, version=version, entry_point=ep.name)
+                self.register_plugin(
+                    module, distribution=dist, version=version, entry_point=ep.name
+                )
             except Exception as exc:  # noqa: BLE001 - one broken plugin must not stop the host
-                record = PluginRecord(dist, version, ep.name, "failed", f"{type(exc).__name__}: {exc}")
+                why = f"{type(exc).__name__}: {exc}"
+                record = PluginRecord(dist, version, ep.name, "failed", why)
                 self.records[key] = record
                 self._problem(
                     record,
@@ -225,7 +230,9 @@ class DiffractPluginManager(pluggy.PluginManager):
 
     def _collect(self) -> Catalog:
         impls: dict[str, dict[str, Callable[[], Iterable[Any]]]] = {
-            hook_name: {i.plugin_name: i.function for i in getattr(self.hook, hook_name).get_hookimpls()}
+            hook_name: {
+                i.plugin_name: i.function for i in getattr(self.hook, hook_name).get_hookimpls()
+            }
             for hook_name, _, _ in _HOOKS
         }
         for name, _plugin in self.list_name_plugin():  # plugins registered with plain register()
@@ -245,7 +252,8 @@ class DiffractPluginManager(pluggy.PluginManager):
             for hook_name, rtype, kind in _HOOKS:
                 fn = impls[hook_name].get(name)
                 if fn is not None:
-                    offers[kind].extend((record, item) for item in self._answer(record, fn, hook_name, rtype, kind))
+                    answer = self._answer(record, fn, hook_name, rtype, kind)
+                    offers[kind].extend((record, item) for item in answer)
         kept: dict[str, list[Any]] = {"ops": [item for _, item in offers["ops"]]}
         contested: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {}
         for record, item in offers["ops"]:

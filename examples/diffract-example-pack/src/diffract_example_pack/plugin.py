@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from diffract.plugins import KernelSpec, hookimpl
-
 from diffract_example_pack.kernels import max_row_norm, row_norm_stats
 
 

@@ -15,8 +15,12 @@ Every outcome belongs to one unit; nothing one unit does costs another its resul
   undefined: NaN stored for every output, the reason recorded as an ``undefined`` note
   (not retried). An aggregate that comes out NaN because some of its inputs are
   undefined records which ones, and why;
-* a required input that is absent (a restriction skipped it upstream): a ``skipped``
-  note, nothing stored;
+* a required input that is absent because a restriction skipped it upstream: a
+  ``skipped`` note naming the upstream reason, nothing stored;
+* a required input that is absent because its kernel failed upstream: a ``failed`` note
+  naming that failure, nothing stored, retried next time. An aggregate over a model's
+  parameters waits the same way while any of its inputs failed (it would otherwise be
+  stored from a partial set and never recomputed);
 * anything else -- the kernel raised, its weights could not be read (a meta or sparse
   tensor, an I/O error), it returned the wrong number of values or a value no store can
   keep, a worker died: a ``failed`` note naming the cause, nothing stored, retried by
@@ -159,7 +163,15 @@ def chunk_units(step: Step, store: Store, budget: int) -> list[tuple[Unit, ...]]
 
 # -- calling kernels ----------------------------------------------------------------------
 class _MissingInput(Exception):
-    """A required input field is absent for the unit (skipped upstream)."""
+    """A required input field is absent for one (models, param) of the unit."""
+
+    def __init__(self, field: str, models: tuple[str, ...], param: str | None) -> None:
+        super().__init__(field)
+        self.field, self.models, self.param = field, models, param
+
+
+class _BlockedInput(Exception):
+    """An aggregate's inputs failed upstream on some parameters: it must wait."""
 
 
 class _UnreadableInput(Exception):
@@ -282,8 +294,8 @@ class _StepState:
     params: Mapping[str, Mapping[str, ParamInfo]]  # model -> name -> info
     #: input field -> (producing kernel, its level), for fields some kernel produces
     producers: Mapping[str, tuple[str, KernelApplyLevel]]
-    #: (kernel, models, param) -> reason, for undefined notes of those producers
-    undefined: Mapping[NoteKey, str]
+    #: (kernel, models, param) -> the note the producers of the inputs left there
+    notes: Mapping[NoteKey, Note]
     position: tuple[int, int]
 
 
@@ -328,8 +340,9 @@ class Runner:
             if level is KernelApplyLevel.IN_MODEL:
                 return store.read_aggregate(contextual_name(field, (model_id,)))
         except KeyError:
-            raise _MissingInput(field) from None
-        raise _MissingInput(field)
+            pass
+        at = param if level is KernelApplyLevel.PARAMETER else None
+        raise _MissingInput(field, (model_id,), at)
 
     def _gather(self, state: _StepState, unit: Unit) -> dict[str, Any]:
         """The keyword arguments of one kernel call (raises _MissingInput/_UnreadableInput)."""
@@ -345,6 +358,7 @@ class Runner:
                     names = list(state.params[model_id])
                     if field not in SOURCE_FIELDS:
                         have = self.store.present(model_id, field)
+                        self._check_not_blocked(state, field, model_id, names, have)
                         names = [n for n in names if n in have]
                     inputs[arg] = tuple(self._read(state, field, model_id, n) for n in names)
                 else:
@@ -354,7 +368,7 @@ class Runner:
                 try:
                     inputs[arg] = self.store.read_aggregate(name)
                 except KeyError:
-                    raise _MissingInput(field) from None
+                    raise _MissingInput(field, unit.models, unit.param) from None
             else:
                 inputs[arg] = tuple(self._read(state, field, m, unit.param) for m in unit.models)
         return inputs
@@ -362,7 +376,7 @@ class Runner:
     def _gather_one(self, state: _StepState, unit: Unit) -> Any:
         try:
             return self._gather(state, unit)
-        except (_MissingInput, _UnreadableInput) as exc:
+        except (_MissingInput, _UnreadableInput, _BlockedInput) as exc:
             return exc
         except Exception as exc:  # noqa: BLE001 - a store that fails on one unit
             return _UnreadableInput(f"cannot read the inputs of {unit.label}: {_describe(exc)}")
@@ -374,6 +388,43 @@ class Runner:
         worker while the tasks it waits for sit in the queue).
         """
         return [self.threads.submit(self._gather_one, state, unit) for unit in chunk]
+
+    @staticmethod
+    def _check_not_blocked(
+        state: _StepState, field: str, model_id: str, names: list[str], have: set[str]
+    ) -> None:
+        """Raise _BlockedInput when ``field`` is absent on parameters whose producer
+        failed there (those parameters will be retried: the aggregate waits for them)."""
+        producer = state.producers[field][0]
+        failed = [
+            (n, note.reason)
+            for n in names
+            if n not in have
+            and (note := state.notes.get((producer, (model_id,), n))) is not None
+            and note.kind == "failed"
+        ]
+        if failed:
+            shown = "; ".join(f"{n}: {why}" for n, why in failed[:3])
+            more = f"; and {len(failed) - 3} more" if len(failed) > 3 else ""
+            raise _BlockedInput(
+                f"input {field!r} failed on {len(failed)} of {len(names)} parameters of "
+                f"{model_id} ({shown}{more}); the aggregate is computed once they succeed"
+            )
+
+    @staticmethod
+    def _why_missing(state: _StepState, missing: _MissingInput) -> tuple[str, str]:
+        """(note kind, reason) for a unit whose input is absent: failed when the input's
+        kernel failed there (retried next time), skipped otherwise."""
+        field = missing.field
+        producer = state.producers.get(field, ("", None))[0]
+        note = state.notes.get((producer, missing.models, missing.param))
+        if note is None:
+            return "skipped", f"input field {field!r} is not available for this unit"
+        if note.kind == "failed":
+            return "failed", f"input {field!r} is missing because {producer!r} failed on " \
+                f"{note.unit}: {note.reason}"
+        return "skipped", f"input {field!r} is not available: {producer!r} skipped " \
+            f"{note.unit} ({note.reason})"
 
     @staticmethod
     def _input_keys(level: KernelApplyLevel, unit: Unit) -> list[tuple[tuple[str, ...], Any]]:
@@ -390,22 +441,20 @@ class Runner:
         Aggregates over a model's parameters are not covered here: they see NaN entries
         in their tuples and decide (see :meth:`_undefined_parts`).
         """
-        if not state.undefined:
-            return None
         for field, (producer, level) in state.producers.items():
             if state.spec.apply_level is KernelApplyLevel.IN_MODEL and (
                 level is KernelApplyLevel.PARAMETER
             ):
                 continue
             for models, param in self._input_keys(level, unit):
-                reason = state.undefined.get((producer, models, param))
-                if reason is not None:
-                    return f"input {field!r} is undefined: {reason}"
+                note = state.notes.get((producer, models, param))
+                if note is not None and note.kind == "undefined":
+                    return f"input {field!r} is undefined: {note.reason}"
         return None
 
     def _undefined_parts(self, state: _StepState, unit: Unit) -> str | None:
         """For an aggregate over a model's parameters: which inputs were undefined, why."""
-        if state.spec.apply_level is not KernelApplyLevel.IN_MODEL or not state.undefined:
+        if state.spec.apply_level is not KernelApplyLevel.IN_MODEL:
             return None
         (model_id,) = unit.models
         parts = []
@@ -413,9 +462,10 @@ class Runner:
             if level is not KernelApplyLevel.PARAMETER:
                 continue
             bad = [
-                (name, state.undefined[(producer, (model_id,), name)])
+                (name, note.reason)
                 for name in state.params[model_id]
-                if (producer, (model_id,), name) in state.undefined
+                if (note := state.notes.get((producer, (model_id,), name))) is not None
+                and note.kind == "undefined"
             ]
             if bad:
                 shown = "; ".join(f"{name}: {why}" for name, why in bad[:3])
@@ -451,17 +501,13 @@ class Runner:
             if producer is not None:
                 producers[field] = (producer.name, producer.apply_level)
         names = {name for name, _ in producers.values()}
-        undefined = {
-            n.key: n.reason
-            for n in self.store.notes()
-            if n.kind == "undefined" and n.kernel in names
-        } if names else {}
+        notes = {n.key: n for n in self.store.notes() if n.kernel in names} if names else {}
         return _StepState(
             spec=spec,
             config=self.registry.effective_config(spec.name),
             params={m: {p.name: p for p in self.store.params(m)} for m in models},
             producers=producers,
-            undefined=undefined,
+            notes=notes,
             position=position,
         )
 
@@ -525,8 +571,8 @@ class Runner:
         runnable = []
         for unit, got in zip(chunk, inputs, strict=True):
             if isinstance(got, _MissingInput):
-                note(unit, "skipped", f"input field {got.args[0]!r} is not available for this unit")
-            elif isinstance(got, _UnreadableInput):
+                note(unit, *self._why_missing(state, got))
+            elif isinstance(got, (_UnreadableInput, _BlockedInput)):
                 note(unit, "failed", str(got))
             elif (inherited := self._inherited_undefined(state, unit)) is not None:
                 undefined(unit, inherited)

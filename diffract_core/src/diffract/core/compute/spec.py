@@ -24,7 +24,15 @@ from diffract.core.compute._domains import Domain, Range, domain_of
 from diffract.core.compute._enums import KernelApplyLevel, KernelExecutionProtocol
 from diffract.errors import KernelDefinitionError, did_you_mean
 
-__all__ = ["SOURCE_FIELDS", "Domain", "KernelOptions", "KernelSpec", "Range", "Restriction", "kernel"]
+__all__ = [
+    "SOURCE_FIELDS",
+    "Domain",
+    "KernelOptions",
+    "KernelSpec",
+    "Range",
+    "Restriction",
+    "kernel",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -113,7 +113,9 @@ def contextual_name(field: str, models: Sequence[str], param: str | None = None)
     return f"{name}@params[{param}]" if param is not None else name
 
 
-_CONTEXT = re.compile(r"^(?P<field>[^@]+)@models\[(?P<models>[^\]]*)\](?:@params\[(?P<param>.*)\])?$")
+_CONTEXT = re.compile(
+    r"^(?P<field>[^@]+)@models\[(?P<models>[^\]]*)\](?:@params\[(?P<param>.*)\])?$"
+)
 
 
 def split_contextual(name: str) -> tuple[str, tuple[str, ...], str | None]:

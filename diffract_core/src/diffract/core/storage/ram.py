@@ -13,7 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from diffract.core.storage.base import Batch, Note, ParamInfo, Store, estimate_nbytes, split_contextual
+from diffract.core.storage.base import (
+    Batch,
+    Note,
+    ParamInfo,
+    Store,
+    estimate_nbytes,
+    split_contextual,
+)
 
 __all__ = ["RamStore"]
 
