@@ -3,7 +3,7 @@
 ``diffract catalog -o docs/metrics.md`` writes it; a test regenerates it and fails when
 the committed page differs, so the catalog never drifts from the registered kernels.
 Each entry: the fields a kernel produces, its level and execution protocol, its input
-fields, its configuration with defaults, its provider, and its docstring (the formula).
+fields, its configuration with defaults and accepted values, its provider, and its docstring (the formula).
 """
 
 from __future__ import annotations
@@ -45,7 +45,11 @@ def render_catalog(kernels: Iterable[KernelSpec]) -> str:
         lines.append(f"- produces: {', '.join(f'`{f}`' for f in spec.produce_fields)}")
         lines.append(f"- level: {spec.apply_level.name}; execution: {spec.execution_protocol.name}")
         lines.append(f"- inputs: {', '.join(f'`{f}`' for f in spec.require_fields)}")
-        config = ", ".join(f"`{k}={v!r}`" for k, v in spec.config)
+        domains = spec.config_domains
+        config = "; ".join(
+            f"`{k}={v!r}` ({domains[k].describe()})" if k in domains else f"`{k}={v!r}`"
+            for k, v in spec.config
+        )
         lines.append(f"- configuration: {config or 'none'}")
         if spec.restrictions:
             lines.append(f"- applies to: {'; '.join(r.reason for r in spec.restrictions)}")

@@ -47,8 +47,10 @@ def _kernels(args: argparse.Namespace) -> int:
         print(f"    requires: {', '.join(spec.require_fields) or '-'}")
         print(f"    produces: {', '.join(spec.produce_fields)}")
         config = registry.effective_config(spec.name)
-        if config:
-            print("    config:   " + ", ".join(f"{k}={v!r}" for k, v in config.items()))
+        domains = spec.config_domains
+        for i, (key, value) in enumerate(config.items()):
+            label = "    config:   " if i == 0 else "              "
+            print(f"{label}{key}={value!r}  ({domains[key].describe()})")
         if spec.summary:
             print(f"    {spec.summary}")
     return 0

@@ -351,7 +351,8 @@ class ComputeAPI(_Scoped):
 
     def list_available_kernels(self, verbose: bool = False) -> list[Any]:
         """Names of every registered kernel; with ``verbose``, one dict per kernel with
-        its fields, level, protocol, configuration, provider and summary."""
+        its fields, level, protocol, configuration (and the values each keyword
+        accepts), provider and summary."""
         registry = self._session.registry
         if not verbose:
             return [s.name for s in registry.kernels()]
@@ -363,6 +364,7 @@ class ComputeAPI(_Scoped):
                 "apply_level": s.apply_level.name,
                 "execution_protocol": s.execution_protocol.name,
                 "config": registry.effective_config(s.name),
+                "accepts": {k: d.describe() for k, d in s.config_domains.items()},
                 "provider": s.provider,
                 "summary": s.summary,
             }

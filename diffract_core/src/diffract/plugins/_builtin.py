@@ -18,9 +18,9 @@ def _ram(options: Mapping[str, Any]) -> Any:
     from diffract.core.storage.ram import RamStore
 
     if options:
-        from diffract.errors import StorageError
+        from diffract.errors import InvalidArgumentError
 
-        raise StorageError(
+        raise InvalidArgumentError(
             f"The 'ram' profile takes no options, got {sorted(options)}. "
             "Remove them, or choose a profile that accepts them."
         )
