@@ -3,7 +3,8 @@
 ``diffract catalog -o docs/metrics.md`` writes it; a test regenerates it and fails when
 the committed page differs, so the catalog never drifts from the registered kernels.
 Each entry: the fields a kernel produces, its level and execution protocol, its input
-fields, its configuration with defaults and accepted values, its provider, and its docstring (the formula).
+fields, its configuration with defaults and accepted values, its provider, and its
+docstring (the formula).
 """
 
 from __future__ import annotations
