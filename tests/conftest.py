@@ -20,6 +20,18 @@ import pytest  # noqa: E402
 from diffract.plugins import reset_registry  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` show as skipped, with the reason, unless they run on a GPU."""
+    if os.environ.get("KERNEL_FUN_TEST_GPU") == "1":
+        return
+    skip = pytest.mark.skip(
+        reason="needs a CUDA GPU (bf16 and the compiled kernels): run with KERNEL_FUN_TEST_GPU=1"
+    )
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def fresh_registry():
     """Each test starts from the registry the installed plugins give (process-global)."""

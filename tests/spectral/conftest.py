@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 import numpy as np
 import pytest
+
+#: Tests that compare with the powerlaw library, or run the Taichi fitter, need those
+#: optional packages; without them they show as skipped with the reason (the rest of
+#: the spectral tests still run).
+needs_powerlaw = pytest.mark.skipif(
+    find_spec("powerlaw") is None,
+    reason="needs the powerlaw library, the reference: pip install powerlaw",
+)
+needs_taichi = pytest.mark.skipif(
+    find_spec("taichi") is None,
+    reason="needs taichi for fit_method='diffract': pip install 'diffract-kernels-spectral[taichi]'",
+)
 
 
 def pareto(rng: np.random.Generator, n: int, alpha: float, xmin: float = 1.0) -> np.ndarray:

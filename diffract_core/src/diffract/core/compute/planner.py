@@ -162,6 +162,19 @@ def _passes(spec: KernelSpec, info: ParamInfo) -> str | None:
     return None
 
 
+def _note_partial(
+    partial: dict[tuple[str, str], set[str]],
+    spec: KernelSpec,
+    requested: set[str],
+    present: list[bool],
+) -> None:
+    """Record requested outputs absent from a unit where sibling outputs are present."""
+    outputs = spec.produce_fields
+    for f, here in zip(outputs, present, strict=True):
+        if f in requested and not here:
+            partial.setdefault((f, spec.name), set()).update(s for s in outputs if s != f)
+
+
 def make_plan(
     fields: Sequence[str], registry: KernelRegistry, store: Store, scope: Sequence[str]
 ) -> Plan:
@@ -202,12 +215,8 @@ def make_plan(
                 present = [store.has_aggregate(n) for n in names]
                 if not any(present):
                     units.append(Unit((model_id,)))
-                elif not all(present):
-                    for f, here in zip(outputs, present, strict=True):
-                        if f in requested and not here:
-                            partial.setdefault((f, spec.name), set()).update(
-                                s for s in outputs if s != f
-                            )
+                else:
+                    _note_partial(partial, spec, requested, present)
         else:  # CROSS_MODEL: scope is exactly a pair (validated above)
             a, b = scope
             in_b = {p.name: p for p in store.params(b)}
@@ -216,8 +225,10 @@ def make_plan(
                 if info.name not in in_b:
                     skipped.append((unit, f"parameter {info.name!r} is not in model {b!r}"))
                     continue
-                names = [contextual_name(f, (a, b), info.name) for f in outputs]
-                if any(store.has_aggregate(n) for n in names):
+                present = [store.has_aggregate(contextual_name(f, (a, b), info.name))
+                           for f in outputs]
+                if any(present):
+                    _note_partial(partial, spec, requested, present)
                     continue
                 reason = _passes(spec, info) or _passes(spec, in_b[info.name])
                 (skipped.append((unit, reason)) if reason else units.append(unit))
