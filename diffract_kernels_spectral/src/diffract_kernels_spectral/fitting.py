@@ -428,6 +428,10 @@ def fit_exponential(
     return ExponentialFit(lam, float(xmin), d, ll, len(tail), method)
 
 
+def _pl_pointwise(tail: np.ndarray, xmin: float, alpha: float) -> np.ndarray:
+    return math.log(alpha - 1.0) - math.log(xmin) - alpha * np.log(tail / xmin)
+
+
 def _lognormal_pointwise(tail: np.ndarray, xmin: float) -> np.ndarray:
     from scipy.optimize import minimize
     from scipy.special import log_ndtr
@@ -456,21 +460,37 @@ def compare_distributions(
     Wilks, ``p = chi2_1.sf(2|R|)``), the exponential and the lognormal (non-nested: Vuong,
     ``p = erfc(|R| / (sqrt(2 n) s))``, ``s`` the standard deviation of the pointwise
     log-likelihood ratios), all on the tail ``x >= xmin``. ``R > 0`` favours the power law.
+
+    Each alternative is fitted by maximum likelihood on the tail. The lognormal's
+    maximum may lie at infinity (its limit is a power law); then the limit is used: a
+    lognormal is never reported worse than the power law it can become, so on power-law
+    data ``R`` against it is 0 with ``p = 1`` (no evidence either way), where optimisers
+    that stop on the ridge would report an arbitrary small positive ``R``.
     """
     from scipy.special import erfc
     from scipy.stats import chi2
 
     tail = _tail(data, xmin, xmax)
     m = len(tail)
+    mle = 1.0 + m / float(np.sum(np.log(tail / xmin)))
     if alpha is None:
-        alpha = 1.0 + m / float(np.sum(np.log(tail / xmin)))
-    ll_pl = math.log(alpha - 1.0) - math.log(xmin) - alpha * np.log(tail / xmin)
+        alpha = mle
+    ll_pl = _pl_pointwise(tail, xmin, alpha)
     t_alpha, t_lam, _ = _tpl_mle(tail, xmin)
     lam = 1.0 / float(np.mean(tail - xmin))
+    # The truncated lognormal tends to a power law as mu -> -inf and sigma -> inf (with
+    # -mu / sigma^2 = alpha - 1): on power-law-like data its likelihood has no finite
+    # maximum, only that limit, and optimisers stop anywhere along the ridge. Its
+    # supremum is therefore at least the fitted power law's likelihood: use that limit
+    # whenever no finite lognormal beats it (then R = 0 for alpha at the MLE, p = 1).
+    ll_logn = _lognormal_pointwise(tail, xmin)
+    ll_limit = _pl_pointwise(tail, xmin, mle)
+    if float(np.sum(ll_logn)) < float(np.sum(ll_limit)):
+        ll_logn = ll_limit
     alternatives = {
         "truncated_power_law": (_tpl_pointwise(tail, xmin, t_alpha, t_lam), True),
         "exponential": (math.log(lam) - lam * (tail - xmin), False),
-        "lognormal": (_lognormal_pointwise(tail, xmin), False),
+        "lognormal": (ll_logn, False),
     }
     out = {}
     for name, (ll_alt, nested) in alternatives.items():

@@ -1,0 +1,111 @@
+"""The accelerated fitter's pruning never changes the answer: a seeded randomized
+comparison with an exhaustive scan, and exponents above 3 against the closed form."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from diffract_kernels_spectral import _taichi, fit_power_law
+from diffract_kernels_spectral.fitting import _REFINE_ABOVE, _SEEDS
+from tests.spectral.conftest import count_candidates, exhaustive, heavy_esd, needs_taichi, pareto
+
+pytestmark = needs_taichi
+
+MIN_TAIL = 50
+
+
+def _datasets():
+    """(label, data): a few hundred seeded data sets of every shape the pruning meets."""
+    rng = np.random.default_rng(20261130)
+    out = []
+    # Candidate counts straddling the two switches of the search: <= 4 * _SEEDS candidates
+    # are all scanned exactly; bounds passes repeat while more than _REFINE_ABOVE survive.
+    edges = [4 * _SEEDS - 1, 4 * _SEEDS, 4 * _SEEDS + 1, _REFINE_ABOVE - 1, _REFINE_ABOVE,
+             _REFINE_ABOVE + 1, _REFINE_ABOVE + 9]
+    for c in edges:
+        for _ in range(4):
+            out.append((f"edge-c{c}", pareto(rng, MIN_TAIL + c, rng.uniform(1.6, 3.5))))
+    for _ in range(120):  # pure power laws
+        n = int(rng.choice([80, 150, 400, 900, 2000]))
+        out.append((f"pareto-n{n}", pareto(rng, n, rng.uniform(1.5, 4.5), rng.uniform(0.1, 10))))
+    for _ in range(90):  # a lognormal body under a power-law tail
+        n = int(rng.choice([200, 600, 1500, 3000]))
+        body = rng.lognormal(0.0, rng.uniform(0.3, 1.5), n // 2)
+        out.append((f"mixture-n{n}", np.concatenate([body, pareto(rng, n - n // 2, rng.uniform(1.8, 3.5), 3.0)])))
+    for _ in range(40):  # rounded values: many ties
+        n = int(rng.choice([300, 1000, 2500]))
+        out.append((f"rounded-n{n}", np.round(pareto(rng, n, rng.uniform(1.7, 3.0)), int(rng.integers(1, 3)))))
+    for _ in range(30):  # heavy-tailed ESDs
+        n = int(rng.choice([100, 200, 300]))
+        out.append((f"esd-{n}", heavy_esd(rng, n, 2 * n, rng.uniform(1.5, 3.0))))
+    for n in (8000, 20_000):  # large: several bounds passes
+        out.append((f"large-n{n}", pareto(rng, n, 2.2)))
+        out.append((f"large-mixture-n{n}", np.concatenate([rng.lognormal(0, 1, n // 2), pareto(rng, n // 2, 2.5, 3.0)])))
+    return out
+
+
+@pytest.fixture
+def bound_passes(monkeypatch):
+    """Counts the bounds passes each fit makes (wraps the Taichi kernel)."""
+    real = _taichi.kernels()
+    calls = []
+
+    def ks_bounds(*args):
+        calls.append(len(args[2]))
+        return real.ks_bounds(*args)
+
+    monkeypatch.setattr(_taichi, "kernels", lambda: SimpleNamespace(ks_bounds=ks_bounds, ks_exact=real.ks_exact))
+    return calls
+
+
+def test_pruned_search_equals_the_exhaustive_scan_on_hundreds_of_data_sets(bound_passes):
+    """On every data set the fitter returns the exhaustive scan's minimum-KS candidate
+    (the smallest xmin among exact ties), its alpha and D, and the candidate count an
+    independent count gives; the set exercises every branch of the search."""
+    problems = []
+    passes_per_fit = []
+    for label, x in _datasets():
+        before = len(bound_passes)
+        fit = fit_power_law(x, fit_method="diffract", min_tail=MIN_TAIL)
+        passes_per_fit.append(len(bound_passes) - before)
+        rows = exhaustive(x, MIN_TAIL)
+        best = int(np.argmin(rows[:, 2]))
+        d_min = rows[best, 2]
+        chosen = np.flatnonzero(rows[:, 0] == fit.xmin)
+        tie = len(chosen) == 1 and rows[chosen[0], 2] <= d_min * (1 + 1e-12) and chosen[0] < best
+        if not (fit.xmin == rows[best, 0] or tie):
+            problems.append(f"{label}: xmin {fit.xmin} (D={fit.ks_distance:.6g}) but the scan's "
+                            f"best is {rows[best, 0]} (D={d_min:.6g})")
+        elif not math.isclose(fit.ks_distance, d_min, rel_tol=1e-10, abs_tol=1e-14):
+            problems.append(f"{label}: D {fit.ks_distance} vs {d_min}")
+        elif not math.isclose(fit.alpha, rows[best, 1], rel_tol=1e-10):
+            problems.append(f"{label}: alpha {fit.alpha} vs {rows[best, 1]}")
+        if fit.n_candidates != count_candidates(x, MIN_TAIL):
+            problems.append(f"{label}: n_candidates {fit.n_candidates} vs {count_candidates(x, MIN_TAIL)}")
+        if fit.n_tail != int(np.sum(x >= fit.xmin)):
+            problems.append(f"{label}: n_tail {fit.n_tail}")
+    assert problems == []
+    assert len(passes_per_fit) >= 300
+    # Every path of the search ran: no bounds pass, one pass, and several passes.
+    assert passes_per_fit.count(0) > 20
+    assert sum(p == 1 for p in passes_per_fit) > 20
+    assert max(passes_per_fit) >= 3
+
+
+@pytest.mark.parametrize("alpha", [3.5, 5.0, 8.0])
+def test_exponents_above_three_match_the_closed_form_and_the_scan(alpha):
+    """Where powerlaw cannot be the reference (it bounds alpha to 3): the fitted xmin is
+    the exhaustive scan's, alpha is the closed form on that tail, and it is near truth."""
+    rng = np.random.default_rng(int(alpha * 10))
+    x = np.concatenate([rng.uniform(0.2, 1.0, 500), pareto(rng, 4000, alpha)])
+    fit = fit_power_law(x, fit_method="diffract")
+    rows = exhaustive(x)
+    assert fit.xmin == rows[np.argmin(rows[:, 2]), 0]
+    tail = np.sort(x)[np.sort(x) >= fit.xmin]
+    assert fit.alpha == pytest.approx(1.0 + len(tail) / np.sum(np.log(tail / fit.xmin)), rel=1e-12)
+    assert fit.sigma == pytest.approx((fit.alpha - 1.0) / math.sqrt(len(tail)), rel=1e-12)
+    assert fit.alpha > 3.0 and abs(fit.alpha - alpha) < 5 * fit.sigma
