@@ -109,3 +109,21 @@ def test_exponents_above_three_match_the_closed_form_and_the_scan(alpha):
     assert fit.alpha == pytest.approx(1.0 + len(tail) / np.sum(np.log(tail / fit.xmin)), rel=1e-12)
     assert fit.sigma == pytest.approx((fit.alpha - 1.0) / math.sqrt(len(tail)), rel=1e-12)
     assert fit.alpha > 3.0 and abs(fit.alpha - alpha) < 5 * fit.sigma
+
+
+@pytest.mark.parametrize("n", [70, 400], ids=["all-scanned", "pruned"])
+def test_exact_ties_go_to_the_smallest_xmin(monkeypatch, n):
+    """When every candidate's KS distance is exactly equal, the fit is the smallest xmin
+    (as an ordered scan would pick), on both paths of the search. Real data almost
+    never tie exactly, so the rule is checked with distances made equal on purpose."""
+    def ks_exact(logx, first, starts, alphas, n_, stride, stop_above, out):
+        out[:] = 0.25
+
+    def ks_bounds(logx, first, starts, alphas, n_, stride, stop_above, lower, upper):
+        lower[:] = 0.25
+        upper[:] = 0.25
+
+    monkeypatch.setattr(_taichi, "kernels", lambda: SimpleNamespace(ks_bounds=ks_bounds, ks_exact=ks_exact))
+    x = pareto(np.random.default_rng(n), n, 2.5)
+    fit = fit_power_law(x, fit_method="diffract")
+    assert fit.xmin == np.sort(x)[0]

@@ -215,7 +215,7 @@ def _search(x: np.ndarray, starts: np.ndarray) -> tuple[int, int]:
 
     if count <= 4 * _SEEDS:
         dist[:] = exact(np.arange(count), np.inf)
-        return int(order[np.argmin(dist)]), count
+        return _smallest_winner(order, dist), count
     probe = np.argsort(order)[np.linspace(0, count - 1, _SEEDS).astype(int)]
     dist[probe] = exact(probe, np.inf)
     best = float(dist[probe].min())
@@ -235,9 +235,14 @@ def _search(x: np.ndarray, starts: np.ndarray) -> tuple[int, int]:
         stride //= 4
     if len(alive):
         dist[alive] = exact(alive, best)
-    # Exact ties go to the smallest xmin, as in an ordered scan.
+    return _smallest_winner(order, dist), scanned + len(alive)
+
+
+def _smallest_winner(order: np.ndarray, dist: np.ndarray) -> int:
+    """The candidate of smallest distance; exact ties go to the smallest xmin (as in an
+    ordered scan), whatever order the shuffle put them in."""
     winners = np.flatnonzero(dist == dist.min())
-    return int(order[winners].min()), scanned + len(alive)
+    return int(order[winners].min())
 
 
 def _fit_diffract(x: np.ndarray, min_tail: int) -> PowerLawFit:

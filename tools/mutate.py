@@ -1,0 +1,216 @@
+"""Mutation testing by hand-picked mutants: does the suite notice a plausible bug?
+
+Each mutant is one textual change to one source file, the tests that should catch it,
+and why it matters. For each, the tracked files are copied to a scratch directory, the
+change is applied there, and the tests run against that copy (its source directories
+go first on PYTHONPATH, so the editable installs of the working tree are shadowed). A
+mutant that passes its tests *survives*: the suite has a hole there.
+
+    python tools/mutate.py            # every mutant (several minutes)
+    python tools/mutate.py fitter     # the mutants whose name starts with "fitter"
+    python tools/mutate.py --list
+
+Not run in CI (too slow). Run it before resolving an issue that touches the fitter, the
+planner, the runner, the statistics or the Triton kernels, and put its result in the
+note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ["diffract_core/src", "diffract_kernels_spectral/src", "kernel_fun_gpu/src", "."]
+
+SPECTRAL = "diffract_kernels_spectral/src/diffract_kernels_spectral/"
+CORE = "diffract_core/src/diffract/core/"
+FITTER_TESTS = ["tests/spectral/test_fitter_exactness.py", "tests/spectral/test_fitting.py"]
+STATS_TESTS = ["tests/spectral/test_statistics.py", "tests/spectral/test_fitting.py"]
+CORE_TESTS = ["tests/core"]
+CONV_TESTS = ["tests/kernel_fun_gpu/test_cconv.py"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    why: str
+
+
+MUTANTS = [
+    # -- the fitter's pruning and definitions -----------------------------------------
+    Mutant("fitter-bounds-too-tight", SPECTRAL + "_taichi_kernels.py",
+           "lo = ti.max(lo, ti.abs(t - a))", "lo = ti.max(lo, 1.02 * ti.abs(t - a))",
+           tuple(FITTER_TESTS), "lower bounds 2% too high prune candidates that could win"),
+    Mutant("fitter-drop-a-survivor", SPECTRAL + "fitting.py",
+           "alive = np.setdiff1d(alive[lower - 1e-12 <= best], seeds)",
+           "alive = np.setdiff1d(alive[lower - 1e-12 <= best], seeds)[1:]",
+           tuple(FITTER_TESTS), "one survivor of a bounds pass is never scanned"),
+    Mutant("fitter-candidate-off-by-one", SPECTRAL + "fitting.py",
+           "return distinct[(n - distinct) >= min_tail]", "return distinct[(n - distinct) > min_tail]",
+           tuple(FITTER_TESTS), "the last candidate (tail of exactly min_tail) is lost"),
+    Mutant("fitter-exact-scan-skips", SPECTRAL + "_taichi_kernels.py",
+           "if ti.max(t - prev_a, a - prev_t) + 1e-12 > d:",
+           "if ti.max(t - prev_a, a - prev_t) > d + 1e-3:",
+           tuple(FITTER_TESTS), "the exact scan skips intervals that hold the maximum gap"),
+    Mutant("fitter-ties-to-largest-xmin", SPECTRAL + "fitting.py",
+           "return int(order[winners].min())", "return int(order[winners].max())",
+           tuple(FITTER_TESTS), "exact ties must go to the smallest xmin"),
+    Mutant("fitter-ties-small-path", SPECTRAL + "fitting.py",
+           "return _smallest_winner(order, dist), count", "return int(order[np.argmin(dist)]), count",
+           tuple(FITTER_TESTS), "with few candidates too, ties go to the smallest xmin"),
+    Mutant("fitter-right-ecdf", SPECTRAL + "fitting.py",
+           "return values, first / len(tail)",
+           "return values, np.searchsorted(tail, values, side='right') / len(tail)",
+           tuple(FITTER_TESTS), "the KS definition uses the empirical CDF just below u"),
+    Mutant("fitter-alpha-minus-one", SPECTRAL + "fitting.py",
+           "    alpha = 1.0 + len(tail) / np.sum(np.log(tail / xmin))\n    return float(alpha)",
+           "    alpha = len(tail) / np.sum(np.log(tail / xmin))\n    return float(alpha)",
+           tuple(FITTER_TESTS), "the MLE is 1 + n / sum ln(x / xmin)"),
+    # -- statistics ---------------------------------------------------------------------
+    Mutant("stats-vuong-scale", SPECTRAL + "fitting.py",
+           "erfc(abs(r) / (math.sqrt(2.0 * m) * s))", "erfc(abs(r) / (math.sqrt(m) * s))",
+           tuple(STATS_TESTS), "Vuong's statistic is R / (sqrt(n) s), erfc of it over sqrt 2"),
+    Mutant("stats-wilks-factor", SPECTRAL + "fitting.py",
+           "chi2.sf(2.0 * abs(r), 1)", "chi2.sf(abs(r), 1)",
+           tuple(STATS_TESTS), "Wilks: 2 |R| is chi2 with one degree of freedom"),
+    Mutant("stats-exp-ks-shift", SPECTRAL + "fitting.py",
+           "d = _ks(tail, lambda u: 1.0 - np.exp(-lam * (u - xmin)))",
+           "d = _ks(tail, lambda u: 1.0 - np.exp(-lam * u))",
+           tuple(STATS_TESTS), "the exponential's CDF starts at xmin"),
+    Mutant("stats-bootstrap-direction", SPECTRAL + "fitting.py",
+           "hits += refit.ks_distance >= fit.ks_distance",
+           "hits += refit.ks_distance <= fit.ks_distance",
+           tuple(STATS_TESTS), "the p-value counts replicates at least as far from a power law"),
+    Mutant("stats-bootstrap-fixed-seed", SPECTRAL + "fitting.py",
+           "rng = np.random.default_rng(seed)", "rng = np.random.default_rng(0)",
+           tuple(STATS_TESTS), "the seed must drive the bootstrap"),
+    Mutant("stats-stable-rank", SPECTRAL + "kernels.py",
+           "return float(np.sum(values) / values[-1])", "return float(np.sum(values) / values[0])",
+           ("tests/spectral/test_kernels.py",), "stable rank divides by the largest eigenvalue"),
+    # -- the planner ----------------------------------------------------------------------
+    Mutant("planner-param-any-output", CORE + "compute/planner.py",
+           "any_out = set().union(*have.values())", "any_out = set.intersection(*have.values())",
+           tuple(CORE_TESTS), "a parameter is pending only when all outputs are absent"),
+    Mutant("planner-model-any-output", CORE + "compute/planner.py",
+           "                if not any(present):\n                    units.append(Unit((model_id,)))",
+           "                if not all(present):\n                    units.append(Unit((model_id,)))",
+           tuple(CORE_TESTS), "the same rule for IN_MODEL kernels"),
+    Mutant("planner-cross-any-output", CORE + "compute/planner.py",
+           "                if any(present):\n                    _note_partial",
+           "                if all(present):\n                    _note_partial",
+           tuple(CORE_TESTS), "the same rule for CROSS_MODEL kernels"),
+    Mutant("planner-scope-not-a-pair", CORE + "compute/planner.py",
+           "    if len(scope) == 2:\n        return", "    if len(scope) >= 2:\n        return",
+           tuple(CORE_TESTS), "pairwise kernels need exactly two models"),
+    # -- the runner -----------------------------------------------------------------------
+    Mutant("runner-cross-args-both-a", CORE + "compute/execution.py",
+           "inputs[arg] = tuple(self._read(state, field, m, unit.param) for m in unit.models)",
+           "inputs[arg] = tuple(self._read(state, field, unit.models[0], unit.param)"
+           " for m in unit.models)",
+           tuple(CORE_TESTS), "model b's data must reach the second slot"),
+    Mutant("runner-drop-chunk-with-failure", CORE + "compute/execution.py",
+           "        self.store.commit(batch)\n        report.notes.extend(batch.notes)",
+           "        if not any(n.kind == 'failed' for n in batch.notes):\n"
+           "            self.store.commit(batch)\n        report.notes.extend(batch.notes)",
+           tuple(CORE_TESTS), "one failure must not cost the chunk's other results"),
+    Mutant("runner-aggregate-does-not-wait", CORE + "compute/execution.py",
+           "                        self._check_not_blocked(state, field, model_id, names, have)\n",
+           "", tuple(CORE_TESTS), "an aggregate over a partial set is never recomputed"),
+    Mutant("runner-undefined-not-inherited", CORE + "compute/execution.py",
+           "                if note is not None and note.kind == \"undefined\":\n"
+           "                    return f\"input {field!r} is undefined: {note.reason}\"",
+           "                pass", tuple(CORE_TESTS), "undefined inputs make undefined outputs"),
+    Mutant("runner-storable-not-checked", CORE + "compute/execution.py",
+           "        problem = storable_problem(value)", "        problem = None",
+           tuple(CORE_TESTS), "values no store can keep must fail their unit"),
+    # -- the Triton conv ------------------------------------------------------------------
+    Mutant("conv-forward-tap", "kernel_fun_gpu/src/kernel_fun/_cconv_triton.py",
+           "+ w2 * _load_rows(xb, t - 1, d, d_ok, T, sxt, sxd)",
+           "+ w2 * _load_rows(xb, t - 2, d, d_ok, T, sxt, sxd)",
+           tuple(CONV_TESTS), "one tap of the forward reads the wrong time step"),
+    Mutant("conv-backward-tap", "kernel_fun_gpu/src/kernel_fun/_cconv_triton.py",
+           "gx += w1 * _dz(w0 * xm1 + w1 * x0 + w2 * xp1 + w3 * xp2, g2)",
+           "gx += w2 * _dz(w0 * xm1 + w1 * x0 + w2 * xp1 + w3 * xp2, g2)",
+           tuple(CONV_TESTS), "dx takes each tap's weight"),
+]
+
+
+def _copy_tree(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split("\n")
+    for name in filter(None, files):
+        src = ROOT / name
+        if src.is_file():
+            target = dest / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
+
+
+def run(mutant: Mutant, scratch: Path) -> tuple[str, float]:
+    """'killed', 'SURVIVED' or 'BROKEN' (the change does not apply), and seconds."""
+    target = scratch / mutant.path
+    original = target.read_text()
+    if original.count(mutant.old) != 1:
+        return "BROKEN", 0.0
+    target.write_text(original.replace(mutant.old, mutant.new))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(str(scratch / s) for s in SOURCES)
+    env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+             "-p", "no:randomly", *mutant.tests],
+            cwd=scratch, env=env, capture_output=True, text=True,
+        )
+    finally:
+        target.write_text(original)
+    return ("SURVIVED" if done.returncode == 0 else "killed"), time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("prefix", nargs="*", help="run only mutants whose name starts so")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    args = parser.parse_args()
+    chosen = [m for m in MUTANTS if not args.prefix or m.name.startswith(tuple(args.prefix))]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:34s} {m.why}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="diffract-mutants-") as tmp:
+        scratch = Path(tmp)
+        _copy_tree(scratch)
+        check = subprocess.run([sys.executable, "-c", "import diffract; print(diffract.__file__)"],
+                               cwd=scratch, capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                   str(scratch / s) for s in SOURCES)})
+        if not check.stdout.startswith(str(scratch)):
+            print(f"mutate: the scratch copy does not shadow the installed sources: {check.stdout}"
+                  f"{check.stderr}", file=sys.stderr)
+            return 2
+        results = []
+        for m in chosen:
+            outcome, seconds = run(m, scratch)
+            results.append((m, outcome))
+            print(f"{outcome:8s} {seconds:6.1f}s  {m.name:34s} {m.why}", flush=True)
+    survivors = [m for m, outcome in results if outcome != "killed"]
+    print(f"\n{len(results) - len(survivors)} of {len(results)} mutants killed"
+          + (f"; not killed: {', '.join(m.name for m in survivors)}" if survivors else ""))
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
