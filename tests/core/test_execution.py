@@ -12,6 +12,7 @@ from diffract import FieldUndefined, Restriction, Session
 from diffract.core.compute.execution import KernelApplyLevel, KernelExecutionProtocol, chunk_units
 from diffract.core.compute.planner import Step, Unit, resolve
 from diffract.core.compute.spec import KernelSpec
+from diffract.core.sources import ModelSource
 from diffract.core.storage import ParamInfo, RamStore
 from diffract.errors import (
     ApplyError,
@@ -188,7 +189,7 @@ class TestChunks:
         """Weight-sized inputs make small chunks, every chunk has at least one unit."""
         store = RamStore()
         infos = [ParamInfo("m", f"p{i}", (10, 10), "float64") for i in range(5)]  # 800 B each
-        store.add_model("m", infos, lambda name: np.zeros((10, 10)))
+        store.add_model("m", infos, ModelSource("memory"), lambda name: np.zeros((10, 10)))
         spec = KernelSpec.from_function(test_kernels.squared_sum)
         step = Step(spec, tuple(Unit(("m",), i.name) for i in infos))
         sizes = [len(c) for c in chunk_units(step, store, budget=1700)]

@@ -33,6 +33,7 @@ standard way catches these too)::
     │   ├── DuplicateModelError
     │   ├── EmptyModelError                a model with no parameters
     │   └── ModelSourceError               something models.add cannot read
+    │       └── WeightsUnavailableError    weights not kept across a reopen (units skipped)
     ├── StorageError                       a storage profile failed or was misused
     ├── PluginError                        .distribution, .version
     │   ├── PluginLoadError                (strict mode) a plugin failed to import or answer
@@ -94,6 +95,7 @@ __all__ = [
     "UnknownOpError",
     "UnknownFormatError",
     "UnknownProfileError",
+    "WeightsUnavailableError",
     "did_you_mean",
 ]
 
@@ -307,6 +309,12 @@ class UnknownModelError(ModelError, UnknownNameError):
 
 class ModelSourceError(ModelError):
     """models.add was given something it cannot read as a model."""
+
+
+class WeightsUnavailableError(ModelSourceError):
+    """A model's weights are not available any more: an in-memory model added to a
+    durable store with ``copy_weights=False``, read after the store was reopened. Units
+    that need them are skipped with this reason (not failed)."""
 
 
 class StorageError(DiffractError):

@@ -133,7 +133,8 @@ class Session:
         self.close()
 
     def close(self) -> None:
-        """Shut down worker pools; stored results stay readable."""
+        """Shut down worker pools and close the store (a durable store flushes and
+        releases its files; the ``ram`` store keeps its results readable)."""
         with self._lock:
             if self._threads is not None:
                 self._threads.shutdown(wait=True)
@@ -141,6 +142,7 @@ class Session:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
+            self.store.close()
 
     def __repr__(self) -> str:
         return f"Session(profile={self.profile!r}, models={self.store.model_ids()!r})"
@@ -233,11 +235,17 @@ class ModelsAPI:
     def __init__(self, session: Session) -> None:
         self._session = session
 
-    def add(self, model: Any, model_id: str) -> list[str]:
-        """Add a torch module, a state dict or a checkpoint path under ``model_id``.
+    def add(self, model: Any, model_id: str, *, copy_weights: bool = True) -> list[str]:
+        """Add a torch module, a state dict, a checkpoint file or a Hugging Face-style
+        checkpoint directory under ``model_id``.
 
-        Returns the names of the parameters recorded (floating-point ones only).
-        Raises DuplicateModelError, EmptyModelError or ModelSourceError.
+        Returns the names of the parameters recorded (floating-point ones only). A
+        durable profile copies the weights of an in-memory model so that it can read
+        them after a reopen; ``copy_weights=False`` opts out (fields that need the
+        weights are then skipped after a reopen, with that reason). Files are never
+        copied: they are read again, after checking they did not change.
+        Raises DuplicateModelError, EmptyModelError or ModelSourceError; on any error
+        nothing is added.
         """
         if not isinstance(model_id, str) or not model_id or any(c in model_id for c in ",[]@"):
             raise ModelError(
@@ -253,9 +261,10 @@ class ModelsAPI:
                     "model_id, or open a new session to replace it.",
                     model_id=model_id,
                 )
-            infos, load, raw = read_model(model, model_id)
-            store.add_model(model_id, infos, load, raw)
-        return [i.name for i in infos]
+            opened = read_model(model, model_id)
+            store.add_model(model_id, opened.infos, opened.source, opened.load, opened.raw,
+                            copy_weights=copy_weights)
+        return [i.name for i in opened.infos]
 
     def ids(self) -> list[str]:
         return self._session.store.model_ids()

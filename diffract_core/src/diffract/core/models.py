@@ -1,37 +1,69 @@
-"""Reading models: a torch module, a state dict, or a checkpoint file -> ParamInfo + loader.
+"""Reading models: a torch module, a state dict, a checkpoint file or directory.
 
-Weights are never copied at ``add`` time: the loader reads one parameter when a chunk
-needs it and returns a numpy array (float32 for half and bfloat16 tensors, the stored
-dtype otherwise). Only floating-point tensors are weights; integer and boolean buffers
-(``num_batches_tracked``) are left out. torch is imported only when the source is a
-torch object or a torch checkpoint file; checkpoints load with ``weights_only=True``.
+:func:`read_model` turns what the user passed into an :class:`OpenedModel`: the
+floating-point parameters' metadata (:class:`ParamInfo`), the :class:`ModelSource`
+record a durable store keeps, and two lazy loaders: ``load(name)`` returns one
+parameter as numpy (float32 for half and bfloat16 weights, the stored dtype otherwise)
+and ``raw(name)`` as its source holds it (a torch tensor on its device, in its dtype, or
+a numpy array). Nothing is read or copied at ``add`` time beyond headers.
+:func:`open_source` builds the loaders again from a stored record after a reopen.
 
-Supported sources:
+Sources:
 
-* ``torch.nn.Module`` -- its ``named_parameters()``;
-* a mapping of names to torch tensors or numpy arrays (a state dict);
-* a path to ``.safetensors`` (needs the ``safetensors`` package; memory-mapped),
-  ``.pt``/``.pth``/``.bin`` (``torch.load(weights_only=True, mmap=True)``) or ``.npz``.
+* a ``torch.nn.Module`` (its ``named_parameters()``) or a mapping of names to torch
+  tensors or numpy arrays (a state dict);
+* a ``.safetensors`` file (memory-mapped; needs ``safetensors``), a torch state-dict
+  file ``.pt``/``.pth``/``.bin`` (``torch.load(weights_only=True)``, memory-mapped when
+  the file is in the zip format; the legacy format is read whole, once) or ``.npz``;
+* a Hugging Face-style checkpoint directory: ``model.safetensors.index.json`` with its
+  shards, ``model.safetensors``, ``pytorch_model.bin.index.json`` with its shards, or
+  ``pytorch_model.bin``.
+
+Every problem at the file boundary is a :class:`ModelSourceError` naming the file, the
+model and what to do. Before each read a file's identity is checked, so a file
+truncated or replaced after it was added fails that parameter with what changed.
+Integer and boolean tensors (``num_batches_tracked``) are not weights and are left out.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 
+from diffract.core.sources import FileIdentity, ModelSource
 from diffract.core.storage.base import ParamInfo
 from diffract.errors import EmptyModelError, ModelSourceError
 
-__all__ = ["read_model"]
+__all__ = ["OpenedModel", "open_source", "read_model"]
 
-Loader = Callable[[str], np.ndarray]
+Loader = Callable[[str], Any]
+
+_ST_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
+              "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+_HF_FILES = ("model.safetensors.index.json", "model.safetensors",
+             "pytorch_model.bin.index.json", "pytorch_model.bin")
 
 
+@attrs.define
+class OpenedModel:
+    """What ``models.add`` records: parameters, the source record, the two loaders."""
+
+    infos: list[ParamInfo]
+    source: ModelSource
+    load: Loader = attrs.field(repr=False)
+    raw: Loader = attrs.field(repr=False)
+
+
+# -- tensors --------------------------------------------------------------------------
 def _is_torch_module(obj: Any) -> bool:
     # No torch import here: if torch is not loaded, obj cannot be a torch module.
     torch = sys.modules.get("torch")
@@ -55,48 +87,27 @@ def _readable(t: Any) -> Any:
     return t.detach()
 
 
-def _tensor_to_numpy(t: Any) -> np.ndarray:
+def to_numpy(t: Any) -> np.ndarray:
+    """A torch tensor or numpy array as numpy; half types as float32."""
+    if isinstance(t, np.ndarray):
+        return t.astype(np.float32) if t.dtype.itemsize < 4 else t
     t = _readable(t)
     if t.dtype.is_floating_point and t.element_size() < 4:
         t = t.float()
     return t.cpu().numpy()
 
 
-def _from_tensors(model_id: str, tensors: Mapping[str, Any]) -> tuple[list[ParamInfo], Loader, Any]:
-    import torch
-
-    infos = []
-    kept: dict[str, Any] = {}
-    for name, t in tensors.items():
-        if not t.dtype.is_floating_point:
-            continue
-        infos.append(ParamInfo(model_id, name, tuple(t.shape), str(t.dtype).removeprefix("torch.")))
-        kept[name] = t
-
-    def load(name: str) -> np.ndarray:
-        with torch.no_grad():
-            return _tensor_to_numpy(kept[name])
-
-    def raw(name: str) -> Any:
-        return _readable(kept[name])
-
-    return infos, load, raw
+def _torch_dtype_name(t: Any) -> str:
+    return str(t.dtype).removeprefix("torch.")
 
 
-def _from_arrays(
-    model_id: str, arrays: Mapping[str, np.ndarray]
-) -> tuple[list[ParamInfo], Loader, Any]:
-    kept = {n: a for n, a in arrays.items() if np.issubdtype(a.dtype, np.floating)}
-    infos = [ParamInfo(model_id, n, tuple(a.shape), str(a.dtype)) for n, a in kept.items()]
-
-    def load(name: str) -> np.ndarray:
-        a = np.asarray(kept[name])
-        return a.astype(np.float32) if a.dtype.itemsize < 4 else a
-
-    return infos, load, load
+def _is_float(value: Any) -> bool:
+    if isinstance(value, np.ndarray):
+        return np.issubdtype(value.dtype, np.floating)
+    return bool(value.dtype.is_floating_point)
 
 
-def _from_mapping(model_id: str, mapping: Mapping[str, Any]) -> tuple[list[ParamInfo], Loader, Any]:
+def _from_mapping(model_id: str, mapping: Mapping[str, Any], description: str) -> OpenedModel:
     torch_mod = sys.modules.get("torch")
     bad = sorted(
         str(k)
@@ -117,103 +128,262 @@ def _from_mapping(model_id: str, mapping: Mapping[str, Any]) -> tuple[list[Param
             f"{hint} Pass a mapping of parameter names to tensors.",
             model_id=model_id,
         )
-    if any(isinstance(v, np.ndarray) for v in mapping.values()):
-        if torch_mod is not None and any(isinstance(v, torch_mod.Tensor) for v in mapping.values()):
-            arrays = {
-                k: (_tensor_to_numpy(v) if not isinstance(v, np.ndarray) else v)
-                for k, v in mapping.items()
-            }
-            return _from_arrays(model_id, arrays)
-        return _from_arrays(model_id, mapping)
-    return _from_tensors(model_id, mapping)
+    kept = {str(k): v for k, v in mapping.items() if _is_float(v)}
+    infos = [
+        ParamInfo(model_id, name, tuple(v.shape),
+                  str(v.dtype) if isinstance(v, np.ndarray) else _torch_dtype_name(v))
+        for name, v in kept.items()
+    ]
+
+    def load(name: str) -> np.ndarray:
+        return to_numpy(kept[name])
+
+    def raw(name: str) -> Any:
+        value = kept[name]
+        return value if isinstance(value, np.ndarray) else _readable(value)
+
+    return OpenedModel(infos, ModelSource("memory", description=description), load, raw)
 
 
-def _from_path(model_id: str, path: Path) -> tuple[list[ParamInfo], Loader, Any]:
-    if not path.exists():
-        raise ModelSourceError(
-            f"Model {model_id!r}: file {str(path)!r} does not exist.", model_id=model_id
-        )
-    suffix = path.suffix.lower()
-    if suffix == ".safetensors":
+# -- files ----------------------------------------------------------------------------
+def _file_error(model_id: str, path: Path | str, problem: str) -> ModelSourceError:
+    return ModelSourceError(f"Model {model_id!r}: {problem} ({str(path)!r}).", model_id=model_id)
+
+
+class _Reader:
+    """Reads tensors of one checkpoint file, opening it lazily, checking its identity."""
+
+    def __init__(self, identity: FileIdentity, fmt: str, model_id: str) -> None:
+        self.identity, self.fmt, self.model_id = identity, fmt, model_id
+        self._handle: Any = None
+        self._lock = threading.Lock()
+
+    def _open(self) -> Any:
+        if self._handle is None:
+            self._handle = _open_file(Path(self.identity.path), self.fmt, self.model_id)
+        return self._handle
+
+    def get(self, name: str) -> Any:
+        self.identity.check(self.model_id)
+        with self._lock:
+            handle = self._open()
+        if self.fmt == "safetensors":
+            return handle.get_tensor(name)
+        if self.fmt == "npz":
+            with np.load(self.identity.path, allow_pickle=False) as npz:
+                return npz[name]
+        return handle[name]
+
+
+def _open_file(path: Path, fmt: str, model_id: str) -> Any:
+    """An open checkpoint: a safetensors handle, or a mapping of names to tensors."""
+    if fmt == "safetensors":
         try:
             from safetensors import safe_open
         except ImportError:
-            raise ModelSourceError(
-                f"Model {model_id!r}: reading {path.name} needs the safetensors package: "
-                "pip install safetensors.",
-                model_id=model_id,
-            ) from None
+            raise _file_error(model_id, path, "reading .safetensors needs the safetensors "
+                              "package: pip install safetensors") from None
         import torch  # noqa: F401 - safetensors' torch framework
 
-        handle = safe_open(str(path), framework="pt")
-        tensors = {k: handle.get_slice(k) for k in handle.keys()}
-        infos = []
-        for name, sl in tensors.items():
-            dtype = sl.get_dtype().lower()
-            if dtype.startswith(("f", "bf")):
-                norm = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64"}
-                shape = tuple(sl.get_shape())
-                infos.append(ParamInfo(model_id, name, shape, norm.get(dtype, dtype)))
+        try:
+            return safe_open(str(path), framework="pt")
+        except Exception as exc:  # noqa: BLE001 - a truncated or lying header
+            raise _file_error(
+                model_id, path,
+                f"not a readable safetensors file: {type(exc).__name__}: {exc}. The file is "
+                "truncated or its header is corrupt; export it again",
+            ) from None
+    if fmt == "torch":
+        return _torch_load(path, model_id)
+    if fmt == "npz":
+        try:
+            return np.load(path, allow_pickle=False)
+        except Exception as exc:  # noqa: BLE001
+            raise _file_error(model_id, path, f"not a readable .npz file: {exc}") from None
+    raise _file_error(model_id, path, f"unknown checkpoint format {fmt!r}")  # pragma: no cover
 
-        def load(name: str) -> np.ndarray:
-            return _tensor_to_numpy(handle.get_tensor(name))
 
-        return infos, load, handle.get_tensor
-    if suffix in (".pt", ".pth", ".bin"):
-        import torch
+def _torch_load(path: Path, model_id: str) -> Mapping[str, Any]:
+    """``torch.load(weights_only=True)``: memory-mapped for zip files, whole for the
+    legacy format. Raises ModelSourceError naming what is not a plain state dict."""
+    import torch
 
+    try:
         try:
             state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-        except Exception as exc:  # noqa: BLE001 - reported with the fix
-            # torch's message suggests weights_only=False; keep only the cause.
-            cause = str(exc).split("WeightsUnpickler error:")[-1].strip().splitlines()[0]
-            raise ModelSourceError(
-                f"Model {model_id!r}: cannot read {path.name} with torch.load(weights_only=True)"
-                f": {cause} Diffract never unpickles arbitrary objects: save a plain state "
-                "dict of tensors (model.state_dict()) and add that.",
-                model_id=model_id,
-            ) from None
-        if not isinstance(state, Mapping):
-            raise ModelSourceError(
-                f"Model {model_id!r}: {path.name} holds a {type(state).__name__}, not a "
-                "state dict.",
-                model_id=model_id,
-            )
-        return _from_mapping(model_id, state)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc) and "zip" not in str(exc):
+                raise
+            state = torch.load(str(path), map_location="cpu", weights_only=True)  # legacy
+    except Exception as exc:  # noqa: BLE001 - reported with the fix, never torch's advice
+        text = str(exc)
+        found = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"global ([\w.]+)", text)
+        if found:
+            why = (f"it holds a pickled {found.group(1)}, not a plain state dict of tensors")
+        elif "weights_only" in text.lower() or "unpickl" in text.lower():
+            why = "it holds pickled objects, not a plain state dict of tensors"
+        else:
+            why = f"torch cannot read it ({type(exc).__name__}: {text.splitlines()[0][:200]})"
+        raise _file_error(
+            model_id, path,
+            f"cannot read {path.name} with torch.load(weights_only=True): {why}. Diffract never "
+            "unpickles arbitrary objects: save model.state_dict() with torch.save and add that",
+        ) from None
+    if not isinstance(state, Mapping):
+        raise _file_error(model_id, path, f"{path.name} holds a {type(state).__name__}, not a "
+                          "state dict; save model.state_dict() and add that")
+    return state
+
+
+def _file_infos(handle: Any, fmt: str, model_id: str, path: Path) -> list[tuple[str, tuple, str]]:
+    """(name, shape, dtype) of the floating-point tensors of an open checkpoint."""
+    out = []
+    if fmt == "safetensors":
+        try:
+            for name in handle.keys():
+                sl = handle.get_slice(name)
+                dtype = sl.get_dtype().upper()
+                if dtype in _ST_DTYPES:
+                    out.append((name, tuple(sl.get_shape()), _ST_DTYPES[dtype]))
+        except Exception as exc:  # noqa: BLE001
+            raise _file_error(model_id, path, f"corrupt safetensors metadata: {exc}") from None
+        return out
+    if fmt == "npz":
+        for name in handle.files:
+            arr = handle[name]
+            if np.issubdtype(arr.dtype, np.floating):
+                out.append((name, tuple(arr.shape), str(arr.dtype)))
+        return out
+    torch_mod = sys.modules["torch"]
+    for name, value in handle.items():
+        if not isinstance(value, torch_mod.Tensor):
+            bad = type(value).__name__
+            nested = " (a training checkpoint: save its 'state_dict' entry)" if isinstance(
+                value, Mapping) else ""
+            raise _file_error(model_id, path, f"entry {name!r} is a {bad}, not a tensor{nested}")
+        if value.dtype.is_floating_point:
+            out.append((name, tuple(value.shape), _torch_dtype_name(value)))
+    return out
+
+
+def _format_of(path: Path, model_id: str) -> str:
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        return "safetensors"
+    if suffix in (".pt", ".pth", ".bin"):
+        return "torch"
     if suffix == ".npz":
-        with np.load(path) as npz:
-            return _from_arrays(model_id, {k: npz[k] for k in npz.files})
-    raise ModelSourceError(
-        f"Model {model_id!r}: unsupported file type {suffix!r}. Use .safetensors, .pt, .pth, "
-        ".bin or .npz, or pass a torch module or a state dict.",
-        model_id=model_id,
+        return "npz"
+    raise _file_error(model_id, path, f"unsupported file type {suffix or '(none)'!r}: use "
+                      ".safetensors, .pt, .pth, .bin or .npz, a Hugging Face-style checkpoint "
+                      "directory, a torch module or a state dict")
+
+
+def _directory_files(root: Path, model_id: str) -> tuple[str, list[tuple[Path, list[str] | None]]]:
+    """The format and the files of a checkpoint directory: (path, names or None=all)."""
+    for marker in _HF_FILES:
+        if not (root / marker).is_file():
+            continue
+        fmt = "safetensors" if marker.startswith("model.") else "torch"
+        if not marker.endswith(".index.json"):
+            return fmt, [(root / marker, None)]
+        try:
+            weight_map = json.loads((root / marker).read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise _file_error(model_id, root / marker, f"unreadable shard index ({exc}); "
+                              "it must be JSON with a 'weight_map'") from None
+        shards: dict[str, list[str]] = {}
+        for name, shard in weight_map.items():
+            shards.setdefault(shard, []).append(name)
+        missing = sorted(s for s in shards if not (root / s).is_file())
+        if missing:
+            raise _file_error(model_id, root, f"the shard index lists {len(missing)} missing "
+                              f"shard(s): {missing[:5]}; download them or fix the index")
+        return fmt, [(root / s, names) for s, names in shards.items()]
+    raise _file_error(model_id, root, f"directory holds none of {list(_HF_FILES)}; pass a "
+                      "checkpoint file or a Hugging Face-style checkpoint directory")
+
+
+def _from_files(model_id: str, given: Path) -> OpenedModel:
+    if not given.exists():
+        raise _file_error(model_id, given, "the file does not exist")
+    if given.is_dir():
+        if given.suffix.lower() in (".safetensors", ".pt", ".pth", ".bin", ".npz"):
+            raise _file_error(model_id, given, "this is a directory, not a checkpoint file")
+        fmt, files = _directory_files(given, model_id)
+        kind = "directory"
+    else:
+        fmt, files, kind = _format_of(given, model_id), [(given, None)], "file"
+    readers: list[_Reader] = []
+    infos: list[ParamInfo] = []
+    where: dict[str, int] = {}
+    for index, (path, names) in enumerate(files):
+        identity = FileIdentity.of(path)
+        reader = _Reader(identity, fmt, model_id)
+        entries = _file_infos(reader._open(), fmt, model_id, path)
+        wanted = set(names) if names is not None else None
+        for name, shape, dtype in entries:
+            if wanted is not None and name not in wanted:
+                continue
+            if name in where:
+                raise _file_error(model_id, path, f"parameter {name!r} appears in two files")
+            where[name] = index
+            infos.append(ParamInfo(model_id, name, shape, dtype))
+        readers.append(reader)
+    source = ModelSource(
+        kind=kind, format=fmt, path=str(given.resolve()),
+        files=tuple(r.identity for r in readers),
+        weight_map=tuple(where.items()) if kind == "directory" else (),
+        description=f"{fmt} {kind}",
     )
+    load, raw = _loaders(readers, where)
+    return OpenedModel(infos, source, load, raw)
 
 
-def read_model(source: Any, model_id: str) -> tuple[list[ParamInfo], Loader, Any]:
-    """Parameters, the numpy loader and the raw loader for ``source`` (module docstring).
+def _loaders(readers: list[_Reader], where: Mapping[str, int]) -> tuple[Loader, Loader]:
+    def raw(name: str) -> Any:
+        value = readers[where.get(name, 0)].get(name)
+        return value if isinstance(value, np.ndarray) else _readable(value)
 
-    The raw loader returns the parameter as the source holds it: a detached torch tensor
-    on its own device and in its own dtype, or a numpy array (the ``tensor`` field).
+    def load(name: str) -> np.ndarray:
+        return to_numpy(raw(name))
+
+    return load, raw
+
+
+def open_source(source: ModelSource, model_id: str) -> tuple[Loader, Loader]:
+    """The loaders of a file-backed source recorded earlier (after a store reopens).
+
+    Files open lazily; each read first checks the file's identity, so a changed file
+    fails the parameter being read, with what changed.
     """
+    if not source.is_file_backed:
+        raise ValueError(f"open_source needs a file-backed source, got kind {source.kind!r}")
+    readers = [_Reader(identity, source.format or "", model_id) for identity in source.files]
+    return _loaders(readers, dict(source.weight_map))
+
+
+def read_model(source: Any, model_id: str) -> OpenedModel:
+    """Parameters, source record and loaders for what ``models.add`` was given."""
     if isinstance(source, (str, os.PathLike)):
-        infos, load, raw = _from_path(model_id, Path(source))
+        opened = _from_files(model_id, Path(source))
     elif _is_torch_module(source):
-        infos, load, raw = _from_tensors(model_id, dict(source.named_parameters()))
+        kind = f"{type(source).__module__}.{type(source).__qualname__}"
+        opened = _from_mapping(model_id, dict(source.named_parameters()), f"torch module {kind}")
     elif isinstance(source, Mapping):
-        infos, load, raw = _from_mapping(model_id, source)
+        opened = _from_mapping(model_id, source, "state dict")
     else:
         raise ModelSourceError(
             f"Model {model_id!r}: cannot read a {type(source).__module__}."
             f"{type(source).__qualname__}. Pass a torch.nn.Module, a state dict (names to "
-            "tensors or arrays), or a checkpoint path.",
+            "tensors or arrays), a checkpoint file or a checkpoint directory.",
             model_id=model_id,
         )
-    if not infos:
+    if not opened.infos:
         raise EmptyModelError(
             f"Model {model_id!r} has no floating-point parameters, so there is nothing to "
             "analyse. Check that you passed the model (or its state dict), not an empty "
             "container.",
             model_id=model_id,
         )
-    return infos, load, raw
+    return opened

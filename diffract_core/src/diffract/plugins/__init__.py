@@ -2,13 +2,20 @@
 
 Hook specs and the marker (``hookimpl``), the records hooks yield (``KernelSpec``,
 ``StorageProfile``, ``ExecutorSpec``, ``OpSpec``), what a storage profile implements
-(``Store``) and receives (``Batch``, ``Note``, ``ParamInfo``), the plugin manager and
-the process's registry. ``diffract.core.*`` is internal.
+(``Store``) and receives (``Batch``, ``Note``, ``ParamInfo``), the executor contract (an
+``ExecutorSpec`` factory receives the session's ``Config`` and its options and returns a
+``concurrent.futures.Executor``; ``InlineExecutor`` is the simplest), the built-in
+``RamStore`` to build on, the plugin manager and the process's registry.
+``diffract.core.*`` is internal.
 
 A third-party pack declares ``[project.entry-points.diffract] <dist> = "<module>"``
 and puts ``@hookimpl`` functions in that module; see docs/plugins.md.
 """
 
+from diffract.config import Config
+from diffract.core.executors import InlineExecutor
+from diffract.core.models import open_source as open_model_source
+from diffract.core.sources import FileIdentity, ModelSource
 from diffract.core.storage.base import (
     STORABLE_TYPES,
     Batch,
@@ -19,7 +26,8 @@ from diffract.core.storage.base import (
     split_contextual,
     storable_problem,
 )
-from diffract.errors import FieldUndefined
+from diffract.core.storage.ram import RamStore
+from diffract.errors import FieldUndefined, WeightsUnavailableError
 from diffract.plugins._manager import (
     Catalog,
     DiffractPluginManager,
@@ -50,13 +58,19 @@ __all__ = [
     "STORABLE_TYPES",
     "Batch",
     "Catalog",
+    "Config",
     "Domain",
     "FieldUndefined",
+    "FileIdentity",
+    "InlineExecutor",
     "KernelOptions",
+    "ModelSource",
     "Note",
     "ParamInfo",
+    "RamStore",
     "Range",
     "Store",
+    "WeightsUnavailableError",
     "contextual_name",
     "split_contextual",
     "storable_problem",
@@ -74,6 +88,7 @@ __all__ = [
     "hookspec",
     "kernel",
     "make_plugin_manager",
+    "open_model_source",
     "reset_registry",
     "set_plugin_manager",
 ]

@@ -1,8 +1,13 @@
 """A well-behaved fake plugin: one kernel, one storage profile, one executor."""
 
-from diffract.core.executors import InlineExecutor
-from diffract.core.storage import RamStore
-from diffract.plugins import ExecutorSpec, KernelSpec, StorageProfile, hookimpl
+from diffract.plugins import (
+    ExecutorSpec,
+    InlineExecutor,
+    KernelSpec,
+    RamStore,
+    StorageProfile,
+    hookimpl,
+)
 
 
 def abs_max(weights):

@@ -55,7 +55,7 @@ from diffract.core.storage.base import (
     contextual_name,
     storable_problem,
 )
-from diffract.errors import FieldUndefined, KernelOutputError
+from diffract.errors import FieldUndefined, KernelOutputError, WeightsUnavailableError
 
 __all__ = [
     "ApplyReport",
@@ -168,6 +168,10 @@ class _MissingInput(Exception):
     def __init__(self, field: str, models: tuple[str, ...], param: str | None) -> None:
         super().__init__(field)
         self.field, self.models, self.param = field, models, param
+
+
+class _SkippedInput(Exception):
+    """An input is unavailable for a lasting reason (weights not kept): skip the unit."""
 
 
 class _BlockedInput(Exception):
@@ -328,6 +332,8 @@ class Runner:
                 if field == "tensor":
                     return store.load_tensor(model_id, param)
                 return store.load_weights(model_id, param)
+            except WeightsUnavailableError as exc:
+                raise _SkippedInput(str(exc)) from None
             except Exception as exc:  # noqa: BLE001 - that unit fails, with the reason
                 raise _UnreadableInput(
                     f"cannot read input {field!r} of {model_id}/{param}: "
@@ -376,7 +382,7 @@ class Runner:
     def _gather_one(self, state: _StepState, unit: Unit) -> Any:
         try:
             return self._gather(state, unit)
-        except (_MissingInput, _UnreadableInput, _BlockedInput) as exc:
+        except (_MissingInput, _UnreadableInput, _BlockedInput, _SkippedInput) as exc:
             return exc
         except Exception as exc:  # noqa: BLE001 - a store that fails on one unit
             return _UnreadableInput(f"cannot read the inputs of {unit.label}: {_describe(exc)}")
@@ -572,6 +578,8 @@ class Runner:
         for unit, got in zip(chunk, inputs, strict=True):
             if isinstance(got, _MissingInput):
                 note(unit, *self._why_missing(state, got))
+            elif isinstance(got, _SkippedInput):
+                note(unit, "skipped", str(got))
             elif isinstance(got, (_UnreadableInput, _BlockedInput)):
                 note(unit, "failed", str(got))
             elif (inherited := self._inherited_undefined(state, unit)) is not None:

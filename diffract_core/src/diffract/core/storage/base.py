@@ -23,6 +23,8 @@ from typing import Any
 import attrs
 import numpy as np
 
+from diffract.core.sources import ModelSource
+
 __all__ = [
     "Batch",
     "Note",
@@ -161,17 +163,36 @@ def storable_problem(value: Any) -> str | None:
 class Store(abc.ABC):
     """What a storage profile provides; the planner and executor use nothing else."""
 
+    #: Whether results survive the process (a durable store also copies in-memory
+    #: models' weights when they are added, see ``add_model``).
+    durable: bool = False
+
     # -- models ---------------------------------------------------------------
     @abc.abstractmethod
     def add_model(
         self,
         model_id: str,
         params: Sequence[ParamInfo],
+        source: ModelSource,
         load: Callable[[str], np.ndarray],
         load_raw: Callable[[str], Any] | None = None,
+        *,
+        copy_weights: bool = True,
     ) -> None:
-        """Record a model's parameters, the loader that reads one parameter's weights as
-        numpy, and optionally the loader of the raw tensor (device and dtype kept)."""
+        """Record a model at once (all or nothing): its parameters, its source record,
+        the loader that reads one parameter as numpy and the loader of the raw tensor
+        (device and dtype kept; defaults to ``load``).
+
+        A durable store keeps ``source`` so that it can read the model again after a
+        reopen (:func:`diffract.plugins.open_model_source` rebuilds file-backed
+        loaders). For an in-memory source it copies the weights when ``copy_weights``
+        (reading them through ``load_raw``); without a copy, reads after a reopen raise
+        :class:`~diffract.errors.WeightsUnavailableError` and the units are skipped.
+        """
+
+    def source(self, model_id: str) -> ModelSource:
+        """The source record of a model (what ``add_model`` was given)."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def model_ids(self) -> list[str]:

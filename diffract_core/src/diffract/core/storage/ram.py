@@ -1,7 +1,8 @@
 """The ``ram`` storage profile: everything in process memory, the embedded default.
 
-Weights are never copied: the store keeps the loader that ``models.add`` built, which
-reads a tensor from the caller's model (or a memory-mapped file) when a chunk needs it.
+Weights are never copied (``copy_weights`` does not apply: nothing outlives the
+process): the store keeps the loader that ``models.add`` built, which reads a tensor
+from the caller's model (or a memory-mapped file) when a chunk needs it.
 Commits are atomic under a lock; nothing survives the process.
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from diffract.core.sources import ModelSource
 from diffract.core.storage.base import (
     Batch,
     Note,
@@ -37,15 +39,23 @@ class RamStore(Store):
         self._sizes: dict[tuple[str, str, str], int] = {}
         self._aggregates: dict[str, Any] = {}
         self._notes: dict[tuple[str, tuple[str, ...], str | None], Note] = {}
+        self._sources: dict[str, ModelSource] = {}
+
+    def source(self, model_id: str) -> ModelSource:
+        return self._sources[model_id]
 
     def add_model(
         self,
         model_id: str,
         params: Sequence[ParamInfo],
+        source: ModelSource,
         load: Callable[[str], np.ndarray],
         load_raw: Callable[[str], Any] | None = None,
+        *,
+        copy_weights: bool = True,
     ) -> None:
         with self._lock:
+            self._sources[model_id] = source
             self._params[model_id] = {p.name: p for p in params}
             self._loaders[model_id] = load
             self._raw[model_id] = load_raw or load

@@ -1,0 +1,136 @@
+"""What a model's weights are: a record a durable store keeps to read them again.
+
+A source is data, not a closure: :class:`ModelSource` says whether the weights live in
+files (one checkpoint file, or a Hugging Face-style directory of shards) or in memory
+(a torch module, a state dict), and for files records each one's identity
+(:class:`FileIdentity`: path, size, modification time and a hash of its header). A
+store writes the record as JSON; after a reopen, :func:`diffract.core.models.open_source`
+builds the loaders again from it.
+
+Before every read a file's size and modification time are compared with the recorded
+ones: a file truncated or replaced after it was added is refused with what changed
+(reading it through a memory map would otherwise kill the process with a bus error).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from diffract.errors import ModelSourceError
+
+__all__ = ["FileIdentity", "ModelSource", "HEADER_BYTES"]
+
+#: Bytes hashed at the start of a file (covers a safetensors header for typical models);
+#: a safetensors file's whole declared header is hashed when it is longer.
+HEADER_BYTES = 1 << 16
+
+
+def _header_length(fh: Any, size: int) -> int:
+    """Bytes of a file's header worth hashing: a safetensors header in full, else 64 KiB."""
+    start = fh.read(8)
+    fh.seek(0)
+    if len(start) == 8:
+        declared = int.from_bytes(start, "little")
+        if 0 < declared <= size - 8 and declared < (100 << 20):
+            return max(HEADER_BYTES, 8 + declared)
+    return HEADER_BYTES
+
+
+@attrs.frozen
+class FileIdentity:
+    """One file of a source: where it is, how long, when written, what its header holds."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    header_sha256: str
+
+    @classmethod
+    def of(cls, path: str | os.PathLike[str]) -> FileIdentity:
+        """The identity of ``path`` now (reads its header)."""
+        p = Path(path).resolve()
+        st = p.stat()
+        with p.open("rb") as fh:
+            digest = hashlib.sha256(fh.read(_header_length(fh, st.st_size))).hexdigest()
+        return cls(str(p), st.st_size, st.st_mtime_ns, digest)
+
+    def change(self, *, full: bool = False) -> str | None:
+        """What changed since the identity was taken (a phrase), or None.
+
+        By default only size and modification time are compared (a ``stat``, cheap
+        before every read); ``full`` also hashes the header again.
+        """
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return "it no longer exists"
+        except OSError as exc:
+            return f"it cannot be read ({exc})"
+        if st.st_size != self.size:
+            return f"its size changed from {self.size} to {st.st_size} bytes"
+        if st.st_mtime_ns != self.mtime_ns:
+            return "it was modified (its modification time changed)"
+        if full and FileIdentity.of(self.path).header_sha256 != self.header_sha256:
+            return "its header changed"
+        return None
+
+    def check(self, model_id: str, *, full: bool = False) -> None:
+        """Raise :class:`ModelSourceError` when the file changed since it was added."""
+        change = self.change(full=full)
+        if change is not None:
+            raise ModelSourceError(
+                f"Model {model_id!r}: file {self.path!r} changed since the model was added: "
+                f"{change}. Restore the file, or add it again under a new model id (the "
+                "stored results belong to the old weights).",
+                model_id=model_id,
+            )
+
+
+@attrs.frozen
+class ModelSource:
+    """Where a model's weights are.
+
+    ``kind``: ``file`` (one checkpoint), ``directory`` (a Hugging Face-style checkpoint
+    directory: sharded or single-file) or ``memory`` (a torch module or a state dict).
+    ``format``: ``safetensors``, ``torch`` or ``npz`` for files; ``files`` their
+    identities, in load order; ``path`` the file or directory as given (absolute);
+    ``weight_map`` for directories: parameter name -> index into ``files``;
+    ``description`` a short human label (``"torch.nn.Sequential"``, ``"state dict"``).
+    """
+
+    kind: str
+    format: str | None = None
+    path: str | None = None
+    files: tuple[FileIdentity, ...] = ()
+    weight_map: tuple[tuple[str, int], ...] = ()
+    description: str = ""
+
+    @property
+    def is_file_backed(self) -> bool:
+        return self.kind in ("file", "directory")
+
+    def to_json(self) -> str:
+        """The record as JSON (what a durable store keeps)."""
+        return json.dumps(attrs.asdict(self, retain_collection_types=False), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelSource:
+        data = json.loads(text)
+        data["files"] = tuple(FileIdentity(**f) for f in data.get("files", ()))
+        data["weight_map"] = tuple(tuple(pair) for pair in data.get("weight_map", ()))
+        return cls(**data)
+
+    def changed_files(self) -> list[str]:
+        """``path: what changed`` for every file that differs from its identity."""
+        out = []
+        for identity in self.files:
+            change = identity.change(full=True)
+            if change is not None:
+                out.append(f"{identity.path}: {change}")
+        return out
