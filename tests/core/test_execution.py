@@ -250,8 +250,9 @@ class TestInputs:
 
 
 class TestBatchPath:
-    def test_batch_results_and_per_unit_exceptions(self, session, arrays):
-        """A kernel's batch path computes the chunk at once; exception instances are per unit."""
+    def test_batch_results_and_per_unit_exceptions(self, arrays):
+        """A kernel's batch path computes the chunk at once (a chunk of a batched kernel
+        holds at least one unit per thread); exception instances are per unit."""
         calls = []
 
         def many(units, *, offset=0.0):
@@ -263,10 +264,11 @@ class TestBatchPath:
             KernelSpec.from_function(test_kernels.squared_sum, name="t_batched", batch=many,
                                      provider="<session>")
         )
-        session.models.add(arrays, model_id="m")
-        session.compute.configure_kernel("t_batched", offset=2.0)
-        session.compute.apply("t_batched")
-        rows = session.results.export_metrics("t_batched")["m"]
+        with Session(config={"parallel": {"thread_pool": {"max_workers": 4}}}) as session:
+            session.models.add(arrays, model_id="m")
+            session.compute.configure_kernel("t_batched", offset=2.0)
+            session.compute.apply("t_batched")
+            rows = session.results.export_metrics("t_batched")["m"]
         assert calls == [4]
         assert rows["layer0.weight"]["t_batched"] == pytest.approx(np.sum(arrays["layer0.weight"] ** 2) + 2.0)
         assert np.isnan(rows["layer1.bias"]["t_batched"])
@@ -297,3 +299,31 @@ class TestProgress:
         frob = [(e.done, e.total) for e in events if e.kernel == "frob_norm"]
         assert frob == [(1, 4), (2, 4), (3, 4), (4, 4)]
         assert [(e.kernel, e.step, e.steps) for e in events][-1] == ("param_norm", 2, 2)
+
+
+class TestChunkSizes:
+    def test_chunks_grow_to_about_chunk_seconds_of_work(self):
+        """A step starts with a one-unit chunk; slow units keep chunks to about
+        chunk_seconds of work (an interrupt loses little), cheap ones make them large."""
+        import time
+
+        model = {f"p{i}": np.ones((2, 2)) * i for i in range(40)}
+        sizes = {}
+        config = {"apply": {"chunk_seconds": 0.2}, "parallel": {"executor": "sequential"}}
+        with Session(config=config) as session:
+
+            @session.compute.kernel()
+            def t_slow(weights):
+                time.sleep(0.05)
+                return float(weights.sum())
+
+            session.models.add({k: model[k] for k in list(model)[:12]}, model_id="slow")
+            session.models.add(model, model_id="fast")
+            events = []
+            session.filter(["slow"]).compute.apply("t_slow", progress=events.append)
+            sizes["slow"] = np.diff([0] + [e.done for e in events]).tolist()
+            events.clear()
+            session.filter(["fast"]).compute.apply("frob_norm", progress=events.append)
+            sizes["fast"] = np.diff([0] + [e.done for e in events]).tolist()
+        assert sizes["slow"][0] == 1 and max(sizes["slow"]) <= 4 and sum(sizes["slow"]) == 12
+        assert sizes["fast"][0] == 1 and len(sizes["fast"]) <= 4 and sum(sizes["fast"]) == 40

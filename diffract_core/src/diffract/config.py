@@ -16,6 +16,10 @@ Keys and defaults (every key is optional)::
     max_bytes = 0                 # cap on the read budget in bytes; 0 = no cap
     headroom = 0.25               # fraction of available memory left untouched
 
+    [apply]
+    chunk_seconds = 2.0           # a chunk grows to about this much work: what an
+                                  # interrupt or a crash can lose at most
+
     [profile.<name>]              # free-form options for one storage profile
     [executor.<name>]             # free-form options for one executor
 
@@ -64,6 +68,7 @@ class Config:
     executor: str = "processes"
     cache_max_bytes: int = 0
     cache_headroom: float = 0.25
+    chunk_seconds: float = 2.0
     profiles: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     executors: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     prefer: Mapping[str, str] = attrs.field(factory=dict)
@@ -77,6 +82,7 @@ _SCHEMA: dict[str, Any] = {
         "process_pool": {"max_workers": int},
     },
     "cache": {"max_bytes": int, "headroom": float},
+    "apply": {"chunk_seconds": float},
     "profile": dict,
     "executor": dict,
     "plugins": {"prefer": dict},
@@ -155,6 +161,10 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | Config | No
         "executor": par.get("executor", defaults.executor),
         "cache_max_bytes": cache.get("max_bytes", defaults.cache_max_bytes),
         "cache_headroom": float(cache.get("headroom", defaults.cache_headroom)),
+        "chunk_seconds": float(
+            (data.get("apply") if isinstance(data.get("apply"), Mapping) else {}).get(
+                "chunk_seconds", defaults.chunk_seconds)
+        ),
         "profiles": dict(data.get("profile", {})),
         "executors": dict(data.get("executor", {})),
         "prefer": dict(data.get("plugins", {}).get("prefer", {})),
@@ -173,6 +183,8 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | Config | No
             problems.append(f"max_workers must be at least 1, got {values[key]}")
     if values["cache_max_bytes"] < 0:
         problems.append(f"'cache.max_bytes' must be >= 0, got {values['cache_max_bytes']}")
+    if not values["chunk_seconds"] > 0:
+        problems.append(f"'apply.chunk_seconds' must be > 0, got {values['chunk_seconds']}")
     if not 0.0 <= values["cache_headroom"] < 1.0:
         problems.append(f"'cache.headroom' must be in [0, 1), got {values['cache_headroom']}")
     if problems:

@@ -202,7 +202,9 @@ class Session:
     def _runner(self, progress: Callable[[Progress], None] | None = None) -> Runner:
         return Runner(
             self.store, self.registry, self.cache, self._thread_pool(), self._parallel_executor,
-            progress,
+            progress, chunk_seconds=self.config.chunk_seconds,
+            parallel_workers=self.config.process_workers,
+            batch_units=self.config.thread_workers,
         )
 
 

@@ -1,7 +1,9 @@
 """Running a plan: cut steps into chunks, prefetch inputs, run kernels, commit per chunk.
 
-For each step the runner cuts the pending units into chunks by the read budget,
-prefetches the next chunk's inputs on the thread pool while the current one computes,
+For each step the runner cuts the pending units into chunks by the read budget and by
+time (a chunk grows from one unit to about ``[apply] chunk_seconds`` of work, so an
+interrupt loses at most that), prefetches the next chunk's inputs on the thread pool
+while the current one computes,
 runs the kernel on every unit (in-process for SEQUENTIAL kernels, on the configured
 executor for PARALLEL ones), normalizes each return value onto the kernel's
 produce_fields and commits the chunk to the store in one atomic write. A crash loses at
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import traceback
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -63,6 +66,7 @@ __all__ = [
     "KernelExecutionProtocol",
     "MAX_UNITS_PER_CHUNK",
     "Progress",
+    "Chunker",
     "Runner",
     "chunk_units",
     "normalize_outputs",
@@ -115,49 +119,70 @@ class Progress:
 
 
 # -- chunks --------------------------------------------------------------------------------
-def chunk_units(step: Step, store: Store, budget: int) -> list[tuple[Unit, ...]]:
-    """Cut a step's units into chunks whose estimated input bytes fit ``budget``.
+class Chunker:
+    """Cuts a step's units into chunks, one at a time, by bytes and by units.
 
     Sizes come from stored metadata (parameter shape and dtype, stored field sizes),
-    so weight matrices make small chunks and scalars large ones; every chunk holds at
-    least one unit and at most :data:`MAX_UNITS_PER_CHUNK`.
+    so weight matrices make small chunks and scalars large ones. ``take(max_units)``
+    returns the next chunk: at least one unit, at most ``max_units``, and no more input
+    bytes than ``budget`` (beyond its first unit).
     """
-    models = {m for u in step.units for m in u.models}
-    infos = {m: {p.name: p for p in store.params(m)} for m in models}
-    per_param = {  # inputs stored per parameter (others are aggregates: small)
-        (m, f): store.present(m, f)
-        for m in models
-        for f in step.kernel.require_fields
-        if f not in SOURCE_FIELDS
-    }
 
-    def cost_of(unit: Unit) -> int:
+    def __init__(self, step: Step, store: Store, budget: int) -> None:
+        self.units = step.units
+        self.budget = budget
+        self.position = 0
+        self._require = step.kernel.require_fields
+        self._store = store
+        models = {m for u in step.units for m in u.models}
+        self._infos = {m: {p.name: p for p in store.params(m)} for m in models}
+        self._per_param = {  # inputs stored per parameter (others are aggregates: small)
+            (m, f): store.present(m, f)
+            for m in models
+            for f in self._require
+            if f not in SOURCE_FIELDS
+        }
+
+    def cost_of(self, unit: Unit) -> int:
+        """Estimated bytes of the unit's inputs."""
         total = 0
-        for field in step.kernel.require_fields:
+        for field in self._require:
             for m in unit.models:
-                params = [unit.param] if unit.param is not None else list(infos[m])
+                params = [unit.param] if unit.param is not None else list(self._infos[m])
                 if field in ("weights", "tensor"):
-                    total += sum(infos[m][p].nbytes for p in params)
+                    total += sum(self._infos[m][p].nbytes for p in params)
                 elif field in SOURCE_FIELDS:
                     total += 8 * len(params)
-                elif per_param[(m, field)]:
-                    total += sum(store.nbytes(m, p, field) for p in params)
+                elif self._per_param[(m, field)]:
+                    total += sum(self._store.nbytes(m, p, field) for p in params)
                 else:
                     total += 8
         return total
 
-    chunks: list[tuple[Unit, ...]] = []
-    current: list[Unit] = []
-    used = 0
-    for unit in step.units:
-        cost = cost_of(unit)
-        if current and (used + cost > budget or len(current) >= MAX_UNITS_PER_CHUNK):
-            chunks.append(tuple(current))
-            current, used = [], 0
-        current.append(unit)
-        used += cost
-    if current:
-        chunks.append(tuple(current))
+    @property
+    def done(self) -> bool:
+        return self.position >= len(self.units)
+
+    def take(self, max_units: int = MAX_UNITS_PER_CHUNK) -> tuple[Unit, ...]:
+        start = end = self.position
+        used = 0
+        limit = min(max(1, max_units), MAX_UNITS_PER_CHUNK)
+        while end < len(self.units) and end - start < limit:
+            cost = self.cost_of(self.units[end])
+            if end > start and used + cost > self.budget:
+                break
+            used += cost
+            end += 1
+        self.position = end
+        return tuple(self.units[start:end])
+
+
+def chunk_units(step: Step, store: Store, budget: int) -> list[tuple[Unit, ...]]:
+    """Every chunk of a step by bytes alone (see :class:`Chunker`)."""
+    chunker = Chunker(step, store, budget)
+    chunks = []
+    while not chunker.done:
+        chunks.append(chunker.take())
     return chunks
 
 
@@ -314,7 +339,13 @@ class Runner:
         threads: ThreadPoolExecutor,
         parallel_executor: Callable[[], Executor],
         progress: Callable[[Progress], None] | None = None,
+        chunk_seconds: float = 2.0,
+        parallel_workers: int = 1,
+        batch_units: int = 1,
     ) -> None:
+        self.chunk_seconds = chunk_seconds
+        self.parallel_workers = parallel_workers
+        self.batch_units = batch_units
         self.store = store
         self.registry = registry
         self.cache = cache
@@ -528,26 +559,40 @@ class Runner:
         if not step.units:
             return
         state = self._state(step, position)
-        chunks = chunk_units(step, self.store, self.cache.read_budget())
-        log.info("%s: %d unit(s) in %d chunk(s)", spec.name, len(step.units), len(chunks))
+        chunker = Chunker(step, self.store, self.cache.read_budget())
         report.computed.setdefault(spec.name, 0)
-        pending = self._prefetch(state, chunks[0])
+        # Chunks grow from one unit to what takes about chunk_seconds, so an interrupt
+        # (Ctrl-C, a kill) loses at most a few seconds of work whatever the kernel costs.
+        per_unit: float | None = None
+        # Parallel and batched kernels need chunks that keep every worker busy.
+        smallest = (self.parallel_workers
+                    if spec.execution_protocol is KernelExecutionProtocol.PARALLEL
+                    else self.batch_units if spec.batch is not None else 1)
+        size = smallest
+        current = chunker.take(size)
+        pending = self._prefetch(state, current)
         done = 0
         try:
-            for i, chunk in enumerate(chunks):
+            while current:
                 inputs = [f.result() for f in pending]
-                pending = self._prefetch(state, chunks[i + 1]) if i + 1 < len(chunks) else []
-                self._run_chunk(state, chunk, inputs, report)
-                done += len(chunk)
+                following = chunker.take(size)
+                pending = self._prefetch(state, following) if following else []
+                started = time.perf_counter()
+                self._run_chunk(state, current, inputs, report)
+                seconds = (time.perf_counter() - started) / len(current)
+                per_unit = seconds if per_unit is None else 0.5 * (per_unit + seconds)
+                size = max(smallest, int(self.chunk_seconds / max(per_unit, 1e-6)))
+                done += len(current)
                 if self.progress is not None:
                     self.progress(Progress(spec.name, done, len(step.units), *position))
+                current = following
         finally:
             for future in pending:  # interrupted: do not read what nobody will use
                 future.cancel()
 
     def _outcomes(self, state: _StepState, runnable: list[tuple[Unit, Any]]) -> list[Any]:
         spec, config = state.spec, state.config
-        if spec.execution_protocol is KernelExecutionProtocol.PARALLEL and len(runnable) > 1:
+        if spec.execution_protocol is KernelExecutionProtocol.PARALLEL and runnable:
             executor = self.parallel_executor()
             futures = [executor.submit(_invoke, spec.function, got, config) for _, got in runnable]
             outcomes = []
