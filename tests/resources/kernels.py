@@ -24,3 +24,11 @@ def fails_on_bias(weights: np.ndarray) -> float:
     if np.ndim(weights) == 1:
         raise ValueError(f"cannot handle a vector of length {len(weights)}")
     return float(np.abs(weights).max())
+
+
+def slow_norm(weights: np.ndarray, *, delay: float = 0.01) -> float:
+    """``||W||_F`` after sleeping ``delay`` seconds (gives an apply time to be killed)."""
+    import time
+
+    time.sleep(delay)
+    return float(np.sqrt(np.sum(np.square(weights))))

@@ -117,7 +117,7 @@ class ModelSource:
 
     def to_json(self) -> str:
         """The record as JSON (what a durable store keeps)."""
-        return json.dumps(attrs.asdict(self, retain_collection_types=False), sort_keys=True)
+        return json.dumps(attrs.asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> ModelSource:

@@ -54,6 +54,7 @@ from diffract.core.storage.base import (
     Batch,
     Note,
     ParamInfo,
+    Provenance,
     Store,
     contextual_name,
     storable_problem,
@@ -610,7 +611,8 @@ class Runner:
         self, state: _StepState, chunk: Sequence[Unit], inputs: Sequence[Any], report: ApplyReport
     ) -> None:
         spec = state.spec
-        batch = Batch()
+        provenance = Provenance.of(spec.name, spec.provider, state.config)
+        batch = Batch(provenance={f: provenance for f in spec.produce_fields})
 
         def note(unit: Unit, kind: str, reason: str) -> None:
             batch.notes.append(Note(spec.name, unit.models, unit.param, kind, reason))

@@ -15,6 +15,7 @@ objects are refused, so every profile, durable or not, can keep every value.
 from __future__ import annotations
 
 import abc
+import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -27,6 +28,9 @@ from diffract.core.sources import ModelSource
 
 __all__ = [
     "Batch",
+    "Provenance",
+    "Stamp",
+    "canonical_config",
     "Note",
     "ParamInfo",
     "Store",
@@ -91,19 +95,53 @@ class Note:
         return (self.kernel, self.models, self.param)
 
 
+@attrs.frozen
+class Provenance:
+    """What produced a stored value: the kernel, its provider (distribution and version)
+    and the configuration it ran with (canonical JSON, sorted keys)."""
+
+    kernel: str
+    provider: str
+    config: str
+
+    @classmethod
+    def of(cls, kernel: str, provider: str, config: Mapping[str, Any]) -> Provenance:
+        return cls(kernel, provider, canonical_config(config))
+
+    @property
+    def config_dict(self) -> dict[str, Any]:
+        return json.loads(self.config)
+
+
+def canonical_config(config: Mapping[str, Any]) -> str:
+    """A configuration as canonical JSON (sorted keys; other objects by repr)."""
+    return json.dumps(dict(config), sort_keys=True, default=repr)
+
+
+@attrs.frozen
+class Stamp:
+    """A stored value's provenance and the commit sequence number that wrote it
+    (increasing within a store: a value written later has a larger ``seq``)."""
+
+    provenance: Provenance
+    seq: int
+
+
 @attrs.define
 class Batch:
     """The writes of one chunk, committed together.
 
     ``values`` maps (model_id, param, field) to a per-parameter value; ``aggregates``
-    maps a contextual name to a value; ``notes`` are recorded (replacing any note of the
-    same kernel and unit) and ``cleared_notes`` (Note.key tuples) removed.
+    maps a contextual name to a value; ``provenance`` maps each written field to what
+    produced it; ``notes`` are recorded (replacing any note of the same kernel and
+    unit) and ``cleared_notes`` (Note.key tuples) removed.
     """
 
     values: dict[tuple[str, str, str], Any] = attrs.field(factory=dict)
     aggregates: dict[str, Any] = attrs.field(factory=dict)
     notes: list[Note] = attrs.field(factory=list)
     cleared_notes: set[tuple[str, tuple[str, ...], str | None]] = attrs.field(factory=set)
+    provenance: dict[str, Provenance] = attrs.field(factory=dict)
 
     def __len__(self) -> int:
         return len(self.values) + len(self.aggregates) + len(self.notes)
@@ -236,6 +274,15 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def read_aggregate(self, name: str) -> Any:
         """A stored aggregate (KeyError when absent)."""
+
+    # -- provenance -------------------------------------------------------------
+    @abc.abstractmethod
+    def stamps(self, model_id: str, field: str) -> dict[str, Stamp]:
+        """Parameter name -> :class:`Stamp` of each stored value of ``field``."""
+
+    @abc.abstractmethod
+    def aggregate_stamp(self, name: str) -> Stamp | None:
+        """The :class:`Stamp` of a stored aggregate, or None when it is absent."""
 
     # -- notes ----------------------------------------------------------------
     @abc.abstractmethod

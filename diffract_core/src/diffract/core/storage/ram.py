@@ -19,6 +19,7 @@ from diffract.core.storage.base import (
     Batch,
     Note,
     ParamInfo,
+    Stamp,
     Store,
     estimate_nbytes,
     split_contextual,
@@ -40,6 +41,9 @@ class RamStore(Store):
         self._aggregates: dict[str, Any] = {}
         self._notes: dict[tuple[str, tuple[str, ...], str | None], Note] = {}
         self._sources: dict[str, ModelSource] = {}
+        self._stamps: dict[tuple[str, str, str], Stamp] = {}  # (model, field, param)
+        self._agg_stamps: dict[str, Stamp] = {}
+        self._seq = 0
 
     def source(self, model_id: str) -> ModelSource:
         return self._sources[model_id]
@@ -94,6 +98,14 @@ class RamStore(Store):
     def has_aggregate(self, name: str) -> bool:
         return name in self._aggregates
 
+    def stamps(self, model_id: str, field: str) -> dict[str, Stamp]:
+        per = self._values[model_id].get(field, {})
+        return {p: self._stamps[(model_id, field, p)] for p in per
+                if (model_id, field, p) in self._stamps}
+
+    def aggregate_stamp(self, name: str) -> Stamp | None:
+        return self._agg_stamps.get(name)
+
     def notes(self) -> list[Note]:
         return list(self._notes.values())
 
@@ -103,10 +115,18 @@ class RamStore(Store):
             if model_id not in self._values:
                 raise KeyError(f"commit names unknown model {model_id!r}")
         with self._lock:
+            self._seq += 1
             for (model_id, param, field), value in batch.values.items():
                 self._values[model_id].setdefault(field, {})[param] = value
                 self._sizes[(model_id, param, field)] = estimate_nbytes(value)
-            self._aggregates.update(batch.aggregates)
+                if field in batch.provenance:
+                    stamp = Stamp(batch.provenance[field], self._seq)
+                    self._stamps[(model_id, field, param)] = stamp
+            for name, value in batch.aggregates.items():
+                self._aggregates[name] = value
+                base = split_contextual(name)[0]
+                if base in batch.provenance:
+                    self._agg_stamps[name] = Stamp(batch.provenance[base], self._seq)
             for key in batch.cleared_notes:
                 self._notes.pop(key, None)
             self._notes.update((note.key, note) for note in batch.notes)
@@ -123,10 +143,12 @@ class RamStore(Store):
                     erased += len(per)
                     for param in per:
                         self._sizes.pop((model_id, param, field), None)
+                        self._stamps.pop((model_id, field, param), None)
             for name in list(self._aggregates):
                 base, ctx_models, _ = split_contextual(name)
                 if base in fields and ctx_models and set(ctx_models) <= models:
                     del self._aggregates[name]
+                    self._agg_stamps.pop(name, None)
                     erased += 1
             for key, note in list(self._notes.items()):
                 if note.kernel in kernels and set(note.models) <= models:

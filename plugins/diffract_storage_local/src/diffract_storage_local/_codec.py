@@ -1,0 +1,149 @@
+"""Stored values to rows and back: numbers in columns, arrays inline or in files.
+
+A value is encoded as a ``kind`` and one payload:
+
+* ``b``/``i``: a bool or an integer in the integer column;
+* ``f``: a float in the real column (``n`` for NaN, which SQLite cannot keep);
+* ``a``: a numpy array as ``.npy`` bytes in the blob column (up to :data:`INLINE_BYTES`);
+* ``A``: a numpy array in an ``.npy`` file the row names, read back memory-mapped;
+* ``t``/``T``: a tuple, as an ``.npz`` archive (inline or in a file) of its items, with
+  their kinds, nested tuples flattened by path.
+
+Nothing is pickled: arrays of a numeric or boolean dtype only (the store contract), and
+loading never allows pickles.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = ["INLINE_BYTES", "Encoded", "decode", "encode"]
+
+#: Arrays up to this size are kept in the database row; larger ones in their own file.
+INLINE_BYTES = 64 << 10
+
+
+class Encoded:
+    """One encoded value: kind, integer, real, inline bytes, or bytes for a file."""
+
+    __slots__ = ("kind", "inum", "num", "blob", "file_bytes", "nbytes")
+
+    def __init__(self, kind: str, *, inum: int | None = None, num: float | None = None,
+                 blob: bytes | None = None, file_bytes: bytes | None = None,
+                 nbytes: int = 8) -> None:
+        self.kind, self.inum, self.num, self.blob = kind, inum, num, blob
+        self.file_bytes, self.nbytes = file_bytes, nbytes
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, np.asarray(array), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _flatten(value: tuple, prefix: str, out: dict[str, np.ndarray], kinds: list[str]) -> None:
+    for i, item in enumerate(value):
+        key = f"{prefix}{i}"
+        if isinstance(item, tuple):
+            kinds.append(f"{key}:t:{len(item)}")
+            _flatten(item, key + "/", out, kinds)
+            continue
+        if isinstance(item, (bool, np.bool_)):
+            kind = "b"
+        elif isinstance(item, (int, np.integer)):
+            kind = "i"
+        elif isinstance(item, (float, np.floating)):
+            kind = "f"
+        else:
+            kind = "a"
+        kinds.append(f"{key}:{kind}")
+        out[key] = np.asarray(item)
+
+
+def encode(value: Any) -> Encoded:
+    """Encode a storable value (see :func:`diffract.plugins.storable_problem`)."""
+    if isinstance(value, (bool, np.bool_)):
+        return Encoded("b", inum=int(bool(value)))
+    if isinstance(value, (int, np.integer)):
+        number = int(value)
+        if -(1 << 63) <= number < (1 << 63):
+            return Encoded("i", inum=number)
+        return Encoded("f", num=float(number))
+    if isinstance(value, (float, np.floating)):
+        number = float(value)
+        return Encoded("n") if math.isnan(number) else Encoded("f", num=number)
+    if isinstance(value, np.ndarray):
+        data = _npy(value)
+        if len(data) <= INLINE_BYTES:
+            return Encoded("a", blob=data, nbytes=value.nbytes)
+        return Encoded("A", file_bytes=data, nbytes=value.nbytes)
+    if isinstance(value, tuple):
+        arrays: dict[str, np.ndarray] = {}
+        kinds: list[str] = []
+        _flatten(value, "", arrays, kinds)
+        buf = io.BytesIO()
+        np.savez(buf, __kinds__=np.array(kinds + [f":len:{len(value)}"]), **arrays)
+        data = buf.getvalue()
+        nbytes = sum(a.nbytes for a in arrays.values()) + 8
+        if len(data) <= INLINE_BYTES:
+            return Encoded("t", blob=data, nbytes=nbytes)
+        return Encoded("T", file_bytes=data, nbytes=nbytes)
+    raise TypeError(f"cannot store a value of type {type(value).__name__}")  # pragma: no cover
+
+
+def _unflatten(archive: Any) -> tuple:
+    kinds = [str(k) for k in archive["__kinds__"]]
+    top = int(kinds[-1].split(":len:")[1])
+    entries = {}
+    lengths: dict[str, int] = {}
+    for spec in kinds[:-1]:
+        key, kind, *rest = spec.split(":")
+        if kind == "t":
+            lengths[key] = int(rest[0])
+            continue
+        arr = archive[key]
+        if kind == "b":
+            entries[key] = bool(arr)
+        elif kind == "i":
+            entries[key] = int(arr)
+        elif kind == "f":
+            entries[key] = float(arr)
+        else:
+            entries[key] = arr
+
+    def build(prefix: str, n: int) -> tuple:
+        items = []
+        for i in range(n):
+            key = f"{prefix}{i}"
+            items.append(build(key + "/", lengths[key]) if key in lengths else entries[key])
+        return tuple(items)
+
+    return build("", top)
+
+
+def decode(kind: str, inum: int | None, num: float | None, blob: bytes | None,
+           path: str | None) -> Any:
+    """The value of a row; ``path`` is the file of an ``A``/``T`` row (memory-mapped)."""
+    if kind == "b":
+        return bool(inum)
+    if kind == "i":
+        return int(inum)  # type: ignore[arg-type]
+    if kind == "f":
+        return float(num)  # type: ignore[arg-type]
+    if kind == "n":
+        return math.nan
+    if kind == "a":
+        return np.lib.format.read_array(io.BytesIO(blob), allow_pickle=False)
+    if kind == "A":
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    if kind == "t":
+        with np.load(io.BytesIO(blob), allow_pickle=False) as archive:
+            return _unflatten(archive)
+    if kind == "T":
+        with np.load(path, allow_pickle=False) as archive:
+            return _unflatten(archive)
+    raise ValueError(f"unknown stored kind {kind!r}")  # pragma: no cover

@@ -1,0 +1,585 @@
+"""The ``local`` store: SQLite (WAL) for the index and small values, ``.npy`` files for
+large arrays, one transaction per committed chunk.
+
+Layout of a store directory::
+
+    store.sqlite (+ -wal, -shm)   models, parameters, values, aggregates, notes, provenance
+    arrays/ab/<uuid>.npy          arrays over 64 KiB (and large tuples, as .npz), by name
+    .lock                         held shared by every open store; exclusive for clean-up
+
+Atomicity. A commit first writes the new array files (under fresh names, never over an
+existing file), then applies every row of the chunk in one SQLite transaction. A crash
+before the transaction commits leaves only unreferenced files, which the next store to
+open the directory alone deletes; a crash after it leaves a complete chunk. Files a
+commit replaced or erased are deleted after the transaction.
+
+Durability. ``sync="normal"`` (default) survives a killed process at any point: the OS
+keeps what was written. ``sync="full"`` also survives a power failure (SQLite
+``synchronous=FULL`` and an fsync of every array file before its row commits), at the
+cost of waiting for the disk on every chunk.
+
+Concurrency. Any number of processes may read while one writes (WAL). Writers take
+SQLite's write lock per commit and wait up to ``timeout`` seconds for another writer,
+then raise :class:`~diffract.errors.StorageError`; the store is never left half-written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from diffract.errors import StorageError
+from diffract.plugins import (
+    Batch,
+    ModelSource,
+    Note,
+    ParamInfo,
+    Provenance,
+    Stamp,
+    Store,
+    WeightsUnavailableError,
+    open_model_source,
+    split_contextual,
+)
+from diffract_storage_local import _codec, _schema
+
+try:  # advisory file locks (POSIX); elsewhere orphan clean-up is skipped
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["LocalStore"]
+
+DB_NAME = "store.sqlite"
+_VALUE_COLUMNS = "kind, inum, num, blob, file"
+
+
+def _weights_of(value: Any) -> tuple[np.ndarray, str]:
+    """A parameter as a numpy array to copy, and the dtype to restore (bf16 kept as bits)."""
+    if isinstance(value, np.ndarray):
+        return value, str(value.dtype)
+    t = value.detach().cpu().contiguous()
+    name = str(t.dtype).removeprefix("torch.")
+    if name == "bfloat16":
+        import torch
+
+        return t.view(torch.int16).numpy(), name
+    return t.numpy(), name
+
+
+def _restore(array: np.ndarray, dtype: str, *, as_tensor: bool) -> Any:
+    """A copied parameter back: as its original tensor (when torch is there) or numpy."""
+    if dtype == "bfloat16":
+        if as_tensor and "torch" in sys.modules:
+            import torch
+
+            return torch.from_numpy(np.array(array)).view(torch.bfloat16)
+        bits = np.asarray(array).view(np.uint16).astype(np.uint32) << 16
+        return bits.view(np.float32)
+    if as_tensor and "torch" in sys.modules and dtype.startswith("float"):
+        import torch
+
+        return torch.from_numpy(np.array(array))
+    return array.astype(np.float32) if array.dtype.itemsize < 4 else array
+
+
+class LocalStore(Store):
+    """A durable store in a directory; see the module docstring."""
+
+    durable = True
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, timeout: float = 30.0,
+                 sync: str = "normal") -> None:
+        if sync not in ("normal", "full"):
+            raise StorageError(f"sync must be 'normal' or 'full', got {sync!r}.")
+        self.root = Path(path if path is not None else ".diffract").expanduser().resolve()
+        self.timeout = float(timeout)
+        self.sync = sync
+        self._lock = threading.RLock()
+        self._db: sqlite3.Connection | None = None
+        self._lockfile: Any = None
+        self._loaders: dict[str, tuple[Callable[[str], Any], Callable[[str], Any]]] = {}
+        self._params: dict[str, list[ParamInfo]] = {}
+        self._open()
+
+    # -- opening and closing ----------------------------------------------------------
+    def _check_directory(self) -> None:
+        root = self.root
+        if root.exists() and not root.is_dir():
+            raise StorageError(
+                f"{str(root)!r} is a file, not a Diffract store directory. Pass a directory "
+                "(new or holding a store) as path=."
+            )
+        if root.is_dir() and not (root / DB_NAME).exists():
+            others = [p.name for p in root.iterdir() if p.name not in (".lock", "arrays")]
+            if others:
+                raise StorageError(
+                    f"{str(root)!r} is not a Diffract store (it has no {DB_NAME} but holds "
+                    f"{sorted(others)[:5]}). Choose a new or empty directory for the store."
+                )
+        try:
+            (root / "arrays").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(
+                f"Cannot create the store at {str(root)!r}: {exc.strerror or exc}. Choose a "
+                "writable location (path=...)."
+            ) from None
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            db = sqlite3.connect(self.root / DB_NAME, timeout=self.timeout,
+                                 isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA synchronous={'FULL' if self.sync == 'full' else 'NORMAL'}")
+            db.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(self._db_problem(exc)) from None
+        return db
+
+    def _db_problem(self, exc: Exception) -> str:
+        text = str(exc)
+        if "not a database" in text or "malformed" in text:
+            return (f"{str(self.root / DB_NAME)!r} is corrupt or not a Diffract store "
+                    f"({text}). Restore it from a copy, or move it away and start a new store.")
+        if "readonly" in text or "read-only" in text or "unable to open" in text:
+            return (f"Cannot write the store at {str(self.root)!r} ({text}). Check the "
+                    "directory's permissions, or choose a writable location.")
+        if "locked" in text or "busy" in text:
+            return (f"The store at {str(self.root)!r} is locked by another writer for more "
+                    f"than {self.timeout:g} s ({text}). Wait for it to finish, or open the "
+                    "store with a longer timeout=.")
+        return f"The store at {str(self.root)!r} failed: {text}."
+
+    def _open(self) -> None:
+        self._check_directory()
+        self._take_file_lock()
+        db = self._connect()
+        try:
+            try:
+                current = _schema.version_of(db)
+            except sqlite3.DatabaseError as exc:
+                raise StorageError(self._db_problem(exc)) from None
+            if current == _schema.SCHEMA_VERSION:  # the usual case: no write lock needed
+                self._db = db
+                self._clean_orphans()
+                return
+            with self._transaction(db):
+                version = _schema.version_of(db)
+                if version is None:
+                    tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+                    if tables:
+                        raise StorageError(
+                            f"{str(self.root / DB_NAME)!r} is an SQLite database but not a "
+                            "Diffract store. Choose another directory."
+                        )
+                    _schema.create(db)
+                elif version > _schema.SCHEMA_VERSION:
+                    raise StorageError(
+                        f"The store at {str(self.root)!r} was written by a newer "
+                        f"diffract-storage-local (schema {version}; this one reads up to "
+                        f"{_schema.SCHEMA_VERSION}). Upgrade: pip install -U "
+                        "diffract-storage-local."
+                    )
+                elif version < _schema.SCHEMA_VERSION:
+                    _schema.migrate(db, version)
+        except BaseException:
+            db.close()
+            self._release_file_lock()
+            raise
+        self._db = db
+        self._clean_orphans()
+
+    def _take_file_lock(self) -> None:
+        if fcntl is None:
+            return
+        self._lockfile = open(self.root / ".lock", "a+b")  # noqa: SIM115 - held while open
+        try:
+            fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._exclusive = True
+        except OSError:
+            self._exclusive = False
+            fcntl.flock(self._lockfile, fcntl.LOCK_SH)
+
+    def _release_file_lock(self) -> None:
+        if self._lockfile is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lockfile, fcntl.LOCK_UN)
+            self._lockfile.close()
+            self._lockfile = None
+
+    def _clean_orphans(self) -> None:
+        """Delete array files no row names (a crash between writing them and the commit);
+        only when no other process has the store open (they may be mid-commit)."""
+        if self._lockfile is None or not getattr(self, "_exclusive", False):
+            return
+        referenced = set()
+        for table in ("field_values", "aggregates", "weights"):
+            referenced.update(r[0] for r in self.db.execute(
+                f"SELECT file FROM {table} WHERE file IS NOT NULL"))  # noqa: S608 - fixed names
+        for path in (self.root / "arrays").rglob("*"):
+            if path.is_file() and str(path.relative_to(self.root)) not in referenced:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        fcntl.flock(self._lockfile, fcntl.LOCK_SH)  # others may open it now
+        self._exclusive = False
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        with self._lock:
+            if self._db is None:  # closed, then used again: reopen
+                self._open()
+            return self._db  # type: ignore[return-value]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+            self._release_file_lock()
+
+    @contextlib.contextmanager
+    def _transaction(self, db: sqlite3.Connection | None = None):
+        db = db if db is not None else self.db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise StorageError(self._db_problem(exc)) from None
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        try:
+            db.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+            raise StorageError(self._db_problem(exc)) from None
+
+    def __repr__(self) -> str:
+        return f"LocalStore({str(self.root)!r})"
+
+    # -- array files --------------------------------------------------------------------
+    def _write_file(self, data: bytes, suffix: str) -> str:
+        name = uuid.uuid4().hex
+        rel = Path("arrays") / name[:2] / f"{name}{suffix}"
+        target = self.root / rel
+        target.parent.mkdir(exist_ok=True)
+        tmp = target.with_name(f".{name}.tmp")
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                if self.sync == "full":
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            os.replace(tmp, target)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise StorageError(
+                f"Cannot write an array into the store at {str(self.root)!r}: "
+                f"{exc.strerror or exc}. Free some disk space or choose another location; "
+                "nothing of this chunk was stored."
+            ) from None
+        return str(rel)
+
+    def _encode(self, value: Any, written: list[str]) -> tuple[Any, ...]:
+        enc = _codec.encode(value)
+        path = None
+        if enc.file_bytes is not None:
+            path = self._write_file(enc.file_bytes, ".npz" if enc.kind == "T" else ".npy")
+            written.append(path)
+        return enc.kind, enc.inum, enc.num, enc.blob, path, enc.nbytes
+
+    def _unlink(self, files: Iterable[str | None]) -> None:
+        for rel in files:
+            if rel:
+                with contextlib.suppress(OSError):
+                    (self.root / rel).unlink()
+
+    def _decode(self, row: Sequence[Any], what: str) -> Any:
+        kind, inum, num, blob, file = row
+        try:
+            return _codec.decode(kind, inum, num, blob, str(self.root / file) if file else None)
+        except (OSError, ValueError) as exc:
+            raise StorageError(
+                f"Stored {what} cannot be read from {str(self.root)!r}: {exc}. Erase the "
+                "field and apply again to recompute it."
+            ) from None
+
+    # -- models ---------------------------------------------------------------------------
+    def add_model(self, model_id: str, params: Sequence[ParamInfo], source: ModelSource,
+                  load: Callable[[str], np.ndarray],
+                  load_raw: Callable[[str], Any] | None = None, *,
+                  copy_weights: bool = True) -> None:
+        raw = load_raw or load
+        copy = copy_weights and not source.is_file_backed
+        written: list[str] = []
+        rows = []
+        try:
+            if copy:  # before the transaction: reading may be slow, writing files too
+                for info in params:
+                    array, dtype = _weights_of(raw(info.name))
+                    kind, _, _, blob, path, _ = self._encode(np.ascontiguousarray(array), written)
+                    rows.append((model_id, info.name, dtype, kind, blob, path))
+            with self._transaction() as db:
+                if db.execute("SELECT 1 FROM models WHERE model_id = ?", (model_id,)).fetchone():
+                    raise StorageError(f"Model {model_id!r} is already in the store at "
+                                       f"{str(self.root)!r}.")
+                position = db.execute(
+                    "SELECT COALESCE(MAX(position), 0) + 1 FROM models").fetchone()[0]
+                db.execute("INSERT INTO models VALUES (?, ?, ?, ?)",
+                           (model_id, position, source.to_json(), int(copy)))
+                db.executemany("INSERT INTO params VALUES (?, ?, ?, ?, ?)", [
+                    (model_id, p.name, i, json.dumps(list(p.shape)), p.dtype)
+                    for i, p in enumerate(params)
+                ])
+                db.executemany("INSERT INTO weights VALUES (?, ?, ?, ?, ?, ?)", rows)
+        except BaseException:
+            self._unlink(written)
+            raise
+        self._loaders[model_id] = (load, raw)
+        self._params[model_id] = list(params)
+
+    def model_ids(self) -> list[str]:
+        with self._lock:
+            return [r[0] for r in self.db.execute("SELECT model_id FROM models ORDER BY position")]
+
+    def params(self, model_id: str) -> list[ParamInfo]:
+        if model_id not in self._params:  # a model's parameters never change
+            with self._lock:
+                rows = self.db.execute(
+                    "SELECT name, shape, dtype FROM params WHERE model_id = ? ORDER BY position",
+                    (model_id,)).fetchall()
+            if not rows and model_id not in self.model_ids():
+                raise KeyError(model_id)
+            self._params[model_id] = [
+                ParamInfo(model_id, name, tuple(json.loads(shape)), dtype)
+                for name, shape, dtype in rows
+            ]
+        return list(self._params[model_id])
+
+    def source(self, model_id: str) -> ModelSource:
+        with self._lock:
+            row = self.db.execute("SELECT source FROM models WHERE model_id = ?",
+                                  (model_id,)).fetchone()
+        if row is None:
+            raise KeyError(model_id)
+        return ModelSource.from_json(row[0])
+
+    def _model_loaders(self, model_id: str) -> tuple[Callable[[str], Any], Callable[[str], Any]]:
+        if model_id in self._loaders:
+            return self._loaders[model_id]
+        source = self.source(model_id)
+        if source.is_file_backed:
+            loaders = open_model_source(source, model_id)
+        else:
+            with self._lock:
+                copied = self.db.execute("SELECT copied FROM models WHERE model_id = ?",
+                                         (model_id,)).fetchone()[0]
+            if copied:
+                loaders = (lambda name: self._copied(model_id, name, as_tensor=False),
+                           lambda name: self._copied(model_id, name, as_tensor=True))
+            else:
+                def gone(name: str) -> Any:
+                    raise WeightsUnavailableError(
+                        f"the weights of in-memory model {model_id!r} were not copied into "
+                        "the store (copy_weights=False) and are gone since the session that "
+                        "added them closed; add the model again to compute fields that need "
+                        "its weights",
+                        model_id=model_id,
+                    )
+
+                loaders = (gone, gone)
+        self._loaders[model_id] = loaders
+        return loaders
+
+    def _copied(self, model_id: str, name: str, *, as_tensor: bool) -> Any:
+        with self._lock:
+            row = self.db.execute("SELECT dtype, kind, blob, file FROM weights WHERE "
+                                  "model_id = ? AND name = ?", (model_id, name)).fetchone()
+        if row is None:
+            raise KeyError((model_id, name))
+        dtype, kind, blob, file = row
+        array = self._decode((kind, None, None, blob, file), f"weights of {model_id}/{name}")
+        return _restore(array, dtype, as_tensor=as_tensor)
+
+    def load_weights(self, model_id: str, param: str) -> np.ndarray:
+        return self._model_loaders(model_id)[0](param)
+
+    def load_tensor(self, model_id: str, param: str) -> Any:
+        return self._model_loaders(model_id)[1](param)
+
+    # -- per-parameter fields -------------------------------------------------------------
+    def present(self, model_id: str, field: str) -> set[str]:
+        with self._lock:
+            return {r[0] for r in self.db.execute(
+                "SELECT param FROM field_values WHERE model_id = ? AND field = ?",
+                (model_id, field))}
+
+    def read(self, model_id: str, param: str, field: str) -> Any:
+        for _attempt in range(2):  # a concurrent writer may replace the row and its file
+            with self._lock:
+                row = self.db.execute(
+                    f"SELECT {_VALUE_COLUMNS} FROM field_values "  # noqa: S608
+                    "WHERE model_id = ? AND field = ? AND param = ?",
+                    (model_id, field, param)).fetchone()
+            if row is None:
+                raise KeyError((model_id, param, field))
+            try:
+                return self._decode(row, f"field {field!r} of {model_id}/{param}")
+            except StorageError:
+                if _attempt:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def nbytes(self, model_id: str, param: str, field: str) -> int:
+        with self._lock:
+            row = self.db.execute(
+                "SELECT nbytes FROM field_values WHERE model_id = ? AND field = ? AND param = ?",
+                (model_id, field, param)).fetchone()
+        return int(row[0]) if row else 0
+
+    def fields(self, model_id: str) -> set[str]:
+        with self._lock:
+            return {r[0] for r in self.db.execute(
+                "SELECT DISTINCT field FROM field_values WHERE model_id = ?", (model_id,))}
+
+    # -- aggregates -----------------------------------------------------------------------
+    def aggregate_names(self) -> list[str]:
+        with self._lock:
+            return [r[0] for r in self.db.execute("SELECT name FROM aggregates ORDER BY position")]
+
+    def read_aggregate(self, name: str) -> Any:
+        with self._lock:
+            row = self.db.execute(f"SELECT {_VALUE_COLUMNS} FROM aggregates WHERE name = ?",  # noqa: S608
+                                  (name,)).fetchone()
+        if row is None:
+            raise KeyError(name)
+        return self._decode(row, f"aggregate {name!r}")
+
+    def has_aggregate(self, name: str) -> bool:
+        with self._lock:
+            return self.db.execute("SELECT 1 FROM aggregates WHERE name = ?",
+                                   (name,)).fetchone() is not None
+
+    # -- provenance -----------------------------------------------------------------------
+    def stamps(self, model_id: str, field: str) -> dict[str, Stamp]:
+        with self._lock:
+            rows = self.db.execute(
+                "SELECT v.param, p.kernel, p.provider, p.config, v.seq FROM field_values v "
+                "JOIN provenance p ON p.id = v.prov WHERE v.model_id = ? AND v.field = ?",
+                (model_id, field)).fetchall()
+        return {param: Stamp(Provenance(k, prov, cfg), seq) for param, k, prov, cfg, seq in rows}
+
+    def aggregate_stamp(self, name: str) -> Stamp | None:
+        with self._lock:
+            row = self.db.execute(
+                "SELECT p.kernel, p.provider, p.config, a.seq FROM aggregates a "
+                "JOIN provenance p ON p.id = a.prov WHERE a.name = ?", (name,)).fetchone()
+        return Stamp(Provenance(*row[:3]), row[3]) if row else None
+
+    # -- notes ----------------------------------------------------------------------------
+    def notes(self) -> list[Note]:
+        with self._lock:
+            rows = self.db.execute("SELECT kernel, models, param, kind, reason FROM notes "
+                                   "ORDER BY position").fetchall()
+        return [Note(k, tuple(m.split(",")), p or None, kind, reason)
+                for k, m, p, kind, reason in rows]
+
+    # -- writes ---------------------------------------------------------------------------
+    def _provenance_id(self, db: sqlite3.Connection, prov: Provenance) -> int:
+        db.execute("INSERT OR IGNORE INTO provenance (kernel, provider, config) VALUES (?, ?, ?)",
+                   (prov.kernel, prov.provider, prov.config))
+        return db.execute("SELECT id FROM provenance WHERE kernel = ? AND provider = ? AND "
+                          "config = ?", (prov.kernel, prov.provider, prov.config)).fetchone()[0]
+
+    def commit(self, batch: Batch) -> None:
+        written: list[str] = []
+        replaced: list[str] = []
+        try:
+            values = [(key, self._encode(v, written)) for key, v in batch.values.items()]
+            aggregates = [(name, self._encode(v, written)) for name, v in batch.aggregates.items()]
+            with self._lock, self._transaction() as db:
+                last = db.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()
+                seq = int(last[0]) + 1 if last else 1
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('seq', ?)", (str(seq),))
+                provs = {f: self._provenance_id(db, p) for f, p in batch.provenance.items()}
+                for (model_id, param, field), enc in values:
+                    old = db.execute("SELECT file FROM field_values WHERE model_id = ? AND "
+                                     "field = ? AND param = ?", (model_id, field, param)).fetchone()
+                    if old and old[0]:
+                        replaced.append(old[0])
+                    db.execute(
+                        "INSERT OR REPLACE INTO field_values VALUES "
+                        "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (model_id, field, param, *enc, provs.get(field), seq))
+                for name, enc in aggregates:
+                    base, models, _ = split_contextual(name)
+                    old = db.execute("SELECT file, position FROM aggregates WHERE name = ?",
+                                     (name,)).fetchone()
+                    if old and old[0]:
+                        replaced.append(old[0])
+                    position = old[1] if old else db.execute(
+                        "SELECT COALESCE(MAX(position), 0) + 1 FROM aggregates").fetchone()[0]
+                    db.execute(
+                        "INSERT OR REPLACE INTO aggregates (name, base, models, position, kind, "
+                        "inum, num, blob, file, nbytes, prov, seq) VALUES "
+                        "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (name, base, ",".join(models), position, *enc, provs.get(base), seq))
+                for kernel, models, param in batch.cleared_notes:
+                    db.execute("DELETE FROM notes WHERE kernel = ? AND models = ? AND param = ?",
+                               (kernel, ",".join(models), param or ""))
+                for note in batch.notes:
+                    key = (note.kernel, ",".join(note.models), note.param or "")
+                    old = db.execute("SELECT position FROM notes WHERE kernel = ? AND models = ? "
+                                     "AND param = ?", key).fetchone()
+                    position = old[0] if old else db.execute(
+                        "SELECT COALESCE(MAX(position), 0) + 1 FROM notes").fetchone()[0]
+                    db.execute("INSERT OR REPLACE INTO notes VALUES (?, ?, ?, ?, ?, ?)",
+                               (*key, note.kind, note.reason, position))
+        except BaseException:
+            self._unlink(written)
+            raise
+        self._unlink(replaced)
+
+    def erase(self, fields: Iterable[str], model_ids: Iterable[str],
+              kernels: Iterable[str] = ()) -> int:
+        fields, models, kernels = set(fields), set(model_ids), set(kernels)
+        gone: list[str] = []
+        erased = 0
+        with self._lock, self._transaction() as db:
+            for model_id in models:
+                for field in fields:
+                    rows = db.execute("SELECT file FROM field_values WHERE model_id = ? AND "
+                                      "field = ?", (model_id, field)).fetchall()
+                    gone += [r[0] for r in rows if r[0]]
+                    erased += len(rows)
+                    db.execute("DELETE FROM field_values WHERE model_id = ? AND field = ?",
+                               (model_id, field))
+            for name, models_text, file in db.execute(
+                    "SELECT name, models, file FROM aggregates").fetchall():
+                base = split_contextual(name)[0]
+                ctx = set(models_text.split(",")) if models_text else set()
+                if base in fields and ctx and ctx <= models:
+                    db.execute("DELETE FROM aggregates WHERE name = ?", (name,))
+                    erased += 1
+                    if file:
+                        gone.append(file)
+            for kernel, models_text, param in db.execute(
+                    "SELECT kernel, models, param FROM notes").fetchall():
+                if kernel in kernels and set(models_text.split(",")) <= models:
+                    db.execute("DELETE FROM notes WHERE kernel = ? AND models = ? AND param = ?",
+                               (kernel, models_text, param))
+        self._unlink(gone)
+        return erased

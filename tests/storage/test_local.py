@@ -1,0 +1,305 @@
+"""The ``local`` profile: reopening, the store contract on both profiles, sources after a
+reopen, schema versions, bad store input, concurrent processes."""
+
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from diffract import Session
+from diffract.errors import ApplyError, StorageError
+from diffract.plugins import Batch, ModelSource, Note, ParamInfo, Provenance, RamStore
+
+local = pytest.importorskip("diffract_storage_local")
+from diffract_storage_local import LocalStore, _schema  # noqa: E402
+
+torch = pytest.importorskip("torch")
+
+
+def _model(rng, n=4):
+    out = {f"layer{i}.weight": rng.standard_normal((40 + i, 30)) for i in range(n)}
+    out["big"] = rng.standard_normal((300, 120))
+    out["bias"] = rng.standard_normal(7)
+    return out
+
+
+def _everything(session) -> tuple:
+    r = session.results
+    return r.export_metrics(), r.export_aggregates(), r.export_notes()
+
+
+def _same(a, b) -> bool:
+    """Equal values, NaN equal to NaN, arrays and tuples element-wise."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+FIELDS = ("frob_norm", "param_norm", "esd", "stable_rank", "pl_alpha", "weights_svals", "hard_rank")
+
+
+class TestReopen:
+    def test_a_reopened_store_gives_back_everything(self, tmp_path, rng):
+        """Models, parameters' metadata, every field (scalars, NaN, arrays large and
+        small, ints), aggregate and note come back equal after a reopen."""
+        model = _model(rng)
+        model["layer1.weight"][0, 0] = np.nan
+        with Session(profile="local", path=tmp_path / "st") as s:
+            s.models.add(model, model_id="m")
+            s.compute.configure_kernel("pl_pvalue", n_replicates=3)
+            s.compute.apply(*FIELDS)
+            before = _everything(s)
+            params = s.models.params("m")
+        with Session(profile="local", path=tmp_path / "st") as s:
+            assert s.model_ids == ["m"] and s.models.params("m") == params
+            after = _everything(s)
+            assert not any(s.compute.apply(*FIELDS).computed.values())  # all there: resume
+        assert _same(before, after)
+        assert math.isnan(after[0]["m"]["layer1.weight"]["frob_norm"])
+        assert after[0]["m"]["big"]["weights_svals"].shape == (120,)
+
+    def test_in_memory_weights_are_copied_unless_told_not_to(self, tmp_path):
+        """A torch model's weights (bf16 kept) are copied, so fields that need them can be
+        computed after a reopen; with copy_weights=False they are skipped with the reason."""
+        layer = torch.nn.Linear(6, 5).to(torch.bfloat16)
+        with Session(profile="local", path=tmp_path / "st") as s:
+            s.models.add(layer, model_id="copied")
+            s.models.add({"w": np.ones((3, 3))}, model_id="gone", copy_weights=False)
+        with Session(profile="local", path=tmp_path / "st") as s:
+            tensor = s.store.load_tensor("copied", "weight")
+            assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, layer.weight.detach())
+            s.compute.apply("frob_norm")
+            rows = s.results.export_metrics("frob_norm")
+            notes = {n["unit"]: (n["kind"], n["reason"]) for n in s.results.export_notes()}
+        assert rows["copied"]["weight"]["frob_norm"] == pytest.approx(
+            float(layer.weight.float().norm()), rel=1e-6)
+        assert rows["gone"] == {}
+        kind, reason = notes["gone/w"]
+        assert kind == "skipped" and "were not copied into the store (copy_weights=False)" in reason
+
+    def test_file_backed_models_are_read_again_and_a_changed_file_is_refused(self, tmp_path, rng):
+        """A checkpoint file is read again after a reopen; a file replaced since it was
+        added fails each parameter with what changed (never a crash)."""
+        from safetensors.torch import save_file
+
+        path = tmp_path / "model.safetensors"
+        save_file({"a": torch.randn(8, 8), "b": torch.randn(4, 4)}, str(path))
+        with Session(profile="local", path=tmp_path / "st") as s:
+            s.models.add(path, model_id="f")
+            s.compute.apply("frob_norm")
+            s.results.erase("frob_norm")
+        with Session(profile="local", path=tmp_path / "st") as s:
+            assert s.store.source("f").kind == "file"
+            s.compute.apply("frob_norm")
+            assert len(s.results.export_metrics("frob_norm")["f"]) == 2
+            s.results.erase("frob_norm")
+            save_file({"a": torch.randn(8, 8)}, str(path))  # replaced: shorter
+            with pytest.raises(ApplyError, match=r"file .*model\.safetensors' changed since "
+                               r"the model was added: its size changed from \d+ to \d+ bytes"):
+                s.compute.apply("frob_norm")
+
+
+@pytest.fixture(params=["ram", "local"])
+def store(request, tmp_path):
+    """A store of each profile with one model of two parameters."""
+    st = RamStore() if request.param == "ram" else LocalStore(tmp_path / "st")
+    infos = [ParamInfo("m", "a", (2, 2), "float64"), ParamInfo("m", "b", (3,), "float64")]
+    st.add_model("m", infos, ModelSource("memory"), lambda name: np.ones(2), copy_weights=False)
+    yield st
+    st.close()
+
+
+PROV = Provenance("k", "pack 1.0", '{"x": 1}')
+
+
+class TestStoreContract:
+    def test_commit_values_aggregates_notes(self, store):
+        """Every kind of value comes back as stored; notes replace by key; names ordered."""
+        values = {"f": 1.5, "i": 3, "b": True, "nan": math.nan, "arr": np.arange(6.0).reshape(2, 3),
+                  "big": np.arange(20_000.0), "tup": (1.0, np.arange(3), (2, False))}
+        batch = Batch(values={("m", "a", f): v for f, v in values.items()},
+                      aggregates={"agg@models[m]": 2.0, "arr@models[m]": np.ones(3)},
+                      notes=[Note("k", ("m",), "b", "failed", "boom")],
+                      provenance={f: PROV for f in values})
+        store.commit(batch)
+        for field, value in values.items():
+            assert _same(store.read("m", "a", field), value), field
+        assert store.present("m", "f") == {"a"} and store.fields("m") == set(values)
+        assert store.nbytes("m", "a", "big") == 160_000
+        assert store.aggregate_names() == ["agg@models[m]", "arr@models[m]"]
+        assert store.has_aggregate("agg@models[m]") and not store.has_aggregate("x@models[m]")
+        assert store.stamps("m", "f")["a"].provenance == PROV
+        store.commit(Batch(notes=[Note("k", ("m",), "b", "skipped", "later")],
+                           cleared_notes=set()))
+        assert [(n.kind, n.reason) for n in store.notes()] == [("skipped", "later")]
+        store.commit(Batch(cleared_notes={("k", ("m",), "b")}))
+        assert store.notes() == []
+        with pytest.raises(KeyError):
+            store.read("m", "b", "f")
+
+    def test_a_later_commit_has_a_larger_seq_and_erase_removes(self, store):
+        """Stamps order commits; erase removes values, aggregates and notes of the models."""
+        store.commit(Batch(values={("m", "a", "f"): 1.0}, provenance={"f": PROV}))
+        store.commit(Batch(values={("m", "b", "f"): 2.0}, aggregates={"f@models[m]": 3.0},
+                           notes=[Note("k", ("m",), None, "undefined", "why")],
+                           provenance={"f": PROV}))
+        stamps = store.stamps("m", "f")
+        assert stamps["b"].seq > stamps["a"].seq
+        assert store.aggregate_stamp("f@models[m]").seq == stamps["b"].seq
+        assert store.erase(["f"], ["m"], kernels=["k"]) == 3
+        assert store.present("m", "f") == set() and store.aggregate_names() == []
+        assert store.notes() == []
+
+
+class TestSchema:
+    def test_an_older_schema_is_migrated(self, tmp_path):
+        """A version-1 store (no provenance) opens, migrated to the current version."""
+        root = tmp_path / "old"
+        (root / "arrays").mkdir(parents=True)
+        db = sqlite3.connect(root / "store.sqlite")
+        db.executescript(_schema.V1 + "INSERT INTO meta VALUES ('schema_version', '1');")
+        db.execute("INSERT INTO models VALUES ('m', 1, ?, 0)", (ModelSource("memory").to_json(),))
+        db.execute("INSERT INTO params VALUES ('m', 'w', 0, '[2]', 'float64')")
+        db.execute("INSERT INTO field_values VALUES ('m', 'f', 'w', 'f', NULL, 2.5, NULL, NULL, 8)")
+        db.commit()
+        db.close()
+        st = LocalStore(root)
+        assert st.read("m", "w", "f") == 2.5 and st.stamps("m", "f") == {}
+        assert _schema.version_of(st.db) == _schema.SCHEMA_VERSION
+        st.close()
+
+    def test_a_newer_schema_is_refused(self, tmp_path):
+        """A store written by a newer version is refused with the upgrade command."""
+        LocalStore(tmp_path / "st").close()
+        db = sqlite3.connect(tmp_path / "st" / "store.sqlite")
+        db.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+        db.commit()
+        db.close()
+        with pytest.raises(StorageError, match=r"written by a newer diffract-storage-local "
+                           r"\(schema 99; this one reads up to \d+\)\. Upgrade: pip install -U"):
+            LocalStore(tmp_path / "st")
+
+
+class TestBadStoreInput:
+    def test_a_file_a_foreign_directory_and_a_corrupt_database(self, tmp_path):
+        """Each is refused with what to do; nothing is created there."""
+        (tmp_path / "file").write_text("x")
+        with pytest.raises(StorageError, match=r"is a file, not a Diffract store directory"):
+            LocalStore(tmp_path / "file")
+        (tmp_path / "dir").mkdir()
+        (tmp_path / "dir" / "notes.txt").write_text("x")
+        with pytest.raises(StorageError, match=r"is not a Diffract store \(it has no store.sqlite "
+                           r"but holds \['notes.txt'\]\)"):
+            LocalStore(tmp_path / "dir")
+        assert sorted(p.name for p in (tmp_path / "dir").iterdir()) == ["notes.txt"]
+        (tmp_path / "bad").mkdir()
+        (tmp_path / "bad" / "store.sqlite").write_bytes(b"not a database at all" * 100)
+        with pytest.raises(StorageError, match=r"is corrupt or not a Diffract store"):
+            LocalStore(tmp_path / "bad")
+
+    def test_an_unwritable_location(self):
+        """A location that cannot be created says so."""
+        with pytest.raises(StorageError, match=r"Cannot create the store at '/proc/diffract-st'"):
+            LocalStore("/proc/diffract-st")
+
+    def test_a_full_disk_stores_nothing_of_the_chunk(self, tmp_path, rng, monkeypatch):
+        """A write that fails (disk full, simulated) stores nothing of its chunk and keeps
+        everything committed before; freed, apply resumes."""
+        import builtins
+
+        from diffract_storage_local import store as store_module
+
+        with Session(profile="local", path=tmp_path / "st", config={"apply": {"chunk_seconds": 1e-6}}) as s:
+            s.models.add(_model(rng), model_id="m")
+            s.compute.apply("frob_norm")
+            real_open = builtins.open
+
+            def full(path, mode="r", *args, **kwargs):
+                if "w" in mode and str(path).endswith(".tmp"):
+                    raise OSError(28, "No space left on device")
+                return real_open(path, mode, *args, **kwargs)
+
+            monkeypatch.setattr(store_module, "open", full, raising=False)
+            with pytest.raises(StorageError, match=r"Cannot write an array into the store .*No "
+                               r"space left on device.*nothing of this chunk was stored"):
+                s.compute.apply("weights_lsvs")
+            assert "weights_lsvs" not in s.results.export_metrics()["m"]["big"]
+            assert len(s.results.export_metrics("frob_norm")["m"]) == 6
+            monkeypatch.undo()
+            s.compute.apply("weights_lsvs")
+            assert s.results.export_metrics()["m"]["big"]["weights_lsvs"].shape == (300, 120)
+
+
+WRITER = textwrap.dedent("""
+    import sqlite3, sys, time
+    db = sqlite3.connect(sys.argv[1], isolation_level=None)
+    db.execute("BEGIN IMMEDIATE")
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+    db.execute("COMMIT")
+""")
+
+READER = textwrap.dedent("""
+    import sys
+    from diffract import Session
+    with Session(profile="local", path=sys.argv[1]) as s:
+        for _ in range(30):
+            rows = s.results.export_metrics("frob_norm").get("m", {})
+            assert all(v["frob_norm"] > 0 for v in rows.values())
+    print("read ok", flush=True)
+""")
+
+
+class TestConcurrency:
+    def test_readers_while_a_writer_applies_and_a_second_writer_times_out(self, tmp_path, rng):
+        """Two reading processes run while this one applies; a writer blocked longer
+        than the timeout gets a clear error, and the store stays usable."""
+        path = tmp_path / "st"
+        with Session(profile="local", path=path) as s:
+            s.models.add(_model(rng, 30), model_id="m")
+        readers = [subprocess.Popen([sys.executable, "-c", READER, str(path)],
+                                    stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        with Session(profile="local", path=path) as s:
+            s.compute.apply("frob_norm", "esd")
+        assert [r.communicate(timeout=120)[0].strip() for r in readers] == ["read ok"] * 2
+        blocker = subprocess.Popen([sys.executable, "-c", WRITER, str(path / "store.sqlite"), "3"],
+                                   stdout=subprocess.PIPE, text=True)
+        assert blocker.stdout.readline().strip() == "locked"
+        with Session(profile="local", path=path, timeout=0.5) as s:
+            with pytest.raises(StorageError, match=r"locked by another writer for more than 0.5 s"):
+                s.compute.apply("stable_rank")
+            assert s.results.export_metrics("stable_rank")["m"] == {}
+        blocker.wait(timeout=30)
+        with Session(profile="local", path=path) as s:
+            s.compute.apply("stable_rank")
+            assert len(s.results.export_metrics("stable_rank")["m"]) == 31
+
+    def test_a_store_open_in_a_killed_process_reopens(self, tmp_path, rng):
+        """A process killed with the store open (and a write transaction pending) leaves a
+        store that opens and is complete."""
+        path = tmp_path / "st"
+        with Session(profile="local", path=path) as s:
+            s.models.add(_model(rng), model_id="m")
+            s.compute.apply("frob_norm")
+        blocker = subprocess.Popen([sys.executable, "-c", WRITER, str(path / "store.sqlite"), "60"],
+                                   stdout=subprocess.PIPE, text=True)
+        assert blocker.stdout.readline().strip() == "locked"
+        blocker.kill()
+        blocker.wait()
+        with Session(profile="local", path=path) as s:
+            assert len(s.results.export_metrics("frob_norm")["m"]) == 6
+            s.compute.apply("stable_rank")
+        assert os.path.exists(path / "store.sqlite")
