@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ["diffract_core/src", "diffract_kernels_spectral/src", "kernel_fun_gpu/src", "."]
+SOURCES = ["diffract_core/src", "diffract_kernels_spectral/src", "kernel_fun_gpu/src",
+           "plugins/diffract_storage_local/src", "."]
 
 SPECTRAL = "diffract_kernels_spectral/src/diffract_kernels_spectral/"
 CORE = "diffract_core/src/diffract/core/"
@@ -135,6 +136,18 @@ MUTANTS = [
     Mutant("runner-storable-not-checked", CORE + "compute/execution.py",
            "        problem = storable_problem(value)", "        problem = None",
            tuple(CORE_TESTS), "values no store can keep must fail their unit"),
+    # -- the local store -------------------------------------------------------------------
+    Mutant("local-commit-not-atomic",
+           "plugins/diffract_storage_local/src/diffract_storage_local/store.py",
+           "                        (model_id, field, param, *enc, provs.get(field), seq))\n",
+           "                        (model_id, field, param, *enc, provs.get(field), seq))\n"
+           "                    db.execute('COMMIT'); db.execute('BEGIN IMMEDIATE')\n",
+           ("tests/storage",), "a chunk's rows commit as one transaction"),
+    Mutant("local-orphans-kept",
+           "plugins/diffract_storage_local/src/diffract_storage_local/store.py",
+           "            if path.is_file() and str(path.relative_to(self.root)) not in referenced:",
+           "            if False:",
+           ("tests/storage",), "files of a chunk that never committed are cleaned up"),
     # -- the Triton conv ------------------------------------------------------------------
     Mutant("conv-forward-tap", "kernel_fun_gpu/src/kernel_fun/_cconv_triton.py",
            "+ w2 * _load_rows(xb, t - 1, d, d_ok, T, sxt, sxd)",

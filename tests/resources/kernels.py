@@ -26,9 +26,10 @@ def fails_on_bias(weights: np.ndarray) -> float:
     return float(np.abs(weights).max())
 
 
-def slow_norm(weights: np.ndarray, *, delay: float = 0.01) -> float:
-    """``||W||_F`` after sleeping ``delay`` seconds (gives an apply time to be killed)."""
+def slow_pair(weights: np.ndarray, *, delay: float = 0.01) -> tuple[float, float]:
+    """``(||W||_F, max |W_ij|)`` after sleeping ``delay`` seconds (gives an apply time to
+    be killed, with two outputs that must be stored together)."""
     import time
 
     time.sleep(delay)
-    return float(np.sqrt(np.sum(np.square(weights))))
+    return float(np.sqrt(np.sum(np.square(weights)))), float(np.max(np.abs(weights)))

@@ -164,6 +164,39 @@ class TestStoreContract:
         assert store.notes() == []
 
 
+class TestAtomicity:
+    def test_a_commit_that_fails_midway_stores_nothing_of_its_batch(self, tmp_path):
+        """A failure after some rows were written (a note the database refuses) rolls the
+        whole batch back, files included; earlier commits stay."""
+        st = LocalStore(tmp_path / "st")
+        st.add_model("m", [ParamInfo("m", "a", (2,), "float64")], ModelSource("memory"),
+                     lambda n: np.ones(2), copy_weights=False)
+        st.commit(Batch(values={("m", "a", "kept"): 1.0}))
+        bad = Batch(values={("m", "a", "x"): 2.0, ("m", "a", "big"): np.arange(50_000.0)},
+                    notes=[Note("k", ("m",), "a", "failed", None)])  # reason NOT NULL
+        with pytest.raises(sqlite3.IntegrityError):
+            st.commit(bad)
+        assert st.fields("m") == {"kept"} and st.read("m", "a", "kept") == 1.0
+        assert [p for p in (tmp_path / "st" / "arrays").rglob("*") if p.is_file()] == []
+        with pytest.raises(KeyError, match="unknown model"):
+            st.commit(Batch(values={("nope", "a", "x"): 1.0}))
+        st.close()
+
+    def test_files_of_a_chunk_that_never_committed_are_removed_by_a_lone_opener(self, tmp_path):
+        """Array files no row names (a crash between writing them and the commit) are
+        deleted when the store is opened by no other process, and kept otherwise."""
+        st = LocalStore(tmp_path / "st")
+        orphan = tmp_path / "st" / "arrays" / "ab" / "abcdef.npy"
+        orphan.parent.mkdir()
+        np.save(orphan, np.ones(3))
+        other = LocalStore(tmp_path / "st")  # another opener: st still holds it
+        assert orphan.exists()
+        other.close()
+        st.close()
+        LocalStore(tmp_path / "st").close()  # alone now
+        assert not orphan.exists()
+
+
 class TestSchema:
     def test_an_older_schema_is_migrated(self, tmp_path):
         """A version-1 store (no provenance) opens, migrated to the current version."""

@@ -505,6 +505,10 @@ class LocalStore(Store):
                           "config = ?", (prov.kernel, prov.provider, prov.config)).fetchone()[0]
 
     def commit(self, batch: Batch) -> None:
+        known = set(self.model_ids())
+        unknown = sorted({m for m, _, _ in batch.values} - known)
+        if unknown:  # before anything is written
+            raise KeyError(f"commit names unknown model(s) {unknown}")
         written: list[str] = []
         replaced: list[str] = []
         try:
