@@ -32,8 +32,9 @@ from diffract.core.compute.execution import ApplyReport, Progress, Runner
 from diffract.core.compute.planner import downstream_fields, make_plan
 from diffract.core.compute.registry import SESSION_PROVIDER, KernelRegistry
 from diffract.core.compute.spec import SOURCE_FIELDS, KernelOptions, KernelSpec
+from diffract.core.compute.staleness import find_stale
 from diffract.core.models import read_model
-from diffract.core.storage.base import Note, Store, split_contextual
+from diffract.core.storage.base import Note, Store, contextual_name, split_contextual
 from diffract.errors import (
     ApplyError,
     ConfigError,
@@ -302,11 +303,14 @@ class ComputeAPI(_Scoped):
         *fields: str,
         errors: str = "raise",
         progress: Callable[[Progress], None] | None = None,
+        recompute: str = "presence",
     ) -> ApplyReport:
         """Compute ``fields`` (and their dependencies) for every model in scope.
 
         Work is selected by field presence: units that already have a kernel's outputs are
-        skipped. Returns an :class:`ApplyReport`. When some units failed, everything else
+        skipped. ``recompute="stale"`` also recomputes the stored units that are stale
+        (their kernel's configuration changed since, or an input did; see
+        ``results.stale()``), and what depends on them. Returns an :class:`ApplyReport`. When some units failed, everything else
         is stored and :class:`~diffract.errors.ApplyError` is raised at the end
         (``errors="record"`` returns the report instead, after a warning).
         ``progress`` is called after each committed chunk with a
@@ -314,6 +318,11 @@ class ComputeAPI(_Scoped):
         """
         if errors not in ("raise", "record"):
             raise InvalidArgumentError(f"errors must be 'raise' or 'record', got {errors!r}.")
+        if recompute not in ("presence", "stale"):
+            raise InvalidArgumentError(
+                f"recompute must be 'presence' (compute what is absent) or 'stale' (also "
+                f"recompute what is stale), got {recompute!r}."
+            )
         if not fields:
             raise InvalidArgumentError(
                 "apply() needs at least one field name, e.g. apply('frob_norm'). "
@@ -328,7 +337,12 @@ class ComputeAPI(_Scoped):
                 "model_id=...) before applying.",
                 model_id=None,
             )
-        plan = make_plan(list(fields), registry, session.store, scope)
+        forced: frozenset = frozenset()
+        if recompute == "stale":
+            forced = frozenset(
+                u.key for u in find_stale(registry, session.store, scope, list(fields))
+            )
+        plan = make_plan(list(fields), registry, session.store, scope, forced)
         for field, kernel_name, siblings in plan.partial:
             warnings.warn(
                 PartialOutputWarning(
@@ -525,6 +539,46 @@ class ResultsAPI(_Scoped):
         if export_format == "dict":
             return records
         return self._emit(records, ["kernel", "unit", "kind", "reason"], export_format, None)
+
+    def stale(self, *fields: str, export_format: str = "dict") -> Any:
+        """Stored results that no longer match the current configuration, in scope.
+
+        A unit is stale when its kernel's configuration changed since it was computed,
+        or when an input it was computed from is stale or was recomputed after it. With
+        ``fields``, only those and their dependencies are checked. One record per kernel
+        and unit: kernel, fields, unit and reason. ``apply(..., recompute="stale")``
+        recomputes them.
+        """
+        self._check_format(export_format)
+        session = self._session
+        names = list(fields) if fields else None
+        if names:
+            known = self._known_fields()
+            for f in names:
+                if f not in known:
+                    raise UnknownFieldError(f, known, action="to check")
+        units = find_stale(session.registry, session.store, self._scope_ids(), names)
+        records = [
+            {"kernel": u.kernel, "fields": list(u.fields), "unit": u.unit, "reason": u.reason}
+            for u in units
+        ]
+        if export_format == "dict":
+            return records
+        return self._emit(records, ["kernel", "fields", "unit", "reason"], export_format, None)
+
+    def provenance(self, field: str, model_id: str, param: str | None = None) -> dict | None:
+        """What produced a stored value: kernel, provider and configuration (None when
+        the value is absent or was stored without provenance). ``param`` None: the
+        model's aggregate ``field@models[model_id]``."""
+        store = self._session.store
+        if param is None:
+            stamp = store.aggregate_stamp(contextual_name(field, (model_id,)))
+        else:
+            stamp = store.stamps(model_id, field).get(param)
+        if stamp is None:
+            return None
+        p = stamp.provenance
+        return {"kernel": p.kernel, "provider": p.provider, "config": p.config_dict}
 
     def erase(self, *fields: str, erase_dependent_also: bool = False) -> int:
         """Erase stored ``fields`` for the models in scope; returns how many values went.

@@ -176,12 +176,18 @@ def _note_partial(
 
 
 def make_plan(
-    fields: Sequence[str], registry: KernelRegistry, store: Store, scope: Sequence[str]
+    fields: Sequence[str],
+    registry: KernelRegistry,
+    store: Store,
+    scope: Sequence[str],
+    forced: frozenset[tuple[str, tuple[str, ...], str | None]] = frozenset(),
 ) -> Plan:
     """Resolve, validate the scope and select pending units by field presence.
 
     A unit is pending for a kernel only when *all* the kernel's outputs are absent
-    there; restrictions move pending parameters to ``Step.skipped`` with their reason.
+    there, or when ``forced`` names it ((kernel, models, param): stale units to
+    recompute); restrictions move pending parameters to ``Step.skipped`` with their
+    reason.
     """
     kernels = resolve(fields, registry)
     validate_scope(fields, registry, scope)
@@ -204,7 +210,7 @@ def make_plan(
                             s for s in outputs if s != f
                         )
                 for info in store.params(model_id):
-                    if info.name in any_out:
+                    if info.name in any_out and (spec.name, (model_id,), info.name) not in forced:
                         continue
                     unit = Unit((model_id,), info.name)
                     reason = _passes(spec, info)
@@ -213,7 +219,7 @@ def make_plan(
             for model_id in scope:
                 names = [contextual_name(f, (model_id,)) for f in outputs]
                 present = [store.has_aggregate(n) for n in names]
-                if not any(present):
+                if not any(present) or (spec.name, (model_id,), None) in forced:
                     units.append(Unit((model_id,)))
                 else:
                     _note_partial(partial, spec, requested, present)
@@ -227,7 +233,7 @@ def make_plan(
                     continue
                 present = [store.has_aggregate(contextual_name(f, (a, b), info.name))
                            for f in outputs]
-                if any(present):
+                if any(present) and (spec.name, (a, b), info.name) not in forced:
                     _note_partial(partial, spec, requested, present)
                     continue
                 reason = _passes(spec, info) or _passes(spec, in_b[info.name])
