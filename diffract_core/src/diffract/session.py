@@ -310,8 +310,9 @@ class ComputeAPI(_Scoped):
         Work is selected by field presence: units that already have a kernel's outputs are
         skipped. ``recompute="stale"`` also recomputes the stored units that are stale
         (their kernel's configuration changed since, or an input did; see
-        ``results.stale()``), and what depends on them. Returns an :class:`ApplyReport`. When some units failed, everything else
-        is stored and :class:`~diffract.errors.ApplyError` is raised at the end
+        ``results.stale()``), and what depends on them. Returns an :class:`ApplyReport`.
+        When some units failed, everything else is stored and
+        :class:`~diffract.errors.ApplyError` is raised at the end
         (``errors="record"`` returns the report instead, after a warning).
         ``progress`` is called after each committed chunk with a
         :class:`~diffract.core.compute.execution.Progress` record.
