@@ -1,0 +1,157 @@
+"""Checkpoint files and directories: the formats models.add reads, and a clear
+ModelSourceError (naming file, model and fix) for everything it cannot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+from diffract import Session
+from diffract.errors import ApplyError, ModelSourceError
+
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+
+def _state(dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    return {"emb.weight": torch.randn(12, 6, generator=g).to(dtype),
+            "layer.weight": torch.randn(5, 6, generator=g).to(dtype),
+            "layer.bias": torch.randn(5, generator=g).to(dtype),
+            "steps": torch.tensor(3)}  # an integer buffer: not a weight
+
+
+def _norms(session, model_id):
+    session.compute.apply("frob_norm")
+    return {p: r["frob_norm"] for p, r in session.results.export_metrics("frob_norm")[model_id].items()}
+
+
+def _expected(state):
+    return {k: float(v.double().norm()) for k, v in state.items() if v.dtype.is_floating_point}
+
+
+class TestFormats:
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                             ids=["fp32", "fp16", "bf16"])
+    def test_safetensors_file(self, tmp_path, dtype):
+        """A .safetensors file in any float dtype: parameters, dtypes, values."""
+        state = _state(dtype)
+        path = tmp_path / "m.safetensors"
+        safetensors_torch.save_file(state, str(path))
+        with Session() as s:
+            names = s.models.add(path, model_id="m")
+            assert names == ["emb.weight", "layer.bias", "layer.weight"]
+            assert {p.dtype for p in s.models.params("m")} == {str(dtype).removeprefix("torch.")}
+            got = _norms(s, "m")
+            tensor = s.store.load_tensor("m", "emb.weight")
+        assert tensor.dtype == dtype
+        assert got == pytest.approx(_expected(state), rel=1e-6)
+
+    @pytest.mark.parametrize("layout", ["sharded-safetensors", "single-safetensors",
+                                        "sharded-torch", "single-torch"])
+    def test_hugging_face_style_directories(self, tmp_path, layout):
+        """A checkpoint directory: sharded with its index, or a single file."""
+        state = _state()
+        root = tmp_path / "ckpt"
+        root.mkdir()
+        floats = {k: v for k, v in state.items()}
+        ext, save = ((".safetensors", lambda d, p: safetensors_torch.save_file(d, str(p)))
+                     if "safetensors" in layout else (".bin", lambda d, p: torch.save(d, p)))
+        stem = "model" if ext == ".safetensors" else "pytorch_model"
+        if layout.startswith("sharded"):
+            shards = {f"{stem}-00001-of-00002{ext}": ["emb.weight", "steps"],
+                      f"{stem}-00002-of-00002{ext}": ["layer.weight", "layer.bias"]}
+            weight_map = {}
+            for shard, names in shards.items():
+                save({n: floats[n] for n in names}, root / shard)
+                weight_map.update({n: shard for n in names})
+            (root / f"{stem}{ext}.index.json").write_text(json.dumps({"weight_map": weight_map}))
+        else:
+            save(floats, root / f"{stem}{ext}")
+        with Session() as s:
+            s.models.add(root, model_id="m")
+            assert s.store.source("m").kind == "directory"
+            assert _norms(s, "m") == pytest.approx(_expected(state), rel=1e-6)
+
+    def test_legacy_torch_format(self, tmp_path):
+        """A state dict saved in torch's legacy (non-zip) format loads, weights only."""
+        state = _state()
+        path = tmp_path / "legacy.pt"
+        torch.save(state, path, _use_new_zipfile_serialization=False)
+        with Session() as s:
+            s.models.add(path, model_id="m")
+            assert _norms(s, "m") == pytest.approx(_expected(state), rel=1e-6)
+
+
+class TestErrors:
+    def _refused(self, source, match):
+        with Session() as s:
+            with pytest.raises(ModelSourceError, match=match) as info:
+                s.models.add(source, model_id="m")
+            assert s.model_ids == []  # nothing half-added
+        assert info.value.model_id == "m"
+        assert "weights_only=False" not in str(info.value)
+        return info.value
+
+    def test_truncated_and_lying_safetensors(self, tmp_path):
+        """A truncated file and a header that lies about its length name the file."""
+        path = tmp_path / "m.safetensors"
+        safetensors_torch.save_file(_state(), str(path))
+        data = path.read_bytes()
+        (tmp_path / "cut.safetensors").write_bytes(data[: len(data) - 40])
+        self._refused(tmp_path / "cut.safetensors",
+                      r"Model 'm': not a readable safetensors file: .* export it again \('.*cut\.safetensors'\)")
+        lying = (10**9).to_bytes(8, "little") + data[8:]
+        (tmp_path / "lie.safetensors").write_bytes(lying)
+        self._refused(tmp_path / "lie.safetensors", r"not a readable safetensors file")
+
+    def test_missing_shard_and_directory_for_a_file(self, tmp_path):
+        """An index naming an absent shard; a directory named like a file; an empty one."""
+        root = tmp_path / "ckpt"
+        root.mkdir()
+        safetensors_torch.save_file({"a": torch.ones(2, 2)}, str(root / "s1.safetensors"))
+        (root / "model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}}))
+        self._refused(root, r"the shard index lists 1 missing shard\(s\): \['s2.safetensors'\]")
+        (tmp_path / "x.safetensors").mkdir()
+        self._refused(tmp_path / "x.safetensors", r"this is a directory, not a checkpoint file")
+        (tmp_path / "empty").mkdir()
+        self._refused(tmp_path / "empty", r"directory holds none of \['model.safetensors.index.json'")
+
+    def test_a_pickle_that_is_not_a_plain_state_dict_names_the_global(self, tmp_path):
+        """A checkpoint holding arbitrary objects names the offending global and how to
+        save a plain state dict; it is never unpickled."""
+        path = tmp_path / "obj.pt"
+        torch.save({"w": torch.ones(2), "extra": argparse.Namespace(a=1)}, path)
+        self._refused(path, r"cannot read obj.pt with torch.load\(weights_only=True\): it holds "
+                            r"a pickled argparse.Namespace, not a plain state dict of tensors\. "
+                            r"Diffract never unpickles arbitrary objects: save model.state_dict\(\)")
+
+    def test_unknown_extension_and_missing_file(self, tmp_path):
+        """Unsupported file types list the supported ones; a missing file says so."""
+        (tmp_path / "m.ckpt").write_bytes(b"x")
+        self._refused(tmp_path / "m.ckpt", r"unsupported file type '.ckpt': use .safetensors, .pt")
+        self._refused(tmp_path / "nope.safetensors", r"the file does not exist")
+
+
+class TestChangedFiles:
+    def test_a_file_truncated_after_it_was_added_fails_its_parameters(self, tmp_path):
+        """Truncating a memory-mapped checkpoint after add is detected before reading:
+        each parameter fails with what changed; the process (and other models) survive."""
+        path = tmp_path / "m.safetensors"
+        safetensors_torch.save_file(_state(), str(path))
+        with Session() as s:
+            s.models.add(path, model_id="m")
+            s.models.add({"w": np.ones((2, 2))}, model_id="other")
+            with open(path, "r+b") as fh:
+                fh.truncate(path.stat().st_size // 2)
+            with pytest.raises(ApplyError, match=r"3 unit\(s\) failed") as info:
+                s.compute.apply("frob_norm")
+            reasons = {f.unit: f.reason for f in info.value.report.failures}
+            assert set(reasons) == {"m/emb.weight", "m/layer.weight", "m/layer.bias"}
+            assert all("changed since the model was added: its size changed" in r
+                       for r in reasons.values())
+            assert s.results.export_metrics("frob_norm")["other"]["w"]["frob_norm"] == 2.0
