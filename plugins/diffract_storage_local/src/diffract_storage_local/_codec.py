@@ -28,15 +28,28 @@ INLINE_BYTES = 64 << 10
 
 
 class Encoded:
-    """One encoded value: kind, integer, real, inline bytes, or bytes for a file."""
+    """One encoded value: kind, integer, real, inline bytes, or what goes to a file
+    (``file_array``, written straight as ``.npy`` without an extra copy, or
+    ``file_bytes``)."""
 
-    __slots__ = ("kind", "inum", "num", "blob", "file_bytes", "nbytes")
+    __slots__ = ("kind", "inum", "num", "blob", "file_bytes", "file_array", "nbytes")
 
     def __init__(self, kind: str, *, inum: int | None = None, num: float | None = None,
                  blob: bytes | None = None, file_bytes: bytes | None = None,
-                 nbytes: int = 8) -> None:
+                 file_array: np.ndarray | None = None, nbytes: int = 8) -> None:
         self.kind, self.inum, self.num, self.blob = kind, inum, num, blob
-        self.file_bytes, self.nbytes = file_bytes, nbytes
+        self.file_bytes, self.file_array, self.nbytes = file_bytes, file_array, nbytes
+
+    @property
+    def to_file(self) -> bool:
+        return self.file_bytes is not None or self.file_array is not None
+
+    def write(self, fh: Any) -> None:
+        """Write the file payload to an open binary file."""
+        if self.file_array is not None:
+            np.lib.format.write_array(fh, self.file_array, allow_pickle=False)
+        else:
+            fh.write(self.file_bytes)
 
 
 def _npy(array: np.ndarray) -> bytes:
@@ -77,10 +90,9 @@ def encode(value: Any) -> Encoded:
         number = float(value)
         return Encoded("n") if math.isnan(number) else Encoded("f", num=number)
     if isinstance(value, np.ndarray):
-        data = _npy(value)
-        if len(data) <= INLINE_BYTES:
-            return Encoded("a", blob=data, nbytes=value.nbytes)
-        return Encoded("A", file_bytes=data, nbytes=value.nbytes)
+        if value.nbytes + 128 <= INLINE_BYTES:
+            return Encoded("a", blob=_npy(value), nbytes=value.nbytes)
+        return Encoded("A", file_array=value, nbytes=value.nbytes)
     if isinstance(value, tuple):
         arrays: dict[str, np.ndarray] = {}
         kinds: list[str] = []

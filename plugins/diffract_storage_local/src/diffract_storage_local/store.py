@@ -270,7 +270,7 @@ class LocalStore(Store):
         return f"LocalStore({str(self.root)!r})"
 
     # -- array files --------------------------------------------------------------------
-    def _write_file(self, data: bytes, suffix: str) -> str:
+    def _write_file(self, enc: _codec.Encoded, suffix: str) -> str:
         name = uuid.uuid4().hex
         rel = Path("arrays") / name[:2] / f"{name}{suffix}"
         target = self.root / rel
@@ -278,7 +278,7 @@ class LocalStore(Store):
         tmp = target.with_name(f".{name}.tmp")
         try:
             with open(tmp, "wb") as fh:
-                fh.write(data)
+                enc.write(fh)
                 if self.sync == "full":
                     fh.flush()
                     os.fsync(fh.fileno())
@@ -296,8 +296,8 @@ class LocalStore(Store):
     def _encode(self, value: Any, written: list[str]) -> tuple[Any, ...]:
         enc = _codec.encode(value)
         path = None
-        if enc.file_bytes is not None:
-            path = self._write_file(enc.file_bytes, ".npz" if enc.kind == "T" else ".npy")
+        if enc.to_file:
+            path = self._write_file(enc, ".npz" if enc.kind == "T" else ".npy")
             written.append(path)
         return enc.kind, enc.inum, enc.num, enc.blob, path, enc.nbytes
 
