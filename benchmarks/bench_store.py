@@ -24,8 +24,9 @@ from _common import header, table  # noqa: E402
 
 
 def _store(kind: str, root: Path):
-    from diffract.plugins import ModelSource, ParamInfo, RamStore
     from diffract_storage_local import LocalStore
+
+    from diffract.plugins import ModelSource, ParamInfo, RamStore
 
     store = RamStore() if kind == "ram" else LocalStore(root / "store")
     store.add_model("m", [ParamInfo("m", f"p{i}", (1,), "float64") for i in range(1000)],
@@ -111,7 +112,8 @@ def main() -> None:
                 rows.append([kind, "10,000 scalars", f"{write:.2f} s", f"{read:.2f} s", "", ""])
             else:
                 rows.append([kind, f"{args.arrays} x {args.array_mib} MiB", f"{write:.2f} s",
-                             f"{read:.2f} s", f"{gib / write:.2f} GiB/s", f"{gib / read:.2f} GiB/s"])
+                             f"{read:.2f} s", f"{gib / write:.2f} GiB/s",
+                             f"{gib / read:.2f} GiB/s"])
         table(["store", "what", "write", "read", "write rate", "read rate"], rows)
         lw, lr = results[("local", "arrays")]
         rw, rr = results[("raw", "arrays")]

@@ -12,7 +12,8 @@ Sources:
 
 * a ``torch.nn.Module`` (its ``named_parameters()``) or a mapping of names to torch
   tensors or numpy arrays (a state dict);
-* a ``.safetensors`` file (memory-mapped; needs ``safetensors``), a torch state-dict
+* a ``.safetensors`` file (read with plain file reads: no memory map, so a read costs
+  only the tensor's own memory and a truncated file is an error, not a crash), a torch state-dict
   file ``.pt``/``.pth``/``.bin`` (``torch.load(weights_only=True)``, memory-mapped when
   the file is in the zip format; the legacy format is read whole, once) or ``.npz``;
 * a Hugging Face-style checkpoint directory: ``model.safetensors.index.json`` with its
@@ -39,6 +40,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from diffract.core._safetensors import SafetensorsError, SafetensorsFile
 from diffract.core.sources import FileIdentity, ModelSource
 from diffract.core.storage.base import ParamInfo
 from diffract.errors import EmptyModelError, ModelSourceError
@@ -47,8 +49,6 @@ __all__ = ["OpenedModel", "open_source", "read_model"]
 
 Loader = Callable[[str], Any]
 
-_ST_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
-              "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 _HF_FILES = ("model.safetensors.index.json", "model.safetensors",
              "pytorch_model.bin.index.json", "pytorch_model.bin")
 
@@ -164,34 +164,38 @@ class _Reader:
         return self._handle
 
     def get(self, name: str) -> Any:
+        """The tensor as stored (torch for torch and safetensors files, else numpy)."""
         self.identity.check(self.model_id)
         with self._lock:
             handle = self._open()
         if self.fmt == "safetensors":
-            return handle.get_tensor(name)
+            return handle.read_raw(name)
         if self.fmt == "npz":
             with np.load(self.identity.path, allow_pickle=False) as npz:
                 return npz[name]
         return handle[name]
+
+    def get_numpy(self, name: str) -> np.ndarray:
+        """The tensor as numpy, half types as float32 (converted without a second copy
+        for safetensors files)."""
+        if self.fmt != "safetensors":
+            return to_numpy(self.get(name))
+        self.identity.check(self.model_id)
+        with self._lock:
+            handle = self._open()
+        return handle.read_numpy(name)
 
 
 def _open_file(path: Path, fmt: str, model_id: str) -> Any:
     """An open checkpoint: a safetensors handle, or a mapping of names to tensors."""
     if fmt == "safetensors":
         try:
-            from safetensors import safe_open
-        except ImportError:
-            raise _file_error(model_id, path, "reading .safetensors needs the safetensors "
-                              "package: pip install safetensors") from None
-        import torch  # noqa: F401 - safetensors' torch framework
-
-        try:
-            return safe_open(str(path), framework="pt")
-        except Exception as exc:  # noqa: BLE001 - a truncated or lying header
+            return SafetensorsFile(path)
+        except (OSError, SafetensorsError) as exc:  # a truncated or lying header
             raise _file_error(
                 model_id, path,
-                f"not a readable safetensors file: {type(exc).__name__}: {exc}. The file is "
-                "truncated or its header is corrupt; export it again",
+                f"not a readable safetensors file: {exc}. The file is truncated or its header "
+                "is corrupt; export it again",
             ) from None
     if fmt == "torch":
         return _torch_load(path, model_id)
@@ -239,15 +243,7 @@ def _file_infos(handle: Any, fmt: str, model_id: str, path: Path) -> list[tuple[
     """(name, shape, dtype) of the floating-point tensors of an open checkpoint."""
     out = []
     if fmt == "safetensors":
-        try:
-            for name in handle.keys():
-                sl = handle.get_slice(name)
-                dtype = sl.get_dtype().upper()
-                if dtype in _ST_DTYPES:
-                    out.append((name, tuple(sl.get_shape()), _ST_DTYPES[dtype]))
-        except Exception as exc:  # noqa: BLE001
-            raise _file_error(model_id, path, f"corrupt safetensors metadata: {exc}") from None
-        return out
+        return handle.floats()
     if fmt == "npz":
         for name in handle.files:
             arr = handle[name]
@@ -346,7 +342,7 @@ def _loaders(readers: list[_Reader], where: Mapping[str, int]) -> tuple[Loader, 
         return value if isinstance(value, np.ndarray) else _readable(value)
 
     def load(name: str) -> np.ndarray:
-        return to_numpy(raw(name))
+        return readers[where.get(name, 0)].get_numpy(name)
 
     return load, raw
 

@@ -150,7 +150,10 @@ class Chunker:
         for field in self._require:
             for m in unit.models:
                 params = [unit.param] if unit.param is not None else list(self._infos[m])
-                if field in ("weights", "tensor"):
+                if field == "weights":  # read as numpy: half types become float32
+                    total += sum(max(4, self._infos[m][p].itemsize) * self._infos[m][p].numel
+                                 for p in params)
+                elif field == "tensor":
                     total += sum(self._infos[m][p].nbytes for p in params)
                 elif field in SOURCE_FIELDS:
                     total += 8 * len(params)

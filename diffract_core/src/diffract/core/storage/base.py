@@ -61,12 +61,17 @@ class ParamInfo:
         return math.prod(self.shape)
 
     @property
-    def nbytes(self) -> int:
+    def itemsize(self) -> int:
+        """Bytes per element of the stored dtype (bfloat16 and other non-numpy types by
+        their width)."""
         try:
-            itemsize = np.dtype(self.dtype).itemsize
+            return np.dtype(self.dtype).itemsize
         except TypeError:
-            itemsize = 2 if "16" in self.dtype else 4
-        return self.numel * itemsize
+            return 2 if "16" in self.dtype else 1 if "8" in self.dtype else 4
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
 
 
 @attrs.frozen

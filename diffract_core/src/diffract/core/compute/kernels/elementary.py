@@ -11,23 +11,33 @@ from diffract.errors import FieldUndefined
 __all__ = ["ELEMENTARY", "frob_norm", "numel", "param_norm", "total_numel"]
 
 
+#: Elements squared and summed at a time: bounds the float64 temporaries of frob_norm.
+_BLOCK = 1 << 20
+
+
 @kernel
 def frob_norm(weights: np.ndarray) -> float:
     """Frobenius norm of the parameter: ``sqrt(sum_ij W_ij^2)``, accumulated in float64."""
-    w = np.asarray(weights)
-    finite = np.isfinite(w)
-    if not finite.all():
-        nan = int(np.isnan(w).sum())
-        raise FieldUndefined(
-            f"weights contain {nan} NaN and {w.size - int(finite.sum()) - nan} Inf value(s)"
-        )
-    return float(np.sqrt(np.sum(np.square(w, dtype=np.float64))))
+    flat = np.asarray(weights).reshape(-1)
+    total, nan, inf = 0.0, 0, 0
+    for start in range(0, flat.size, _BLOCK):  # blocks: no full-size float64 copy
+        block = flat[start:start + _BLOCK]
+        finite = np.isfinite(block)
+        if not finite.all():
+            n = int(np.isnan(block).sum())
+            nan, inf = nan + n, inf + block.size - int(finite.sum()) - n
+            continue
+        b64 = block.astype(np.float64)
+        total += float(np.dot(b64, b64))
+    if nan or inf:
+        raise FieldUndefined(f"weights contain {nan} NaN and {inf} Inf value(s)")
+    return float(np.sqrt(total))
 
 
 @kernel
-def numel(weights: np.ndarray) -> int:
-    """Number of elements of the parameter: ``prod(shape)``."""
-    return int(np.asarray(weights).size)
+def numel(shape: tuple[int, ...]) -> int:
+    """Number of elements of the parameter: ``prod(shape)`` (reads no weights)."""
+    return int(np.prod(shape, dtype=np.int64))
 
 
 @kernel(apply_level=KernelApplyLevel.IN_MODEL)
