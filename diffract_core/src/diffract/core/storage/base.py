@@ -310,9 +310,12 @@ class Store(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (files, handles). The default does nothing."""
 
-    # -- conveniences built on the contract -----------------------------------
+    @abc.abstractmethod
     def has_aggregate(self, name: str) -> bool:
-        return name in set(self.aggregate_names())
+        """Whether an aggregate is stored; the planner asks once per unit, so it must
+        not scan (a dict lookup, a primary-key query)."""
+
+    # -- conveniences built on the contract -----------------------------------
 
     def describe(self) -> Mapping[str, Any]:
         """A small summary for logs: models, parameters, stored values."""
