@@ -9,7 +9,7 @@ from diffract.cli import main
 from diffract.plugins import make_plugin_manager
 
 #: The repository's own kernel packs (the catalog documents them with the core).
-REPO_PACKS = ["diffract-kernels-spectral"]
+REPO_PACKS = ["diffract-kernels-spectral", "diffract-kernels-alignment"]
 CATALOG = Path(__file__).parents[2] / "docs" / "metrics.md"
 
 

@@ -248,3 +248,47 @@ def test_esd_of_torch_parameters_matches_numpy(rng):
     (batched,) = linalg.esd_batched_torch([layer.weight.detach()], "float64", "cpu")
     exact = np.sort(np.linalg.svd(w32.astype(np.float64), compute_uv=False) ** 2)
     np.testing.assert_allclose(batched, exact, rtol=1e-9, atol=1e-12 * exact[-1])
+
+
+class TestTopK:
+    def _matrix(self, spectrum):
+        g = np.random.default_rng(5)
+        u, _ = np.linalg.qr(g.standard_normal((300, 200)))
+        v, _ = np.linalg.qr(g.standard_normal((200, 200)))
+        return (u * spectrum) @ v.T
+
+    @pytest.mark.parametrize(("name", "rtol"), [("gap", 1e-12), ("decaying", 1e-5)])
+    def test_randomized_top_k_matches_the_full_svd(self, name, rtol):
+        """The randomized top-k SVD: values and vectors (up to sign) of the full SVD, to
+        the accuracy linalg documents for each kind of spectrum."""
+        s = (np.r_[np.linspace(100, 50, 8), np.linspace(5, 0.01, 192)] if name == "gap"
+             else np.geomspace(100, 0.01, 200))
+        w = self._matrix(s)
+        u, sv, vt = np.linalg.svd(w, full_matrices=False)
+        ur, sr, vr = linalg.svd(w, top_k=8)
+        assert ur.shape == (300, 8) and sr.shape == (8,) and vr.shape == (8, 200)
+        np.testing.assert_allclose(sr, sv[:8], rtol=rtol)
+        np.testing.assert_allclose(np.abs(np.sum(ur * u[:, :8], axis=0)), 1.0, atol=10 * rtol)
+        np.testing.assert_allclose(np.abs(np.sum(vr * vt[:8], axis=1)), 1.0, atol=10 * rtol)
+
+    def test_torch_svd_path_equals_lapack(self, rng):
+        """The torch SVD (what runs on a GPU) gives LAPACK's values and vectors up to sign."""
+        pytest.importorskip("torch")
+        w = rng.standard_normal((40, 25))
+        u, s, vt = np.linalg.svd(w, full_matrices=False)
+        tu, ts, tvt = linalg.svd_torch(w, "cpu")
+        np.testing.assert_allclose(ts, s, rtol=1e-12)
+        np.testing.assert_allclose(np.abs(np.sum(tu * u, axis=0)), 1.0, atol=1e-10)
+        assert linalg.svd_torch(w, "cpu", top_k=5)[1].shape == (5,)
+
+    def test_top_k_in_a_session(self, rng):
+        """svd top_k keeps that many triplets in the stored fields."""
+        with Session() as session:
+            session.models.add({"w": rng.standard_normal((120, 80))}, model_id="m")
+            session.compute.configure_kernel("svd", top_k=6)
+            try:
+                session.compute.apply("weights_svals")
+                row = _metrics(session)["w"]
+            finally:
+                session.compute.configure_kernel("svd", top_k=0)
+        assert row["weights_lsvs"].shape == (120, 6) and row["weights_rsvs"].shape == (6, 80)

@@ -243,13 +243,17 @@ class UnknownFieldError(FieldError, UnknownNameError):
 class MissingProducerError(FieldError):
     """A kernel requires an input field that no kernel produces."""
 
-    def __init__(self, field: str, consumer: str, known: Iterable[str]) -> None:
+    def __init__(self, field: str, consumer: str, known: Iterable[str], *,
+                 install: str | None = None) -> None:
+        fix = (f"Install {install} (pip install {install}), which produces it."
+               if install else f"Install the kernel pack that produces {field!r} or register "
+               "a kernel for it.")
         super().__init__(
             f"Kernel {consumer!r} requires field {field!r}, which no registered kernel "
-            f"produces.{did_you_mean(field, known)} Install the kernel pack that produces "
-            f"{field!r} or register a kernel for it.",
+            f"produces.{did_you_mean(field, known)} {fix}",
             field=field,
         )
+        self.install = install
         self.consumer = consumer
 
 

@@ -14,12 +14,13 @@ configuration are process-global (see :mod:`diffract.core.compute.registry`).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
 import threading
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -363,6 +364,62 @@ class ComputeAPI(_Scoped):
                 f"{len(report.failures)} unit(s) failed; see report.failures.", stacklevel=2
             )
         return report
+
+    def apply_pairs(
+        self,
+        *fields: str,
+        pairs: str | Iterable[tuple[str, str]] = "all",
+        errors: str = "raise",
+        recompute: str = "presence",
+    ) -> dict[tuple[str, str], ApplyReport]:
+        """Apply pairwise (CROSS_MODEL) ``fields`` to many pairs of the models in scope.
+
+        ``pairs``: ``"all"`` (every pair, in model order), ``"first"`` (the first model
+        against each other one: a base and its fine-tunes, checkpoint 0 and the rest),
+        ``"consecutive"`` (each model with the next) or explicit ``(a, b)`` tuples.
+        Returns one :class:`ApplyReport` per pair. Failures of every pair are reported
+        together at the end (``ApplyError``; ``errors="record"`` only warns).
+        """
+        ids = self._scope_ids()
+        if pairs == "all":
+            chosen = list(itertools.combinations(ids, 2))
+        elif pairs == "first":
+            chosen = [(ids[0], m) for m in ids[1:]]
+        elif pairs == "consecutive":
+            chosen = list(zip(ids, ids[1:], strict=False))
+        elif isinstance(pairs, str):
+            raise InvalidArgumentError(
+                f"pairs must be 'all', 'first', 'consecutive' or a list of (a, b) model id "
+                f"pairs, got {pairs!r}."
+            )
+        else:
+            chosen = [tuple(p) for p in pairs]
+            bad = [p for p in chosen if len(p) != 2 or p[0] == p[1]]
+            if bad:
+                raise InvalidArgumentError(
+                    f"pairs must hold two different model ids each, got {bad[:3]}."
+                )
+            self._session._check_ids(sorted({m for p in chosen for m in p}))
+        if errors not in ("raise", "record"):
+            raise InvalidArgumentError(f"errors must be 'raise' or 'record', got {errors!r}.")
+        reports: dict[tuple[str, str], ApplyReport] = {}
+        combined = ApplyReport(requested=tuple(fields))
+        for a, b in chosen:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                report = ComputeAPI(self._session, (a, b)).apply(
+                    *fields, errors="record", recompute=recompute
+                )
+            reports[(a, b)] = report
+            combined.notes.extend(report.notes)
+        if combined.failures:
+            if errors == "raise":
+                raise ApplyError(combined)
+            warnings.warn(
+                f"{len(combined.failures)} unit(s) failed over {len(chosen)} pair(s); see the "
+                "reports' failures.", stacklevel=2,
+            )
+        return reports
 
     def configure_kernel(self, name: str, **kwargs: Any) -> None:
         """Set configuration of kernel ``name`` (process-global; see the module docstring).

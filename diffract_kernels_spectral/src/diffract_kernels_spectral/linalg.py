@@ -88,9 +88,64 @@ def singular_values(weights: np.ndarray) -> np.ndarray:
     return np.linalg.svd(as_matrix(weights).astype(np.float64), compute_uv=False)
 
 
-def svd(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Thin SVD in float64: ``U [N, k]``, ``s [k]`` descending, ``Vt [k, M]``."""
-    return np.linalg.svd(as_matrix(weights).astype(np.float64), full_matrices=False)
+def svd(weights: np.ndarray, top_k: int = 0, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """Thin SVD in float64: ``U [N, k]``, ``s [k]`` descending, ``Vt [k, M]``.
+
+    ``top_k`` > 0 keeps the ``top_k`` largest triplets, by :func:`randomized_svd` when
+    that is cheaper than the full decomposition (``top_k`` under a fifth of
+    ``min(N, M)``), else by truncating the full one.
+    """
+    w = as_matrix(weights).astype(np.float64)
+    k = min(w.shape)
+    if 0 < top_k < k / 5:
+        return randomized_svd(w, top_k, seed=seed)
+    u, s, vt = np.linalg.svd(w, full_matrices=False)
+    if 0 < top_k < k:
+        return u[:, :top_k], s[:top_k], vt[:top_k]
+    return u, s, vt
+
+
+#: Extra sketch columns and power iterations of the randomized SVD (Halko, Martinsson
+#: and Tropp 2011, algorithms 4.4 and 5.1). Accuracy depends on the spectrum after the
+#: top k, measured for k = 8 of a 300 x 200 matrix: with a gap after the top k, exact
+#: to rounding (1e-15); with singular values decaying 5% per direction, 2.5e-6 relative
+#: error in the values and 1 - |cos| of 5e-6 for the vectors; with a flat spectrum the
+#: top-k subspace is not defined and the vectors are arbitrary (values within 2%): use
+#: the full SVD there (tests/alignment/test_alignment.py::TestWeightedAndTopK).
+OVERSAMPLE = 10
+POWER_ITERATIONS = 6
+
+
+def randomized_svd(w: np.ndarray, k: int, *, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """The ``k`` largest singular triplets of ``w`` by a seeded randomized range finder
+    with power iterations (re-orthonormalised by QR each time): ``U [N, k]``, ``s [k]``
+    descending, ``Vt [k, M]``. Costs ``O(N M (k + p))`` instead of the full SVD's
+    ``O(N M min(N, M))``."""
+    w = np.asarray(w, dtype=np.float64)
+    p = min(k + OVERSAMPLE, min(w.shape))
+    rng = np.random.default_rng(seed)
+    q, _ = np.linalg.qr(w @ rng.standard_normal((w.shape[1], p)))
+    for _ in range(POWER_ITERATIONS):
+        z, _ = np.linalg.qr(w.T @ q)
+        q, _ = np.linalg.qr(w @ z)
+    ub, s, vt = np.linalg.svd(q.T @ w, full_matrices=False)
+    return (q @ ub)[:, :k], s[:k], vt[:k]
+
+
+def svd_torch(tensor: Any, device: str, top_k: int = 0) -> tuple[np.ndarray, ...]:
+    """:func:`svd` with torch on ``device`` (a GPU when the weights are there), float64;
+    results come back as numpy (top_k > 0: the full SVD truncated, torch's randomized
+    ``svd_lowrank`` being less accurate than ours)."""
+    import torch
+
+    t = torch.as_tensor(tensor) if isinstance(tensor, np.ndarray) else tensor.detach()
+    if t.dim() < 2:
+        raise ValueError(f"an SVD needs a matrix, got shape {tuple(t.shape)}")
+    t = t if t.dim() == 2 else t.reshape(t.shape[0], -1)
+    u, s, vt = torch.linalg.svd(t.to(device=device, dtype=torch.float64), full_matrices=False)
+    if 0 < top_k < s.shape[0]:
+        u, s, vt = u[:, :top_k], s[:top_k], vt[:top_k]
+    return u.cpu().numpy(), s.cpu().numpy(), vt.cpu().numpy()
 
 
 def parallel_map(fn: Callable[[Any], T], items: Sequence[Any]) -> list[T | Exception]:

@@ -103,7 +103,10 @@ def resolve(fields: Iterable[str], registry: KernelRegistry) -> list[KernelSpec]
             conflict = registry.conflict(field)
             if conflict is not None:
                 raise conflict
-            raise MissingProducerError(field, consumer or "?", known)
+            hint = None
+            if consumer is not None and consumer in registry:
+                hint = dict(registry.get(consumer).field_hints).get(field)
+            raise MissingProducerError(field, consumer or "?", known, install=hint)
         if spec.name in done:
             return
         on_path = [k for k, _ in path]
@@ -230,6 +233,10 @@ def make_plan(
                 unit = Unit((a, b), info.name)
                 if info.name not in in_b:
                     skipped.append((unit, f"parameter {info.name!r} is not in model {b!r}"))
+                    continue
+                if info.shape != in_b[info.name].shape:
+                    skipped.append((unit, f"parameter {info.name!r} has shape {info.shape} in "
+                                          f"{a!r} but {in_b[info.name].shape} in {b!r}"))
                     continue
                 present = [store.has_aggregate(contextual_name(f, (a, b), info.name))
                            for f in outputs]

@@ -107,7 +107,8 @@ class KernelOptions:
     parameter reads, in order; default: the parameter names), ``produce_fields``
     (default: the kernel's name), ``apply_level`` (default PARAMETER),
     ``execution_protocol`` (default SEQUENTIAL), ``restrictions`` (Restriction records)
-    and ``batch`` (a faster path for a whole chunk, see :class:`KernelSpec`).
+    ``batch`` (a faster path for a whole chunk, see :class:`KernelSpec`) and ``hints``
+    (input field -> the distribution that produces it, named when it is missing).
     """
 
     name: str | None = None
@@ -119,6 +120,9 @@ class KernelOptions:
         default=None, converter=_tuple_or_none
     )
     batch: Callable[..., Any] | None = attrs.field(default=None, eq=False, repr=False)
+    hints: tuple[tuple[str, str], ...] | None = attrs.field(
+        default=None, converter=lambda v: tuple(dict(v).items()) if v is not None else None
+    )
 
     @classmethod
     def of(cls, options: Mapping[str, Any], *, where: str) -> KernelOptions:
@@ -169,6 +173,7 @@ class KernelSpec:
     provider: str = "unknown"
     batch: Callable[..., Any] | None = attrs.field(default=None, eq=False, hash=False, repr=False)
     domains: tuple[tuple[str, Domain], ...] = attrs.field(default=(), repr=False)
+    field_hints: tuple[tuple[str, str], ...] = attrs.field(default=(), repr=False)
 
     @property
     def require_fields(self) -> tuple[str, ...]:
@@ -358,6 +363,7 @@ def _validate(
         provider=provider,
         batch=opts.batch,
         domains=sig.domains,
+        field_hints=opts.hints or (),
     )
 
 

@@ -1,0 +1,230 @@
+"""Alignment kernels: how a layer's singular directions move from model a to model b.
+
+Every kernel is CROSS_MODEL and binary: it runs once per parameter name shared by the
+two models in scope (``session.filter(model_ids=[a, b])``), reading the SVD fields of
+both (``weights_lsvs = U [N, k]``, ``weights_svals``, ``weights_rsvs = V^T [k, M]``, from
+diffract-kernels-spectral), and stores ``field@models[a,b]@params[p]``. A parameter
+missing from one model or shaped differently is skipped with the reason.
+
+Order of directions. Singular vectors are ordered by *decreasing* singular value
+(``U[:, 0]`` is the top direction): that is how LAPACK, torch and WeightWatcher return
+them, and it makes "the top k directions" the first k. The original Diffract sorted
+them ascending; every mean over all directions (``avg_l_agreement`` ...) is the same
+either way, and the per-direction arrays are its arrays reversed.
+
+Degenerate singular values. When singular values (nearly) coincide, the individual
+vectors inside that group are not unique: any rotation within the group is an equally
+valid SVD. Per-direction metrics (the diagonal agreement, best matches) can then be low
+although the layer did not change; the subspace metrics (``l_subspace_overlap``,
+``l_principal_angles``) are invariant to such rotations and are the ones to summarise
+with.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+import numpy as np
+
+from diffract import FieldUndefined, KernelApplyLevel, Range, kernel
+
+__all__ = ["ALL"]
+
+CROSS = KernelApplyLevel.CROSS_MODEL
+SPECTRAL = "diffract-kernels-spectral"
+_HINTS = {"weights_lsvs": SPECTRAL, "weights_svals": SPECTRAL, "weights_rsvs": SPECTRAL}
+
+TopK = Annotated[int, Range(ge=0)]
+
+
+def _count(available: int, k: int) -> int:
+    """The number of directions used: ``k`` when set (> 0), else all available."""
+    return min(available, k) if k > 0 else available
+
+
+def _left(pair: tuple[np.ndarray, np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first k left singular vectors of a and b, as columns ``[N, k]``."""
+    ua, ub = (np.asarray(x, dtype=np.float64) for x in pair)
+    n = _count(min(ua.shape[1], ub.shape[1]), k)
+    return ua[:, :n], ub[:, :n]
+
+
+def _right(pair: tuple[np.ndarray, np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first k right singular vectors of a and b, as columns ``[M, k]`` (stored
+    as the rows of ``V^T``)."""
+    va, vb = (np.asarray(x, dtype=np.float64) for x in pair)
+    n = _count(min(va.shape[0], vb.shape[0]), k)
+    return va[:n].T, vb[:n].T
+
+
+# -- overlaps ------------------------------------------------------------------------------
+@kernel(apply_level=CROSS, hints=_HINTS)
+def l_overlap(weights_lsvs: tuple[np.ndarray, np.ndarray], *, k: TopK = 0) -> np.ndarray:
+    """``O^L = |U_a^T U_b|``, ``[k, k]``: the absolute cosine between left singular
+    vector ``i`` of model a and ``j`` of model b (the sign of a singular vector is
+    arbitrary, so only the absolute value is a property of the pair). ``k = min(N, M)``
+    by default; ``k`` > 0 keeps the top ``k`` directions. Rows follow a's directions,
+    columns b's, both by decreasing singular value."""
+    ua, ub = _left(weights_lsvs, k)
+    return np.abs(ua.T @ ub)
+
+
+@kernel(apply_level=CROSS, hints=_HINTS)
+def r_overlap(weights_rsvs: tuple[np.ndarray, np.ndarray], *, k: TopK = 0) -> np.ndarray:
+    """``O^R = |V_a^T V_b|``, ``[k, k]``: as ``l_overlap`` for the right singular
+    vectors (the input space of ``W``)."""
+    va, vb = _right(weights_rsvs, k)
+    return np.abs(va.T @ vb)
+
+
+# -- agreements ----------------------------------------------------------------------------
+@kernel(apply_level=CROSS)
+def l_agreement(l_overlap: np.ndarray) -> np.ndarray:
+    """``a^L_i = O^L_ii`` ``[k]``: is direction ``i`` of a still direction ``i`` of b
+    (1: the same up to sign; low: rotated away, or reordered among close singular
+    values)."""
+    return np.diag(np.asarray(l_overlap)).copy()
+
+
+@kernel(apply_level=CROSS)
+def r_agreement(r_overlap: np.ndarray) -> np.ndarray:
+    """``a^R_i = O^R_ii`` ``[k]``: ``l_agreement`` for the right singular vectors."""
+    return np.diag(np.asarray(r_overlap)).copy()
+
+
+@kernel(apply_level=CROSS)
+def max_l_agreement(l_overlap: np.ndarray) -> np.ndarray:
+    """``m^L_i = max_j O^L_ij`` ``[k]``: how well direction ``i`` of a is matched by its
+    best counterpart among b's directions (1 when it survives, in any position)."""
+    return np.max(np.abs(np.asarray(l_overlap)), axis=1)
+
+
+@kernel(apply_level=CROSS)
+def max_r_agreement(r_overlap: np.ndarray) -> np.ndarray:
+    """``m^R_i = max_j O^R_ij`` ``[k]``: ``max_l_agreement`` for the right vectors."""
+    return np.max(np.abs(np.asarray(r_overlap)), axis=1)
+
+
+def _mean(values: np.ndarray, svals: tuple[np.ndarray, np.ndarray], weighted: bool) -> float:
+    values = np.asarray(values, dtype=np.float64)
+    if not weighted:
+        return float(np.mean(values))
+    weights = np.asarray(svals[0], dtype=np.float64)[: len(values)]
+    if not weights.sum() > 0:
+        raise FieldUndefined("the singular values of model a are all zero: no weights")
+    return float(np.sum(weights * values) / np.sum(weights))
+
+
+_AVG_DOC = """``<{x}>``: the mean of ``{x}`` over the directions; with ``weighted`` the
+    mean weighted by model a's singular values, ``sum_i sigma_a,i {x}_i / sum_i
+    sigma_a,i`` (the directions that carry the layer count most)."""
+
+
+@kernel(apply_level=CROSS, hints=_HINTS)
+def avg_l_agreement(l_agreement: np.ndarray, weights_svals: tuple, *,
+                    weighted: bool = False) -> float:
+    return _mean(l_agreement, weights_svals, weighted)
+
+
+@kernel(apply_level=CROSS, hints=_HINTS)
+def avg_r_agreement(r_agreement: np.ndarray, weights_svals: tuple, *,
+                    weighted: bool = False) -> float:
+    return _mean(r_agreement, weights_svals, weighted)
+
+
+@kernel(apply_level=CROSS, hints=_HINTS)
+def avg_max_l_agreement(max_l_agreement: np.ndarray, weights_svals: tuple, *,
+                        weighted: bool = False) -> float:
+    return _mean(max_l_agreement, weights_svals, weighted)
+
+
+@kernel(apply_level=CROSS, hints=_HINTS)
+def avg_max_r_agreement(max_r_agreement: np.ndarray, weights_svals: tuple, *,
+                        weighted: bool = False) -> float:
+    return _mean(max_r_agreement, weights_svals, weighted)
+
+
+for _fn, _x in ((avg_l_agreement, "l_agreement"), (avg_r_agreement, "r_agreement"),
+                (avg_max_l_agreement, "max_l_agreement"), (avg_max_r_agreement, "max_r_agreement")):
+    _fn.__doc__ = _AVG_DOC.format(x=_x)
+
+
+# -- subspaces -----------------------------------------------------------------------------
+def _subspace_k(available: int, k: int) -> int:
+    return min(available, k) if k > 0 else max(1, math.ceil(available / 10))
+
+
+def _subspace(a: np.ndarray, b: np.ndarray) -> tuple[float, np.ndarray]:
+    cosines = np.clip(np.linalg.svd(a.T @ b, compute_uv=False), 0.0, 1.0)
+    return float(np.sum(cosines**2) / a.shape[1]), np.sort(np.arccos(cosines))
+
+
+_SUBSPACE_DOC = """Rotation-invariant comparison of the top-``k`` {side} singular subspaces:
+    ``{prefix}_subspace_overlap = ||{M}_a,k^T {M}_b,k||_F^2 / k`` (1: the same subspace,
+    ``k / n`` expected for random ones in ``R^n``) and ``{prefix}_principal_angles``,
+    ``theta_i = arccos(s_i)`` with ``s_i`` the singular values of ``{M}_a,k^T {M}_b,k``
+    (radians, ascending ``[k]``). ``k`` = 0 takes the top tenth of the directions (at
+    least one). Unlike the per-direction agreements these do not depend on how
+    (nearly) equal singular values split their subspace into vectors."""
+
+
+@kernel(apply_level=CROSS, produce_fields=("l_subspace_overlap", "l_principal_angles"),
+        hints=_HINTS)
+def l_subspace(weights_lsvs: tuple[np.ndarray, np.ndarray], *, k: TopK = 0):
+    ua, ub = _left(weights_lsvs, 0)
+    n = _subspace_k(ua.shape[1], k)
+    return _subspace(ua[:, :n], ub[:, :n])
+
+
+@kernel(apply_level=CROSS, produce_fields=("r_subspace_overlap", "r_principal_angles"),
+        hints=_HINTS)
+def r_subspace(weights_rsvs: tuple[np.ndarray, np.ndarray], *, k: TopK = 0):
+    va, vb = _right(weights_rsvs, 0)
+    n = _subspace_k(va.shape[1], k)
+    return _subspace(va[:, :n], vb[:, :n])
+
+
+l_subspace.__doc__ = _SUBSPACE_DOC.format(side="left", prefix="l", M="U")
+r_subspace.__doc__ = _SUBSPACE_DOC.format(side="right", prefix="r", M="V")
+
+
+# -- singular values and intruders ---------------------------------------------------------
+@kernel(apply_level=CROSS, hints=_HINTS)
+def sval_rel_change(weights_svals: tuple[np.ndarray, np.ndarray]) -> float:
+    """``||sigma_b - sigma_a||_2 / ||sigma_a||_2``: the relative change of the singular
+    values, matched by rank (largest with largest)."""
+    sa, sb = (np.asarray(x, dtype=np.float64) for x in weights_svals)
+    n = min(len(sa), len(sb))
+    norm = float(np.linalg.norm(sa[:n]))
+    if not norm > 0:
+        raise FieldUndefined("model a's singular values are all zero")
+    return float(np.linalg.norm(sb[:n] - sa[:n]) / norm)
+
+
+@kernel(apply_level=CROSS, hints=_HINTS)
+def intruder_dimensions(
+    weights_lsvs: tuple[np.ndarray, np.ndarray],
+    *,
+    k: Annotated[int, Range(ge=1)] = 10,
+    threshold: Annotated[float, Range(gt=0.0, lt=1.0)] = 0.5,
+) -> int:
+    """Intruder dimensions (Shuttleworth et al. 2024, "LoRA vs Full Fine-tuning: An
+    Illusion of Equivalence"): how many of model b's top ``k`` left singular vectors have
+    no counterpart in model a, ``#{i <= k : max_j |u_b,i . u_a,j| < threshold}`` over all
+    of a's directions. Model a is the base (the first in scope), b the fine-tuned one.
+    0 when b keeps a's directions; ``k`` when b's top directions are new (e.g. a random
+    orthogonal replacement, whose vectors have cosines about ``sqrt(2 ln n / n)`` with
+    any basis of ``R^n``). Within a group of (nearly) equal singular values b's vectors
+    may rotate without being intruders only when a spans the same group."""
+    ua, ub = (np.asarray(x, dtype=np.float64) for x in weights_lsvs)
+    top = ub[:, : min(k, ub.shape[1])]
+    best = np.max(np.abs(ua.T @ top), axis=0)
+    return int(np.sum(best < threshold))
+
+
+ALL: tuple[Any, ...] = (
+    l_overlap, r_overlap, l_agreement, r_agreement, max_l_agreement, max_r_agreement,
+    avg_l_agreement, avg_r_agreement, avg_max_l_agreement, avg_max_r_agreement,
+    l_subspace, r_subspace, sval_rel_change, intruder_dimensions,
+)

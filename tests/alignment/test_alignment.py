@@ -1,0 +1,275 @@
+"""The alignment pack: known answers, parity with the original's formulas, scope rules,
+pairs, the randomized top-k SVD, and the missing-producer message."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from diffract import Session
+from diffract.errors import (
+    ApplyError,
+    InvalidArgumentError,
+    MissingProducerError,
+    ScopeValidationError,
+)
+
+pytest.importorskip("diffract_kernels_alignment")
+pytest.importorskip("diffract_kernels_spectral")
+
+ALL_FIELDS = ("l_overlap", "r_overlap", "l_agreement", "r_agreement", "max_l_agreement",
+              "max_r_agreement", "avg_l_agreement", "avg_r_agreement", "avg_max_l_agreement",
+              "avg_max_r_agreement", "l_subspace_overlap", "l_principal_angles",
+              "r_subspace_overlap", "r_principal_angles", "sval_rel_change",
+              "intruder_dimensions")
+
+
+def _spread(rng, n, m):
+    """An n x m matrix with well-separated singular values (unique vectors)."""
+    u, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    v, _ = np.linalg.qr(rng.standard_normal((m, m)))
+    k = min(n, m)
+    s = np.linspace(10.0, 1.0, k)
+    return (u[:, :k] * s) @ v[:, :k].T
+
+
+def _pair(a: dict, b: dict, fields=ALL_FIELDS, **config):
+    with Session() as s:
+        s.models.add(a, model_id="a")
+        s.models.add(b, model_id="b")
+        for kernel, values in config.items():
+            s.compute.configure_kernel(kernel, **values)
+        try:
+            s.filter(["a", "b"]).compute.apply(*fields)
+            out = s.results.export_aggregates()
+        finally:
+            for kernel in config:  # the registry is process-global: leave it as found
+                s.registry.reset_configuration(kernel)
+    return {name.split("@")[0] + "@" + name.split("@params[")[1][:-1]: v for name, v in out.items()}
+
+
+class TestKnownAnswers:
+    def test_identical_models_agree_perfectly(self, rng):
+        """Every agreement is 1, subspaces coincide, no intruders, no change."""
+        w = {"w": _spread(rng, 30, 20)}
+        got = _pair(w, {"w": w["w"].copy()})
+        np.testing.assert_allclose(got["l_agreement@w"], 1.0, atol=1e-10)
+        np.testing.assert_allclose(got["max_r_agreement@w"], 1.0, atol=1e-10)
+        assert got["avg_l_agreement@w"] == pytest.approx(1.0, abs=1e-10)
+        assert got["l_subspace_overlap@w"] == pytest.approx(1.0, abs=1e-10)
+        np.testing.assert_allclose(got["l_principal_angles@w"], 0.0, atol=1e-6)
+        assert got["intruder_dimensions@w"] == 0 and got["sval_rel_change@w"] == pytest.approx(0.0, abs=1e-12)
+        assert got["l_overlap@w"].shape == (20, 20)
+
+    def test_permuted_hidden_units_keep_max_agreement_but_not_the_diagonal(self, rng):
+        """Permuting rows (output units) keeps every right direction and maps each left
+        one to a permuted vector: max agreement 1, the diagonal agreement of reordered
+        singular values below 1 when the permutation also reorders their magnitudes."""
+        w = _spread(rng, 24, 16)
+        b = w[rng.permutation(24)]
+        got = _pair({"w": w}, {"w": b})
+        # singular values are invariant, so directions stay in place up to the permutation
+        np.testing.assert_allclose(got["max_r_agreement@w"], 1.0, atol=1e-8)
+        np.testing.assert_allclose(got["r_agreement@w"], 1.0, atol=1e-8)
+        assert got["avg_l_agreement@w"] < 0.5  # U_b = P U_a: cosines of permuted vectors
+        # the l_ side in the permuted basis: P U_a matches U_b exactly
+        w_col = _spread(rng, 16, 24)
+        c = w_col[:, rng.permutation(24)]  # permuted inputs of a layer with distinct svals
+        got = _pair({"w": w_col}, {"w": c})
+        np.testing.assert_allclose(got["max_l_agreement@w"], 1.0, atol=1e-8)
+        assert got["avg_max_l_agreement@w"] == pytest.approx(1.0, abs=1e-8)
+        assert got["avg_r_agreement@w"] < 1.0
+
+    def test_reordered_directions_keep_max_agreement_and_lower_the_diagonal(self, rng):
+        """Swapping which directions carry the larger singular values: every direction
+        survives (max agreement 1) but not in its place (diagonal agreement < 1)."""
+        n = 12
+        u, _ = np.linalg.qr(rng.standard_normal((n, n)))
+        v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+        s = np.linspace(12, 1, n)
+        a = (u * s) @ v.T
+        order = np.r_[1, 0, 3, 2, np.arange(4, n)]
+        b = (u[:, order] * s) @ v[:, order].T
+        got = _pair({"w": a}, {"w": b})
+        np.testing.assert_allclose(got["max_l_agreement@w"], 1.0, atol=1e-8)
+        assert got["l_agreement@w"][:4] == pytest.approx([0, 0, 0, 0], abs=1e-8)
+        assert got["avg_l_agreement@w"] == pytest.approx((n - 4) / n, abs=1e-8)
+
+    def test_a_rotation_of_the_inputs_lowers_r_and_keeps_l(self, rng):
+        """W R with R a random rotation of the input space: the left directions and the
+        singular values stay, the right ones move."""
+        w = _spread(rng, 20, 30)
+        r, _ = np.linalg.qr(rng.standard_normal((30, 30)))
+        got = _pair({"w": w}, {"w": w @ r})
+        assert got["avg_l_agreement@w"] == pytest.approx(1.0, abs=1e-8)
+        assert got["avg_r_agreement@w"] < 0.5 and got["r_subspace_overlap@w"] < 0.9
+        assert got["sval_rel_change@w"] == pytest.approx(0.0, abs=1e-10)
+
+    def test_sign_flips_change_nothing(self, rng):
+        """Flipping the sign of singular-vector pairs (the SVD's gauge) changes no field."""
+        w = _spread(rng, 18, 14)
+        u, s, vt = np.linalg.svd(w, full_matrices=False)
+        flips = rng.choice([-1.0, 1.0], size=14)
+        same = ((u * flips) * s) @ (vt * flips[:, None])
+        got = _pair({"w": w}, {"w": same})
+        assert got["avg_l_agreement@w"] == pytest.approx(1.0, abs=1e-8)
+        assert got["avg_r_agreement@w"] == pytest.approx(1.0, abs=1e-8)
+
+    def test_agreement_falls_as_the_perturbation_grows(self, rng):
+        """Averaged over seeds, agreement decreases monotonically with the noise level."""
+        levels = [0.0, 0.05, 0.2, 0.8, 3.0]
+        means = []
+        for eps in levels:
+            values = []
+            for seed in range(4):
+                g = np.random.default_rng(seed)
+                w = _spread(g, 20, 16)
+                values.append(_pair({"w": w}, {"w": w + eps * g.standard_normal(w.shape)},
+                                    fields=("avg_l_agreement",))["avg_l_agreement@w"])
+            means.append(np.mean(values))
+        assert all(x > y for x, y in itertools.pairwise(means)), means
+
+    def test_intruders_of_a_random_orthogonal_replacement(self, rng):
+        """A layer whose top directions are replaced by random orthogonal ones has k
+        intruder dimensions (threshold 0.5); the original has none."""
+        n = 64
+        u, _ = np.linalg.qr(rng.standard_normal((n, n)))
+        v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+        s = np.linspace(20, 1, n)
+        a = (u * s) @ v.T
+        q, _ = np.linalg.qr(rng.standard_normal((n, n)))  # a random orthogonal basis
+        b = (q * s) @ v.T
+        got = _pair({"w": a}, {"w": b}, fields=("intruder_dimensions",),
+                    intruder_dimensions={"k": 10, "threshold": 0.5})
+        assert got["intruder_dimensions@w"] == 10
+        assert _pair({"w": a}, {"w": a}, fields=("intruder_dimensions",))["intruder_dimensions@w"] == 0
+
+
+class TestParityWithTheOriginal:
+    def test_same_numbers_as_the_originals_ascending_formulas(self, rng):
+        """The original sorted directions ascending; its means equal ours and its arrays
+        are ours reversed (an independent re-implementation of its formulas)."""
+        a = _spread(rng, 22, 15)
+        b = a + 0.3 * rng.standard_normal(a.shape)
+
+        def original(w):  # economy SVD, ascending singular values, V as columns
+            u, s, vt = np.linalg.svd(w, full_matrices=False)
+            order = np.argsort(s)
+            return u[:, order], s[order], vt.T[:, order]
+
+        ua, _, va = original(a)
+        ub, _, vb = original(b)
+        k = min(a.shape)
+        ol, orr = np.abs((ua.T @ ub)[:k, :k]), np.abs((va.T @ vb)[:k, :k])
+        got = _pair({"w": a}, {"w": b})
+        assert got["avg_l_agreement@w"] == pytest.approx(np.mean(np.diag(ol)), rel=1e-12)
+        assert got["avg_max_r_agreement@w"] == pytest.approx(np.mean(np.max(orr, axis=1)), rel=1e-12)
+        np.testing.assert_allclose(got["l_agreement@w"], np.diag(ol)[::-1], rtol=1e-10)
+        np.testing.assert_allclose(got["max_r_agreement@w"], np.max(orr, axis=1)[::-1], rtol=1e-10)
+
+
+class TestWeightedAndTopK:
+    def test_weighted_means_use_model_as_singular_values(self, rng):
+        """weighted=True weights each direction by sigma_a."""
+        a = _spread(rng, 14, 10)
+        b = a + 0.5 * rng.standard_normal(a.shape)
+        got = _pair({"w": a}, {"w": b}, avg_l_agreement={"weighted": True})
+        s = np.linalg.svd(a, compute_uv=False)
+        agreement = got["l_agreement@w"]
+        assert got["avg_l_agreement@w"] == pytest.approx(np.sum(s * agreement) / np.sum(s), rel=1e-10)
+
+    @pytest.mark.parametrize(("spectrum", "atol"), [
+        ("gap", 1e-12),      # a gap after the top 8: exact to rounding
+        ("decaying", 2e-5),  # 5% per direction: the documented accuracy
+    ])
+    def test_top_k_overlap_from_a_randomized_svd_matches_the_full_one(self, spectrum, atol):
+        """With svd top_k = 8 (randomized: well under a fifth of 200 directions) the
+        overlap is the top-left 8 x 8 block of the full one, to the documented accuracy."""
+        g = np.random.default_rng(1)
+        u, _ = np.linalg.qr(g.standard_normal((300, 200)))
+        v, _ = np.linalg.qr(g.standard_normal((200, 200)))
+        s = (np.r_[np.linspace(100, 50, 8), np.linspace(5, 0.01, 192)] if spectrum == "gap"
+             else np.geomspace(100, 0.01, 200))
+        a = (u * s) @ v.T
+        b = a + 0.02 * np.random.default_rng(2).standard_normal((300, 200))
+        full = _pair({"w": a}, {"w": b}, fields=("l_overlap",))["l_overlap@w"]
+        top = _pair({"w": a}, {"w": b}, fields=("l_overlap",), svd={"top_k": 8})["l_overlap@w"]
+        assert top.shape == (8, 8)
+        np.testing.assert_allclose(top, full[:8, :8], atol=atol)
+
+
+class TestScopeAndPairs:
+    def test_three_models_need_a_pair_and_pairs_helper_covers_them(self, rng):
+        """A pairwise field on three models raises naming the dependency; apply_pairs
+        runs every pair, the first against the rest, or consecutive ones."""
+        w = _spread(rng, 10, 8)
+        with Session() as s:
+            for i in range(3):
+                s.models.add({"w": w + 0.1 * i * rng.standard_normal(w.shape)}, model_id=f"c{i}")
+            with pytest.raises(ScopeValidationError, match=r"it depends on 'l_overlap'"):
+                s.compute.apply("avg_l_agreement")
+            reports = s.compute.apply_pairs("avg_l_agreement", pairs="first")
+            assert list(reports) == [("c0", "c1"), ("c0", "c2")]
+            assert set(s.compute.apply_pairs("avg_l_agreement", pairs="all")) == {
+                ("c0", "c1"), ("c0", "c2"), ("c1", "c2")}
+            names = sorted(s.results.export_aggregates("avg_l_agreement"))
+            assert names == ["avg_l_agreement@models[c0,c1]@params[w]",
+                             "avg_l_agreement@models[c0,c2]@params[w]",
+                             "avg_l_agreement@models[c1,c2]@params[w]"]
+            with pytest.raises(InvalidArgumentError, match=r"pairs must be 'all', 'first'"):
+                s.compute.apply_pairs("avg_l_agreement", pairs="every")
+
+    def test_missing_and_reshaped_parameters_are_skipped_with_reasons(self, rng):
+        """A parameter only a has, or shaped differently in b, is skipped and says why."""
+        a = {"w": _spread(rng, 8, 6), "extra": np.ones((3, 3)), "grown": np.ones((4, 4))}
+        b = {"w": _spread(rng, 8, 6), "grown": np.ones((5, 4))}
+        with Session() as s:
+            s.models.add(a, model_id="a")
+            s.models.add(b, model_id="b")
+            s.filter(["a", "b"]).compute.apply("avg_l_agreement")
+            notes = {(n["kernel"], n["unit"]): n["reason"] for n in s.results.export_notes()}
+        assert notes[("l_overlap", "[a,b]/extra")] == "parameter 'extra' is not in model 'b'"
+        assert notes[("l_overlap", "[a,b]/grown")] == (
+            "parameter 'grown' has shape (4, 4) in 'a' but (5, 4) in 'b'")
+
+    def test_without_the_spectral_pack_apply_names_it(self, rng):
+        """With no producer of the SVD fields, apply says which distribution to install."""
+        from diffract.plugins import _runtime, make_plugin_manager, set_plugin_manager
+
+        previous = _runtime._MANAGER
+        set_plugin_manager(make_plugin_manager(allow=["diffract-kernels-alignment"]))
+        try:
+            with Session() as s:
+                s.models.add({"w": np.ones((3, 3))}, model_id="a")
+                s.models.add({"w": np.ones((3, 3))}, model_id="b")
+                with pytest.raises(MissingProducerError, match=r"Kernel 'l_overlap' requires field "
+                                   r"'weights_lsvs', which no registered kernel produces\..* Install "
+                                   r"diffract-kernels-spectral \(pip install diffract-kernels-spectral\)"):
+                    s.filter(["a", "b"]).compute.apply("avg_l_agreement")
+        finally:
+            set_plugin_manager(previous)
+
+    def test_failures_of_every_pair_are_reported_together(self):
+        """A kernel failing on one pair raises once at the end, naming that pair's unit;
+        the other pairs are stored."""
+        from diffract import KernelApplyLevel
+
+        with Session() as s:
+            s.models.add({"w": np.ones((3, 3))}, model_id="a")
+            s.models.add({"w": np.zeros((3, 3))}, model_id="b")
+            s.models.add({"w": np.ones((3, 3))}, model_id="c")
+            s.compute.kernel(name="t_fail_zero", apply_level=KernelApplyLevel.CROSS_MODEL)(
+                _fails_on_zero)
+            with pytest.raises(ApplyError, match=r"1 unit\(s\) failed.*\n  t_fail_zero on "
+                               r"\[a,b\]/w: ValueError: model b is all zero"):
+                s.compute.apply_pairs("t_fail_zero", pairs=[("a", "b"), ("a", "c")])
+            assert s.results.export_aggregates("t_fail_zero") == {
+                "t_fail_zero@models[a,c]@params[w]": 1.0}
+
+
+def _fails_on_zero(weights: tuple) -> float:
+    if not np.any(weights[1]):
+        raise ValueError("model b is all zero")
+    return 1.0
