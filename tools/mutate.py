@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ["diffract_core/src", "diffract_kernels_spectral/src", "kernel_fun_gpu/src",
-           "plugins/diffract_storage_local/src", "."]
+           "plugins/diffract_storage_local/src", "diffract_kernels_alignment/src", "."]
 
 SPECTRAL = "diffract_kernels_spectral/src/diffract_kernels_spectral/"
 CORE = "diffract_core/src/diffract/core/"
@@ -105,12 +105,12 @@ MUTANTS = [
            "any_out = set().union(*have.values())", "any_out = set.intersection(*have.values())",
            tuple(CORE_TESTS), "a parameter is pending only when all outputs are absent"),
     Mutant("planner-model-any-output", CORE + "compute/planner.py",
-           "                if not any(present):\n                    units.append(Unit((model_id,)))",
-           "                if not all(present):\n                    units.append(Unit((model_id,)))",
+           "                if not any(present) or (spec.name, (model_id,), None) in forced:",
+           "                if not all(present) or (spec.name, (model_id,), None) in forced:",
            tuple(CORE_TESTS), "the same rule for IN_MODEL kernels"),
     Mutant("planner-cross-any-output", CORE + "compute/planner.py",
-           "                if any(present):\n                    _note_partial",
-           "                if all(present):\n                    _note_partial",
+           "                if any(present) and (spec.name, (a, b), info.name) not in forced:",
+           "                if all(present) and (spec.name, (a, b), info.name) not in forced:",
            tuple(CORE_TESTS), "the same rule for CROSS_MODEL kernels"),
     Mutant("planner-scope-not-a-pair", CORE + "compute/planner.py",
            "    if len(scope) == 2:\n        return", "    if len(scope) >= 2:\n        return",
@@ -136,6 +136,31 @@ MUTANTS = [
     Mutant("runner-storable-not-checked", CORE + "compute/execution.py",
            "        problem = storable_problem(value)", "        problem = None",
            tuple(CORE_TESTS), "values no store can keep must fail their unit"),
+    Mutant("stale-ignores-newer-inputs", CORE + "compute/staleness.py",
+           "elif input_stamp.seq > stamp.seq:", "elif False:",
+           ("tests/storage/test_provenance.py",), "a value older than its input is stale"),
+    Mutant("stale-not-transitive", CORE + "compute/staleness.py",
+           "                        if key in stale:", "                        if False:",
+           ("tests/storage/test_provenance.py",), "staleness reaches what depends on it"),
+    # -- the alignment pack -----------------------------------------------------------------
+    Mutant("alignment-right-vectors-as-columns",
+           "diffract_kernels_alignment/src/diffract_kernels_alignment/kernels.py",
+           "    return va[:n].T, vb[:n].T", "    return va[:, :n], vb[:, :n]",
+           ("tests/alignment",), "weights_rsvs holds V^T: right vectors are its rows"),
+    Mutant("alignment-max-over-a",
+           "diffract_kernels_alignment/src/diffract_kernels_alignment/kernels.py",
+           "return np.max(np.abs(np.asarray(l_overlap)), axis=1)",
+           "return np.max(np.abs(np.asarray(l_overlap)), axis=0)",
+           ("tests/alignment",), "each direction of a gets its best match in b"),
+    Mutant("alignment-weights-from-b",
+           "diffract_kernels_alignment/src/diffract_kernels_alignment/kernels.py",
+           "weights = np.asarray(svals[0], dtype=np.float64)[: len(values)]",
+           "weights = np.asarray(svals[1], dtype=np.float64)[: len(values)]",
+           ("tests/alignment",), "weighted means use model a's singular values"),
+    Mutant("randomized-svd-no-power-iterations", SPECTRAL + "linalg.py",
+           "POWER_ITERATIONS = 6", "POWER_ITERATIONS = 0",
+           ("tests/spectral/test_kernels.py", "tests/alignment"),
+           "the documented accuracy needs the power iterations"),
     # -- the local store -------------------------------------------------------------------
     Mutant("local-commit-not-atomic",
            "plugins/diffract_storage_local/src/diffract_storage_local/store.py",

@@ -168,6 +168,8 @@ class TestParityWithTheOriginal:
         assert got["avg_max_r_agreement@w"] == pytest.approx(np.mean(np.max(orr, axis=1)), rel=1e-12)
         np.testing.assert_allclose(got["l_agreement@w"], np.diag(ol)[::-1], rtol=1e-10)
         np.testing.assert_allclose(got["max_r_agreement@w"], np.max(orr, axis=1)[::-1], rtol=1e-10)
+        np.testing.assert_allclose(got["max_l_agreement@w"], np.max(ol, axis=1)[::-1], rtol=1e-10)
+        assert not np.allclose(np.max(ol, axis=1), np.max(ol, axis=0))  # the axis matters here
 
 
 class TestWeightedAndTopK:
