@@ -67,7 +67,8 @@ def l_overlap(weights_lsvs: tuple[np.ndarray, np.ndarray], *, k: TopK = 0) -> np
     by default; ``k`` > 0 keeps the top ``k`` directions. Rows follow a's directions,
     columns b's, both by decreasing singular value."""
     ua, ub = _left(weights_lsvs, k)
-    return np.abs(ua.T @ ub)
+    product = ua.T @ ub
+    return np.abs(product, out=product)  # in place: one k x k array at a time
 
 
 @kernel(apply_level=CROSS, hints=_HINTS)
@@ -75,7 +76,8 @@ def r_overlap(weights_rsvs: tuple[np.ndarray, np.ndarray], *, k: TopK = 0) -> np
     """``O^R = |V_a^T V_b|``, ``[k, k]``: as ``l_overlap`` for the right singular
     vectors (the input space of ``W``)."""
     va, vb = _right(weights_rsvs, k)
-    return np.abs(va.T @ vb)
+    product = va.T @ vb
+    return np.abs(product, out=product)
 
 
 # -- agreements ----------------------------------------------------------------------------
