@@ -222,7 +222,7 @@ class TestChunks:
 class TestParallel:
     def test_parallel_kernel_runs_on_worker_processes(self, arrays):
         """A PARALLEL kernel runs in spawned workers and gives the same values."""
-        with Session(config={"parallel": {"executor": "processes", "process_pool": {"max_workers": 2}}}) as session:
+        with Session(config={"parallel": {"executor": "processes", "process_pool": {"max_workers": 2}, "pool_min_seconds": 0}}) as session:
             session.compute.kernel(name="t_pid", execution_protocol=KernelExecutionProtocol.PARALLEL)(test_kernels.worker_pid)
             session.compute.kernel(name="t_sq", execution_protocol=KernelExecutionProtocol.PARALLEL)(test_kernels.squared_sum)
             session.compute.configure_kernel("t_sq", offset=1.0)

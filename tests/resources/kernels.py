@@ -33,3 +33,44 @@ def slow_pair(weights: np.ndarray, *, delay: float = 0.01) -> tuple[float, float
 
     time.sleep(delay)
     return float(np.sqrt(np.sum(np.square(weights)))), float(np.max(np.abs(weights)))
+
+
+def die_on_shape(weights: np.ndarray, *, marker: str = "", shape: tuple = (7, 7)) -> float:
+    """Kills its own worker process on parameters of ``shape``: once when ``marker`` names
+    a file that does not exist yet (it is created first), every time when it is empty."""
+    import os
+    import signal
+
+    if tuple(weights.shape) == tuple(shape):
+        if not marker:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+    return float(weights.sum())
+
+
+def hang_on_shape(weights: np.ndarray, *, seconds: float = 60.0, shape: tuple = (7, 7)) -> float:
+    """Sleeps ``seconds`` on parameters of ``shape`` (a stuck worker), else returns the sum."""
+    import time
+
+    if tuple(weights.shape) == tuple(shape):
+        time.sleep(seconds)
+    return float(weights.sum())
+
+
+def worker_threads(weights: np.ndarray) -> int:
+    """The BLAS thread limit the worker runs with (OMP_NUM_THREADS)."""
+    import os
+
+    return int(os.environ.get("OMP_NUM_THREADS", "0"))
+
+
+def tick(weights: np.ndarray, *, log: str = "", seconds: float = 1.0) -> float:
+    """Appends a line to ``log`` and sleeps ``seconds``: counts the units that ran."""
+    import time
+
+    with open(log, "a") as fh:
+        fh.write("x\n")
+    time.sleep(seconds)
+    return float(weights.size)

@@ -4,7 +4,11 @@ Keys and defaults (every key is optional)::
 
     [parallel]
     executor = "processes"        # runs PARALLEL kernels: "processes", "threads",
-                                  # "sequential", or one a plugin provides ("dask")
+                                  # "sequential", or one a plugin provides ("dask");
+                                  # also spelt [executor] name = "..."
+    unit_timeout = 0              # seconds a PARALLEL unit may run; 0 = no limit
+    pool_min_seconds = 2.0        # a PARALLEL step goes to the executor only when the
+                                  # work left is estimated above this (0: always)
 
     [parallel.thread_pool]
     max_workers = 8               # threads prefetching inputs; default min(8, CPUs)
@@ -71,6 +75,8 @@ class Config:
     chunk_seconds: float = 2.0
     profiles: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     executors: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+    unit_timeout: float = 0.0
+    pool_min_seconds: float = 2.0
     prefer: Mapping[str, str] = attrs.field(factory=dict)
     kernels: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
 
@@ -78,6 +84,8 @@ class Config:
 _SCHEMA: dict[str, Any] = {
     "parallel": {
         "executor": str,
+        "unit_timeout": float,
+        "pool_min_seconds": float,
         "thread_pool": {"max_workers": int},
         "process_pool": {"max_workers": int},
     },
@@ -112,6 +120,12 @@ def _check(data: Mapping[str, Any], schema: Mapping[str, Any], where: str, probl
                 problems.append(f"{path!r} must be a number, got {value!r}")
         elif not isinstance(value, want) or isinstance(value, bool):
             problems.append(f"{path!r} must be {want.__name__}, got {value!r}")
+
+
+def _executor_name(data: Mapping[str, Any], default: str) -> str:
+    table = data.get("executor", {})
+    name = table.get("name", default) if isinstance(table, Mapping) else default
+    return name if isinstance(name, str) else default
 
 
 def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | Config | None) -> Config:
@@ -158,7 +172,9 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | Config | No
         "process_workers": par.get("process_pool", {}).get(
             "max_workers", defaults.process_workers
         ),
-        "executor": par.get("executor", defaults.executor),
+        "executor": par.get("executor", _executor_name(data, defaults.executor)),
+        "unit_timeout": float(par.get("unit_timeout", defaults.unit_timeout)),
+        "pool_min_seconds": float(par.get("pool_min_seconds", defaults.pool_min_seconds)),
         "cache_max_bytes": cache.get("max_bytes", defaults.cache_max_bytes),
         "cache_headroom": float(cache.get("headroom", defaults.cache_headroom)),
         "chunk_seconds": float(
@@ -166,7 +182,7 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | Config | No
                 "chunk_seconds", defaults.chunk_seconds)
         ),
         "profiles": dict(data.get("profile", {})),
-        "executors": dict(data.get("executor", {})),
+        "executors": {k: v for k, v in dict(data.get("executor", {})).items() if k != "name"},
         "prefer": dict(data.get("plugins", {}).get("prefer", {})),
         "kernels": {
             k: dict(v) if isinstance(v, Mapping) else v for k, v in data.get("kernels", {}).items()
@@ -183,6 +199,8 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | Config | No
             problems.append(f"max_workers must be at least 1, got {values[key]}")
     if values["cache_max_bytes"] < 0:
         problems.append(f"'cache.max_bytes' must be >= 0, got {values['cache_max_bytes']}")
+    if values["unit_timeout"] < 0 or values["pool_min_seconds"] < 0:
+        problems.append("'parallel.unit_timeout' and 'parallel.pool_min_seconds' must be >= 0")
     if not values["chunk_seconds"] > 0:
         problems.append(f"'apply.chunk_seconds' must be > 0, got {values['chunk_seconds']}")
     if not 0.0 <= values["cache_headroom"] < 1.0:

@@ -35,6 +35,7 @@ standard way catches these too)::
     │   └── ModelSourceError               something models.add cannot read
     │       └── WeightsUnavailableError    weights not kept across a reopen (units skipped)
     ├── StorageError                       a storage profile failed or was misused
+    ├── ExecutorError                      an executor cannot run (bad options, unsafe spawn)
     ├── PluginError                        .distribution, .version
     │   ├── PluginLoadError                (strict mode) a plugin failed to import or answer
     │   └── PluginConflictError            (strict mode) two plugins provide one name
@@ -68,6 +69,7 @@ __all__ = [
     "DiffractWarning",
     "DuplicateModelError",
     "EmptyModelError",
+    "ExecutorError",
     "FieldError",
     "FieldUndefined",
     "InvalidArgumentError",
@@ -336,6 +338,11 @@ class UnknownProfileError(StorageError, UnknownNameError):
             "(see `diffract plugins`)."
         )
         self.profile = self.name = profile
+
+
+class ExecutorError(DiffractError):
+    """An executor cannot run PARALLEL kernels as configured; the message says why
+    (invalid options, a script that spawned workers would run again) and what to do."""
 
 
 class UnknownExecutorError(UnknownNameError):

@@ -21,7 +21,7 @@ import math
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from diffract.core.compute.planner import downstream_fields, make_plan
 from diffract.core.compute.registry import SESSION_PROVIDER, KernelRegistry
 from diffract.core.compute.spec import SOURCE_FIELDS, KernelOptions, KernelSpec
 from diffract.core.compute.staleness import find_stale
+from diffract.core.executors import ExecutorHandle
 from diffract.core.models import read_model
 from diffract.core.storage.base import Note, Store, contextual_name, split_contextual
 from diffract.errors import (
@@ -41,6 +42,7 @@ from diffract.errors import (
     ConfigError,
     DiffractError,
     DuplicateModelError,
+    ExecutorError,
     InvalidArgumentError,
     ModelError,
     PartialOutputWarning,
@@ -64,6 +66,9 @@ class Session:
     ``profile`` names a storage profile (``"ram"`` is built in; plugins add others);
     ``config`` is a TOML path, a mapping or None (see :mod:`diffract.config`);
     ``profile_options`` go to the profile's factory (e.g. a path for a disk profile).
+    ``executor`` and ``executor_options`` choose the executor of PARALLEL kernels for
+    this session (overriding ``[parallel] executor`` and ``[executor.<name>]``); its
+    options are checked here, not when the first PARALLEL kernel runs.
     Use it as a context manager: leaving the block shuts down worker pools and flushes
     the store; the stored results stay readable, and the session can be entered again.
     """
@@ -72,6 +77,9 @@ class Session:
         self,
         profile: str = "ram",
         config: str | Path | Mapping[str, Any] | Config | None = None,
+        *,
+        executor: str | None = None,
+        executor_options: Mapping[str, Any] | None = None,
         **profile_options: Any,
     ) -> None:
         from diffract.plugins import get_catalog
@@ -86,11 +94,7 @@ class Session:
             if contested is not None:
                 raise StorageError(f"Storage profile {contested}")
             raise UnknownProfileError(profile, catalog.profiles)
-        if self.config.executor not in catalog.executors:
-            contested = catalog.conflict_message("executors", self.config.executor)
-            if contested is not None:
-                raise ConfigError(f"Executor {contested}", key="parallel.executor")
-            raise UnknownExecutorError(self.config.executor, catalog.executors)
+        self._executors = self._executor_handle(catalog, executor, executor_options)
         self._configure_kernels(self.config.kernels)
         spec = catalog.profiles[profile]
         options = {**self.config.profiles.get(profile, {}), **profile_options}
@@ -105,10 +109,30 @@ class Session:
         self.cache = CacheManager(self.config.cache_max_bytes, self.config.cache_headroom)
         self._lock = threading.RLock()
         self._threads: ThreadPoolExecutor | None = None
-        self._executor: Executor | None = None
         self.models = ModelsAPI(self)
         self.compute = ComputeAPI(self, None)
         self.results = ResultsAPI(self, None)
+
+    def _executor_handle(
+        self, catalog: Any, name: str | None, options: Mapping[str, Any] | None
+    ) -> ExecutorHandle:
+        """The handle of the chosen executor, its options checked now."""
+        name = name or self.config.executor
+        if name not in catalog.executors:
+            contested = catalog.conflict_message("executors", name)
+            if contested is not None:
+                raise ConfigError(f"Executor {contested}", key="parallel.executor")
+            raise UnknownExecutorError(name, catalog.executors)
+        spec = catalog.executors[name]
+        opts = dict(options if options is not None else self.config.executors.get(name, {}))
+        problems = spec.check(self.config, opts) if spec.check is not None else []
+        if problems:
+            raise ExecutorError(
+                f"Executor {name!r} ({spec.provider}): "
+                + "; ".join(sorted(problems))
+                + ". Fix [executor." + name + "] in the configuration or executor_options=."
+            )
+        return ExecutorHandle(name, lambda: spec.factory(self.config, opts))
 
     def _configure_kernels(self, tables: Mapping[str, Mapping[str, Any]]) -> None:
         """Apply ``[kernels.<name>]`` tables: every table checked first, all or nothing."""
@@ -139,11 +163,11 @@ class Session:
         releases its files; the ``ram`` store keeps its results readable)."""
         with self._lock:
             if self._threads is not None:
-                self._threads.shutdown(wait=True)
+                self._threads.shutdown(wait=True, cancel_futures=True)
                 self._threads = None
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
-                self._executor = None
+            # Queued PARALLEL work is dropped and workers that do not stop are
+            # terminated: leaving a session never hangs on a stuck worker.
+            self._executors.shutdown(cancel=True)
             self.store.close()
 
     def __repr__(self) -> str:
@@ -189,24 +213,14 @@ class Session:
                 )
             return self._threads
 
-    def _parallel_executor(self) -> Executor:
-        from diffract.plugins import get_catalog
-
-        with self._lock:
-            if self._executor is None:
-                executors = get_catalog().executors
-                name = self.config.executor
-                self._executor = executors[name].factory(
-                    self.config, self.config.executors.get(name, {})
-                )
-            return self._executor
-
     def _runner(self, progress: Callable[[Progress], None] | None = None) -> Runner:
         return Runner(
-            self.store, self.registry, self.cache, self._thread_pool(), self._parallel_executor,
+            self.store, self.registry, self.cache, self._thread_pool(), self._executors,
             progress, chunk_seconds=self.config.chunk_seconds,
             parallel_workers=self.config.process_workers,
             batch_units=self.config.thread_workers,
+            unit_timeout=self.config.unit_timeout or None,
+            pool_min_seconds=self.config.pool_min_seconds,
         )
 
 

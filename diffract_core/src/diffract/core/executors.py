@@ -1,23 +1,52 @@
-"""The core's executors for PARALLEL kernels: sequential, threads and processes.
+"""The core's executors for PARALLEL kernels, and the handle that keeps one dependable.
 
-An executor is a factory returning a ``concurrent.futures.Executor``-shaped object.
+An executor is a factory returning a ``concurrent.futures.Executor``-shaped object:
+``sequential`` (in the calling thread), ``threads`` and ``processes`` here; ``dask`` from
+the diffract-executor-dask plugin.
+
 The process executor uses the ``spawn`` start method: forking a process that already
 runs threads (the prefetch pool, torch's intra-op pool) can deadlock, and spawned
 workers import kernels by their module path, which is what makes a kernel picklable.
+Each worker limits its BLAS, OpenMP and torch threads to its share of the cores, so two
+workers on two cores do not run four threads.
+
+:class:`ExecutorHandle` is what a session holds: it creates the executor on first use,
+replaces it when a worker died or hung (terminating what is left of the old one), and
+shuts it down without waiting for workers that do not stop.
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import multiprocessing
+import os
+import sys
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["InlineExecutor", "process_executor", "sequential_executor", "thread_executor"]
+from diffract.errors import ExecutorError
+
+__all__ = [
+    "ExecutorHandle",
+    "InlineExecutor",
+    "check_process_options",
+    "limit_threads",
+    "process_executor",
+    "sequential_executor",
+    "thread_executor",
+]
+
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
 class InlineExecutor(Executor):
     """Runs each task at submit time in the calling thread."""
+
+    inline = True
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
         future: Future = Future()
@@ -26,6 +55,25 @@ class InlineExecutor(Executor):
         except BaseException as exc:  # noqa: BLE001 - delivered through the future
             future.set_exception(exc)
         return future
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def limit_threads(threads: int) -> None:
+    """In a worker: at most ``threads`` BLAS/OpenMP/torch threads (its share of the cores)."""
+    for var in _THREAD_VARS:
+        os.environ[var] = str(threads)
+    with contextlib.suppress(ImportError):
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
 
 
 def sequential_executor(config: Any, options: Mapping[str, Any]) -> Executor:
@@ -39,8 +87,142 @@ def thread_executor(config: Any, options: Mapping[str, Any]) -> Executor:
     )
 
 
+def check_process_options(config: Any, options: Mapping[str, Any]) -> list[str]:
+    """Problems with the ``processes`` executor's options (checked when a session opens)."""
+    problems = []
+    unknown = sorted(set(options) - {"max_workers", "start_method"})
+    if unknown:
+        problems.append(f"unknown option(s) {unknown}; it accepts max_workers, start_method")
+    workers = options.get("max_workers", config.process_workers)
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        problems.append(f"max_workers must be an integer >= 1, got {workers!r}")
+    method = options.get("start_method", "spawn")
+    if method not in multiprocessing.get_all_start_methods():
+        problems.append(f"start_method {method!r} is not available here; choose one of "
+                        f"{multiprocessing.get_all_start_methods()}")
+    return problems
+
+
 def process_executor(config: Any, options: Mapping[str, Any]) -> Executor:
+    workers = int(options.get("max_workers", config.process_workers))
     return ProcessPoolExecutor(
-        max_workers=int(options.get("max_workers", config.process_workers)),
+        max_workers=workers,
         mp_context=multiprocessing.get_context(options.get("start_method", "spawn")),
+        initializer=limit_threads,
+        initargs=(max(1, _cpus() // workers),),
     )
+
+
+def _has_main_guard(path: str) -> bool:
+    """Whether a script has an ``if __name__ == "__main__":`` block."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return True  # cannot tell: do not stop the user
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
+            names = [n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)]
+            consts = [c.value for c in ast.walk(node.test) if isinstance(c, ast.Constant)]
+            if "__name__" in names and "__main__" in consts:
+                return True
+    return False
+
+
+def check_spawn_safe(function: Callable[..., Any], kernel: str) -> None:
+    """Raise :class:`ExecutorError` when spawned workers cannot run ``function``: a
+    kernel defined in a script read from standard input or ``-c`` (workers cannot
+    import it), or any PARALLEL run started from the top level of a script without an
+    ``if __name__ == "__main__":`` guard (each worker would run the script again)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    fix = ('Put the code in a script file (with an \'if __name__ == "__main__":\' guard), '
+           'or set [parallel] executor = "threads" (or Session(executor="threads")); see '
+           'docs/plugins.md, "PARALLEL kernels".')
+    if path is not None and not os.path.exists(path):  # python - < script: "<stdin>"
+        raise ExecutorError(
+            f"Kernel {kernel!r} is PARALLEL but this program was read from standard input "
+            f"({path}), which spawned worker processes cannot start from. {fix}"
+        )
+    if getattr(function, "__module__", None) == "__main__" and path is None:
+        raise ExecutorError(
+            f"Kernel {kernel!r} is PARALLEL but defined in code given with -c, which "
+            f"spawned worker processes cannot import. {fix}"
+        )
+    if path is None or multiprocessing.parent_process() is not None:
+        return
+    from_top_level = any(
+        f.f_globals.get("__name__") == "__main__" and f.f_code.co_name == "<module>"
+        for f in _frames()
+    )
+    if from_top_level and not _has_main_guard(path):
+        raise ExecutorError(
+            f"Kernel {kernel!r} is PARALLEL and this apply runs at the top level of "
+            f"{os.path.basename(path)!r}, which has no 'if __name__ == \"__main__\":' guard: "
+            "every spawned worker would run the script again. Put the script's work under "
+            'that guard, or set [parallel] executor = "threads" (or '
+            'Session(executor="threads")); see docs/plugins.md, "PARALLEL kernels".'
+        )
+
+
+def _frames():
+    frame = sys._getframe(1)
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
+class ExecutorHandle:
+    """The session's executor: built on first use, replaced when broken, stopped hard.
+
+    ``factory()`` builds a fresh executor. ``replace()`` stops the current one (its
+    queued work cancelled, its worker processes terminated: a dead or hung worker
+    leaves a process pool unusable) and the next ``get()`` builds another.
+    """
+
+    def __init__(self, name: str, factory: Callable[[], Executor]) -> None:
+        self.name = name
+        self._factory = factory
+        self._executor: Executor | None = None
+
+    @property
+    def spawns(self) -> bool:
+        """Whether the executor runs kernels in spawned processes of this machine."""
+        ex = self.get()
+        return isinstance(ex, ProcessPoolExecutor)
+
+    def get(self) -> Executor:
+        if self._executor is None:
+            self._executor = self._factory()
+        return self._executor
+
+    @property
+    def inline(self) -> bool:
+        return getattr(self.get(), "inline", False)
+
+    def replace(self) -> None:
+        self.shutdown(cancel=True)
+
+    def shutdown(self, *, cancel: bool = False, grace: float = 2.0) -> None:
+        """Stop the executor. With ``cancel``, queued work is dropped and worker
+        processes that are still running after ``grace`` seconds are terminated."""
+        ex, self._executor = self._executor, None
+        if ex is None:
+            return
+        if not cancel:
+            ex.shutdown(wait=True)
+            return
+        processes = list((getattr(ex, "_processes", None) or {}).values())
+        with contextlib.suppress(Exception):
+            ex.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + grace
+        for proc in processes:
+            with contextlib.suppress(Exception):
+                proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in processes:
+            with contextlib.suppress(Exception):
+                if proc.is_alive():
+                    proc.terminate()
+                    proc.join(timeout=1.0)
+                if proc.is_alive():
+                    proc.kill()

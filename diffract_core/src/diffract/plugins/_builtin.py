@@ -43,7 +43,9 @@ def diffract_executors() -> Iterator[ExecutorSpec]:
 
     yield ExecutorSpec("sequential", executors.sequential_executor, "In the calling thread.")
     yield ExecutorSpec("threads", executors.thread_executor, "A thread pool.")
-    yield ExecutorSpec("processes", executors.process_executor, "A spawn-based process pool.")
+    yield ExecutorSpec("processes", executors.process_executor,
+                       "A spawn-based process pool (one BLAS thread share per worker).",
+                       check=executors.check_process_options)
 
 
 @hookimpl

@@ -48,7 +48,10 @@ class ExecutorSpec:
     """A named executor: ``factory(config, options)`` returns a ``concurrent.futures.Executor``.
 
     ``config`` is the session's :class:`~diffract.config.Config`; ``options`` is its
-    ``[executor.<name>]`` table. Workers receive top-level kernel functions by pickle.
+    ``[executor.<name>]`` table (or ``Session(executor_options=...)``). Workers receive
+    top-level kernel functions and their inputs by pickle; results come back to the
+    session, which writes them. ``check(config, options)``, when given, returns the
+    problems with the options (a list of phrases): a session refuses to open on any.
     """
 
     name: str
@@ -57,6 +60,9 @@ class ExecutorSpec:
     )
     description: str = ""
     provider: str = "unknown"
+    check: Callable[[Any, Mapping[str, Any]], list[str]] | None = attrs.field(
+        default=None, eq=False, hash=False, repr=False
+    )
 
 
 @attrs.frozen

@@ -38,7 +38,8 @@ import time
 import traceback
 import types
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import BrokenExecutor, CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any
 
 import attrs
@@ -49,6 +50,7 @@ from diffract.core.compute._enums import KernelApplyLevel, KernelExecutionProtoc
 from diffract.core.compute.planner import Plan, Step, Unit
 from diffract.core.compute.registry import KernelRegistry
 from diffract.core.compute.spec import SOURCE_FIELDS, KernelSpec
+from diffract.core.executors import ExecutorHandle, check_spawn_safe
 from diffract.core.storage.base import (
     STORABLE_TYPES,
     Batch,
@@ -109,14 +111,17 @@ class ApplyReport:
 
 @attrs.frozen
 class Progress:
-    """One committed chunk: ``kernel``, units ``done`` of ``total`` for that kernel,
-    and the ``step`` (1-based) of ``steps`` kernels in the plan."""
+    """One committed chunk: ``kernel``, units ``done`` of ``total`` for that kernel (of
+    which ``failed`` failed), the ``step`` (1-based) of ``steps`` kernels in the plan,
+    and the ``rate`` so far in units per second."""
 
     kernel: str
     done: int
     total: int
     step: int
     steps: int
+    failed: int = 0
+    rate: float = 0.0
 
 
 # -- chunks --------------------------------------------------------------------------------
@@ -341,12 +346,16 @@ class Runner:
         registry: KernelRegistry,
         cache: CacheManager,
         threads: ThreadPoolExecutor,
-        parallel_executor: Callable[[], Executor],
+        executors: ExecutorHandle,
         progress: Callable[[Progress], None] | None = None,
         chunk_seconds: float = 2.0,
         parallel_workers: int = 1,
         batch_units: int = 1,
+        unit_timeout: float | None = None,
+        pool_min_seconds: float = 2.0,
     ) -> None:
+        self.unit_timeout = unit_timeout
+        self.pool_min_seconds = pool_min_seconds
         self.chunk_seconds = chunk_seconds
         self.parallel_workers = parallel_workers
         self.batch_units = batch_units
@@ -354,7 +363,7 @@ class Runner:
         self.registry = registry
         self.cache = cache
         self.threads = threads
-        self.parallel_executor = parallel_executor
+        self.executors = executors
         self.progress = progress
 
     # -- inputs -----------------------------------------------------------------
@@ -568,51 +577,112 @@ class Runner:
         # Chunks grow from one unit to what takes about chunk_seconds, so an interrupt
         # (Ctrl-C, a kill) loses at most a few seconds of work whatever the kernel costs.
         per_unit: float | None = None
+        parallel = spec.execution_protocol is KernelExecutionProtocol.PARALLEL
+        # A PARALLEL kernel goes to the executor once the work left is worth a pool
+        # (its start-up costs seconds): measured on the first chunk, run here.
+        use_pool = parallel and self.pool_min_seconds <= 0 and not self.executors.inline
         # Parallel and batched kernels need chunks that keep every worker busy.
-        smallest = (self.parallel_workers
-                    if spec.execution_protocol is KernelExecutionProtocol.PARALLEL
+        smallest = (self.parallel_workers if parallel
                     else self.batch_units if spec.batch is not None else 1)
         size = smallest
         current = chunker.take(size)
         pending = self._prefetch(state, current)
-        done = 0
+        done = failed = 0
+        begun = time.perf_counter()
         try:
             while current:
                 inputs = [f.result() for f in pending]
                 following = chunker.take(size)
                 pending = self._prefetch(state, following) if following else []
                 started = time.perf_counter()
-                self._run_chunk(state, current, inputs, report)
+                failed += self._run_chunk(state, current, inputs, report, use_pool)
                 seconds = (time.perf_counter() - started) / len(current)
                 per_unit = seconds if per_unit is None else 0.5 * (per_unit + seconds)
-                size = max(smallest, int(self.chunk_seconds / max(per_unit, 1e-6)))
                 done += len(current)
+                left = len(step.units) - done
+                if (parallel and not use_pool and not self.executors.inline
+                        and per_unit * left >= self.pool_min_seconds):
+                    use_pool = True
+                size = max(smallest, int(self.chunk_seconds / max(per_unit, 1e-6)))
+                if use_pool:  # per_unit is wall time over the workers: keep them all busy
+                    size = max(size, 2 * self.parallel_workers)
                 if self.progress is not None:
-                    self.progress(Progress(spec.name, done, len(step.units), *position))
+                    rate = done / max(time.perf_counter() - begun, 1e-9)
+                    self.progress(Progress(spec.name, done, len(step.units), *position,
+                                           failed=failed, rate=rate))
                 current = following
         finally:
             for future in pending:  # interrupted: do not read what nobody will use
                 future.cancel()
 
-    def _outcomes(self, state: _StepState, runnable: list[tuple[Unit, Any]]) -> list[Any]:
+    def _outcomes(self, state: _StepState, runnable: list[tuple[Unit, Any]],
+                  use_pool: bool) -> list[Any]:
         spec, config = state.spec, state.config
-        if spec.execution_protocol is KernelExecutionProtocol.PARALLEL and runnable:
-            executor = self.parallel_executor()
-            futures = [executor.submit(_invoke, spec.function, got, config) for _, got in runnable]
-            outcomes = []
-            for fut in futures:
-                try:
-                    outcomes.append(fut.result())
-                except Exception as exc:  # noqa: BLE001 - a dead worker, pickling...
-                    outcomes.append(("error", f"executor failed: {type(exc).__name__}: {exc}"))
-            return outcomes
+        if use_pool and runnable:
+            return self._run_parallel(state, runnable)
         if spec.batch is not None and len(runnable) > 1:
             return _invoke_batch(spec, [got for _, got in runnable], config)
         return [_invoke(spec.function, got, config) for _, got in runnable]
 
+    def _run_parallel(self, state: _StepState, runnable: list[tuple[Unit, Any]]) -> list[Any]:
+        """Run units on the executor. A worker that dies (killed, out of memory) breaks
+        a process pool: the pool is replaced and the units it had not finished run once
+        more; a unit still running ``unit_timeout`` seconds after the runner starts
+        waiting for it fails, and the pool is replaced so its worker stops. Ctrl-C
+        cancels what is queued and stops the workers; committed chunks stay."""
+        spec, handle = state.spec, self.executors
+        if handle.spawns:
+            check_spawn_safe(spec.function, spec.name)
+        outcomes: list[Any] = [None] * len(runnable)
+        todo = self._submit_and_wait(state, runnable, list(range(len(runnable))), outcomes)
+        if todo:  # a worker died: run the survivors one at a time to isolate the culprit
+            log.warning("%s: a worker died; running %d unit(s) again, one at a time, on a "
+                        "new executor", spec.name, len(todo))
+            for i in todo:
+                if self._submit_and_wait(state, runnable, [i], outcomes):
+                    outcomes[i] = ("error", "its worker process died while running it, twice "
+                                            "(killed, or out of memory?); the executor was "
+                                            "replaced each time")
+        return outcomes
+
+    def _submit_and_wait(self, state: _StepState, runnable: list[tuple[Unit, Any]],
+                         indices: list[int], outcomes: list[Any]) -> list[int]:
+        """Submit units, collect their outcomes; returns the units lost to a broken
+        executor (to run again). A timed-out or broken executor is replaced."""
+        spec, config, handle = state.spec, state.config, self.executors
+        futures = {i: handle.get().submit(_invoke, spec.function, runnable[i][1], config)
+                   for i in indices}
+        lost: list[int] = []
+        stop = False
+        try:
+            for i, fut in futures.items():
+                if stop and not fut.done():
+                    lost.append(i)
+                    continue
+                try:
+                    outcomes[i] = fut.result(timeout=None if stop else self.unit_timeout)
+                except FuturesTimeout:
+                    outcomes[i] = ("error", f"timed out: still running after "
+                                            f"{self.unit_timeout:g} s (unit_timeout); its "
+                                            "worker was stopped")
+                    stop = True
+                except (BrokenExecutor, CancelledError):
+                    lost.append(i)
+                    stop = True
+                except Exception as exc:  # noqa: BLE001 - pickling, a remote error...
+                    outcomes[i] = ("error", f"executor failed: {type(exc).__name__}: {exc}")
+        except BaseException:  # Ctrl-C: drop the queue, stop the workers
+            handle.shutdown(cancel=True, grace=1.0)
+            raise
+        if stop:
+            handle.replace()
+        return lost
+
     def _run_chunk(
-        self, state: _StepState, chunk: Sequence[Unit], inputs: Sequence[Any], report: ApplyReport
-    ) -> None:
+        self, state: _StepState, chunk: Sequence[Unit], inputs: Sequence[Any],
+        report: ApplyReport, use_pool: bool = False,
+    ) -> int:
+        """Run and commit one chunk; returns how many of its units failed."""
         spec = state.spec
         provenance = Provenance.of(spec.name, spec.provider, state.config)
         batch = Batch(provenance={f: provenance for f in spec.produce_fields})
@@ -638,7 +708,7 @@ class Runner:
                 runnable.append((unit, got))
 
         for (unit, _), (status, payload) in zip(
-            runnable, self._outcomes(state, runnable), strict=True
+            runnable, self._outcomes(state, runnable, use_pool), strict=True
         ):
             if status == "undefined":
                 undefined(unit, payload)
@@ -660,3 +730,4 @@ class Runner:
             report.computed[spec.name] += 1
         self.store.commit(batch)
         report.notes.extend(batch.notes)
+        return sum(1 for n in batch.notes if n.kind == "failed")

@@ -1,0 +1,235 @@
+"""The process pool, dependable: dead and hung workers, Ctrl-C, spawn safety, options
+checked when the session opens, thread limits per worker, progress events."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diffract import KernelExecutionProtocol, Session
+from diffract.errors import ApplyError, ExecutorError, UnknownExecutorError
+from tests.resources import kernels as test_kernels
+
+ROOT = Path(__file__).resolve().parents[2]
+PARALLEL = KernelExecutionProtocol.PARALLEL
+
+
+def _pool(**parallel):
+    return {"parallel": {"executor": "processes", "pool_min_seconds": 0,
+                         "process_pool": {"max_workers": 2}, **parallel}}
+
+
+def _model(n=6):
+    out = {f"p{i}": np.full((3, 3), float(i)) for i in range(n)}
+    out["victim"] = np.ones((7, 7))
+    return out
+
+
+class TestDeadWorkers:
+    def test_a_worker_killed_once_is_replaced_and_its_units_run_again(self, tmp_path):
+        """SIGKILL of a worker: the pool is replaced, the lost units run again, nothing
+        fails; a later PARALLEL apply in the same session works."""
+        with Session(config=_pool()) as s:
+            s.compute.kernel(name="t_die", execution_protocol=PARALLEL)(test_kernels.die_on_shape)
+            s.compute.configure_kernel("t_die", marker=str(tmp_path / "died"))
+            s.models.add(_model(), model_id="m")
+            report = s.compute.apply("t_die")
+            assert report.ok and (tmp_path / "died").exists()
+            rows = s.results.export_metrics("t_die")["m"]
+            assert rows["victim"]["t_die"] == 49.0 and len(rows) == 7
+            s.compute.kernel(name="t_sq", execution_protocol=PARALLEL)(test_kernels.squared_sum)
+            assert s.compute.apply("t_sq").ok
+
+    def test_a_unit_that_always_kills_its_worker_fails_alone(self):
+        """A unit that kills every worker it runs on fails with the reason; every other
+        unit of its chunk is stored."""
+        with Session(config=_pool()) as s:
+            s.compute.kernel(name="t_die", execution_protocol=PARALLEL)(test_kernels.die_on_shape)
+            s.models.add(_model(), model_id="m")
+            with pytest.raises(ApplyError, match=r"(?s)1 unit\(s\) failed.*t_die on m/victim: its "
+                               r"worker process died while running it, twice"):
+                s.compute.apply("t_die")
+            assert len(s.results.export_metrics("t_die")["m"]) == 6
+
+
+class TestHungWorkers:
+    def test_a_unit_over_the_timeout_fails_and_its_worker_is_stopped(self):
+        """unit_timeout fails a stuck unit and replaces the pool; the others are stored
+        and leaving the session does not wait for the stuck worker."""
+        start = time.monotonic()
+        with Session(config=_pool(unit_timeout=2.0)) as s:
+            s.compute.kernel(name="t_hang", execution_protocol=PARALLEL)(test_kernels.hang_on_shape)
+            s.models.add(_model(), model_id="m")
+            with pytest.raises(ApplyError, match=r"t_hang on m/victim: timed out: still running "
+                               r"after 2 s \(unit_timeout\); its worker was stopped"):
+                s.compute.apply("t_hang")
+            assert len(s.results.export_metrics("t_hang")["m"]) == 6
+        assert time.monotonic() - start < 40  # not the 60 s the stuck unit sleeps
+
+
+INTERRUPTED = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from diffract import KernelExecutionProtocol, Session
+    from tests.resources.kernels import tick
+
+    if __name__ == "__main__":
+        log = sys.argv[1]
+        config = {"parallel": {"executor": "processes", "pool_min_seconds": 0,
+                               "process_pool": {"max_workers": 2}},
+                  "apply": {"chunk_seconds": 100}}
+        with Session(config=config) as s:
+            s.compute.kernel(name="t_tick", execution_protocol=KernelExecutionProtocol.PARALLEL)(tick)
+            s.compute.configure_kernel("t_tick", log=log)
+            s.models.add({f"p{i}": np.ones((2, 2)) for i in range(40)}, model_id="m")
+            print("ready", flush=True)
+            try:
+                s.compute.apply("t_tick")
+            except KeyboardInterrupt:
+                print("stored", len(s.results.export_metrics("t_tick")["m"]), flush=True)
+""")
+
+
+class TestInterrupt:
+    def test_ctrl_c_cancels_queued_units_and_keeps_committed_chunks(self, tmp_path):
+        """SIGINT during 40 queued one-second units: the process exits without running
+        the queue (a handful of units ran, not 40) and reports what was stored."""
+        script = tmp_path / "interrupted.py"
+        script.write_text(INTERRUPTED)
+        log = tmp_path / "ticks"
+        child = subprocess.Popen([sys.executable, str(script), str(log)], cwd=ROOT,
+                                 env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 60
+        while not (log.exists() and log.read_text().count("x") >= 4):  # chunks are running
+            assert time.monotonic() < deadline, child.stderr.read()
+            time.sleep(0.1)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+        ran = log.read_text().count("x")
+        assert ran < 20, f"{ran} units ran after Ctrl-C: the queue was not cancelled"
+        assert out.strip().splitlines()[-1].startswith("stored "), err
+
+
+UNGUARDED = textwrap.dedent("""
+    import numpy as np
+    from diffract import KernelExecutionProtocol, Session
+    from tests.resources.kernels import squared_sum
+
+    config = {"parallel": {"executor": "processes", "pool_min_seconds": 0,
+                           "process_pool": {"max_workers": 2}}}
+    with Session(config=config) as s:
+        s.compute.kernel(name="t_sq", execution_protocol=KernelExecutionProtocol.PARALLEL)(squared_sum)
+        s.models.add({"w": np.ones((2, 2)), "v": np.ones((3, 3))}, model_id="m")
+        s.compute.apply("t_sq")
+        print("ok", s.results.export_metrics("t_sq")["m"]["v"]["t_sq"])
+""")
+
+STDIN_KERNEL = textwrap.dedent("""
+    import numpy as np
+    from diffract import KernelExecutionProtocol, Session
+
+    def t_local(weights):
+        return float(weights.sum())
+
+    config = {"parallel": {"executor": "processes", "pool_min_seconds": 0}}
+    with Session(config=config) as s:
+        s.compute.kernel(execution_protocol=KernelExecutionProtocol.PARALLEL)(t_local)
+        s.models.add({"w": np.ones((2, 2))}, model_id="m")
+        s.compute.apply("t_local")
+""")
+
+
+class TestSpawnSafety:
+    def _run(self, *args, stdin=None, cwd=ROOT):
+        return subprocess.run([sys.executable, *args], input=stdin, capture_output=True,
+                              text=True, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              timeout=120)
+
+    def test_a_script_without_the_main_guard_is_told_what_to_do(self, tmp_path):
+        """Without the guard, apply raises naming the script and the two fixes; with it
+        (or with the threads executor) the same work runs."""
+        script = tmp_path / "unguarded.py"
+        script.write_text(UNGUARDED)
+        run = self._run(str(script))
+        assert run.returncode != 0
+        assert ("'unguarded.py', which has no 'if __name__ == \"__main__\":' guard" in run.stderr
+                and 'executor = "threads"' in run.stderr), run.stderr
+        guarded = tmp_path / "guarded.py"
+        body = UNGUARDED.split("config = ", 1)
+        guarded.write_text(body[0] + "if __name__ == '__main__':\n" + textwrap.indent(
+            "config = " + body[1], "    "))
+        run = self._run(str(guarded))
+        assert run.returncode == 0 and run.stdout.strip() == "ok 9.0", run.stderr
+        threads = tmp_path / "threads.py"
+        threads.write_text(UNGUARDED.replace('"executor": "processes"', '"executor": "threads"'))
+        assert self._run(str(threads)).stdout.strip() == "ok 9.0"
+
+    def test_a_kernel_from_standard_input_is_refused_with_the_fix(self):
+        """A PARALLEL kernel defined in code read from stdin cannot reach spawned workers."""
+        run = self._run("-", stdin=STDIN_KERNEL)
+        assert run.returncode != 0
+        assert ("Kernel 't_local' is PARALLEL but this program was read from standard input"
+                in run.stderr), run.stderr
+        run = self._run("-c", STDIN_KERNEL)
+        assert "Kernel 't_local' is PARALLEL but defined in code given with -c" in run.stderr
+
+
+class TestOptions:
+    @pytest.mark.parametrize(("options", "message"), [
+        ({"max_workers": -1}, r"max_workers must be an integer >= 1, got -1"),
+        ({"start_method": "bogus"}, r"start_method 'bogus' is not available here"),
+        ({"workers": 2}, r"unknown option\(s\) \['workers'\]"),
+    ])
+    def test_bad_executor_options_are_refused_when_the_session_opens(self, options, message):
+        """Options are checked by Session(), not by the first PARALLEL kernel."""
+        with pytest.raises(ExecutorError, match=message):
+            Session(executor="processes", executor_options=options)
+
+    def test_executor_by_name_in_the_configuration_or_the_session(self):
+        """[executor] name and Session(executor=) choose it; an unknown name is refused."""
+        with Session(config={"executor": {"name": "threads"}}) as s:
+            assert s._executors.name == "threads"
+        with Session(executor="sequential") as s:
+            assert s._executors.name == "sequential"
+        with pytest.raises(UnknownExecutorError, match=r"Unknown executor 'dsak'"):
+            Session(executor="dsak")
+
+    def test_each_worker_gets_its_share_of_the_cores(self):
+        """Worker processes limit BLAS/OpenMP threads to cores // workers (at least 1)."""
+        cpus = len(os.sched_getaffinity(0))
+        with Session(config=_pool()) as s:
+            s.compute.kernel(name="t_threads", execution_protocol=PARALLEL)(test_kernels.worker_threads)
+            s.models.add({"w": np.ones((2, 2)), "v": np.ones((2, 3))}, model_id="m")
+            s.compute.apply("t_threads")
+            values = {r["t_threads"] for r in s.results.export_metrics("t_threads")["m"].values()}
+        assert values == {max(1, cpus // 2)}
+
+
+class TestPoolOnlyWhenWorthIt:
+    def test_small_parallel_work_runs_in_process(self):
+        """With the default pool_min_seconds, a quick PARALLEL step never starts a pool."""
+        with Session(executor="processes") as s:
+            s.compute.kernel(name="t_pid", execution_protocol=PARALLEL)(test_kernels.worker_pid)
+            s.models.add(_model(), model_id="m")
+            s.compute.apply("t_pid")
+            pids = {r["t_pid"] for r in s.results.export_metrics("t_pid")["m"].values()}
+            assert pids == {os.getpid()}
+
+    def test_progress_events_count_failures_and_rate(self):
+        """Each progress event carries failed units and a positive rate."""
+        events = []
+        with Session(config={"cache": {"max_bytes": 64}}) as s:
+            s.compute.kernel(name="t_fail")(test_kernels.fails_on_bias)
+            s.models.add({"w": np.ones((2, 2)), "b": np.ones(3)}, model_id="m")
+            s.compute.apply("t_fail", errors="record", progress=events.append)
+        assert events[-1].done == 2 and events[-1].failed == 1 and events[-1].rate > 0
