@@ -132,7 +132,9 @@ class Session:
                 + "; ".join(sorted(problems))
                 + ". Fix [executor." + name + "] in the configuration or executor_options=."
             )
-        return ExecutorHandle(name, lambda: spec.factory(self.config, opts))
+        spawns = spec.spawns(opts) if callable(spec.spawns) else bool(spec.spawns)
+        return ExecutorHandle(name, lambda: spec.factory(self.config, opts), spawns=spawns,
+                              inline=spec.inline)
 
     def _configure_kernels(self, tables: Mapping[str, Mapping[str, Any]]) -> None:
         """Apply ``[kernels.<name>]`` tables: every table checked first, all or nothing."""

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 
-from diffract import FieldUndefined, Range, Restriction, kernel
+from diffract import FieldUndefined, KernelExecutionProtocol, Range, Restriction, kernel
 from diffract_kernels_spectral import linalg
 from diffract_kernels_spectral.errors import FitError
 from diffract_kernels_spectral.fitting import (
@@ -29,6 +29,12 @@ from diffract_kernels_spectral.fitting import (
 __all__ = ["ALL"]
 
 _MATRIX = [Restriction.min_ndim(2)]
+
+#: Decompositions and fits are PARALLEL: on an executor (a process pool, a Dask
+#: cluster) once a step's work is worth one, in this process (their batch paths use one
+#: thread per core) otherwise. The cheap kernels that read their results stay
+#: SEQUENTIAL: shipping an ESD to a worker costs more than computing a norm.
+PARALLEL = KernelExecutionProtocol.PARALLEL
 
 #: The configuration domains the kernels share (checked by configure_kernel).
 FitMethod = Literal["auto", "diffract", "powerlaw"]
@@ -119,6 +125,7 @@ def _svals_batch(units: list[dict[str, Any]]) -> list[Any]:
     produce_fields=("weights_lsvs", "weights_svals", "weights_rsvs"),
     restrictions=_MATRIX,
     batch=lambda units, **cfg: _svd_batch(units, **cfg),
+    execution_protocol=PARALLEL,
 )
 def svd(
     tensor: Any,
@@ -146,7 +153,8 @@ def svd(
     return linalg.svd(_finite_matrix(linalg.host_array(tensor)), top_k, seed)
 
 
-@kernel(restrictions=_MATRIX, batch=lambda units, **cfg: _esd_batch(units, **cfg))
+@kernel(restrictions=_MATRIX, batch=lambda units, **cfg: _esd_batch(units, **cfg),
+        execution_protocol=PARALLEL)
 def esd(
     tensor: Any, *, precision: Literal["float32", "float64"] = "float32", device: str = "auto"
 ) -> np.ndarray:
@@ -165,7 +173,8 @@ def esd(
     return linalg.esd(_finite_matrix(linalg.host_array(tensor)), precision)
 
 
-@kernel(restrictions=_MATRIX, batch=lambda units: _svals_batch(units))
+@kernel(restrictions=_MATRIX, batch=lambda units: _svals_batch(units),
+        execution_protocol=PARALLEL)
 def svals(weights: np.ndarray) -> np.ndarray:
     """Singular values ``sigma_i`` in float64, descending ``[k]``, values only
     (accurate to ``eps64 * sigma_max``: what rank decisions need)."""
@@ -241,7 +250,8 @@ def marchenko_pastur(esd: np.ndarray, shape: tuple[int, ...]) -> tuple[float, fl
 
 # -- fits ------------------------------------------------------------------------------------
 @kernel(
-    produce_fields=("pl_alpha", "pl_xmin", "pl_xmax", "pl_ks_distance", "pl_sigma", "pl_n_tail")
+    produce_fields=("pl_alpha", "pl_xmin", "pl_xmax", "pl_ks_distance", "pl_sigma", "pl_n_tail"),
+    execution_protocol=PARALLEL,
 )
 def power_law_fit(esd: np.ndarray, *, fit_method: FitMethod = "auto", min_tail: MinTail = 50):
     """Power law ``p(lambda) ~ lambda^-pl_alpha`` on the ESD tail ``lambda >= pl_xmin``
@@ -281,7 +291,8 @@ def log_alpha_norm(pl_alpha: float, esd: np.ndarray) -> float:
     return float(pl_alpha * math.log10(top) + math.log10(np.sum((values / top) ** pl_alpha)))
 
 
-@kernel(produce_fields=("tpl_alpha", "tpl_lambda", "tpl_ks_distance"))
+@kernel(produce_fields=("tpl_alpha", "tpl_lambda", "tpl_ks_distance"),
+        execution_protocol=PARALLEL)
 def truncated_power_law_fit(esd: np.ndarray, pl_xmin: float, *, fit_method: FitMethod = "auto"):
     """Truncated power law ``p(lambda) ~ lambda^-tpl_alpha exp(-tpl_lambda lambda)`` by
     maximum likelihood on the power law's tail ``lambda >= pl_xmin``."""
@@ -290,7 +301,7 @@ def truncated_power_law_fit(esd: np.ndarray, pl_xmin: float, *, fit_method: FitM
     return fit.alpha, fit.lambda_, fit.ks_distance
 
 
-@kernel(produce_fields=("exp_lambda", "exp_ks_distance"))
+@kernel(produce_fields=("exp_lambda", "exp_ks_distance"), execution_protocol=PARALLEL)
 def exponential_fit(esd: np.ndarray, pl_xmin: float, *, fit_method: FitMethod = "auto"):
     """Exponential ``p(lambda) = exp_lambda exp(-exp_lambda (lambda - xmin))`` on the power
     law's tail; MLE ``exp_lambda = 1 / mean(lambda_i - xmin)``."""
@@ -302,7 +313,8 @@ def exponential_fit(esd: np.ndarray, pl_xmin: float, *, fit_method: FitMethod = 
 @kernel(
     produce_fields=(
         "lr_tpl_R", "lr_tpl_p", "lr_exp_R", "lr_exp_p", "lr_lognormal_R", "lr_lognormal_p"
-    )
+    ),
+    execution_protocol=PARALLEL,
 )
 def distribution_comparison(esd: np.ndarray, pl_xmin: float, pl_alpha: float):
     """Log-likelihood ratios ``R = sum_i (ln p_pl(lambda_i) - ln p_alt(lambda_i))`` on the
@@ -314,7 +326,7 @@ def distribution_comparison(esd: np.ndarray, pl_xmin: float, pl_alpha: float):
     return tpl.R, tpl.p, exp.R, exp.p, logn.R, logn.p
 
 
-@kernel
+@kernel(execution_protocol=PARALLEL)
 def pl_pvalue(
     esd: np.ndarray,
     pl_alpha: float,

@@ -180,25 +180,20 @@ class ExecutorHandle:
     leaves a process pool unusable) and the next ``get()`` builds another.
     """
 
-    def __init__(self, name: str, factory: Callable[[], Executor]) -> None:
+    def __init__(self, name: str, factory: Callable[[], Executor], *, spawns: bool = False,
+                 inline: bool = False) -> None:
         self.name = name
         self._factory = factory
         self._executor: Executor | None = None
-
-    @property
-    def spawns(self) -> bool:
-        """Whether the executor runs kernels in spawned processes of this machine."""
-        ex = self.get()
-        return isinstance(ex, ProcessPoolExecutor)
+        #: Whether it starts worker processes on this machine / runs in the calling
+        #: thread (known before it is built: building a cluster costs seconds).
+        self.spawns = spawns
+        self.inline = inline
 
     def get(self) -> Executor:
         if self._executor is None:
             self._executor = self._factory()
         return self._executor
-
-    @property
-    def inline(self) -> bool:
-        return getattr(self.get(), "inline", False)
 
     def replace(self) -> None:
         self.shutdown(cancel=True)

@@ -13,7 +13,7 @@ and puts ``@hookimpl`` functions in that module; see docs/plugins.md.
 """
 
 from diffract.config import Config
-from diffract.core.executors import InlineExecutor
+from diffract.core.executors import InlineExecutor, limit_threads
 from diffract.core.models import open_source as open_model_source
 from diffract.core.sources import FileIdentity, ModelSource
 from diffract.core.storage.base import (
@@ -91,6 +91,7 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "kernel",
+    "limit_threads",
     "make_plugin_manager",
     "open_model_source",
     "reset_registry",

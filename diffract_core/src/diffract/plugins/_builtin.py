@@ -41,11 +41,12 @@ def diffract_storage_profiles() -> Iterator[StorageProfile]:
 def diffract_executors() -> Iterator[ExecutorSpec]:
     from diffract.core import executors
 
-    yield ExecutorSpec("sequential", executors.sequential_executor, "In the calling thread.")
+    yield ExecutorSpec("sequential", executors.sequential_executor, "In the calling thread.",
+                       inline=True)
     yield ExecutorSpec("threads", executors.thread_executor, "A thread pool.")
     yield ExecutorSpec("processes", executors.process_executor,
                        "A spawn-based process pool (one BLAS thread share per worker).",
-                       check=executors.check_process_options)
+                       check=executors.check_process_options, spawns=True)
 
 
 @hookimpl

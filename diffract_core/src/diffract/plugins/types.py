@@ -63,6 +63,14 @@ class ExecutorSpec:
     check: Callable[[Any, Mapping[str, Any]], list[str]] | None = attrs.field(
         default=None, eq=False, hash=False, repr=False
     )
+    #: Whether it starts worker processes on this machine (given its options): then a
+    #: script must guard its work with ``if __name__ == "__main__":``, checked first.
+    spawns: bool | Callable[[Mapping[str, Any]], bool] = attrs.field(
+        default=False, eq=False, hash=False, repr=False
+    )
+    #: Whether it runs tasks in the calling thread (then a PARALLEL kernel's batch path
+    #: is used instead: there is nothing to distribute).
+    inline: bool = False
 
 
 @attrs.frozen

@@ -309,6 +309,17 @@ def normalize_outputs(spec: KernelSpec, unit: str, result: Any) -> dict[str, Any
     return values
 
 
+def _on_gpu(inputs: Mapping[str, Any]) -> bool:
+    """Whether a unit's inputs hold a tensor on a GPU: its kernel runs here, where the
+    device is (shipping device tensors to worker processes would copy them through the
+    host, or fail)."""
+    for value in inputs.values():
+        for item in value if isinstance(value, tuple) else (value,):
+            if getattr(getattr(item, "device", None), "type", "cpu") != "cpu":
+                return True
+    return False
+
+
 def _is_nan(value: Any) -> bool:
     """True when a stored value is or contains NaN."""
     if isinstance(value, tuple):
@@ -618,7 +629,7 @@ class Runner:
     def _outcomes(self, state: _StepState, runnable: list[tuple[Unit, Any]],
                   use_pool: bool) -> list[Any]:
         spec, config = state.spec, state.config
-        if use_pool and runnable:
+        if use_pool and runnable and not any(_on_gpu(got) for _, got in runnable):
             return self._run_parallel(state, runnable)
         if spec.batch is not None and len(runnable) > 1:
             return _invoke_batch(spec, [got for _, got in runnable], config)

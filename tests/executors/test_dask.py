@@ -1,0 +1,86 @@
+"""The dask executor: same results as sequential, a lost worker's tasks rescheduled,
+options checked when the session opens (on a 2-worker LocalCluster)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from diffract import KernelExecutionProtocol, Session
+from diffract.errors import ExecutorError
+from tests.resources import kernels as test_kernels
+
+distributed = pytest.importorskip("distributed")
+pytest.importorskip("diffract_executor_dask")
+
+PARALLEL = KernelExecutionProtocol.PARALLEL
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One 2-worker LocalCluster for the module (sessions connect by address)."""
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None, silence_logs=40) as c:
+        yield c
+
+
+def _model(rng, n=10):
+    out = {f"p{i}": rng.standard_normal((8 + i, 6)) for i in range(n)}
+    out["victim"] = np.ones((7, 7))
+    return out
+
+
+def _run(session_kwargs, model, kernel, name, **config):
+    with Session(config={"parallel": {"pool_min_seconds": 0}}, **session_kwargs) as s:
+        s.compute.kernel(name=name, execution_protocol=PARALLEL)(kernel)
+        if config:
+            s.compute.configure_kernel(name, **config)
+        s.models.add(model, model_id="m")
+        report = s.compute.apply(name)
+        rows = s.results.export_metrics(name)["m"]
+    return report, {p: r[name] for p, r in rows.items()}
+
+
+class TestDask:
+    def test_same_results_as_sequential_on_a_cluster_by_address(self, cluster, rng):
+        """Units run on the cluster's workers and give the sequential executor's values."""
+        model = _model(rng)
+        _, local = _run({"executor": "sequential"}, model, test_kernels.squared_sum, "t_sq")
+        report, remote = _run({"executor": "dask",
+                               "executor_options": {"address": cluster.scheduler_address}},
+                              model, test_kernels.squared_sum, "t_sq")
+        assert report.ok and remote == local
+        _, pids = _run({"executor": "dask",
+                        "executor_options": {"address": cluster.scheduler_address}},
+                       model, test_kernels.worker_pid, "t_pid")
+        import os
+
+        assert os.getpid() not in set(pids.values()) and len(set(pids.values())) >= 1
+
+    def test_a_lost_worker_has_its_task_rescheduled(self, cluster, rng, tmp_path):
+        """A worker killed while running a unit: Dask reruns it elsewhere; nothing fails
+        and every value is stored."""
+        model = _model(rng)
+        report, rows = _run({"executor": "dask",
+                             "executor_options": {"address": cluster.scheduler_address}},
+                            model, test_kernels.die_on_shape, "t_die",
+                            marker=str(tmp_path / "died"))
+        assert report.ok and (tmp_path / "died").exists()
+        assert rows["victim"] == 49.0 and len(rows) == len(model)
+
+    def test_a_local_cluster_when_no_address_is_given(self, rng):
+        """Without an address the executor starts (and stops) its own LocalCluster."""
+        report, rows = _run({"executor": "dask", "executor_options": {"n_workers": 2}},
+                            {"w": np.ones((3, 3)), "v": np.ones((2, 5))},
+                            test_kernels.squared_sum, "t_sq")
+        assert report.ok and rows == {"w": 9.0, "v": 10.0}
+
+    @pytest.mark.parametrize(("options", "message"), [
+        ({"address": 8786}, r"address must be a scheduler address string, got 8786"),
+        ({"n_workers": 0}, r"n_workers must be an integer >= 1, got 0"),
+        ({"scheduler": "x"}, r"unknown option\(s\) \['scheduler'\]"),
+    ])
+    def test_bad_options_are_refused_when_the_session_opens(self, options, message):
+        """Options are checked by Session(), before any cluster is contacted."""
+        with pytest.raises(ExecutorError, match=message):
+            Session(executor="dask", executor_options=options)
