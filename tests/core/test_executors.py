@@ -233,3 +233,36 @@ class TestPoolOnlyWhenWorthIt:
             s.models.add({"w": np.ones((2, 2)), "b": np.ones(3)}, model_id="m")
             s.compute.apply("t_fail", errors="record", progress=events.append)
         assert events[-1].done == 2 and events[-1].failed == 1 and events[-1].rate > 0
+
+
+class TestWorkersReadFiles:
+    def test_workers_read_file_backed_weights_themselves(self, tmp_path, monkeypatch):
+        """A model from a file sends workers a reference, not the data: the session's
+        process never reads the weights, and the values are those of the file."""
+        arrays = {f"p{i}": np.full((4, 3), float(i)) for i in range(5)}
+        path = tmp_path / "m.npz"
+        np.savez(path, **arrays)
+        with Session(config=_pool()) as s:
+            s.compute.kernel(name="t_sq", execution_protocol=PARALLEL)(test_kernels.squared_sum)
+            s.models.add(path, model_id="m")
+
+            def not_here(model_id, param):
+                raise AssertionError("the session's process read the weights")
+
+            monkeypatch.setattr(s.store, "load_weights", not_here)
+            s.compute.apply("t_sq")
+            rows = s.results.export_metrics("t_sq")["m"]
+        assert rows == {f"p{i}": {"t_sq": 12.0 * i * i} for i in range(5)}
+
+    def test_a_file_changed_under_the_workers_fails_its_units(self, tmp_path):
+        """Workers check the file's identity too: a replaced file fails each unit with
+        what changed."""
+        path = tmp_path / "m.npz"
+        np.savez(path, a=np.ones((3, 3)), b=np.ones((2, 2)))
+        with Session(config=_pool()) as s:
+            s.compute.kernel(name="t_sq", execution_protocol=PARALLEL)(test_kernels.squared_sum)
+            s.models.add(path, model_id="m")
+            np.savez(path, a=np.ones((5, 5)), b=np.ones((2, 2)), c=np.ones(1))
+            with pytest.raises(ApplyError, match=r"(?s)cannot read input 'weights' of m/a: "
+                               r"ModelSourceError: .*changed since the model was added"):
+                s.compute.apply("t_sq")

@@ -49,7 +49,9 @@ def _nonempty(shape: tuple[int, ...]) -> None:
 def _finite_matrix(weights: np.ndarray) -> np.ndarray:
     w = linalg.as_matrix(weights)
     _nonempty(w.shape)
-    if not np.isfinite(w).all():
+    # min and max are NaN or infinite exactly when some entry is: two cheap reductions,
+    # no temporary array (the full count is taken only when there is something to count)
+    if not (np.isfinite(w.min()) and np.isfinite(w.max())):
         raise FieldUndefined(f"weights contain {int((~np.isfinite(w)).sum())} NaN or Inf value(s)")
     return w
 

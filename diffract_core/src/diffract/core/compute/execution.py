@@ -37,7 +37,7 @@ import math
 import time
 import traceback
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import BrokenExecutor, CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any
@@ -51,6 +51,7 @@ from diffract.core.compute.planner import Plan, Step, Unit
 from diffract.core.compute.registry import KernelRegistry
 from diffract.core.compute.spec import SOURCE_FIELDS, KernelSpec
 from diffract.core.executors import ExecutorHandle, check_spawn_safe
+from diffract.core.sources import ModelSource
 from diffract.core.storage.base import (
     STORABLE_TYPES,
     Batch,
@@ -223,10 +224,62 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
+@attrs.frozen
+class WeightsRef:
+    """A parameter of a file-backed model, sent to a worker process instead of its
+    data: the worker reads it from the file itself (no copy through the session's
+    process, and the reading happens in parallel)."""
+
+    source: ModelSource
+    model_id: str
+    param: str
+    raw: bool  # the ``tensor`` field (as stored) rather than ``weights`` (numpy)
+
+    def load(self) -> Any:
+        key = (self.source, self.model_id)
+        loaders = _OPENED.get(key)
+        if loaders is None:
+            from diffract.core.models import open_source
+
+            loaders = _OPENED[key] = open_source(self.source, self.model_id)
+        return loaders[1 if self.raw else 0](self.param)
+
+
+#: Sources a worker process opened (kept: a worker reads many parameters of a model).
+_OPENED: dict[tuple[ModelSource, str], tuple[Callable[[str], Any], Callable[[str], Any]]] = {}
+
+
+def _resolve(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Inputs with every :class:`WeightsRef` read (in the process that runs the kernel)."""
+    out = {}
+    for arg, value in inputs.items():
+        if isinstance(value, WeightsRef):
+            value = _load_ref(arg, value)
+        elif isinstance(value, tuple) and any(isinstance(v, WeightsRef) for v in value):
+            value = tuple(_load_ref(arg, v) if isinstance(v, WeightsRef) else v for v in value)
+        out[arg] = value
+    return out
+
+
+class _RefError(Exception):
+    pass
+
+
+def _load_ref(arg: str, ref: WeightsRef) -> Any:
+    try:
+        return ref.load()
+    except Exception as exc:  # noqa: BLE001 - the unit fails with the reason
+        field = "tensor" if ref.raw else "weights"
+        raise _RefError(f"cannot read input {field!r} of {ref.model_id}/{ref.param}: "
+                        f"{type(exc).__name__}: {exc}") from None
+
+
 def _invoke(fn: Callable[..., Any], inputs: Mapping[str, Any], config: Mapping[str, Any]):
     """Call a kernel; never raises (runs in worker processes too)."""
     try:
-        return ("ok", fn(**inputs, **config))
+        return ("ok", fn(**_resolve(inputs), **config))
+    except _RefError as exc:
+        return ("error", str(exc))
     except FieldUndefined as exc:
         return ("undefined", exc.reason)
     except Exception as exc:  # noqa: BLE001 - recorded per unit, reported at the end
@@ -345,6 +398,8 @@ class _StepState:
     producers: Mapping[str, tuple[str, KernelApplyLevel]]
     #: (kernel, models, param) -> the note the producers of the inputs left there
     notes: Mapping[NoteKey, Note]
+    #: model -> its source, for the models whose weights are files (workers read them)
+    file_sources: Mapping[str, ModelSource]
     position: tuple[int, int]
 
 
@@ -378,10 +433,13 @@ class Runner:
         self.progress = progress
 
     # -- inputs -----------------------------------------------------------------
-    def _read(self, state: _StepState, field: str, model_id: str, param: str | None) -> Any:
+    def _read(self, state: _StepState, field: str, model_id: str, param: str | None,
+              lazy: bool = False) -> Any:
         store = self.store
         if field == "shape":
             return state.params[model_id][param].shape
+        if lazy and field in ("weights", "tensor") and model_id in state.file_sources:
+            return WeightsRef(state.file_sources[model_id], model_id, param, field == "tensor")
         if field in SOURCE_FIELDS:
             try:
                 if field == "tensor":
@@ -405,14 +463,14 @@ class Runner:
         at = param if level is KernelApplyLevel.PARAMETER else None
         raise _MissingInput(field, (model_id,), at)
 
-    def _gather(self, state: _StepState, unit: Unit) -> dict[str, Any]:
+    def _gather(self, state: _StepState, unit: Unit, lazy: bool = False) -> dict[str, Any]:
         """The keyword arguments of one kernel call (raises _MissingInput/_UnreadableInput)."""
         spec = state.spec
         inputs: dict[str, Any] = {}
         for arg, field in spec.inputs:
             plevel = state.producers.get(field, ("", KernelApplyLevel.PARAMETER))[1]
             if spec.apply_level is KernelApplyLevel.PARAMETER:
-                inputs[arg] = self._read(state, field, unit.models[0], unit.param)
+                inputs[arg] = self._read(state, field, unit.models[0], unit.param, lazy)
             elif spec.apply_level is KernelApplyLevel.IN_MODEL:
                 (model_id,) = unit.models
                 if plevel is KernelApplyLevel.PARAMETER:
@@ -431,24 +489,27 @@ class Runner:
                 except KeyError:
                     raise _MissingInput(field, unit.models, unit.param) from None
             else:
-                inputs[arg] = tuple(self._read(state, field, m, unit.param) for m in unit.models)
+                inputs[arg] = tuple(self._read(state, field, m, unit.param, lazy)
+                                    for m in unit.models)
         return inputs
 
-    def _gather_one(self, state: _StepState, unit: Unit) -> Any:
+    def _gather_one(self, state: _StepState, unit: Unit, lazy: bool = False) -> Any:
         try:
-            return self._gather(state, unit)
+            return self._gather(state, unit, lazy)
         except (_MissingInput, _UnreadableInput, _BlockedInput, _SkippedInput) as exc:
             return exc
         except Exception as exc:  # noqa: BLE001 - a store that fails on one unit
             return _UnreadableInput(f"cannot read the inputs of {unit.label}: {_describe(exc)}")
 
-    def _prefetch(self, state: _StepState, chunk: Sequence[Unit]) -> list[Future[Any]]:
-        """Start reading a chunk's inputs on the thread pool: one task per unit.
+    def _prefetch(self, state: _StepState, chunk: Sequence[Unit],
+                  lazy: bool = False) -> list[Future[Any]]:
+        """Start reading a chunk's inputs on the thread pool: one task per unit. With
+        ``lazy``, weights of file-backed models stay references for the workers to read.
 
         Tasks never wait on other tasks of the pool (a task that did could hold every
         worker while the tasks it waits for sit in the queue).
         """
-        return [self.threads.submit(self._gather_one, state, unit) for unit in chunk]
+        return [self.threads.submit(self._gather_one, state, unit, lazy) for unit in chunk]
 
     @staticmethod
     def _check_not_blocked(
@@ -569,8 +630,20 @@ class Runner:
             params={m: {p.name: p for p in self.store.params(m)} for m in models},
             producers=producers,
             notes=notes,
+            file_sources=self._file_sources(models),
             position=position,
         )
+
+    def _file_sources(self, models: Iterable[str]) -> dict[str, ModelSource]:
+        out = {}
+        for model_id in models:
+            try:
+                source = self.store.source(model_id)
+            except (KeyError, NotImplementedError):
+                continue
+            if source.is_file_backed:
+                out[model_id] = source
+        return out
 
     def _run_step(self, step: Step, position: tuple[int, int], report: ApplyReport) -> None:
         spec = step.kernel
@@ -597,14 +670,15 @@ class Runner:
                     else self.batch_units if spec.batch is not None else 1)
         size = smallest
         current = chunker.take(size)
-        pending = self._prefetch(state, current)
+        lazy = use_pool and self.executors.spawns  # workers share this machine's files
+        pending = self._prefetch(state, current, lazy)
         done = failed = 0
         begun = time.perf_counter()
         try:
             while current:
                 inputs = [f.result() for f in pending]
                 following = chunker.take(size)
-                pending = self._prefetch(state, following) if following else []
+                pending = self._prefetch(state, following, lazy) if following else []
                 started = time.perf_counter()
                 failed += self._run_chunk(state, current, inputs, report, use_pool)
                 seconds = (time.perf_counter() - started) / len(current)
@@ -614,6 +688,7 @@ class Runner:
                 if (parallel and not use_pool and not self.executors.inline
                         and per_unit * left >= self.pool_min_seconds):
                     use_pool = True
+                    lazy = self.executors.spawns
                 size = max(smallest, int(self.chunk_seconds / max(per_unit, 1e-6)))
                 if use_pool:  # per_unit is wall time over the workers: keep them all busy
                     size = max(size, 2 * self.parallel_workers)
@@ -632,7 +707,11 @@ class Runner:
         if use_pool and runnable and not any(_on_gpu(got) for _, got in runnable):
             return self._run_parallel(state, runnable)
         if spec.batch is not None and len(runnable) > 1:
-            return _invoke_batch(spec, [got for _, got in runnable], config)
+            try:
+                units = [_resolve(got) for _, got in runnable]
+            except _RefError:  # read them one by one: each unit fails alone
+                return [_invoke(spec.function, got, config) for _, got in runnable]
+            return _invoke_batch(spec, units, config)
         return [_invoke(spec.function, got, config) for _, got in runnable]
 
     def _run_parallel(self, state: _StepState, runnable: list[tuple[Unit, Any]]) -> list[Any]:

@@ -1,0 +1,100 @@
+"""esd + power_law_fit over 48 matrices of 1024 x 4096 with the sequential executor (one
+core), the process pool (2 workers) and a Dask LocalCluster (2 workers), in one run.
+
+Each mode runs in a fresh child process on the same generated matrices (seeded), saved
+as a .npz checkpoint (the workers then read their matrices from the file themselves) or
+given in memory (``--in-memory``: every matrix is shipped to a worker through the
+session's process). "sequential" is pinned to one core, so it is the single-core
+baseline; the others may use every core. Times are from apply's start to its end,
+worker start-up included ("cold"), and for a second, identical model once the workers
+are up ("warm").
+Correctness: tests/core/test_executors.py, tests/executors/test_dask.py (same values as
+sequential).
+
+    python benchmarks/bench_executors.py [--matrices 48] [--rows 1024] [--cols 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import header, table  # noqa: E402
+
+CHILD = """
+import json, os, sys, time
+import numpy as np
+from diffract import Session
+
+mode, n, rows, cols, where = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
+                              int(sys.argv[4]), sys.argv[5])
+if __name__ == "__main__":
+    if mode == "sequential":
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    rng = np.random.default_rng(0)
+    model = {f"w{i}": rng.standard_t(3, size=(rows, cols)).astype(np.float32) for i in range(n)}
+    if where != "memory":
+        np.savez(where, **model)
+        model = where
+    executor = mode
+    options = {"dask": {"n_workers": 2}, "processes": {"max_workers": 2}}.get(mode, {})
+    config = {"parallel": {"pool_min_seconds": 0}}
+    with Session(config=config, executor=executor, executor_options=options) as s:
+        s.models.add(model, model_id="m")
+        s.models.add(model, model_id="again")
+        start = time.perf_counter()
+        s.filter(["m"]).compute.apply("esd", "pl_alpha")
+        cold = time.perf_counter() - start
+        start = time.perf_counter()
+        s.filter(["again"]).compute.apply("esd", "pl_alpha")
+        warm = time.perf_counter() - start
+        alphas = s.results.export_metrics("pl_alpha")["m"]
+    print(json.dumps({"cold": cold, "warm": warm,
+                      "alphas": [alphas[f"w{i}"]["pl_alpha"] for i in range(n)]}))
+"""
+
+
+def run(mode: str, args: argparse.Namespace, scratch: Path) -> dict:
+    script = scratch / "child.py"
+    script.write_text(CHILD)
+    where = "memory" if args.in_memory else str(scratch / f"{mode}.npz")
+    done = subprocess.run([sys.executable, str(script), mode, str(args.matrices),
+                           str(args.rows), str(args.cols), where],
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--matrices", type=int, default=48)
+    parser.add_argument("--rows", type=int, default=1024)
+    parser.add_argument("--cols", type=int, default=4096)
+    parser.add_argument("--in-memory", action="store_true",
+                        help="matrices given in memory (shipped to the workers)")
+    args = parser.parse_args()
+    header(f"esd + power_law_fit, {args.matrices} matrices of {args.rows}x{args.cols}: executors",
+           ["diffract-core", "diffract-kernels-spectral", "diffract-executor-dask", "distributed",
+            "numpy"])
+    with tempfile.TemporaryDirectory() as tmp:
+        results = {mode: run(mode, args, Path(tmp)) for mode in ("sequential", "processes", "dask")}
+    print(f"# matrices {'in memory' if args.in_memory else 'read from a .npz file'}")
+    base = results["sequential"]
+    rows = [[mode, f"{r['cold']:.1f} s", f"{base['cold'] / r['cold']:.2f}x",
+             f"{r['warm']:.1f} s", f"{base['warm'] / r['warm']:.2f}x",
+             "yes" if r["alphas"] == base["alphas"] else "NO"]
+            for mode, r in results.items()]
+    table(["executor", "cold", "speed-up", "warm", "speed-up", "same alphas"], rows)
+    pool, dask = results["processes"], results["dask"]
+    print(f"processes (2 workers) over one core: {base['cold'] / pool['cold']:.2f}x cold, "
+          f"{base['warm'] / pool['warm']:.2f}x warm (target >= 1.6x); dask / pool time: "
+          f"{dask['cold'] / pool['cold']:.2f}x cold, {dask['warm'] / pool['warm']:.2f}x warm "
+          "(target <= 1.15x)")
+
+
+if __name__ == "__main__":
+    main()
