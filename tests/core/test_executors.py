@@ -72,6 +72,8 @@ class TestHungWorkers:
                                r"after 2 s \(unit_timeout\); its worker was stopped"):
                 s.compute.apply("t_hang")
             assert len(s.results.export_metrics("t_hang")["m"]) == 6
+            with pytest.raises(ApplyError, match=r"still running after 1.5 s \(unit_timeout\)"):
+                s.compute.apply("t_hang", unit_timeout=1.5)  # per call
         assert time.monotonic() - start < 40  # not the 60 s the stuck unit sleeps
 
 

@@ -321,13 +321,16 @@ class ComputeAPI(_Scoped):
         errors: str = "raise",
         progress: Callable[[Progress], None] | None = None,
         recompute: str = "presence",
+        unit_timeout: float | None = None,
     ) -> ApplyReport:
         """Compute ``fields`` (and their dependencies) for every model in scope.
 
         Work is selected by field presence: units that already have a kernel's outputs are
         skipped. ``recompute="stale"`` also recomputes the stored units that are stale
         (their kernel's configuration changed since, or an input did; see
-        ``results.stale()``), and what depends on them. Returns an :class:`ApplyReport`.
+        ``results.stale()``), and what depends on them. ``unit_timeout`` (seconds)
+        overrides ``[parallel] unit_timeout`` for this call: a PARALLEL unit still
+        running after it fails. Returns an :class:`ApplyReport`.
         When some units failed, everything else is stored and
         :class:`~diffract.errors.ApplyError` is raised at the end
         (``errors="record"`` returns the report instead, after a warning).
@@ -371,8 +374,13 @@ class ComputeAPI(_Scoped):
                 ),
                 stacklevel=2,
             )
+        if unit_timeout is not None and not unit_timeout > 0:
+            raise InvalidArgumentError(f"unit_timeout must be > 0 seconds, got {unit_timeout!r}.")
         with session._lock:
-            report = session._runner(progress).run(plan)
+            runner = session._runner(progress)
+            if unit_timeout is not None:
+                runner.unit_timeout = float(unit_timeout)
+            report = runner.run(plan)
         if report.failures:
             if errors == "raise":
                 raise ApplyError(report)

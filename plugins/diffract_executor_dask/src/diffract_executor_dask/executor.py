@@ -60,10 +60,15 @@ class DaskExecutor(cf.Executor):
 
         self._cluster = None
         if address is None:
+            import dask
+
             cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-            self._cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1,
-                                         processes=True, dashboard_address=None,
-                                         silence_logs=40)
+            # The workers' statistical profiler samples every thread every 10 ms: on a
+            # machine whose cores are the workers, that is work taken from the kernels.
+            with dask.config.set({"distributed.worker.profile.enabled": False}):
+                self._cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1,
+                                             processes=True, dashboard_address=None,
+                                             silence_logs=40)
             self._client = Client(self._cluster, timeout=timeout)
             self._client.run(_limit, max(1, cpus // n_workers))
         else:
