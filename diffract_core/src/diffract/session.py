@@ -133,8 +133,9 @@ class Session:
                 + ". Fix [executor." + name + "] in the configuration or executor_options=."
             )
         spawns = spec.spawns(opts) if callable(spec.spawns) else bool(spec.spawns)
+        reads = spec.reads_files(opts) if callable(spec.reads_files) else spec.reads_files
         return ExecutorHandle(name, lambda: spec.factory(self.config, opts), spawns=spawns,
-                              inline=spec.inline)
+                              inline=spec.inline, reads_files=reads)
 
     def _configure_kernels(self, tables: Mapping[str, Mapping[str, Any]]) -> None:
         """Apply ``[kernels.<name>]`` tables: every table checked first, all or nothing."""

@@ -181,7 +181,7 @@ class ExecutorHandle:
     """
 
     def __init__(self, name: str, factory: Callable[[], Executor], *, spawns: bool = False,
-                 inline: bool = False) -> None:
+                 inline: bool = False, reads_files: bool | None = None) -> None:
         self.name = name
         self._factory = factory
         self._executor: Executor | None = None
@@ -189,6 +189,8 @@ class ExecutorHandle:
         #: thread (known before it is built: building a cluster costs seconds).
         self.spawns = spawns
         self.inline = inline
+        #: Whether workers read file-backed weights themselves (sent references).
+        self.reads_files = spawns if reads_files is None else reads_files
 
     def get(self) -> Executor:
         if self._executor is None:

@@ -68,6 +68,12 @@ class ExecutorSpec:
     spawns: bool | Callable[[Mapping[str, Any]], bool] = attrs.field(
         default=False, eq=False, hash=False, repr=False
     )
+    #: Whether its workers can read the models' checkpoint files (then they are sent a
+    #: reference and read the weights themselves; else the weights are shipped).
+    #: Default: when it spawns local processes.
+    reads_files: bool | Callable[[Mapping[str, Any]], bool] | None = attrs.field(
+        default=None, eq=False, hash=False, repr=False
+    )
     #: Whether it runs tasks in the calling thread (then a PARALLEL kernel's batch path
     #: is used instead: there is nothing to distribute).
     inline: bool = False

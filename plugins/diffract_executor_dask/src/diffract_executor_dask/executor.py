@@ -19,7 +19,7 @@ from typing import Any
 
 __all__ = ["DaskExecutor", "check_options"]
 
-_OPTIONS = ("address", "n_workers", "timeout")
+_OPTIONS = ("address", "n_workers", "timeout", "read_files")
 
 
 def check_options(config: Any, options: Mapping[str, Any]) -> list[str]:
@@ -34,6 +34,9 @@ def check_options(config: Any, options: Mapping[str, Any]) -> list[str]:
     workers = options.get("n_workers", config.process_workers)
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         problems.append(f"n_workers must be an integer >= 1, got {workers!r}")
+    read_files = options.get("read_files", address is None)
+    if not isinstance(read_files, bool):
+        problems.append(f"read_files must be true or false, got {read_files!r}")
     timeout = options.get("timeout", 30)
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
         problems.append(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -43,6 +46,13 @@ def check_options(config: Any, options: Mapping[str, Any]) -> list[str]:
 def spawns(options: Mapping[str, Any]) -> bool:
     """A LocalCluster (no address) starts worker processes on this machine."""
     return options.get("address") is None
+
+
+def reads_files(options: Mapping[str, Any]) -> bool:
+    """Whether the workers can read the models' files (then they get references, not
+    data): a LocalCluster can; a remote cluster only when told so (``read_files=true``:
+    the checkpoints are on storage every worker mounts at the same path)."""
+    return bool(options.get("read_files", options.get("address") is None))
 
 
 def _limit(threads: int) -> None:

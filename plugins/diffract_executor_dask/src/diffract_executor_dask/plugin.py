@@ -17,4 +17,5 @@ def diffract_executors() -> Iterator[ExecutorSpec]:
         "dask.distributed: a cluster by address=, or a LocalCluster of n_workers processes.",
         check=executor.check_options,
         spawns=executor.spawns,
+        reads_files=executor.reads_files,
     )

@@ -403,6 +403,20 @@ class _StepState:
     position: tuple[int, int]
 
 
+@attrs.define
+class _Chunk:
+    """One chunk between preparing and committing: its units, the batch being filled,
+    the units to run and, once submitted to the executor, their futures."""
+
+    units: Sequence[Unit]
+    batch: Batch
+    runnable: list[tuple[Unit, Any]] = attrs.field(factory=list)
+    futures: dict[int, Future] | None = None
+
+    def note(self, spec: KernelSpec, unit: Unit, kind: str, reason: str) -> None:
+        self.batch.notes.append(Note(spec.name, unit.models, unit.param, kind, reason))
+
+
 class Runner:
     """Runs plans against one store; see the module docstring."""
 
@@ -670,42 +684,63 @@ class Runner:
                     else self.batch_units if spec.batch is not None else 1)
         size = smallest
         current = chunker.take(size)
-        lazy = use_pool and self.executors.spawns  # workers share this machine's files
+        lazy = use_pool and self.executors.reads_files  # workers read the files themselves
         pending = self._prefetch(state, current, lazy)
         done = failed = 0
-        begun = time.perf_counter()
+        begun = last = time.perf_counter()
+        inflight: _Chunk | None = None  # submitted to the executor, not yet committed
+
+        def finished(units: int, seconds: float, failures: int) -> None:
+            nonlocal done, failed, per_unit, size, use_pool, lazy
+            done += units
+            failed += failures
+            each = seconds / max(units, 1)
+            per_unit = each if per_unit is None else 0.5 * (per_unit + each)
+            left = len(step.units) - done
+            if (parallel and not use_pool and not self.executors.inline
+                    and per_unit * left >= self.pool_min_seconds):
+                use_pool = True
+                lazy = self.executors.reads_files
+            size = max(smallest, int(self.chunk_seconds / max(per_unit, 1e-6)))
+            if use_pool:  # per_unit is wall time over the workers: keep them all busy
+                size = max(size, 2 * self.parallel_workers)
+            if self.progress is not None:
+                rate = done / max(time.perf_counter() - begun, 1e-9)
+                self.progress(Progress(spec.name, done, len(step.units), *position,
+                                       failed=failed, rate=rate))
+
         try:
             while current:
                 inputs = [f.result() for f in pending]
                 following = chunker.take(size)
                 pending = self._prefetch(state, following, lazy) if following else []
-                started = time.perf_counter()
-                failed += self._run_chunk(state, current, inputs, report, use_pool)
-                seconds = (time.perf_counter() - started) / len(current)
-                per_unit = seconds if per_unit is None else 0.5 * (per_unit + seconds)
-                done += len(current)
-                left = len(step.units) - done
-                if (parallel and not use_pool and not self.executors.inline
-                        and per_unit * left >= self.pool_min_seconds):
-                    use_pool = True
-                    lazy = self.executors.spawns
-                size = max(smallest, int(self.chunk_seconds / max(per_unit, 1e-6)))
-                if use_pool:  # per_unit is wall time over the workers: keep them all busy
-                    size = max(size, 2 * self.parallel_workers)
-                if self.progress is not None:
-                    rate = done / max(time.perf_counter() - begun, 1e-9)
-                    self.progress(Progress(spec.name, done, len(step.units), *position,
-                                           failed=failed, rate=rate))
+                if use_pool:
+                    # Pipelined: this chunk is submitted before the previous one is
+                    # awaited, so the workers never idle at a chunk's end.
+                    chunk = self._prepare(state, current, inputs)
+                    self._submit_chunk(state, chunk)
+                    if inflight is not None:
+                        failures = self._finish_chunk(state, inflight, report)
+                        now = time.perf_counter()
+                        finished(len(inflight.units), now - last, failures)
+                        last = now
+                    inflight = chunk
+                else:
+                    started = time.perf_counter()
+                    failures = self._run_chunk(state, current, inputs, report)
+                    last = time.perf_counter()
+                    finished(len(current), last - started, failures)
                 current = following
+            if inflight is not None:
+                failures = self._finish_chunk(state, inflight, report)
+                finished(len(inflight.units), time.perf_counter() - last, failures)
         finally:
             for future in pending:  # interrupted: do not read what nobody will use
                 future.cancel()
 
-    def _outcomes(self, state: _StepState, runnable: list[tuple[Unit, Any]],
-                  use_pool: bool) -> list[Any]:
+    def _in_process(self, state: _StepState, runnable: list[tuple[Unit, Any]]) -> list[Any]:
+        """Outcomes of units run here: the kernel's batch path when it has one."""
         spec, config = state.spec, state.config
-        if use_pool and runnable and not any(_on_gpu(got) for _, got in runnable):
-            return self._run_parallel(state, runnable)
         if spec.batch is not None and len(runnable) > 1:
             try:
                 units = [_resolve(got) for _, got in runnable]
@@ -714,34 +749,50 @@ class Runner:
             return _invoke_batch(spec, units, config)
         return [_invoke(spec.function, got, config) for _, got in runnable]
 
-    def _run_parallel(self, state: _StepState, runnable: list[tuple[Unit, Any]]) -> list[Any]:
-        """Run units on the executor. A worker that dies (killed, out of memory) breaks
-        a process pool: the pool is replaced and the units it had not finished run once
-        more; a unit still running ``unit_timeout`` seconds after the runner starts
-        waiting for it fails, and the pool is replaced so its worker stops. Ctrl-C
-        cancels what is queued and stops the workers; committed chunks stay."""
-        spec, handle = state.spec, self.executors
-        if handle.spawns:
-            check_spawn_safe(spec.function, spec.name)
-        outcomes: list[Any] = [None] * len(runnable)
-        todo = self._submit_and_wait(state, runnable, list(range(len(runnable))), outcomes)
-        if todo:  # a worker died: run the survivors one at a time to isolate the culprit
-            log.warning("%s: a worker died; running %d unit(s) again, one at a time, on a "
-                        "new executor", spec.name, len(todo))
-            for i in todo:
-                if self._submit_and_wait(state, runnable, [i], outcomes):
+    def _submit_chunk(self, state: _StepState, chunk: _Chunk) -> None:
+        """Send a chunk's units to the executor (unless their inputs live on a GPU:
+        those run here when the chunk is finished)."""
+        if not chunk.runnable or any(_on_gpu(got) for _, got in chunk.runnable):
+            return
+        if self.executors.spawns:
+            check_spawn_safe(state.spec.function, state.spec.name)
+        chunk.futures = self._submit(state, chunk.runnable, range(len(chunk.runnable)))
+
+    def _finish_chunk(self, state: _StepState, chunk: _Chunk, report: ApplyReport) -> int:
+        """Collect a chunk's outcomes and commit it; returns its failures.
+
+        A worker that dies (killed, out of memory) breaks a process pool: the pool is
+        replaced and the units it had not finished run again, one at a time, so a unit
+        that kills every worker fails alone. A unit still running ``unit_timeout``
+        seconds after the runner starts waiting for it fails, and the pool is replaced
+        so that its worker stops. Ctrl-C cancels what is queued and stops the workers;
+        committed chunks stay.
+        """
+        if chunk.futures is None:
+            outcomes = self._in_process(state, chunk.runnable)
+        else:
+            outcomes = [None] * len(chunk.runnable)
+            lost = self._wait(chunk.futures, outcomes)
+            if lost:
+                log.warning("%s: a worker died; running %d unit(s) again, one at a time, on "
+                            "a new executor", state.spec.name, len(lost))
+            for i in lost:
+                if self._wait(self._submit(state, chunk.runnable, [i]), outcomes):
                     outcomes[i] = ("error", "its worker process died while running it, twice "
                                             "(killed, or out of memory?); the executor was "
                                             "replaced each time")
-        return outcomes
+        return self._complete(state, chunk, outcomes, report)
 
-    def _submit_and_wait(self, state: _StepState, runnable: list[tuple[Unit, Any]],
-                         indices: list[int], outcomes: list[Any]) -> list[int]:
-        """Submit units, collect their outcomes; returns the units lost to a broken
-        executor (to run again). A timed-out or broken executor is replaced."""
+    def _submit(self, state: _StepState, runnable: list[tuple[Unit, Any]],
+                indices: Iterable[int]) -> dict[int, Future]:
         spec, config, handle = state.spec, state.config, self.executors
-        futures = {i: handle.get().submit(_invoke, spec.function, runnable[i][1], config)
-                   for i in indices}
+        return {i: handle.get().submit(_invoke, spec.function, runnable[i][1], config)
+                for i in indices}
+
+    def _wait(self, futures: dict[int, Future], outcomes: list[Any]) -> list[int]:
+        """Collect outcomes; returns the units lost to a broken executor (to run again).
+        A timed-out or broken executor is replaced."""
+        handle = self.executors
         lost: list[int] = []
         stop = False
         try:
@@ -770,51 +821,55 @@ class Runner:
 
     def _run_chunk(
         self, state: _StepState, chunk: Sequence[Unit], inputs: Sequence[Any],
-        report: ApplyReport, use_pool: bool = False,
+        report: ApplyReport,
     ) -> int:
-        """Run and commit one chunk; returns how many of its units failed."""
+        """Run one chunk here and commit it; returns how many of its units failed."""
+        prepared = self._prepare(state, chunk, inputs)
+        return self._complete(state, prepared, self._in_process(state, prepared.runnable),
+                              report)
+
+    def _prepare(self, state: _StepState, chunk: Sequence[Unit], inputs: Sequence[Any]) -> _Chunk:
+        """Sort a chunk's units: notes for those that cannot run, the rest runnable."""
         spec = state.spec
         provenance = Provenance.of(spec.name, spec.provider, state.config)
-        batch = Batch(provenance={f: provenance for f in spec.produce_fields})
-
-        def note(unit: Unit, kind: str, reason: str) -> None:
-            batch.notes.append(Note(spec.name, unit.models, unit.param, kind, reason))
-
-        def undefined(unit: Unit, reason: str) -> None:
-            self._write(batch, spec, unit, {f: math.nan for f in spec.produce_fields})
-            note(unit, "undefined", reason)
-
-        runnable = []
+        prepared = _Chunk(chunk, Batch(provenance={f: provenance for f in spec.produce_fields}))
         for unit, got in zip(chunk, inputs, strict=True):
             if isinstance(got, _MissingInput):
-                note(unit, *self._why_missing(state, got))
+                prepared.note(spec, unit, *self._why_missing(state, got))
             elif isinstance(got, _SkippedInput):
-                note(unit, "skipped", str(got))
+                prepared.note(spec, unit, "skipped", str(got))
             elif isinstance(got, (_UnreadableInput, _BlockedInput)):
-                note(unit, "failed", str(got))
+                prepared.note(spec, unit, "failed", str(got))
             elif (inherited := self._inherited_undefined(state, unit)) is not None:
-                undefined(unit, inherited)
+                self._undefined(prepared, spec, unit, inherited)
             else:
-                runnable.append((unit, got))
+                prepared.runnable.append((unit, got))
+        return prepared
 
-        for (unit, _), (status, payload) in zip(
-            runnable, self._outcomes(state, runnable, use_pool), strict=True
-        ):
+    def _undefined(self, chunk: _Chunk, spec: KernelSpec, unit: Unit, reason: str) -> None:
+        self._write(chunk.batch, spec, unit, {f: math.nan for f in spec.produce_fields})
+        chunk.note(spec, unit, "undefined", reason)
+
+    def _complete(self, state: _StepState, chunk: _Chunk, outcomes: Sequence[Any],
+                  report: ApplyReport) -> int:
+        """Store a chunk's outcomes in one commit; returns how many units failed."""
+        spec, batch = state.spec, chunk.batch
+        for (unit, _), (status, payload) in zip(chunk.runnable, outcomes, strict=True):
             if status == "undefined":
-                undefined(unit, payload)
+                self._undefined(chunk, spec, unit, payload)
                 continue
             if status != "ok":
-                note(unit, "failed", payload)
+                chunk.note(spec, unit, "failed", payload)
                 continue
             try:
                 values = normalize_outputs(spec, unit.label, payload)
             except KernelOutputError as exc:
-                note(unit, "failed", str(exc))
+                chunk.note(spec, unit, "failed", str(exc))
                 continue
             self._write(batch, spec, unit, values)
             parts = self._undefined_parts(state, unit)
             if parts is not None and any(_is_nan(v) for v in values.values()):
-                note(unit, "undefined", parts)
+                chunk.note(spec, unit, "undefined", parts)
             else:
                 batch.cleared_notes.add((spec.name, unit.models, unit.param))
             report.computed[spec.name] += 1
