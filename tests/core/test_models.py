@@ -67,7 +67,7 @@ class TestExport:
         session.models.add(arrays, model_id="m")
         session.compute.apply("frob_norm", "param_norm")
         frame = session.results.export_metrics("frob_norm", export_format="pandas")
-        assert list(frame.columns) == ["model_id", "param", "frob_norm"] and len(frame) == 4
+        assert list(frame.columns) == ["model_id", "param", "ptype", "frob_norm"] and len(frame) == 4
         row = frame.set_index("param").loc["conv.weight", "frob_norm"]
         assert row == pytest.approx(np.linalg.norm(arrays["conv.weight"]))
         data = json.loads(session.results.export_metrics("frob_norm", export_format="json"))

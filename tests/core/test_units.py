@@ -199,8 +199,8 @@ class TestJsonExport:
         text = session.results.export_metrics(export_format="json")
         assert "NaN" not in text and "Infinity" not in text
         (row,) = json.loads(text)
-        assert row == {"model_id": "m", "param": "bad", "frob_norm": None, "t_inf": None,
-                       "t_vector": [1.0, None, None]}
+        assert row == {"model_id": "m", "param": "bad", "ptype": "dense", "frob_norm": None,
+                       "t_inf": None, "t_vector": [1.0, None, None]}
         session.compute.apply("param_norm")
         out = session.results.export_aggregates(export_format="json", path=tmp_path / "a.json")
         assert json.loads(out.read_text())[0]["value"] is None

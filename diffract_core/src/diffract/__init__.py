@@ -15,6 +15,8 @@ __all__ = [
     "KernelApplyLevel",
     "KernelExecutionProtocol",
     "KernelSpec",
+    "ParameterOverrides",
+    "ParameterType",
     "Range",
     "Restriction",
     "Session",
@@ -28,6 +30,8 @@ _LAZY = {
     "KernelExecutionProtocol": ("diffract.core.compute._enums", "KernelExecutionProtocol"),
     "KernelSpec": ("diffract.core.compute.spec", "KernelSpec"),
     "Range": ("diffract.core.compute._domains", "Range"),
+    "ParameterOverrides": ("diffract.core.ptypes", "ParameterOverrides"),
+    "ParameterType": ("diffract.core.ptypes", "ParameterType"),
     "Restriction": ("diffract.core.compute.spec", "Restriction"),
     "kernel": ("diffract.core.compute.spec", "kernel"),
     "FieldUndefined": ("diffract.errors", "FieldUndefined"),
@@ -37,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from diffract.core.compute._domains import Range
     from diffract.core.compute._enums import KernelApplyLevel, KernelExecutionProtocol
     from diffract.core.compute.spec import KernelSpec, Restriction, kernel
+    from diffract.core.ptypes import ParameterOverrides, ParameterType
     from diffract.errors import FieldUndefined
     from diffract.session import Session
 

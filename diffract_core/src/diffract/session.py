@@ -15,9 +15,7 @@ configuration are process-global (see :mod:`diffract.core.compute.registry`).
 from __future__ import annotations
 
 import itertools
-import json
 import logging
-import math
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,13 +28,15 @@ import attrs
 from diffract.config import Config, load_config
 from diffract.core.cache import CacheManager
 from diffract.core.compute.execution import ApplyReport, Progress, Runner
-from diffract.core.compute.planner import downstream_fields, make_plan
+from diffract.core.compute.planner import make_plan
 from diffract.core.compute.registry import SESSION_PROVIDER, KernelRegistry
-from diffract.core.compute.spec import SOURCE_FIELDS, KernelOptions, KernelSpec
+from diffract.core.compute.spec import KernelOptions, KernelSpec
 from diffract.core.compute.staleness import find_stale
 from diffract.core.executors import ExecutorHandle
-from diffract.core.models import read_model
-from diffract.core.storage.base import Note, Store, contextual_name, split_contextual
+from diffract.core.models import apply_overrides, read_model
+from diffract.core.ptypes import ParameterOverrides
+from diffract.core.scope import Scope, ScopedAPI
+from diffract.core.storage.base import Store
 from diffract.errors import (
     ApplyError,
     ConfigError,
@@ -49,11 +49,10 @@ from diffract.errors import (
     ScopeValidationError,
     StorageError,
     UnknownExecutorError,
-    UnknownFieldError,
-    UnknownFormatError,
     UnknownModelError,
     UnknownProfileError,
 )
+from diffract.results import ResultsAPI
 
 __all__ = ["ScopeValidationError", "Session", "SessionView"]
 
@@ -110,8 +109,8 @@ class Session:
         self._lock = threading.RLock()
         self._threads: ThreadPoolExecutor | None = None
         self.models = ModelsAPI(self)
-        self.compute = ComputeAPI(self, None)
-        self.results = ResultsAPI(self, None)
+        self.compute = ComputeAPI(self)
+        self.results = ResultsAPI(self)
 
     def _executor_handle(
         self, catalog: Any, name: str | None, options: Mapping[str, Any] | None
@@ -182,9 +181,23 @@ class Session:
         """Every model in the session, in insertion order."""
         return self.store.model_ids()
 
-    def filter(self, model_ids: Sequence[str]) -> SessionView:
-        """A view scoped to ``model_ids`` (in that order), with compute and results."""
-        return SessionView(self, self._check_ids(model_ids))
+    def filter(
+        self,
+        model_ids: Sequence[str] | str | None = None,
+        *,
+        param_names: Sequence[str] | str | None = None,
+        param_types: Sequence[Any] | Any | None = None,
+        param_ids: Sequence[str] | str | None = None,
+    ) -> SessionView:
+        """A view of some models (in that order) and, within them, some parameters, with
+        the same ``compute`` and ``results`` API; chain ``filter`` calls to narrow it.
+
+        ``param_names`` match exactly, as globs (``"*.attention.*"``) or as regular
+        expressions (``"re:..."``); ``param_types`` are ParameterType values or strings;
+        ``param_ids`` are ``"model_id/param_name"``. See :mod:`diffract.core.scope`.
+        """
+        ids = self._check_ids(model_ids) if model_ids is not None else None
+        return SessionView(self, Scope().narrow(ids, param_names, param_types, param_ids))
 
     def _check_ids(self, model_ids: Sequence[str]) -> tuple[str, ...]:
         if isinstance(model_ids, str):
@@ -228,26 +241,59 @@ class Session:
 
 
 class SessionView:
-    """A session scoped to some models; ``compute`` and ``results`` act on them only."""
+    """A session seen through a :class:`~diffract.core.scope.Scope`: ``compute`` and
+    ``results`` act on its models and parameters only. Usable as a context manager
+    (leaving it does not close the session); ``filter`` narrows it further."""
 
-    def __init__(self, session: Session, model_ids: tuple[str, ...]) -> None:
+    def __init__(self, session: Session, scope: Scope) -> None:
         self.session = session
-        self.model_ids = list(model_ids)
-        self.compute = ComputeAPI(session, model_ids)
-        self.results = ResultsAPI(session, model_ids)
+        self.scope = scope
+        self.compute = ComputeAPI(session, scope)
+        self.results = ResultsAPI(session, scope)
 
-    def filter(self, model_ids: Sequence[str]) -> SessionView:
-        ids = self.session._check_ids(model_ids)
-        outside = [m for m in ids if m not in self.model_ids]
-        if outside:
-            raise UnknownModelError(
-                f"Model id(s) {outside} are outside this view's scope {self.model_ids}.",
-                model_id=outside[0],
-            )
-        return SessionView(self.session, ids)
+    @property
+    def model_ids(self) -> list[str]:
+        """The models in this view, in its order."""
+        return self.scope.model_ids(self.session.store)
+
+    def filter(
+        self,
+        model_ids: Sequence[str] | str | None = None,
+        *,
+        param_names: Sequence[str] | str | None = None,
+        param_types: Sequence[Any] | Any | None = None,
+        param_ids: Sequence[str] | str | None = None,
+    ) -> SessionView:
+        """This view narrowed by more filters (see :meth:`Session.filter`)."""
+        ids = None
+        if model_ids is not None:
+            ids = self.session._check_ids(model_ids)
+            outside = [m for m in ids if m not in self.model_ids]
+            if outside:
+                raise UnknownModelError(
+                    f"Model id(s) {outside} are outside this view's scope {self.model_ids}.",
+                    model_id=outside[0],
+                )
+        return SessionView(self.session,
+                           self.scope.narrow(ids, param_names, param_types, param_ids))
+
+    def __enter__(self) -> SessionView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
     def __repr__(self) -> str:
-        return f"SessionView(model_ids={self.model_ids!r})"
+        return f"SessionView({self.scope.describe()})"
+
+
+def _check_model_id(model_id: Any) -> None:
+    if not isinstance(model_id, str) or not model_id or any(c in model_id for c in ",[]@/"):
+        raise ModelError(
+            f"model_id must be a non-empty string without ',', '[', ']', '@' or '/' (they "
+            f"delimit contextual field names and parameter ids), got {model_id!r}.",
+            model_id=str(model_id),
+        )
 
 
 class ModelsAPI:
@@ -256,7 +302,14 @@ class ModelsAPI:
     def __init__(self, session: Session) -> None:
         self._session = session
 
-    def add(self, model: Any, model_id: str, *, copy_weights: bool = True) -> list[str]:
+    def add(
+        self,
+        model: Any,
+        model_id: str,
+        *,
+        copy_weights: bool = True,
+        parameter_overrides: Mapping[str, ParameterOverrides] | None = None,
+    ) -> list[str]:
         """Add a torch module, a state dict, a checkpoint file or a Hugging Face-style
         checkpoint directory under ``model_id``.
 
@@ -265,15 +318,12 @@ class ModelsAPI:
         them after a reopen; ``copy_weights=False`` opts out (fields that need the
         weights are then skipped after a reopen, with that reason). Files are never
         copied: they are read again, after checking they did not change.
+        ``parameter_overrides`` maps a parameter's name to a
+        :class:`~diffract.ParameterOverrides`: a new name, a type, metadata.
         Raises DuplicateModelError, EmptyModelError or ModelSourceError; on any error
         nothing is added.
         """
-        if not isinstance(model_id, str) or not model_id or any(c in model_id for c in ",[]@"):
-            raise ModelError(
-                f"model_id must be a non-empty string without ',', '[', ']' or '@' (they "
-                f"delimit contextual field names), got {model_id!r}.",
-                model_id=str(model_id),
-            )
+        _check_model_id(model_id)
         store = self._session.store
         with self._session._lock:
             if model_id in store.model_ids():
@@ -283,17 +333,63 @@ class ModelsAPI:
                     model_id=model_id,
                 )
             opened = read_model(model, model_id)
+            if parameter_overrides:
+                opened = apply_overrides(opened, parameter_overrides)
             store.add_model(model_id, opened.infos, opened.source, opened.load, opened.raw,
                             copy_weights=copy_weights)
         return [i.name for i in opened.infos]
 
-    def ids(self) -> list[str]:
+    @property
+    def model_ids(self) -> list[str]:
+        """Every model id, in the order they were added (as ``session.model_ids``)."""
         return self._session.store.model_ids()
 
     def params(self, model_id: str) -> list[Any]:
-        """ParamInfo records (name, shape, dtype) of one model."""
+        """ParamInfo records (name, shape, dtype, ptype, meta) of one model."""
         self._session._check_ids([model_id])
         return self._session.store.params(model_id)
+
+    def list(self) -> list[dict[str, Any]]:
+        """One record per model: id, number of parameters and of their elements, the
+        parameter types present, and where its weights come from."""
+        store = self._session.store
+        out = []
+        for model_id in store.model_ids():
+            params = store.params(model_id)
+            try:
+                source = store.source(model_id)
+                where = source.path or source.description or source.kind
+            except (KeyError, NotImplementedError):
+                where = "?"
+            out.append({
+                "model_id": model_id,
+                "params": len(params),
+                "numel": sum(p.numel for p in params),
+                "ptypes": sorted({p.ptype for p in params}),
+                "source": where,
+            })
+        return out
+
+    def rename(self, old: str, new: str) -> None:
+        """Give model ``old`` the id ``new``: its parameters, fields, notes and every
+        aggregate that names it follow (contextual names are rewritten)."""
+        session = self._session
+        session._check_ids([old])
+        _check_model_id(new)
+        with session._lock:
+            if new in session.store.model_ids():
+                raise DuplicateModelError(
+                    f"Cannot rename {old!r} to {new!r}: a model {new!r} is already in this "
+                    "session. Erase or rename that one first.", model_id=new)
+            session.store.rename_model(old, new)
+
+    def erase(self, model_id: str) -> None:
+        """Remove a model, its fields and notes, and every aggregate that involves it
+        (pairs included). Its files, if any, are not touched."""
+        session = self._session
+        session._check_ids([model_id])
+        with session._lock:
+            session.store.erase_model(model_id)
 
     def __len__(self) -> int:
         return len(self._session.store.model_ids())
@@ -302,18 +398,7 @@ class ModelsAPI:
         return model_id in self._session.store.model_ids()
 
 
-class _Scoped:
-    """An API bound to a session and a scope (None: every model of the session)."""
-
-    def __init__(self, session: Session, scope: tuple[str, ...] | None) -> None:
-        self._session = session
-        self._scope = scope
-
-    def _scope_ids(self) -> list[str]:
-        return list(self._scope) if self._scope is not None else self._session.store.model_ids()
-
-
-class ComputeAPI(_Scoped):
+class ComputeAPI(ScopedAPI):
     """``session.compute``: apply fields, configure and register kernels."""
 
     def apply(
@@ -364,7 +449,8 @@ class ComputeAPI(_Scoped):
             forced = frozenset(
                 u.key for u in find_stale(registry, session.store, scope, list(fields))
             )
-        plan = make_plan(list(fields), registry, session.store, scope, forced)
+        keep = None if self._scope.whole_models else self._scope.keeps
+        plan = make_plan(list(fields), registry, session.store, scope, forced, keep)
         for field, kernel_name, siblings in plan.partial:
             warnings.warn(
                 PartialOutputWarning(
@@ -432,7 +518,7 @@ class ComputeAPI(_Scoped):
         for a, b in chosen:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
-                report = ComputeAPI(self._session, (a, b)).apply(
+                report = ComputeAPI(self._session, self._scope.narrow((a, b))).apply(
                     *fields, errors="record", recompute=recompute
                 )
             reports[(a, b)] = report
@@ -505,217 +591,3 @@ class ComputeAPI(_Scoped):
             return fn
 
         return register
-
-
-_FORMATS = ("dict", "pandas", "csv", "json")
-
-
-def _plain(value: Any) -> Any:
-    """A JSON-friendly form of a stored value: arrays and tuples as lists, NaN and
-    infinities as None (JSON has no such numbers)."""
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-class ResultsAPI(_Scoped):
-    """``session.results``: export metrics and aggregates, erase fields, read notes."""
-
-    def _check_format(self, export_format: str) -> None:
-        if export_format not in _FORMATS:
-            raise UnknownFormatError(export_format, _FORMATS)
-
-    def _known_fields(self) -> set[str]:
-        store = self._session.store
-        stored = set().union(*(store.fields(m) for m in store.model_ids()), set())
-        stored |= {split_contextual(n)[0] for n in store.aggregate_names()}
-        return set(self._session.registry.fields()) | stored
-
-    def export_metrics(
-        self, *fields: str, export_format: str = "dict", path: str | Path | None = None
-    ) -> Any:
-        """Per-parameter values of ``fields`` (all stored fields when none are named).
-
-        ``dict``: ``{model_id: {param: {field: value}}}``; ``pandas``: one row per
-        (model_id, param), one column per field (NaN where absent); ``csv``/``json``:
-        written to ``path`` when given, returned as text otherwise.
-        """
-        self._check_format(export_format)
-        store = self._session.store
-        models = self._scope_ids()
-        if fields:
-            known = self._known_fields()
-            for f in fields:
-                if f not in known:
-                    raise UnknownFieldError(f, known, action="to export")
-            names = list(fields)
-        else:
-            names = sorted(set().union(*(store.fields(m) for m in models), set()) - SOURCE_FIELDS)
-        table: dict[str, dict[str, dict[str, Any]]] = {}
-        for m in models:
-            present = {f: store.present(m, f) for f in names}
-            rows: dict[str, dict[str, Any]] = {}
-            for info in store.params(m):
-                row = {f: store.read(m, info.name, f) for f in names if info.name in present[f]}
-                if row:
-                    rows[info.name] = row
-            table[m] = rows
-        if export_format == "dict":
-            return table
-        records = [
-            {"model_id": m, "param": p, **row}
-            for m, rows in table.items()
-            for p, row in rows.items()
-        ]
-        return self._emit(records, ["model_id", "param", *names], export_format, path)
-
-    def export_aggregates(
-        self, *fields: str, export_format: str = "dict", path: str | Path | None = None
-    ) -> Any:
-        """Aggregates (IN_MODEL and CROSS_MODEL fields) within scope.
-
-        A name matches its base (``total_frob_norm`` matches every
-        ``total_frob_norm@models[...]...``) or one contextual name exactly. ``dict``:
-        ``{contextual_name: value}``; ``pandas``: columns name, field, models, param, value.
-        """
-        self._check_format(export_format)
-        store = self._session.store
-        scope = set(self._scope_ids())
-        names = store.aggregate_names()
-        if fields:
-            known = self._known_fields()
-            for f in fields:
-                if "@" not in f and f not in known:
-                    raise UnknownFieldError(f, known, action="to export")
-        selected = {}
-        for name in names:
-            base, models, _ = split_contextual(name)
-            if not set(models) <= scope:
-                continue
-            if fields and not any(f == name or f == base for f in fields):
-                continue
-            selected[name] = store.read_aggregate(name)
-        if export_format == "dict":
-            return selected
-        records = []
-        for name, value in selected.items():
-            base, models, param = split_contextual(name)
-            records.append(
-                {"name": name, "field": base, "models": ",".join(models), "param": param,
-                 "value": value}
-            )
-        columns = ["name", "field", "models", "param", "value"]
-        return self._emit(records, columns, export_format, path)
-
-    def export_notes(self, export_format: str = "dict") -> Any:
-        """Why units were skipped, left undefined (NaN) or failed, within scope."""
-        self._check_format(export_format)
-        scope = set(self._scope_ids())
-        notes: list[Note] = [n for n in self._session.store.notes() if set(n.models) <= scope]
-        records = [
-            {"kernel": n.kernel, "unit": n.unit, "kind": n.kind, "reason": n.reason} for n in notes
-        ]
-        if export_format == "dict":
-            return records
-        return self._emit(records, ["kernel", "unit", "kind", "reason"], export_format, None)
-
-    def stale(self, *fields: str, export_format: str = "dict") -> Any:
-        """Stored results that no longer match the current configuration, in scope.
-
-        A unit is stale when its kernel's configuration changed since it was computed,
-        or when an input it was computed from is stale or was recomputed after it. With
-        ``fields``, only those and their dependencies are checked. One record per kernel
-        and unit: kernel, fields, unit and reason. ``apply(..., recompute="stale")``
-        recomputes them.
-        """
-        self._check_format(export_format)
-        session = self._session
-        names = list(fields) if fields else None
-        if names:
-            known = self._known_fields()
-            for f in names:
-                if f not in known:
-                    raise UnknownFieldError(f, known, action="to check")
-        units = find_stale(session.registry, session.store, self._scope_ids(), names)
-        records = [
-            {"kernel": u.kernel, "fields": list(u.fields), "unit": u.unit, "reason": u.reason}
-            for u in units
-        ]
-        if export_format == "dict":
-            return records
-        return self._emit(records, ["kernel", "fields", "unit", "reason"], export_format, None)
-
-    def provenance(self, field: str, model_id: str, param: str | None = None) -> dict | None:
-        """What produced a stored value: kernel, provider and configuration (None when
-        the value is absent or was stored without provenance). ``param`` None: the
-        model's aggregate ``field@models[model_id]``."""
-        store = self._session.store
-        if param is None:
-            stamp = store.aggregate_stamp(contextual_name(field, (model_id,)))
-        else:
-            stamp = store.stamps(model_id, field).get(param)
-        if stamp is None:
-            return None
-        p = stamp.provenance
-        return {"kernel": p.kernel, "provider": p.provider, "config": p.config_dict}
-
-    def erase(self, *fields: str, erase_dependent_also: bool = False) -> int:
-        """Erase stored ``fields`` for the models in scope; returns how many values went.
-
-        With ``erase_dependent_also``, every field computed from them downstream is erased
-        too. Erase a multi-output kernel's fields as a group: a unit is recomputed only
-        when all of its kernel's outputs are absent.
-        """
-        if not fields:
-            raise InvalidArgumentError("erase() needs at least one field name.")
-        registry = self._session.registry
-        known = self._known_fields()
-        for f in fields:
-            if f in SOURCE_FIELDS:
-                raise InvalidArgumentError(
-                    f"Field {f!r} holds the model's weights and cannot be erased; open a "
-                    "new session without the model instead."
-                )
-            if f not in known:
-                raise UnknownFieldError(f, known, action="to erase")
-        targets = set(fields)
-        if erase_dependent_also:
-            targets |= downstream_fields(fields, registry)
-        kernels = {s.name for f in targets if (s := registry.producer(f)) is not None}
-        with self._session._lock:
-            return self._session.store.erase(targets, self._scope_ids(), kernels)
-
-    # -- output -------------------------------------------------------------------
-    @staticmethod
-    def _emit(records: list[dict], columns: list[str], fmt: str, path: str | Path | None) -> Any:
-        if fmt == "pandas":
-            try:
-                import pandas as pd
-            except ImportError:
-                raise DiffractError(
-                    "export_format='pandas' needs pandas: pip install 'diffract-core[pandas]'."
-                ) from None
-            return pd.DataFrame.from_records(records, columns=columns)
-        if fmt == "json":
-            text = json.dumps(
-                [{k: _plain(v) for k, v in r.items()} for r in records], indent=1, allow_nan=False
-            )
-        else:
-            import csv
-            import io
-
-            buf = io.StringIO()
-            writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
-            writer.writeheader()
-            for r in records:
-                writer.writerow({k: (v if not hasattr(v, "shape") or v.shape == () else
-                                     json.dumps(_plain(v))) for k, v in r.items()})
-            text = buf.getvalue()
-        if path is None:
-            return text
-        Path(path).write_text(text)
-        return Path(path)

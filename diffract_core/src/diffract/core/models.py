@@ -41,6 +41,7 @@ import attrs
 import numpy as np
 
 from diffract.core._safetensors import SafetensorsError, SafetensorsFile
+from diffract.core.ptypes import infer_type, module_types
 from diffract.core.sources import FileIdentity, ModelSource
 from diffract.core.storage.base import ParamInfo
 from diffract.errors import EmptyModelError, ModelSourceError
@@ -107,7 +108,8 @@ def _is_float(value: Any) -> bool:
     return bool(value.dtype.is_floating_point)
 
 
-def _from_mapping(model_id: str, mapping: Mapping[str, Any], description: str) -> OpenedModel:
+def _from_mapping(model_id: str, mapping: Mapping[str, Any], description: str,
+                  modules: Mapping[str, str] | None = None) -> OpenedModel:
     torch_mod = sys.modules.get("torch")
     bad = sorted(
         str(k)
@@ -129,9 +131,11 @@ def _from_mapping(model_id: str, mapping: Mapping[str, Any], description: str) -
             model_id=model_id,
         )
     kept = {str(k): v for k, v in mapping.items() if _is_float(v)}
+    modules = modules or {}
     infos = [
         ParamInfo(model_id, name, tuple(v.shape),
-                  str(v.dtype) if isinstance(v, np.ndarray) else _torch_dtype_name(v))
+                  str(v.dtype) if isinstance(v, np.ndarray) else _torch_dtype_name(v),
+                  infer_type(name, tuple(v.shape), modules.get(name)))
         for name, v in kept.items()
     ]
 
@@ -324,7 +328,7 @@ def _from_files(model_id: str, given: Path) -> OpenedModel:
             if name in where:
                 raise _file_error(model_id, path, f"parameter {name!r} appears in two files")
             where[name] = index
-            infos.append(ParamInfo(model_id, name, shape, dtype))
+            infos.append(ParamInfo(model_id, name, shape, dtype, infer_type(name, shape)))
         readers.append(reader)
     source = ModelSource(
         kind=kind, format=fmt, path=str(given.resolve()),
@@ -356,7 +360,53 @@ def open_source(source: ModelSource, model_id: str) -> tuple[Loader, Loader]:
     if not source.is_file_backed:
         raise ValueError(f"open_source needs a file-backed source, got kind {source.kind!r}")
     readers = [_Reader(identity, source.format or "", model_id) for identity in source.files]
-    return _loaders(readers, dict(source.weight_map))
+    load, raw = _loaders(readers, dict(source.weight_map))
+    if not source.renames:
+        return load, raw
+    renamed = dict(source.renames)
+    return (lambda name: load(renamed.get(name, name)),
+            lambda name: raw(renamed.get(name, name)))
+
+
+def apply_overrides(opened: OpenedModel, overrides: Mapping[str, Any]) -> OpenedModel:
+    """The model with :class:`~diffract.core.ptypes.ParameterOverrides` applied: renamed
+    parameters (the loaders still read the original names), types and metadata."""
+    from diffract.core.ptypes import ParameterOverrides
+
+    names = [i.name for i in opened.infos]
+    unknown = sorted(set(overrides) - set(names))
+    if unknown:
+        raise ModelSourceError(
+            f"parameter_overrides name parameter(s) the model does not have: {unknown[:10]}. "
+            f"Its parameters include {names[:5]}.", model_id=opened.infos[0].model_id)
+    renamed: dict[str, str] = {}
+    infos = []
+    for info in opened.infos:
+        ov = overrides.get(info.name)
+        if ov is None:
+            infos.append(info)
+            continue
+        if not isinstance(ov, ParameterOverrides):
+            raise ModelSourceError(
+                f"parameter_overrides[{info.name!r}] must be a ParameterOverrides, got "
+                f"{type(ov).__name__}.", model_id=info.model_id)
+        new = ov.name or info.name
+        if new != info.name:
+            renamed[new] = info.name
+        infos.append(attrs.evolve(info, name=new, ptype=ov.ptype or info.ptype,
+                                  meta=ov.meta or info.meta))
+    final = [i.name for i in infos]
+    clashes = sorted({n for n in final if final.count(n) > 1})
+    if clashes:
+        raise ModelSourceError(f"parameter_overrides would give two parameters the name(s) "
+                               f"{clashes}.", model_id=infos[0].model_id)
+    if not renamed:
+        return attrs.evolve(opened, infos=infos)
+    load, raw = opened.load, opened.raw
+    source = attrs.evolve(opened.source, renames=tuple(sorted(renamed.items())))
+    return attrs.evolve(opened, infos=infos, source=source,
+                        load=lambda name: load(renamed.get(name, name)),
+                        raw=lambda name: raw(renamed.get(name, name)))
 
 
 def read_model(source: Any, model_id: str) -> OpenedModel:
@@ -365,7 +415,8 @@ def read_model(source: Any, model_id: str) -> OpenedModel:
         opened = _from_files(model_id, Path(source))
     elif _is_torch_module(source):
         kind = f"{type(source).__module__}.{type(source).__qualname__}"
-        opened = _from_mapping(model_id, dict(source.named_parameters()), f"torch module {kind}")
+        opened = _from_mapping(model_id, dict(source.named_parameters()), f"torch module {kind}",
+                               module_types(source))
     elif isinstance(source, Mapping):
         opened = _from_mapping(model_id, source, "state dict")
     else:

@@ -110,6 +110,8 @@ class ModelSource:
     files: tuple[FileIdentity, ...] = ()
     weight_map: tuple[tuple[str, int], ...] = ()
     description: str = ""
+    #: (name in the session, name in the files) of parameters renamed at add time
+    renames: tuple[tuple[str, str], ...] = ()
 
     @property
     def is_file_backed(self) -> bool:
@@ -124,6 +126,7 @@ class ModelSource:
         data = json.loads(text)
         data["files"] = tuple(FileIdentity(**f) for f in data.get("files", ()))
         data["weight_map"] = tuple(tuple(pair) for pair in data.get("weight_map", ()))
+        data["renames"] = tuple(tuple(pair) for pair in data.get("renames", ()))
         return cls(**data)
 
     def changed_files(self) -> list[str]:

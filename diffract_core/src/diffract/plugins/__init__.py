@@ -25,6 +25,7 @@ from diffract.core.storage.base import (
     Stamp,
     Store,
     contextual_name,
+    rename_in_contextual,
     split_contextual,
     storable_problem,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "Store",
     "WeightsUnavailableError",
     "contextual_name",
+    "rename_in_contextual",
     "split_contextual",
     "storable_problem",
     "DiffractPluginManager",

@@ -5,7 +5,8 @@ version runs the migrations in order inside one transaction; a store of a newer 
 (written by a newer diffract-storage-local) is refused with what to do.
 
 History: version 1 kept values without provenance; version 2 adds the ``provenance``
-table and each value's producing configuration (``prov``) and commit number (``seq``).
+table and each value's producing configuration (``prov``) and commit number (``seq``);
+version 3 adds each parameter's type (``ptype``) and metadata (``meta``, JSON).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sqlite3
 
 __all__ = ["SCHEMA_VERSION", "create", "migrate", "version_of"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: Version 1, kept to test and document the migration path.
 V1 = """
@@ -52,7 +53,13 @@ ALTER TABLE aggregates ADD COLUMN prov INTEGER;
 ALTER TABLE aggregates ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
 """
 
-MIGRATIONS = {1: V1_TO_V2}
+#: From version 2 to 3: parameter types and metadata.
+V2_TO_V3 = """
+ALTER TABLE params ADD COLUMN ptype TEXT NOT NULL DEFAULT 'unknown';
+ALTER TABLE params ADD COLUMN meta TEXT NOT NULL DEFAULT '[]';
+"""
+
+MIGRATIONS = {1: V1_TO_V2, 2: V2_TO_V3}
 
 
 def version_of(db: sqlite3.Connection) -> int | None:

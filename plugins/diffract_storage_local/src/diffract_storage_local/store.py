@@ -49,6 +49,7 @@ from diffract.plugins import (
     Store,
     WeightsUnavailableError,
     open_model_source,
+    rename_in_contextual,
     split_contextual,
 )
 from diffract_storage_local import _codec, _schema
@@ -340,8 +341,9 @@ class LocalStore(Store):
                     "SELECT COALESCE(MAX(position), 0) + 1 FROM models").fetchone()[0]
                 db.execute("INSERT INTO models VALUES (?, ?, ?, ?)",
                            (model_id, position, source.to_json(), int(copy)))
-                db.executemany("INSERT INTO params VALUES (?, ?, ?, ?, ?)", [
-                    (model_id, p.name, i, json.dumps(list(p.shape)), p.dtype)
+                db.executemany("INSERT INTO params VALUES (?, ?, ?, ?, ?, ?, ?)", [
+                    (model_id, p.name, i, json.dumps(list(p.shape)), p.dtype, p.ptype,
+                     json.dumps([list(kv) for kv in p.meta]))
                     for i, p in enumerate(params)
                 ])
                 db.executemany("INSERT INTO weights VALUES (?, ?, ?, ?, ?, ?)", rows)
@@ -359,13 +361,14 @@ class LocalStore(Store):
         if model_id not in self._params:  # a model's parameters never change
             with self._lock:
                 rows = self.db.execute(
-                    "SELECT name, shape, dtype FROM params WHERE model_id = ? ORDER BY position",
-                    (model_id,)).fetchall()
+                    "SELECT name, shape, dtype, ptype, meta FROM params WHERE model_id = ? "
+                    "ORDER BY position", (model_id,)).fetchall()
             if not rows and model_id not in self.model_ids():
                 raise KeyError(model_id)
             self._params[model_id] = [
-                ParamInfo(model_id, name, tuple(json.loads(shape)), dtype)
-                for name, shape, dtype in rows
+                ParamInfo(model_id, name, tuple(json.loads(shape)), dtype, ptype,
+                          tuple(tuple(kv) for kv in json.loads(meta)))
+                for name, shape, dtype, ptype, meta in rows
             ]
         return list(self._params[model_id])
 
@@ -556,6 +559,83 @@ class LocalStore(Store):
             self._unlink(written)
             raise
         self._unlink(replaced)
+
+    def erase_values(self, values: Iterable[tuple[str, str, str]], aggregates: Iterable[str] = (),
+                     notes: Iterable[tuple[str, tuple[str, ...], str | None]] = ()) -> int:
+        gone: list[str] = []
+        erased = 0
+        with self._lock, self._transaction() as db:
+            for model_id, param, field in values:
+                row = db.execute("SELECT file FROM field_values WHERE model_id = ? AND "
+                                 "field = ? AND param = ?", (model_id, field, param)).fetchone()
+                if row is None:
+                    continue
+                erased += 1
+                if row[0]:
+                    gone.append(row[0])
+                db.execute("DELETE FROM field_values WHERE model_id = ? AND field = ? AND "
+                           "param = ?", (model_id, field, param))
+            for name in aggregates:
+                row = db.execute("SELECT file FROM aggregates WHERE name = ?", (name,)).fetchone()
+                if row is None:
+                    continue
+                erased += 1
+                if row[0]:
+                    gone.append(row[0])
+                db.execute("DELETE FROM aggregates WHERE name = ?", (name,))
+            for kernel, models, param in notes:
+                db.execute("DELETE FROM notes WHERE kernel = ? AND models = ? AND param = ?",
+                           (kernel, ",".join(models), param or ""))
+        self._unlink(gone)
+        return erased
+
+    def rename_model(self, old: str, new: str) -> None:
+        with self._lock, self._transaction() as db:
+            if db.execute("SELECT 1 FROM models WHERE model_id = ?", (new,)).fetchone():
+                raise KeyError(f"model {new!r} exists")
+            for table in ("models", "params", "weights", "field_values"):
+                db.execute(f"UPDATE {table} SET model_id = ? WHERE model_id = ?",  # noqa: S608
+                           (new, old))
+            for name, models_text in db.execute("SELECT name, models FROM aggregates").fetchall():
+                models = models_text.split(",")
+                if old in models:
+                    renamed = rename_in_contextual(name, old, new)
+                    db.execute("UPDATE aggregates SET name = ?, models = ? WHERE name = ?",
+                               (renamed, ",".join(new if m == old else m for m in models), name))
+            for kernel, models_text, param in db.execute(
+                    "SELECT kernel, models, param FROM notes").fetchall():
+                models = models_text.split(",")
+                if old in models:
+                    db.execute("UPDATE notes SET models = ? WHERE kernel = ? AND models = ? AND "
+                               "param = ?", (",".join(new if m == old else m for m in models),
+                                             kernel, models_text, param))
+        if old in self._loaders:
+            self._loaders[new] = self._loaders.pop(old)
+        self._params.pop(old, None)
+
+    def erase_model(self, model_id: str) -> None:
+        gone: list[str] = []
+        with self._lock, self._transaction() as db:
+            for table in ("weights", "field_values"):
+                gone += [r[0] for r in db.execute(
+                    f"SELECT file FROM {table} WHERE model_id = ? AND file IS NOT NULL",  # noqa: S608
+                    (model_id,))]
+            for table in ("models", "params", "weights", "field_values"):
+                db.execute(f"DELETE FROM {table} WHERE model_id = ?", (model_id,))  # noqa: S608
+            for name, models_text, file in db.execute(
+                    "SELECT name, models, file FROM aggregates").fetchall():
+                if model_id in models_text.split(","):
+                    db.execute("DELETE FROM aggregates WHERE name = ?", (name,))
+                    if file:
+                        gone.append(file)
+            for kernel, models_text, param in db.execute(
+                    "SELECT kernel, models, param FROM notes").fetchall():
+                if model_id in models_text.split(","):
+                    db.execute("DELETE FROM notes WHERE kernel = ? AND models = ? AND param = ?",
+                               (kernel, models_text, param))
+        self._loaders.pop(model_id, None)
+        self._params.pop(model_id, None)
+        self._unlink(gone)
 
     def erase(self, fields: Iterable[str], model_ids: Iterable[str],
               kernels: Iterable[str] = ()) -> int:

@@ -9,7 +9,7 @@ sizes are known only when the step starts).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
@@ -19,6 +19,7 @@ from diffract.core.compute.spec import SOURCE_FIELDS, KernelSpec
 from diffract.core.storage.base import ParamInfo, Store, contextual_name
 from diffract.errors import (
     DependencyCycleError,
+    InvalidArgumentError,
     MissingProducerError,
     ScopeValidationError,
     UnknownFieldError,
@@ -184,16 +185,27 @@ def make_plan(
     store: Store,
     scope: Sequence[str],
     forced: frozenset[tuple[str, tuple[str, ...], str | None]] = frozenset(),
+    keep: Callable[[ParamInfo], bool] | None = None,
 ) -> Plan:
     """Resolve, validate the scope and select pending units by field presence.
 
     A unit is pending for a kernel only when *all* the kernel's outputs are absent
     there, or when ``forced`` names it ((kernel, models, param): stale units to
     recompute); restrictions move pending parameters to ``Step.skipped`` with their
-    reason.
+    reason. ``keep`` limits the parameters planned (a view's parameter filters);
+    kernels over a whole model (IN_MODEL) then refuse to run, since they would
+    summarise only part of it under the model's name.
     """
     kernels = resolve(fields, registry)
     validate_scope(fields, registry, scope)
+    if keep is not None:
+        whole = [s.name for s in kernels if s.apply_level is KernelApplyLevel.IN_MODEL]
+        if whole:
+            raise InvalidArgumentError(
+                f"Kernel(s) {whole} summarise whole models, but this view filters their "
+                "parameters: the result would describe part of a model under the model's "
+                "name. Apply them on a view of whole models (session.filter(model_ids=...))."
+            )
     requested = set(fields)
     steps: list[Step] = []
     partial: dict[tuple[str, str], set[str]] = {}
@@ -213,6 +225,8 @@ def make_plan(
                             s for s in outputs if s != f
                         )
                 for info in store.params(model_id):
+                    if keep is not None and not keep(info):
+                        continue
                     if info.name in any_out and (spec.name, (model_id,), info.name) not in forced:
                         continue
                     unit = Unit((model_id,), info.name)
@@ -230,6 +244,8 @@ def make_plan(
             a, b = scope
             in_b = {p.name: p for p in store.params(b)}
             for info in store.params(a):
+                if keep is not None and not keep(info):
+                    continue
                 unit = Unit((a, b), info.name)
                 if info.name not in in_b:
                     skipped.append((unit, f"parameter {info.name!r} is not in model {b!r}"))

@@ -36,6 +36,7 @@ __all__ = [
     "Store",
     "contextual_name",
     "estimate_nbytes",
+    "rename_in_contextual",
     "split_contextual",
     "storable_problem",
 ]
@@ -49,12 +50,20 @@ STORABLE_TYPES = (
 
 @attrs.frozen
 class ParamInfo:
-    """One parameter of one model: name, shape and dtype (as a numpy-style string)."""
+    """One parameter of one model: name, shape, dtype (as a numpy-style string), its
+    type (a :class:`~diffract.core.ptypes.ParameterType` value or a user's string) and
+    metadata exports carry (JSON values, sorted ``(key, value)`` pairs)."""
 
     model_id: str
     name: str
     shape: tuple[int, ...]
     dtype: str
+    ptype: str = "unknown"
+    meta: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def meta_dict(self) -> dict[str, Any]:
+        return dict(self.meta)
 
     @property
     def numel(self) -> int:
@@ -170,6 +179,14 @@ def split_contextual(name: str) -> tuple[str, tuple[str, ...], str | None]:
         return name, (), None
     models = tuple(x for x in m["models"].split(",") if x)
     return m["field"], models, m["param"]
+
+
+def rename_in_contextual(name: str, old: str, new: str) -> str:
+    """A contextual name with model id ``old`` replaced by ``new``."""
+    field, models, param = split_contextual(name)
+    if not models:
+        return name
+    return contextual_name(field, tuple(new if m == old else m for m in models), param)
 
 
 def estimate_nbytes(value: Any) -> int:
@@ -306,6 +323,26 @@ class Store(abc.ABC):
         """Erase per-parameter values and aggregates of ``fields`` for the models (an
         aggregate is erased when all its models are among ``model_ids``), and the notes
         of ``kernels`` for those models. Returns how many values were erased."""
+
+    def erase_values(
+        self,
+        values: Iterable[tuple[str, str, str]],
+        aggregates: Iterable[str] = (),
+        notes: Iterable[tuple[str, tuple[str, ...], str | None]] = (),
+    ) -> int:
+        """Erase single per-parameter values ``(model_id, param, field)``, aggregates by
+        contextual name and notes by key, at once; returns how many values went."""
+        raise NotImplementedError(f"{type(self).__name__} cannot erase single values")
+
+    def rename_model(self, old: str, new: str) -> None:
+        """Give model ``old`` the id ``new`` everywhere: its parameters, values, the
+        aggregates and notes that name it (one atomic change)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot rename models")
+
+    def erase_model(self, model_id: str) -> None:
+        """Remove a model with its values, and every aggregate and note that involves
+        it (one atomic change)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot erase models")
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (files, handles). The default does nothing."""

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 
 from diffract.core.sources import ModelSource
@@ -22,6 +23,7 @@ from diffract.core.storage.base import (
     Stamp,
     Store,
     estimate_nbytes,
+    rename_in_contextual,
     split_contextual,
 )
 
@@ -130,6 +132,60 @@ class RamStore(Store):
             for key in batch.cleared_notes:
                 self._notes.pop(key, None)
             self._notes.update((note.key, note) for note in batch.notes)
+
+    def erase_values(self, values, aggregates=(), notes=()) -> int:
+        erased = 0
+        with self._lock:
+            for model_id, param, field in values:
+                per = self._values.get(model_id, {}).get(field, {})
+                if param in per:
+                    del per[param]
+                    erased += 1
+                    self._sizes.pop((model_id, param, field), None)
+                    self._stamps.pop((model_id, field, param), None)
+            for name in aggregates:
+                if self._aggregates.pop(name, None) is not None:
+                    erased += 1
+                self._agg_stamps.pop(name, None)
+            for key in notes:
+                self._notes.pop(key, None)
+        return erased
+
+    def rename_model(self, old: str, new: str) -> None:
+        with self._lock:
+            if new in self._params:
+                raise KeyError(f"model {new!r} exists")
+            for table in (self._params, self._loaders, self._raw, self._values, self._sources):
+                if old in table:
+                    table[new] = table.pop(old)
+            self._params = {m: ({p.name: attrs.evolve(p, model_id=new) for p in ps.values()}
+                                if m == new else ps) for m, ps in self._params.items()}
+            self._sizes = {((new if k[0] == old else k[0]),) + k[1:]: v
+                           for k, v in self._sizes.items()}
+            self._stamps = {((new if k[0] == old else k[0]),) + k[1:]: v
+                            for k, v in self._stamps.items()}
+            self._aggregates = {rename_in_contextual(n, old, new): v
+                                for n, v in self._aggregates.items()}
+            self._agg_stamps = {rename_in_contextual(n, old, new): v
+                                for n, v in self._agg_stamps.items()}
+            notes = {}
+            for note in self._notes.values():
+                models = tuple(new if m == old else m for m in note.models)
+                moved = attrs.evolve(note, models=models)
+                notes[moved.key] = moved
+            self._notes = notes
+
+    def erase_model(self, model_id: str) -> None:
+        with self._lock:
+            for table in (self._params, self._loaders, self._raw, self._values, self._sources):
+                table.pop(model_id, None)
+            self._sizes = {k: v for k, v in self._sizes.items() if k[0] != model_id}
+            self._stamps = {k: v for k, v in self._stamps.items() if k[0] != model_id}
+            for name in list(self._aggregates):
+                if model_id in split_contextual(name)[1]:
+                    del self._aggregates[name]
+                    self._agg_stamps.pop(name, None)
+            self._notes = {k: n for k, n in self._notes.items() if model_id not in n.models}
 
     def erase(
         self, fields: Iterable[str], model_ids: Iterable[str], kernels: Iterable[str] = ()

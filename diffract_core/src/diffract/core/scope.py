@@ -1,0 +1,116 @@
+"""What a session view covers: some models, and within them some parameters.
+
+``session.filter(model_ids=..., param_names=..., param_types=..., param_ids=...)``
+builds a :class:`Scope`; filtering a view again narrows it (every filter given must
+hold). Parameter names match:
+
+* exactly, by default (``"layer.0.weight"``);
+* as a shell-style glob when they hold ``*``, ``?`` or ``[`` (``"*.attention.*"``,
+  matched against the whole name with :func:`fnmatch.fnmatchcase`);
+* as a regular expression when they start with ``re:`` (``"re:^h\\.(0|1)\\."``,
+  searched anywhere in the name).
+
+Parameter types are :class:`~diffract.core.ptypes.ParameterType` values or strings;
+parameter ids are ``"model_id/param_name"``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from diffract.core.storage.base import ParamInfo, Store
+
+__all__ = ["Scope", "ScopedAPI", "param_id"]
+
+
+def param_id(model_id: str, name: str) -> str:
+    """The id of a parameter: ``model_id/name``."""
+    return f"{model_id}/{name}"
+
+
+def _matcher(pattern: str):
+    if pattern.startswith("re:"):
+        rx = re.compile(pattern[3:])
+        return lambda name: rx.search(name) is not None
+    if any(c in pattern for c in "*?["):
+        return lambda name: fnmatch.fnmatchcase(name, pattern)
+    return lambda name: name == pattern
+
+
+def _group(values: Any) -> tuple[str, ...] | None:
+    if values is None:
+        return None
+    if isinstance(values, str):
+        return (values,)
+    return tuple(str(v) for v in values)
+
+
+@attrs.frozen
+class Scope:
+    """Models in scope (None: all, in insertion order) and parameter filters: each
+    filter is a tuple of groups, a parameter passing a group when it matches any of its
+    entries and the filter when it passes every group (a view of a view)."""
+
+    models: tuple[str, ...] | None = None
+    names: tuple[tuple[str, ...], ...] = ()
+    types: tuple[tuple[str, ...], ...] = ()
+    ids: tuple[tuple[str, ...], ...] = ()
+
+    @property
+    def whole_models(self) -> bool:
+        """Whether every parameter of the models in scope is in scope."""
+        return not (self.names or self.types or self.ids)
+
+    def model_ids(self, store: Store) -> list[str]:
+        return list(self.models) if self.models is not None else store.model_ids()
+
+    def keeps(self, info: ParamInfo) -> bool:
+        """Whether a parameter is in scope."""
+        for group in self.names:
+            if not any(_matcher(p)(info.name) for p in group):
+                return False
+        for group in self.types:
+            if info.ptype not in group:
+                return False
+        pid = param_id(info.model_id, info.name)
+        return all(pid in group for group in self.ids)
+
+    def keeps_param(self, model_id: str, name: str, store: Store) -> bool:
+        info = next((p for p in store.params(model_id) if p.name == name), None)
+        return info is not None and self.keeps(info)
+
+    def params(self, store: Store, model_id: str) -> list[ParamInfo]:
+        return [p for p in store.params(model_id) if self.keeps(p)]
+
+    def narrow(self, models: Sequence[str] | None = None, names: Iterable[str] | None = None,
+               types: Iterable[Any] | None = None, ids: Iterable[str] | None = None) -> Scope:
+        """This scope with more filters (models replace, the others add up)."""
+        return Scope(
+            models=tuple(models) if models is not None else self.models,
+            names=self.names + ((g,) if (g := _group(names)) else ()),
+            types=self.types + ((g,) if (g := _group(types)) else ()),
+            ids=self.ids + ((g,) if (g := _group(ids)) else ()),
+        )
+
+    def describe(self) -> str:
+        parts = [f"models={list(self.models)}"] if self.models is not None else []
+        parts += [f"param_names={list(g)}" for g in self.names]
+        parts += [f"param_types={list(g)}" for g in self.types]
+        parts += [f"param_ids={list(g)}" for g in self.ids]
+        return ", ".join(parts) or "everything"
+
+
+class ScopedAPI:
+    """An API bound to a session and a :class:`Scope` (``compute``, ``results``)."""
+
+    def __init__(self, session: Any, scope: Scope | None = None) -> None:
+        self._session = session
+        self._scope = scope if scope is not None else Scope()
+
+    def _scope_ids(self) -> list[str]:
+        return self._scope.model_ids(self._session.store)

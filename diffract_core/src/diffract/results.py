@@ -1,0 +1,459 @@
+"""``session.results``: export, erase and ingest results; export formats.
+
+Formats: ``dict`` (nested, the default), ``list`` (one record per row), ``pandas``,
+``polars`` (optional: ``pip install polars``), ``csv`` and ``json`` (text, or written to
+``path``), and any registered with :func:`register_formatter`. JSON has no NaN or
+infinity: they are written as ``null``. Tabular formats carry each parameter's type and
+metadata (``ptype`` and ``meta.<key>`` columns).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from diffract.core.compute.planner import downstream_fields
+from diffract.core.compute.spec import SOURCE_FIELDS
+from diffract.core.compute.staleness import find_stale
+from diffract.core.scope import ScopedAPI
+from diffract.core.storage.base import (
+    Batch,
+    Note,
+    contextual_name,
+    split_contextual,
+    storable_problem,
+)
+from diffract.errors import (
+    DiffractError,
+    InvalidArgumentError,
+    UnknownFieldError,
+    UnknownFormatError,
+)
+
+__all__ = ["ResultsAPI", "register_formatter"]
+
+Formatter = Callable[[list[dict[str, Any]], list[str]], Any]
+_BUILTIN = ("dict", "list", "pandas", "polars", "csv", "json")
+_FORMATTERS: dict[str, Formatter] = {}
+_LOCK = threading.Lock()
+
+
+def register_formatter(name: str, fn: Formatter) -> None:
+    """Add an export format: ``fn(records, columns)`` receives the rows (dicts) and the
+    column order and returns the export (process-global, like the kernel registry)."""
+    if not isinstance(name, str) or not name or name in _BUILTIN:
+        raise InvalidArgumentError(
+            f"A formatter needs a new name, not {name!r} (built in: {list(_BUILTIN)})."
+        )
+    if not callable(fn):
+        raise InvalidArgumentError(f"Formatter {name!r} must be callable, got {fn!r}.")
+    with _LOCK:
+        _FORMATTERS[name] = fn
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-friendly form of a stored value: arrays and tuples as lists, NaN and
+    infinities as None (JSON has no such numbers)."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class ResultsAPI(ScopedAPI):
+    """``session.results``: export metrics and aggregates, erase fields, read notes,
+    bring in values computed elsewhere."""
+
+    def _check_format(self, export_format: str) -> None:
+        if export_format not in _BUILTIN and export_format not in _FORMATTERS:
+            raise UnknownFormatError(export_format, [*_BUILTIN, *_FORMATTERS])
+
+    def _known_fields(self) -> set[str]:
+        store = self._session.store
+        stored = set().union(*(store.fields(m) for m in store.model_ids()), set())
+        stored |= {split_contextual(n)[0] for n in store.aggregate_names()}
+        return set(self._session.registry.fields()) | stored
+
+    def _check_fields(self, fields: Iterable[str], action: str) -> None:
+        known = self._known_fields()
+        for f in fields:
+            if "@" not in f and f not in known:
+                raise UnknownFieldError(f, known, action=action)
+
+    # -- per-parameter metrics ------------------------------------------------------
+    def _metric_rows(self, fields: tuple[str, ...]) -> tuple[list[str], list[dict[str, Any]]]:
+        store = self._session.store
+        models = self._scope_ids()
+        if fields:
+            self._check_fields(fields, "to export")
+            names = list(fields)
+        else:
+            names = sorted(set().union(*(store.fields(m) for m in models), set()) - SOURCE_FIELDS)
+        rows = []
+        for m in models:
+            present = {f: store.present(m, f) for f in names}
+            for info in self._scope.params(store, m):
+                values = {f: store.read(m, info.name, f) for f in names
+                          if info.name in present[f]}
+                if values:
+                    rows.append({"model_id": m, "param": info.name, "ptype": info.ptype,
+                                 "meta": info.meta_dict, "values": values})
+        return names, rows
+
+    def export_metrics(
+        self, *fields: str, export_format: str = "dict", path: str | Path | None = None
+    ) -> Any:
+        """Per-parameter values of ``fields`` (all stored fields when none are named).
+
+        ``dict``: ``{model_id: {param: {field: value}}}``; tabular formats: one row per
+        (model_id, param) with its ptype, ``meta.<key>`` columns and one column per field
+        (absent where not stored); ``csv``/``json``: written to ``path`` when given,
+        returned as text otherwise.
+        """
+        self._check_format(export_format)
+        names, rows = self._metric_rows(fields)
+        if export_format == "dict":
+            table: dict[str, dict[str, dict[str, Any]]] = {m: {} for m in self._scope_ids()}
+            for row in rows:
+                table[row["model_id"]][row["param"]] = row["values"]
+            return table
+        meta_keys = sorted({k for row in rows for k in row["meta"]})
+        records = [
+            {"model_id": r["model_id"], "param": r["param"], "ptype": r["ptype"],
+             **{f"meta.{k}": r["meta"].get(k) for k in meta_keys}, **r["values"]}
+            for r in rows
+        ]
+        columns = ["model_id", "param", "ptype", *(f"meta.{k}" for k in meta_keys), *names]
+        return self._emit(records, columns, export_format, path)
+
+    # -- aggregates -------------------------------------------------------------------
+    def _aggregate_items(self, fields: tuple[str, ...]) -> dict[str, Any]:
+        store = self._session.store
+        scope = set(self._scope_ids())
+        if fields:
+            self._check_fields(fields, "to export")
+        selected = {}
+        for name in store.aggregate_names():
+            base, models, param = split_contextual(name)
+            if not set(models) <= scope:
+                continue
+            if param is not None and not self._scope.whole_models and not (
+                    self._scope.keeps_param(models[0], param, store)):
+                continue
+            if fields and not any(f == name or f == base for f in fields):
+                continue
+            selected[name] = store.read_aggregate(name)
+        return selected
+
+    def export_aggregates(
+        self, *fields: str, export_format: str = "dict", path: str | Path | None = None
+    ) -> Any:
+        """Aggregates (IN_MODEL and CROSS_MODEL fields) within scope.
+
+        A name matches its base (``total_frob_norm`` matches every
+        ``total_frob_norm@models[...]...``) or one contextual name exactly. ``dict``:
+        ``{contextual_name: value}``; tabular: columns name, field, models, param, value.
+        """
+        self._check_format(export_format)
+        selected = self._aggregate_items(fields)
+        if export_format == "dict":
+            return selected
+        records = []
+        for name, value in selected.items():
+            base, models, param = split_contextual(name)
+            records.append({"name": name, "field": base, "models": ",".join(models),
+                            "param": param, "value": value})
+        columns = ["name", "field", "models", "param", "value"]
+        return self._emit(records, columns, export_format, path)
+
+    def export(
+        self,
+        *fields: str,
+        sources: Iterable[str] = ("metrics", "aggregates"),
+        expand_contextual: bool = True,
+        export_format: str = "pandas",
+        path: str | Path | None = None,
+    ) -> Any:
+        """Per-parameter metrics and aggregates in one table: one row per field and
+        value, with ``model_id`` (``model_ids`` for a pair), ``param``, ``field``,
+        ``value`` and, for aggregates, ``name``. ``sources`` picks ``"metrics"`` and/or
+        ``"aggregates"``; ``expand_contextual=False`` keeps an aggregate's contextual
+        name in ``name`` only (model and parameter columns empty).
+        """
+        self._check_format(export_format)
+        sources = set(sources)
+        unknown = sorted(sources - {"metrics", "aggregates"})
+        if unknown:
+            raise InvalidArgumentError(
+                f"sources may hold 'metrics' and 'aggregates', got {unknown}.")
+        records: list[dict[str, Any]] = []
+        if "metrics" in sources:
+            metric_fields = tuple(f for f in fields if "@" not in f)
+            if not fields or metric_fields:
+                _, rows = self._metric_rows(metric_fields)
+                for r in rows:
+                    for field, value in r["values"].items():
+                        records.append({"kind": "metric", "model_id": r["model_id"],
+                                        "param": r["param"], "ptype": r["ptype"],
+                                        "field": field, "value": value, "name": None})
+        if "aggregates" in sources:
+            for name, value in self._aggregate_items(fields).items():
+                base, models, param = split_contextual(name)
+                row = {"kind": "aggregate", "field": base, "value": value, "name": name,
+                       "model_id": None, "param": None, "ptype": None}
+                if expand_contextual:
+                    row["model_id"] = ",".join(models)
+                    row["param"] = param
+                records.append(row)
+        columns = ["kind", "model_id", "param", "ptype", "field", "value", "name"]
+        if export_format == "dict":
+            return records
+        return self._emit(records, columns, export_format, path)
+
+    # -- notes, staleness, provenance --------------------------------------------------
+    def _in_scope(self, models: tuple[str, ...], param: str | None) -> bool:
+        if not set(models) <= set(self._scope_ids()):
+            return False
+        if param is None or self._scope.whole_models:
+            return True
+        return self._scope.keeps_param(models[0], param, self._session.store)
+
+    def export_notes(self, export_format: str = "dict") -> Any:
+        """Why units were skipped, left undefined (NaN) or failed, within scope."""
+        self._check_format(export_format)
+        notes: list[Note] = [n for n in self._session.store.notes()
+                             if self._in_scope(n.models, n.param)]
+        records = [
+            {"kernel": n.kernel, "unit": n.unit, "kind": n.kind, "reason": n.reason} for n in notes
+        ]
+        if export_format == "dict":
+            return records
+        return self._emit(records, ["kernel", "unit", "kind", "reason"], export_format, None)
+
+    def stale(self, *fields: str, export_format: str = "dict") -> Any:
+        """Stored results that no longer match the current configuration, in scope.
+
+        A unit is stale when its kernel's configuration changed since it was computed,
+        or when an input it was computed from is stale or was recomputed after it. With
+        ``fields``, only those and their dependencies are checked. One record per kernel
+        and unit: kernel, fields, unit and reason. ``apply(..., recompute="stale")``
+        recomputes them.
+        """
+        self._check_format(export_format)
+        session = self._session
+        names = list(fields) if fields else None
+        if names:
+            self._check_fields(names, "to check")
+        units = [u for u in find_stale(session.registry, session.store, self._scope_ids(), names)
+                 if self._in_scope(u.models, u.param)]
+        records = [
+            {"kernel": u.kernel, "fields": list(u.fields), "unit": u.unit, "reason": u.reason}
+            for u in units
+        ]
+        if export_format == "dict":
+            return records
+        return self._emit(records, ["kernel", "fields", "unit", "reason"], export_format, None)
+
+    def provenance(self, field: str, model_id: str, param: str | None = None) -> dict | None:
+        """What produced a stored value: kernel, provider and configuration (None when
+        the value is absent or was stored without provenance). ``param`` None: the
+        model's aggregate ``field@models[model_id]``."""
+        store = self._session.store
+        if param is None:
+            stamp = store.aggregate_stamp(contextual_name(field, (model_id,)))
+        else:
+            stamp = store.stamps(model_id, field).get(param)
+        if stamp is None:
+            return None
+        p = stamp.provenance
+        return {"kernel": p.kernel, "provider": p.provider, "config": p.config_dict}
+
+    # -- erase ------------------------------------------------------------------------
+    def erase(self, *fields: str, erase_dependent_also: bool = False) -> int:
+        """Erase stored ``fields`` in scope; returns how many values went.
+
+        With ``erase_dependent_also``, every field computed from them downstream is erased
+        too. Erase a multi-output kernel's fields as a group: a unit is recomputed only
+        when all of its kernel's outputs are absent. In a view that filters parameters,
+        only those parameters' values (and pairwise aggregates) are erased.
+        """
+        if not fields:
+            raise InvalidArgumentError("erase() needs at least one field name.")
+        registry = self._session.registry
+        known = self._known_fields()
+        for f in fields:
+            if f in SOURCE_FIELDS:
+                raise InvalidArgumentError(
+                    f"Field {f!r} holds the model's weights and cannot be erased; erase the "
+                    "model instead (session.models.erase)."
+                )
+            if f not in known:
+                raise UnknownFieldError(f, known, action="to erase")
+        targets = set(fields)
+        if erase_dependent_also:
+            targets |= downstream_fields(fields, registry)
+        kernels = {s.name for f in targets if (s := registry.producer(f)) is not None}
+        store = self._session.store
+        with self._session._lock:
+            if self._scope.whole_models:
+                return store.erase(targets, self._scope_ids(), kernels)
+            values = [(m, p.name, f) for m in self._scope_ids()
+                      for p in self._scope.params(store, m) for f in targets
+                      if p.name in store.present(m, f)]
+            aggregates = [n for n in self._aggregate_items(())
+                          if split_contextual(n)[0] in targets and split_contextual(n)[2]]
+            notes = [n.key for n in store.notes()
+                     if n.kernel in kernels and n.param is not None
+                     and self._in_scope(n.models, n.param)]
+            return store.erase_values(values, aggregates, notes)
+
+    # -- ingest -----------------------------------------------------------------------
+    def ingest_metrics(self, data: Any, *, overwrite: bool = False) -> int:
+        """Store per-parameter values computed elsewhere: ``{model_id: {param: {field:
+        value}}}`` or a pandas frame with ``model_id`` and ``param`` columns and one
+        column per field. Every value is checked first (known model and parameter in
+        scope, storable type, the field's existing shape); values already stored are
+        kept unless ``overwrite``. Returns how many values were stored; on any problem
+        nothing is."""
+        table = _as_nested(data)
+        store = self._session.store
+        scope = self._scope_ids()
+        problems: list[str] = []
+        values: dict[tuple[str, str, str], Any] = {}
+        for model_id, params in table.items():
+            if model_id not in scope:
+                problems.append(f"model {model_id!r} is not in scope {scope}")
+                continue
+            infos = {p.name: p for p in self._scope.params(store, model_id)}
+            for param, fields in params.items():
+                if param not in infos:
+                    problems.append(f"{model_id}/{param}: no such parameter in scope")
+                    continue
+                for field, value in fields.items():
+                    problems += _value_problems(store, model_id, param, field, value)
+                    values[(model_id, param, field)] = value
+        if problems:
+            raise InvalidArgumentError("Nothing was ingested:\n  " + "\n  ".join(sorted(problems)))
+        if not overwrite:
+            values = {k: v for k, v in values.items() if k[1] not in store.present(k[0], k[2])}
+        with self._session._lock:
+            store.commit(Batch(values=values))
+        return len(values)
+
+    def ingest_aggregates(self, data: Mapping[str, Any], *, overwrite: bool = False) -> int:
+        """Store aggregates computed elsewhere under their contextual names
+        (``field@models[m]`` or ``field@models[a,b]@params[p]``), checked first (models in
+        scope, storable values); existing ones kept unless ``overwrite``. Returns how many
+        were stored; on any problem nothing is."""
+        if not isinstance(data, Mapping):
+            raise InvalidArgumentError(
+                f"ingest_aggregates takes a mapping of contextual names to values, got "
+                f"{type(data).__name__}.")
+        scope = set(self._scope_ids())
+        problems = []
+        for name, value in data.items():
+            field, models, _ = split_contextual(name)
+            if not models:
+                problems.append(f"{name!r} is not a contextual name (field@models[...])")
+            elif not set(models) <= scope:
+                problems.append(f"{name!r} names models outside the scope {sorted(scope)}")
+            problem = storable_problem(value)
+            if problem is not None:
+                problems.append(f"{name!r}: {problem} cannot be stored")
+        if problems:
+            raise InvalidArgumentError("Nothing was ingested:\n  " + "\n  ".join(sorted(problems)))
+        store = self._session.store
+        chosen = {n: v for n, v in data.items() if overwrite or not store.has_aggregate(n)}
+        with self._session._lock:
+            store.commit(Batch(aggregates=chosen))
+        return len(chosen)
+
+    # -- output -------------------------------------------------------------------
+    @staticmethod
+    def _emit(records: list[dict], columns: list[str], fmt: str, path: str | Path | None) -> Any:
+        if fmt in _FORMATTERS:
+            return _FORMATTERS[fmt](records, columns)
+        if fmt == "list":
+            return [{c: r.get(c) for c in columns} for r in records]
+        if fmt == "pandas":
+            try:
+                import pandas as pd
+            except ImportError:
+                raise DiffractError(
+                    "export_format='pandas' needs pandas: pip install 'diffract-core[pandas]'."
+                ) from None
+            return pd.DataFrame.from_records(records, columns=columns)
+        if fmt == "polars":
+            try:
+                import polars as pl
+            except ImportError:
+                raise DiffractError(
+                    "export_format='polars' needs polars: pip install polars."
+                ) from None
+            return pl.DataFrame([{c: _plain(r.get(c)) for c in columns} for r in records],
+                                schema=columns, strict=False)
+        if fmt == "json":
+            text = json.dumps(
+                [{k: _plain(v) for k, v in r.items()} for r in records], indent=1, allow_nan=False
+            )
+        else:
+            import csv
+            import io
+
+            buf = io.StringIO()
+            writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+            writer.writeheader()
+            for r in records:
+                writer.writerow({k: (v if not hasattr(v, "shape") or v.shape == () else
+                                     json.dumps(_plain(v))) for k, v in r.items()})
+            text = buf.getvalue()
+        if path is None:
+            return text
+        Path(path).write_text(text)
+        return Path(path)
+
+
+def _as_nested(data: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{model: {param: {field: value}}}`` from a nested mapping or a pandas frame."""
+    if hasattr(data, "to_dict") and hasattr(data, "columns"):
+        if not {"model_id", "param"} <= set(data.columns):
+            raise InvalidArgumentError("A frame to ingest needs 'model_id' and 'param' columns.")
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        fields = [c for c in data.columns if c not in ("model_id", "param", "ptype")
+                  and not str(c).startswith("meta.")]
+        for row in data.to_dict("records"):
+            values = {f: row[f] for f in fields
+                      if not (isinstance(row[f], float) and math.isnan(row[f]))}
+            out.setdefault(row["model_id"], {}).setdefault(row["param"], {}).update(values)
+        return out
+    if not isinstance(data, Mapping) or not all(
+            isinstance(p, Mapping) and all(isinstance(f, Mapping) for f in p.values())
+            for p in data.values()):
+        raise InvalidArgumentError(
+            "ingest_metrics takes {model_id: {param: {field: value}}} or a pandas frame with "
+            f"model_id and param columns, got {type(data).__name__}.")
+    return {m: {p: dict(f) for p, f in params.items()} for m, params in data.items()}
+
+
+def _value_problems(store: Any, model_id: str, param: str, field: str, value: Any) -> list[str]:
+    where = f"{model_id}/{param} {field!r}"
+    if field in SOURCE_FIELDS or "@" in field:
+        return [f"{where}: not a field name that can be ingested"]
+    problem = storable_problem(value)
+    if problem is not None:
+        return [f"{where}: {problem} cannot be stored"]
+    others = [p for p in store.present(model_id, field) if p != param]
+    if others and hasattr(value, "shape"):
+        sample = store.read(model_id, others[0], field)
+        if hasattr(sample, "ndim") and getattr(value, "ndim", 0) != sample.ndim:
+            return [f"{where}: a {value.ndim}-D array, but the stored values of this field are "
+                    f"{sample.ndim}-D"]
+    return []
+
