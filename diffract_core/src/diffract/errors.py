@@ -34,6 +34,7 @@ standard way catches these too)::
     │   ├── EmptyModelError                a model with no parameters
     │   └── ModelSourceError               something models.add cannot read
     │       └── WeightsUnavailableError    weights not kept across a reopen (units skipped)
+    ├── MergeConflictError (ValueError)    session.merge met values that differ (.conflicts)
     ├── StorageError                       a storage profile failed or was misused
     ├── ExecutorError                      an executor cannot run (bad options, unsafe spawn)
     ├── PluginError                        .distribution, .version
@@ -80,6 +81,7 @@ __all__ = [
     "KernelOutputError",
     "MissingProducerError",
     "ModelError",
+    "MergeConflictError",
     "ModelSourceError",
     "PartialOutputWarning",
     "PluginConflictError",
@@ -315,6 +317,22 @@ class UnknownModelError(ModelError, UnknownNameError):
 
 class ModelSourceError(ModelError):
     """models.add was given something it cannot read as a model."""
+
+
+class MergeConflictError(DiffractError, ValueError):
+    """``session.merge`` met models or values that differ between the sessions;
+    ``.conflicts`` lists each, and nothing was changed."""
+
+    def __init__(self, conflicts: Iterable[str]) -> None:
+        conflicts = sorted(conflicts)
+        shown = "\n  ".join(conflicts[:20])
+        more = f"\n  ... and {len(conflicts) - 20} more" if len(conflicts) > 20 else ""
+        super().__init__(
+            f"{len(conflicts)} conflict(s) between the sessions; nothing was merged:\n  "
+            f"{shown}{more}\nResolve them, or merge with on_conflict='keep' (keep this "
+            "session's values) or 'theirs' (take the other's)."
+        )
+        self.conflicts = tuple(conflicts)
 
 
 class WeightsUnavailableError(ModelSourceError):

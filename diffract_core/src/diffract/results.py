@@ -176,23 +176,28 @@ class ResultsAPI(ScopedAPI):
     def export(
         self,
         *fields: str,
-        sources: Iterable[str] = ("metrics", "aggregates"),
+        sources: str | Iterable[str] = "all",
+        export_format: str | None = None,
         expand_contextual: bool = True,
-        export_format: str = "pandas",
         path: str | Path | None = None,
     ) -> Any:
         """Per-parameter metrics and aggregates in one table: one row per field and
         value, with ``model_id`` (``model_ids`` for a pair), ``param``, ``field``,
-        ``value`` and, for aggregates, ``name``. ``sources`` picks ``"metrics"`` and/or
-        ``"aggregates"``; ``expand_contextual=False`` keeps an aggregate's contextual
-        name in ``name`` only (model and parameter columns empty).
+        ``value`` and, for aggregates, ``name``. ``sources``: ``"all"`` (default),
+        ``"metrics"``, ``"aggregates"`` or a list of those; ``expand_contextual=False``
+        keeps an aggregate's contextual name in ``name`` only (model and parameter
+        columns empty). ``export_format`` None gives a list of records.
         """
+        export_format = export_format or "list"
         self._check_format(export_format)
+        if isinstance(sources, str):
+            sources = {"metrics", "aggregates"} if sources == "all" else {sources}
         sources = set(sources)
         unknown = sorted(sources - {"metrics", "aggregates"})
         if unknown:
             raise InvalidArgumentError(
-                f"sources may hold 'metrics' and 'aggregates', got {unknown}.")
+                f"sources must be 'all', 'metrics', 'aggregates' or a list of those, got "
+                f"{unknown}.")
         records: list[dict[str, Any]] = []
         if "metrics" in sources:
             metric_fields = tuple(f for f in fields if "@" not in f)
@@ -276,16 +281,29 @@ class ResultsAPI(ScopedAPI):
         return {"kernel": p.kernel, "provider": p.provider, "config": p.config_dict}
 
     # -- erase ------------------------------------------------------------------------
-    def erase(self, *fields: str, erase_dependent_also: bool = False) -> int:
-        """Erase stored ``fields`` in scope; returns how many values went.
+    def erase(self, *fields: str, erase_dependent_also: bool = False,
+              erase_all: bool = False) -> int:
+        """Erase stored ``fields`` in scope (every stored field with ``erase_all``);
+        returns how many values went.
 
         With ``erase_dependent_also``, every field computed from them downstream is erased
         too. Erase a multi-output kernel's fields as a group: a unit is recomputed only
         when all of its kernel's outputs are absent. In a view that filters parameters,
         only those parameters' values (and pairwise aggregates) are erased.
         """
+        if erase_all:
+            if fields:
+                raise InvalidArgumentError("erase() takes field names or erase_all=True, "
+                                           "not both.")
+            store = self._session.store
+            fields = tuple(sorted(
+                set().union(*(store.fields(m) for m in self._scope_ids()), set())
+                | {split_contextual(n)[0] for n in self._aggregate_items(())}))
+            if not fields:
+                return 0
         if not fields:
-            raise InvalidArgumentError("erase() needs at least one field name.")
+            raise InvalidArgumentError("erase() needs at least one field name (or "
+                                       "erase_all=True).")
         registry = self._session.registry
         known = self._known_fields()
         for f in fields:
@@ -315,13 +333,17 @@ class ResultsAPI(ScopedAPI):
             return store.erase_values(values, aggregates, notes)
 
     # -- ingest -----------------------------------------------------------------------
-    def ingest_metrics(self, data: Any, *, overwrite: bool = False) -> int:
-        """Store per-parameter values computed elsewhere: ``{model_id: {param: {field:
-        value}}}`` or a pandas frame with ``model_id`` and ``param`` columns and one
-        column per field. Every value is checked first (known model and parameter in
-        scope, storable type, the field's existing shape); values already stored are
-        kept unless ``overwrite``. Returns how many values were stored; on any problem
-        nothing is."""
+    def ingest_metrics(self, data: Any, *, force: bool = False) -> int:
+        """Store per-parameter values computed elsewhere.
+
+        ``data``: ``{param_id: {field: value}}`` as the original Diffract takes it
+        (``param_id`` = ``"model_id/param_name"``), ``{model_id: {param: {field:
+        value}}}``, or a pandas frame with ``model_id`` and ``param`` columns and one
+        column per field. Everything is checked first: known model and parameter in
+        scope, storable values, arrays of the dimension the field already has, and no
+        value already stored unless ``force`` (every conflict listed). On any problem
+        nothing is stored. Returns how many values were.
+        """
         table = _as_nested(data)
         store = self._session.store
         scope = self._scope_ids()
@@ -338,28 +360,28 @@ class ResultsAPI(ScopedAPI):
                     continue
                 for field, value in fields.items():
                     problems += _value_problems(store, model_id, param, field, value)
+                    if not force and param in store.present(model_id, field):
+                        problems.append(f"{model_id}/{param} {field!r}: already stored (pass "
+                                        "force=True to overwrite)")
                     values[(model_id, param, field)] = value
         if problems:
             raise InvalidArgumentError("Nothing was ingested:\n  " + "\n  ".join(sorted(problems)))
-        if not overwrite:
-            values = {k: v for k, v in values.items() if k[1] not in store.present(k[0], k[2])}
         with self._session._lock:
             store.commit(Batch(values=values))
         return len(values)
 
-    def ingest_aggregates(self, data: Mapping[str, Any], *, overwrite: bool = False) -> int:
-        """Store aggregates computed elsewhere under their contextual names
-        (``field@models[m]`` or ``field@models[a,b]@params[p]``), checked first (models in
-        scope, storable values); existing ones kept unless ``overwrite``. Returns how many
-        were stored; on any problem nothing is."""
-        if not isinstance(data, Mapping):
-            raise InvalidArgumentError(
-                f"ingest_aggregates takes a mapping of contextual names to values, got "
-                f"{type(data).__name__}.")
+    def ingest_aggregates(self, data: Any, *, force: bool = False) -> int:
+        """Store aggregates computed elsewhere: ``{contextual_name: value}``, or the
+        original Diffract's list of ``{"field_name", "context_models", "context_params",
+        "value"}`` dicts. Checked first (models in scope, storable values, nothing
+        already stored unless ``force``); on any problem nothing is stored. Returns how
+        many were."""
+        items = _as_aggregates(data)
         scope = set(self._scope_ids())
+        store = self._session.store
         problems = []
-        for name, value in data.items():
-            field, models, _ = split_contextual(name)
+        for name, value in items.items():
+            _, models, _ = split_contextual(name)
             if not models:
                 problems.append(f"{name!r} is not a contextual name (field@models[...])")
             elif not set(models) <= scope:
@@ -367,13 +389,13 @@ class ResultsAPI(ScopedAPI):
             problem = storable_problem(value)
             if problem is not None:
                 problems.append(f"{name!r}: {problem} cannot be stored")
+            if not force and store.has_aggregate(name):
+                problems.append(f"{name!r}: already stored (pass force=True to overwrite)")
         if problems:
             raise InvalidArgumentError("Nothing was ingested:\n  " + "\n  ".join(sorted(problems)))
-        store = self._session.store
-        chosen = {n: v for n, v in data.items() if overwrite or not store.has_aggregate(n)}
         with self._session._lock:
-            store.commit(Batch(aggregates=chosen))
-        return len(chosen)
+            store.commit(Batch(aggregates=items))
+        return len(items)
 
     # -- output -------------------------------------------------------------------
     @staticmethod
@@ -433,6 +455,14 @@ def _as_nested(data: Any) -> dict[str, dict[str, dict[str, Any]]]:
                       if not (isinstance(row[f], float) and math.isnan(row[f]))}
             out.setdefault(row["model_id"], {}).setdefault(row["param"], {}).update(values)
         return out
+    if isinstance(data, Mapping) and data and all("/" in str(k) for k in data) and all(
+            isinstance(v, Mapping) and not any(isinstance(x, Mapping) for x in v.values())
+            for v in data.values()):  # {param_id: {field: value}}, the original's form
+        out = {}
+        for pid, fields in data.items():
+            model_id, _, param = str(pid).partition("/")
+            out.setdefault(model_id, {})[param] = dict(fields)
+        return out
     if not isinstance(data, Mapping) or not all(
             isinstance(p, Mapping) and all(isinstance(f, Mapping) for f in p.values())
             for p in data.values()):
@@ -440,6 +470,29 @@ def _as_nested(data: Any) -> dict[str, dict[str, dict[str, Any]]]:
             "ingest_metrics takes {model_id: {param: {field: value}}} or a pandas frame with "
             f"model_id and param columns, got {type(data).__name__}.")
     return {m: {p: dict(f) for p, f in params.items()} for m, params in data.items()}
+
+
+def _as_aggregates(data: Any) -> dict[str, Any]:
+    """``{contextual_name: value}`` from a mapping or the original's list of dicts."""
+    if isinstance(data, Mapping):
+        return dict(data)
+    if isinstance(data, list) and all(isinstance(d, Mapping) for d in data):
+        out = {}
+        for d in data:
+            try:
+                models = tuple(d["context_models"])
+                params = tuple(d.get("context_params") or ())
+                name = contextual_name(d["field_name"], models, params[0] if params else None)
+                out[name] = d["value"]
+            except (KeyError, TypeError):
+                raise InvalidArgumentError(
+                    "Each aggregate needs field_name, context_models and value (and "
+                    f"optionally context_params); got {dict(d)!r}.") from None
+        return out
+    raise InvalidArgumentError(
+        "ingest_aggregates takes {contextual_name: value} or a list of {field_name, "
+        f"context_models, context_params, value}} dicts, got {type(data).__name__}.")
+
 
 
 def _value_problems(store: Any, model_id: str, param: str, field: str, value: Any) -> list[str]:

@@ -36,7 +36,7 @@ from diffract.core.executors import ExecutorHandle
 from diffract.core.models import apply_overrides, read_model
 from diffract.core.ptypes import ParameterOverrides
 from diffract.core.scope import Scope, ScopedAPI
-from diffract.core.storage.base import Store
+from diffract.core.storage.base import Batch, Store, split_contextual
 from diffract.errors import (
     ApplyError,
     ConfigError,
@@ -44,6 +44,7 @@ from diffract.errors import (
     DuplicateModelError,
     ExecutorError,
     InvalidArgumentError,
+    MergeConflictError,
     ModelError,
     PartialOutputWarning,
     ScopeValidationError,
@@ -175,6 +176,59 @@ class Session:
     def __repr__(self) -> str:
         return f"Session(profile={self.profile!r}, models={self.store.model_ids()!r})"
 
+    def merge(self, other: Session | SessionView | Store, *, on_conflict: str = "raise") -> dict:
+        """Bring the models and results of another session (or view, or store) into
+        this one.
+
+        A model this session lacks is added (its parameters, source and weights: a
+        durable store copies in-memory weights while ``other`` is open); for a model
+        both have, the parameters must agree (names and shapes). Values, aggregates and
+        notes this session lacks are copied. A value both hold with different contents
+        is a conflict: ``on_conflict="raise"`` (default) lists them all and changes
+        nothing, ``"keep"`` keeps this session's, ``"theirs"`` takes the other's.
+        Returns counts of what was added and the conflicts met.
+        """
+        if on_conflict not in ("raise", "keep", "theirs"):
+            raise InvalidArgumentError(
+                f"on_conflict must be 'raise', 'keep' or 'theirs', got {on_conflict!r}.")
+        if isinstance(other, Session):
+            src, models = other.store, other.store.model_ids()
+        elif isinstance(other, SessionView):
+            src, models = other.session.store, other.model_ids
+        elif isinstance(other, Store):
+            src, models = other, other.model_ids()
+        else:
+            raise InvalidArgumentError(
+                f"merge takes a Session, a SessionView or a Store, got {type(other).__name__}.")
+        with self._lock:
+            plan = _merge_plan(self.store, src, models)
+            if plan.conflicts and on_conflict == "raise":
+                raise MergeConflictError(plan.conflicts)
+            if any(c.startswith("model") for c in plan.conflicts):
+                raise MergeConflictError([c for c in plan.conflicts if c.startswith("model")])
+            for model_id in plan.new_models:
+                self.store.add_model(
+                    model_id, src.params(model_id), src.source(model_id),
+                    lambda name, m=model_id: src.load_weights(m, name),
+                    lambda name, m=model_id: src.load_tensor(m, name))
+            values = dict(plan.values)
+            aggregates = dict(plan.aggregates)
+            if on_conflict == "theirs":
+                values.update(plan.conflicting_values)
+                aggregates.update(plan.conflicting_aggregates)
+            fields = {k[2] for k in values} | {split_contextual(n)[0] for n in aggregates}
+            for field in sorted(fields):  # one commit per field: it carries its provenance
+                prov = plan.provenance.get(field)
+                self.store.commit(Batch(
+                    values={k: v for k, v in values.items() if k[2] == field},
+                    aggregates={n: v for n, v in aggregates.items()
+                                if split_contextual(n)[0] == field},
+                    provenance={field: prov} if prov is not None else {}))
+            self.store.commit(Batch(notes=plan.notes))
+        return {"models_added": list(plan.new_models), "values": len(values),
+                "aggregates": len(aggregates), "notes": len(plan.notes),
+                "conflicts": list(plan.conflicts)}
+
     # -- scope ------------------------------------------------------------------
     @property
     def model_ids(self) -> list[str]:
@@ -287,6 +341,82 @@ class SessionView:
         return f"SessionView({self.scope.describe()})"
 
 
+@attrs.define
+class _MergePlan:
+    """What merging another store adds here, and what conflicts (see Session.merge)."""
+
+    new_models: list[str] = attrs.field(factory=list)
+    values: dict = attrs.field(factory=dict)
+    aggregates: dict = attrs.field(factory=dict)
+    notes: list = attrs.field(factory=list)
+    provenance: dict = attrs.field(factory=dict)
+    conflicts: list[str] = attrs.field(factory=list)
+    conflicting_values: dict = attrs.field(factory=dict)
+    conflicting_aggregates: dict = attrs.field(factory=dict)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal stored values (arrays element-wise, NaN equal to NaN, tuples item-wise)."""
+    import numpy as np
+
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        return (isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b)
+                and all(_same_value(x, y) for x, y in zip(a, b, strict=True)))
+    try:
+        return bool(np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True))
+    except TypeError:
+        return bool(a == b)
+
+
+def _merge_plan(dst: Store, src: Store, models: Sequence[str]) -> _MergePlan:
+    """What merging ``models`` of ``src`` into ``dst`` adds, and what conflicts."""
+    plan = _MergePlan()
+    here = set(dst.model_ids())
+    for m in models:
+        if m not in here:
+            plan.new_models.append(m)
+            continue
+        mine = [(p.name, p.shape) for p in dst.params(m)]
+        theirs = [(p.name, p.shape) for p in src.params(m)]
+        if mine != theirs:
+            plan.conflicts.append(f"model {m!r}: its parameters differ (names or shapes) "
+                                  "between the sessions")
+    if plan.conflicts:
+        return plan
+    for m in models:
+        for field in src.fields(m):
+            stamps = src.stamps(m, field)
+            present = dst.present(m, field) if m in here else set()
+            for param in src.present(m, field):
+                value = src.read(m, param, field)
+                if param in present:
+                    if not _same_value(dst.read(m, param, field), value):
+                        plan.conflicts.append(f"{m}/{param} {field!r}: different values")
+                        plan.conflicting_values[(m, param, field)] = value
+                    continue
+                plan.values[(m, param, field)] = value
+                if param in stamps:
+                    plan.provenance.setdefault(field, stamps[param].provenance)
+    wanted = set(models)
+    for name in src.aggregate_names():
+        base, ctx, _ = split_contextual(name)
+        if not ctx or not set(ctx) <= wanted:
+            continue
+        value = src.read_aggregate(name)
+        if dst.has_aggregate(name):
+            if not _same_value(dst.read_aggregate(name), value):
+                plan.conflicts.append(f"aggregate {name!r}: different values")
+                plan.conflicting_aggregates[name] = value
+            continue
+        plan.aggregates[name] = value
+        stamp = src.aggregate_stamp(name)
+        if stamp is not None:
+            plan.provenance.setdefault(base, stamp.provenance)
+    keys = {n.key for n in dst.notes()}
+    plan.notes = [n for n in src.notes() if set(n.models) <= wanted and n.key not in keys]
+    return plan
+
+
 def _check_model_id(model_id: Any) -> None:
     if not isinstance(model_id, str) or not model_id or any(c in model_id for c in ",[]@/"):
         raise ModelError(
@@ -383,13 +513,22 @@ class ModelsAPI:
                     "session. Erase or rename that one first.", model_id=new)
             session.store.rename_model(old, new)
 
-    def erase(self, model_id: str) -> None:
-        """Remove a model, its fields and notes, and every aggregate that involves it
-        (pairs included). Its files, if any, are not touched."""
+    def erase(self, *model_ids: str, erase_all: bool = False) -> None:
+        """Remove models (every model with ``erase_all``), their fields and notes, and
+        every aggregate that involves them (pairs included). Their files, if any, are
+        not touched."""
         session = self._session
-        session._check_ids([model_id])
+        if erase_all:
+            if model_ids:
+                raise InvalidArgumentError("models.erase() takes model ids or erase_all=True, "
+                                           "not both.")
+            model_ids = tuple(session.store.model_ids())
+        elif not model_ids:
+            raise InvalidArgumentError("models.erase() needs model ids (or erase_all=True).")
+        session._check_ids(list(model_ids))
         with session._lock:
-            session.store.erase_model(model_id)
+            for model_id in model_ids:
+                session.store.erase_model(model_id)
 
     def __len__(self) -> int:
         return len(self._session.store.model_ids())
@@ -542,6 +681,19 @@ class ComputeAPI(ScopedAPI):
     def kernel_config(self, name: str) -> dict[str, Any]:
         """The configuration kernel ``name`` runs with now (defaults overlaid)."""
         return self._session.registry.effective_config(name)
+
+    def list_available_metrics(self, verbose: bool = False) -> list[Any]:
+        """Every field some kernel produces, sorted; with ``verbose``, one dict per field
+        with the kernel that produces it, its level, its provider and its summary."""
+        registry = self._session.registry
+        specs = {f: s for s in registry.kernels() for f in s.produce_fields}
+        if not verbose:
+            return sorted(specs)
+        return [
+            {"field": f, "kernel": s.name, "apply_level": s.apply_level.name,
+             "provider": s.provider, "summary": s.summary}
+            for f, s in sorted(specs.items())
+        ]
 
     def list_available_kernels(self, verbose: bool = False) -> list[Any]:
         """Names of every registered kernel; with ``verbose``, one dict per kernel with

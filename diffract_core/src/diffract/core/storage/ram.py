@@ -155,11 +155,13 @@ class RamStore(Store):
         with self._lock:
             if new in self._params:
                 raise KeyError(f"model {new!r} exists")
-            for table in (self._params, self._loaders, self._raw, self._values, self._sources):
-                if old in table:
-                    table[new] = table.pop(old)
+            def moved(table: dict) -> dict:  # same order, the key renamed
+                return {(new if k == old else k): v for k, v in table.items()}
+
+            self._loaders, self._raw = moved(self._loaders), moved(self._raw)
+            self._values, self._sources = moved(self._values), moved(self._sources)
             self._params = {m: ({p.name: attrs.evolve(p, model_id=new) for p in ps.values()}
-                                if m == new else ps) for m, ps in self._params.items()}
+                                if m == new else ps) for m, ps in moved(self._params).items()}
             self._sizes = {((new if k[0] == old else k[0]),) + k[1:]: v
                            for k, v in self._sizes.items()}
             self._stamps = {((new if k[0] == old else k[0]),) + k[1:]: v
