@@ -80,6 +80,10 @@ log = logging.getLogger(__name__)
 
 #: Most units one chunk holds, however small they are: bounds what a crash can lose.
 MAX_UNITS_PER_CHUNK = 1024
+#: Chunks on the executor awaiting their results while the next one is submitted (more
+#: would hold more inputs than the read budget counts on: measured, a second one does
+#: not help a Dask cluster either).
+PIPELINE = 1
 
 
 @attrs.define
@@ -682,13 +686,15 @@ class Runner:
         # Parallel and batched kernels need chunks that keep every worker busy.
         smallest = (self.parallel_workers if parallel
                     else self.batch_units if spec.batch is not None else 1)
+        if use_pool:  # two units per worker: one running, one queued behind it
+            smallest = 2 * self.parallel_workers
         size = smallest
         current = chunker.take(size)
         lazy = use_pool and self.executors.reads_files  # workers read the files themselves
         pending = self._prefetch(state, current, lazy)
         done = failed = 0
         begun = last = time.perf_counter()
-        inflight: _Chunk | None = None  # submitted to the executor, not yet committed
+        inflight: list[_Chunk] = []  # submitted to the executor, not yet committed
 
         def finished(units: int, seconds: float, failures: int) -> None:
             nonlocal done, failed, per_unit, size, use_pool, lazy
@@ -715,25 +721,30 @@ class Runner:
                 following = chunker.take(size)
                 pending = self._prefetch(state, following, lazy) if following else []
                 if use_pool:
-                    # Pipelined: this chunk is submitted before the previous one is
-                    # awaited, so the workers never idle at a chunk's end.
+                    # Pipelined: chunks are submitted before the earlier ones are
+                    # awaited (up to PIPELINE deep), so the workers never idle at a
+                    # chunk's end, whatever the executor's latency.
                     chunk = self._prepare(state, current, inputs)
                     self._submit_chunk(state, chunk)
-                    if inflight is not None:
-                        failures = self._finish_chunk(state, inflight, report)
+                    inflight.append(chunk)
+                    if len(inflight) > PIPELINE:
+                        oldest = inflight.pop(0)
+                        failures = self._finish_chunk(state, oldest, report)
                         now = time.perf_counter()
-                        finished(len(inflight.units), now - last, failures)
+                        finished(len(oldest.units), now - last, failures)
                         last = now
-                    inflight = chunk
                 else:
                     started = time.perf_counter()
                     failures = self._run_chunk(state, current, inputs, report)
                     last = time.perf_counter()
                     finished(len(current), last - started, failures)
                 current = following
-            if inflight is not None:
-                failures = self._finish_chunk(state, inflight, report)
-                finished(len(inflight.units), time.perf_counter() - last, failures)
+            while inflight:
+                oldest = inflight.pop(0)
+                failures = self._finish_chunk(state, oldest, report)
+                now = time.perf_counter()
+                finished(len(oldest.units), now - last, failures)
+                last = now
         finally:
             for future in pending:  # interrupted: do not read what nobody will use
                 future.cancel()
