@@ -154,7 +154,7 @@ class TestModels:
             s.models.erase("b")
             assert s.model_ids == ["base"]
             assert list(s.results.export_aggregates()) == ["param_norm@models[base]"]
-            stored = sum(len(r) for r in s.results.export_metrics()["base"].values()) + 1
+            stored = sum(len(r) for r in s.results.export_metrics(include_arrays=True)["base"].values()) + 1
             assert s.results.erase(erase_all=True) == stored
             assert s.results.export_metrics() == {"base": {}} and s.results.export_aggregates() == {}
             s.models.erase(erase_all=True)

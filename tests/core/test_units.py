@@ -196,7 +196,7 @@ class TestJsonExport:
         bad[0, 0] = np.nan
         session.models.add({"bad": bad}, model_id="m")
         session.compute.apply("frob_norm", "t_vector", "t_inf")
-        text = session.results.export_metrics(export_format="json")
+        text = session.results.export_metrics(export_format="json", include_arrays=True)
         assert "NaN" not in text and "Infinity" not in text
         (row,) = json.loads(text)
         assert row == {"model_id": "m", "param": "bad", "ptype": "dense", "frob_norm": None,

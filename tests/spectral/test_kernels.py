@@ -13,7 +13,7 @@ from tests.spectral.conftest import pareto
 
 
 def _metrics(session, model_id="m"):
-    return session.results.export_metrics(export_format="dict")[model_id]
+    return session.results.export_metrics(export_format="dict", include_arrays=True)[model_id]
 
 
 def _notes(session):

@@ -32,7 +32,7 @@ def _model(rng, n=4):
 
 def _everything(session) -> tuple:
     r = session.results
-    return r.export_metrics(), r.export_aggregates(), r.export_notes()
+    return r.export_metrics(include_arrays=True), r.export_aggregates(), r.export_notes()
 
 
 def _same(a, b) -> bool:
@@ -269,11 +269,11 @@ class TestBadStoreInput:
             with pytest.raises(StorageError, match=r"Cannot write an array into the store .*No "
                                r"space left on device.*nothing of this chunk was stored"):
                 s.compute.apply("weights_lsvs")
-            assert "weights_lsvs" not in s.results.export_metrics()["m"]["big"]
+            assert "weights_lsvs" not in s.results.export_metrics(include_arrays=True)["m"]["big"]
             assert len(s.results.export_metrics("frob_norm")["m"]) == 6
             monkeypatch.undo()
             s.compute.apply("weights_lsvs")
-            assert s.results.export_metrics()["m"]["big"]["weights_lsvs"].shape == (300, 120)
+            assert s.results.export_metrics(include_arrays=True)["m"]["big"]["weights_lsvs"].shape == (300, 120)
 
 
 WRITER = textwrap.dedent("""

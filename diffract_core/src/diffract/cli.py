@@ -52,16 +52,36 @@ def _kernels(args: argparse.Namespace) -> int:
             label = "    config:   " if i == 0 else "              "
             print(f"{label}{key}={value!r}  ({domains[key].describe()})")
         if spec.summary:
-            print(f"    {spec.summary}")
+            import shutil
+            import textwrap
+
+            width = max(40, min(100, shutil.get_terminal_size().columns))
+            print(textwrap.fill(spec.summary, width, initial_indent="    ",
+                                subsequent_indent="    "))
     return 0
 
 
 def _catalog(args: argparse.Namespace) -> int:
     from diffract.catalog import render_catalog
+    from diffract.errors import InvalidArgumentError
     from diffract.plugins import make_plugin_manager
+    from diffract.plugins._manager import BUILTIN, _norm
 
     allow = [p for p in args.plugins.split(",") if p] if args.plugins is not None else None
-    text = render_catalog(make_plugin_manager(allow=allow).catalog().kernels)
+    manager = make_plugin_manager(allow=allow)
+    if allow is not None:
+        known = {BUILTIN}
+        for record in manager.catalog().plugins:
+            known.add(_norm(record.distribution))
+            if record.entry_point:
+                known.add(_norm(record.entry_point))
+        unknown = [p for p in allow if _norm(p) not in known]
+        if unknown:
+            raise InvalidArgumentError(
+                f"--plugins names no installed plugin: {', '.join(unknown)}. Installed: "
+                f"{', '.join(sorted(known))} (see `diffract plugins`)."
+            )
+    text = render_catalog(manager.catalog().kernels)
     if args.output:
         with open(args.output, "w") as fh:
             fh.write(text)
@@ -107,6 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DiffractError as exc:
         print(f"diffract {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `diffract kernels -v | head`: the reader left; not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -84,6 +84,7 @@ __all__ = [
     "MergeConflictError",
     "ModelSourceError",
     "PartialOutputWarning",
+    "UndefinedValuesWarning",
     "PluginConflictError",
     "PluginError",
     "PluginLoadError",
@@ -168,10 +169,11 @@ class KernelConflictError(KernelError, ValueError):
 class UnknownKernelError(KernelError, UnknownNameError):
     """A kernel name nobody registered."""
 
-    def __init__(self, kernel: str, known: Iterable[str]) -> None:
+    def __init__(self, kernel: str, known: Iterable[str], *, hint: str | None = None) -> None:
         known = list(known)
+        lead = f" {hint}" if hint else did_you_mean(kernel, known)
         super().__init__(
-            f"Unknown kernel {kernel!r}.{did_you_mean(kernel, known)} "
+            f"Unknown kernel {kernel!r}.{lead} "
             f"Known kernels: {_listing(known)}. "
             "List them with session.compute.list_available_kernels().",
             kernel=kernel,
@@ -233,10 +235,12 @@ class FieldError(DiffractError, ValueError):
 class UnknownFieldError(FieldError, UnknownNameError):
     """A field that no registered kernel produces."""
 
-    def __init__(self, field: str, known: Iterable[str], *, action: str = "requested") -> None:
+    def __init__(self, field: str, known: Iterable[str], *, action: str = "requested",
+                 hint: str | None = None) -> None:
         known = list(known)
+        lead = f" {hint}" if hint else did_you_mean(field, known)
         super().__init__(
-            f"Unknown field {field!r} {action}.{did_you_mean(field, known)} "
+            f"Unknown field {field!r} {action}.{lead} "
             f"Known fields: {_listing(known)}. Install the kernel pack that produces it, "
             "or register a kernel with @session.compute.kernel().",
             field=field,
@@ -453,6 +457,10 @@ class DiffractWarning(UserWarning):
 
 class PluginWarning(DiffractWarning):
     """A plugin failed to load or conflicts with another; the host carries on without it."""
+
+
+class UndefinedValuesWarning(DiffractWarning):
+    """An apply stored undefined (NaN) values; once per apply, reasons grouped."""
 
 
 class PartialOutputWarning(DiffractWarning):

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from diffract.core.compute.planner import downstream_fields
 from diffract.core.compute.spec import SOURCE_FIELDS
 from diffract.core.compute.staleness import find_stale
@@ -88,7 +90,9 @@ class ResultsAPI(ScopedAPI):
                 raise UnknownFieldError(f, known, action=action)
 
     # -- per-parameter metrics ------------------------------------------------------
-    def _metric_rows(self, fields: tuple[str, ...]) -> tuple[list[str], list[dict[str, Any]]]:
+    def _metric_rows(
+        self, fields: tuple[str, ...], include_arrays: bool = True
+    ) -> tuple[list[str], list[dict[str, Any]]]:
         store = self._session.store
         models = self._scope_ids()
         if fields:
@@ -96,6 +100,8 @@ class ResultsAPI(ScopedAPI):
             names = list(fields)
         else:
             names = sorted(set().union(*(store.fields(m) for m in models), set()) - SOURCE_FIELDS)
+            if not include_arrays:
+                names = [f for f in names if not self._array_field(models, f)]
         rows = []
         for m in models:
             present = {f: store.present(m, f) for f in names}
@@ -107,10 +113,24 @@ class ResultsAPI(ScopedAPI):
                                  "meta": info.meta_dict, "values": values})
         return names, rows
 
+    def _array_field(self, models: list[str], field: str) -> bool:
+        """Whether ``field`` holds arrays (judged by one stored value; a kernel's output
+        keeps its kind)."""
+        store = self._session.store
+        for m in models:
+            for param in store.present(m, field):
+                return np.ndim(store.read(m, param, field)) > 0
+        return False
+
     def export_metrics(
-        self, *fields: str, export_format: str = "dict", path: str | Path | None = None
+        self,
+        *fields: str,
+        export_format: str = "dict",
+        path: str | Path | None = None,
+        include_arrays: bool = False,
     ) -> Any:
-        """Per-parameter values of ``fields`` (all stored fields when none are named).
+        """Per-parameter values of ``fields``; with none named, every stored scalar
+        field (array fields such as ``esd`` or ``svals`` too with ``include_arrays``).
 
         ``dict``: ``{model_id: {param: {field: value}}}``; tabular formats: one row per
         (model_id, param) with its ptype, ``meta.<key>`` columns and one column per field
@@ -118,7 +138,7 @@ class ResultsAPI(ScopedAPI):
         returned as text otherwise.
         """
         self._check_format(export_format)
-        names, rows = self._metric_rows(fields)
+        names, rows = self._metric_rows(fields, include_arrays)
         if export_format == "dict":
             table: dict[str, dict[str, dict[str, Any]]] = {m: {} for m in self._scope_ids()}
             for row in rows:
@@ -433,8 +453,14 @@ class ResultsAPI(ScopedAPI):
             writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
             writer.writeheader()
             for r in records:
-                writer.writerow({k: (v if not hasattr(v, "shape") or v.shape == () else
-                                     json.dumps(_plain(v))) for k, v in r.items()})
+                for k, v in r.items():
+                    if np.ndim(v) > 0:
+                        raise InvalidArgumentError(
+                            f"Column {k!r} holds arrays, which CSV cannot hold as numbers. "
+                            "Leave the field out, or export it with export_format='json', "
+                            "'dict', 'pandas' or 'polars'."
+                        )
+                writer.writerow(r)
             text = buf.getvalue()
         if path is None:
             return text

@@ -49,7 +49,9 @@ from diffract.errors import (
     PartialOutputWarning,
     ScopeValidationError,
     StorageError,
+    UndefinedValuesWarning,
     UnknownExecutorError,
+    UnknownKernelError,
     UnknownModelError,
     UnknownProfileError,
 )
@@ -613,6 +615,13 @@ class ComputeAPI(ScopedAPI):
             warnings.warn(
                 f"{len(report.failures)} unit(s) failed; see report.failures.", stacklevel=2
             )
+        new_undefined = [n for n in report.undefined if n.kernel in report.computed]
+        if new_undefined:
+            groups = len({(n.kernel, n.reason) for n in new_undefined})
+            warnings.warn(UndefinedValuesWarning(
+                f"{len(new_undefined)} value(s) came out undefined (NaN) for {groups} "
+                "reason(s); report.summary() groups them, results.export_notes() lists "
+                "each."), stacklevel=2)
         return report
 
     def apply_pairs(
@@ -674,9 +683,15 @@ class ComputeAPI(ScopedAPI):
     def configure_kernel(self, name: str, **kwargs: Any) -> None:
         """Set configuration of kernel ``name`` (process-global; see the module docstring).
 
-        Stored results are not invalidated: erase them to recompute under the new values.
+        Stored results are not invalidated: erase them to recompute under the new values
+        (or ``apply(..., recompute="stale")``).
         """
-        self._session.registry.configure(name, **kwargs)
+        registry = self._session.registry
+        if name not in registry and (producer := registry.producer(name)) is not None:
+            raise UnknownKernelError(name, [s.name for s in registry.kernels()],
+                                     hint=f"{name!r} is a field; kernel {producer.name!r} "
+                                          "produces it: configure that.")
+        registry.configure(name, **kwargs)
 
     def kernel_config(self, name: str) -> dict[str, Any]:
         """The configuration kernel ``name`` runs with now (defaults overlaid)."""

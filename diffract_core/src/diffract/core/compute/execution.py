@@ -113,6 +113,39 @@ class ApplyReport:
     def ok(self) -> bool:
         return not self.failures
 
+    def reasons(self, kind: str | None = None) -> dict[tuple[str, str, str], list[str]]:
+        """Notes grouped: (kind, kernel, reason) -> the units it applies to (``kind``
+        limits it to ``"failed"``, ``"skipped"`` or ``"undefined"``)."""
+        groups: dict[tuple[str, str, str], list[str]] = {}
+        for n in self.notes:
+            if kind is None or n.kind == kind:
+                groups.setdefault((n.kind, n.kernel, n.reason), []).append(n.unit)
+        return groups
+
+    def summary(self, failures: int = 5) -> str:
+        """A few lines: units computed per kernel, counts per outcome with their
+        reasons grouped, and the first ``failures`` failures."""
+        lines = [f"computed: {sum(self.computed.values())} unit(s) "
+                 f"({', '.join(f'{k} {v}' for k, v in self.computed.items()) or 'nothing'})"]
+        for kind in ("failed", "undefined", "skipped"):
+            groups = self.reasons(kind)
+            if not groups:
+                continue
+            count = sum(len(units) for units in groups.values())
+            lines.append(f"{kind}: {count} unit(s), {len(groups)} distinct reason(s)")
+            shown = sorted(groups.items(), key=lambda kv: -len(kv[1]))
+            limit = failures if kind == "failed" else 3
+            for (_, kernel, reason), units in shown[:limit]:
+                more = f" and {len(units) - 1} more" if len(units) > 1 else ""
+                lines.append(f"  {kernel} on {units[0]}{more}: {reason}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        counts = {k: len(self._kind(k)) for k in ("failed", "undefined", "skipped")}
+        return (f"ApplyReport(computed={sum(self.computed.values())}, "
+                + ", ".join(f"{k}={v}" for k, v in counts.items())
+                + "; .summary() for reasons)")
+
 
 @attrs.frozen
 class Progress:

@@ -91,7 +91,13 @@ def resolve(fields: Iterable[str], registry: KernelRegistry) -> list[KernelSpec]
         if conflict is not None:
             raise conflict
     if unknown:
-        raise UnknownFieldError(unknown[0], known)
+        field = unknown[0]
+        hint = None
+        if field in registry:  # a kernel's name where a field is expected
+            outputs = registry.get(field).produce_fields
+            hint = (f"{field!r} is a kernel; request the field(s) it produces: "
+                    f"{', '.join(repr(f) for f in outputs)}.")
+        raise UnknownFieldError(field, known, hint=hint)
     order: list[KernelSpec] = []
     done: set[str] = set()
     path: list[tuple[str, str]] = []  # (kernel, field that led to it)

@@ -204,8 +204,10 @@ class KernelSpec:
 
     @property
     def summary(self) -> str:
-        """The first line of the kernel's docstring."""
-        return self.doc.strip().splitlines()[0] if self.doc.strip() else ""
+        """The first paragraph of the kernel's docstring, on one line (a sentence that
+        wraps is not cut)."""
+        paragraph = inspect.cleandoc(self.doc).split("\n\n", 1)[0] if self.doc else ""
+        return " ".join(paragraph.split())
 
     @classmethod
     def from_function(
