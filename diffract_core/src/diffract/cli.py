@@ -1,4 +1,5 @@
-"""The ``diffract`` command: ``plugins``, ``kernels [-v]`` and ``demo``."""
+"""The ``diffract`` command: ``analyze``, ``compare``, ``demo``, ``plugins``, ``kernels
+[-v]`` and ``catalog``. Exit codes: 0 done, 1 some parameters failed, 2 usage errors."""
 
 from __future__ import annotations
 
@@ -102,6 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="diffract", description="Metrics on every parameter of neural-network checkpoints."
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    from diffract import _cli_analyze
+
+    a = sub.add_parser("analyze", help="per-layer metrics and a model summary of checkpoints",
+                       description="Per-layer spectral metrics of each checkpoint, a model "
+                                   "summary, and optionally files, plots and a report.")
+    _cli_analyze.configure_analyze(a)
+    a.set_defaults(run=_cli_analyze.main_analyze)
     p = sub.add_parser("plugins", help="installed plugins, what they register, what failed")
     p.set_defaults(run=_plugins)
     k = sub.add_parser("kernels", help="registered kernels")

@@ -1,0 +1,493 @@
+"""``diffract analyze``: checkpoints in, a per-layer table and a model summary out.
+
+Only the public API is used (Session, compute, results, diffract.report); what a user
+can do here they can do from Python. Terminal niceties (rich tables, progress bars) are
+imported only when they are shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from diffract.errors import DiffractError, InvalidArgumentError
+
+#: The WeightWatcher-like default set.
+DEFAULT_METRICS = ("pl_alpha", "alpha_weighted", "stable_rank", "log_norm", "spectral_norm",
+                   "mp_softrank", "num_spikes")
+
+#: Which distribution brings a field that is not installed (a hint, not a registry).
+PACK_OF = {
+    "diffract-kernels-spectral": (
+        "esd", "svals", "weights_svals", "weights_lsvs", "weights_rsvs", "pl_alpha",
+        "pl_xmin", "pl_xmax", "pl_ks_distance", "pl_sigma", "pl_n_tail", "pl_pvalue",
+        "alpha_weighted", "stable_rank", "log_norm", "spectral_norm", "log_spectral_norm",
+        "mp_softrank", "mp_bulk_max", "num_spikes", "hard_rank", "matrix_entropy",
+        "tpl_alpha", "tpl_lambda", "exp_lambda", "log_alpha_norm",
+    ),
+    "diffract-kernels-alignment": (
+        "l_overlap", "r_overlap", "l_agreement", "r_agreement", "max_l_agreement",
+        "max_r_agreement", "avg_l_agreement", "avg_r_agreement", "avg_max_l_agreement",
+        "avg_max_r_agreement", "l_subspace_overlap", "r_subspace_overlap",
+        "sval_rel_change", "intruder_dimensions",
+    ),
+}
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class UsageError(InvalidArgumentError):
+    """A command-line mistake (exit code 2)."""
+
+
+# -- arguments ---------------------------------------------------------------------------
+def add_session_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", dest="settings", action="append", default=[],
+                   metavar="KERNEL.KEY=VALUE",
+                   help="kernel configuration, checked as configure_kernel checks it "
+                        "(repeatable; VALUE is JSON or a bare word)")
+    p.add_argument("--layers", metavar="REGEX",
+                   help="only parameters whose name matches (searched anywhere)")
+    p.add_argument("--exclude", metavar="REGEX", help="leave out parameters that match")
+    p.add_argument("--profile", choices=None, default=None,
+                   help="storage profile: ram (default) or local (with --store)")
+    p.add_argument("--store", metavar="PATH",
+                   help="a durable store (implies --profile local): an interrupted run "
+                        "resumes where it stopped")
+    p.add_argument("--executor", help="executor name (sequential, threads, processes, "
+                                      "dask with its plugin)")
+    p.add_argument("--out", metavar="DIR", help="directory for the table and summary files")
+    p.add_argument("--format", default="table", choices=("table", "csv", "json", "parquet"),
+                   help="table (terminal) or a file format (written to --out, else printed)")
+    p.add_argument("--plot", metavar="DIR", help="write ESD and depth plots (PNG) here")
+    p.add_argument("--report", metavar="FILE.html", help="write a self-contained HTML report")
+    p.add_argument("--include-1d", action="store_true",
+                   help="show 1-D parameters (biases, norms) in the table")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def configure_analyze(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help=".safetensors file, Hugging Face-style directory, torch state-dict "
+                        "file, or module:factory returning an nn.Module")
+    p.add_argument("--metrics", metavar="a,b,...",
+                   help=f"fields to compute (default: {','.join(DEFAULT_METRICS)})")
+    add_session_arguments(p)
+
+
+# -- inputs ------------------------------------------------------------------------------
+_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def _load_factory(spec: str) -> Any:
+    import importlib
+
+    module_name, _, attr = spec.partition(":")
+    sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"{spec}: cannot import module {module_name!r} ({exc}). Give a "
+                         "module importable from here (or a file path).") from None
+    finally:
+        sys.path.pop(0)
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"{spec}: module {module_name!r} has no {attr!r}.")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UsageError(f"{spec}: {attr!r} is not callable; name a function that returns "
+                         "an nn.Module.")
+    return obj()
+
+
+def model_inputs(paths: Sequence[str]) -> list[tuple[str, Any, str | None]]:
+    """(model_id, what to add, file path or None) per PATH; ids from file names."""
+    out: list[tuple[str, Any, str | None]] = []
+    taken: set[str] = set()
+    for raw in paths:
+        path = Path(raw)
+        if path.exists():
+            stem = path.name if path.is_dir() else path.stem
+            what: Any = str(path.resolve())
+            file: str | None = what
+            if stem in ("model", "pytorch_model") and path.parent.name:
+                stem = path.resolve().parent.name  # model.safetensors: use its folder
+        elif _FACTORY.match(raw):
+            stem = raw.rsplit(":", 1)[1].rsplit(".", 1)[-1]
+            what, file = _load_factory(raw), None
+        else:
+            raise UsageError(f"{raw}: no such file or directory. Give a .safetensors file, a "
+                             "checkpoint directory, a torch state-dict file, or "
+                             "module:factory.")
+        model_id = re.sub(r"[^\w.\-]+", "_", stem) or "model"
+        base, n = model_id, 2
+        while model_id in taken:
+            model_id, n = f"{base}-{n}", n + 1
+        taken.add(model_id)
+        out.append((model_id, what, file))
+    return out
+
+
+def parse_setting(text: str) -> tuple[str, str, Any]:
+    """``KERNEL.KEY=VALUE`` -> (kernel, key, value); VALUE is JSON, else a bare string."""
+    head, sep, value = text.partition("=")
+    kernel, dot, key = head.strip().rpartition(".")
+    if not sep or not dot or not kernel or not key:
+        raise UsageError(f"--set {text!r}: expected KERNEL.KEY=VALUE, e.g. "
+                         "--set power_law_fit.min_tail=5.")
+    value = value.strip()
+    lowered = {"true": True, "false": False, "none": None, "null": None}
+    if value.lower() in lowered:
+        return kernel, key, lowered[value.lower()]
+    try:
+        return kernel, key, json.loads(value)
+    except ValueError:
+        return kernel, key, value
+
+
+def _regex(text: str | None, flag: str) -> re.Pattern[str] | None:
+    if text is None:
+        return None
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise UsageError(f"{flag} {text!r} is not a regular expression: {exc}.") from None
+
+
+def check_metrics(session: Any, metrics: Sequence[str]) -> None:
+    """Every metric produced by an installed kernel, or an error naming the pack."""
+    known = set(session.compute.list_available_metrics())
+    for field in metrics:
+        if field in known:
+            continue
+        pack = next((d for d, fields in PACK_OF.items() if field in fields), None)
+        if pack is not None:
+            raise UsageError(f"Metric {field!r} comes from {pack}, which is not installed: "
+                             f"pip install {pack}.")
+        from diffract.errors import UnknownFieldError
+
+        raise UnknownFieldError(field, sorted(known))
+
+
+def open_session(args: argparse.Namespace) -> Any:
+    from diffract import Session
+
+    profile = args.profile or ("local" if args.store else "ram")
+    options: dict[str, Any] = {}
+    if args.store:
+        if profile != "local":
+            raise UsageError(f"--store needs --profile local (got --profile {profile}).")
+        options["path"] = args.store
+    config: dict[str, Any] = {}
+    if not args.quiet and sys.stderr.isatty():
+        config["apply"] = {"chunk_seconds": 0.5}  # the bar moves at least twice a second
+    kwargs: dict[str, Any] = {"executor": args.executor} if args.executor else {}
+    return Session(profile=profile, config=config or None, **kwargs, **options)
+
+
+def add_models(session: Any, inputs: Sequence[tuple[str, Any, str | None]]) -> list[str]:
+    """Add each model, or reuse it when a durable store already holds it from the same
+    file (a resumed run)."""
+    held = {r["model_id"]: r for r in session.models.list()}
+    for model_id, what, file in inputs:
+        if model_id in held:
+            if file is not None and held[model_id]["source"] == file:
+                continue  # resuming: the store has it, and its files are checked on read
+            raise UsageError(
+                f"The store already holds a model {model_id!r} from "
+                f"{held[model_id]['source']}, not from {file or 'this factory'}. Use another "
+                "--store, or rename the file."
+            )
+        session.models.add(what, model_id=model_id)
+    return [m for m, _, _ in inputs]
+
+
+def scope(session: Any, model_ids: Sequence[str], args: argparse.Namespace) -> Any:
+    """The view the command works in: the models given, the parameters --layers and
+    --exclude keep."""
+    keep, drop = _regex(args.layers, "--layers"), _regex(args.exclude, "--exclude")
+    view = session.filter(model_ids=list(model_ids))
+    if keep is None and drop is None:
+        return view
+    names = sorted({
+        p.name for m in model_ids for p in session.models.params(m)
+        if (keep is None or keep.search(p.name)) and not (drop is not None and drop.search(p.name))
+    })
+    if not names:
+        raise UsageError("--layers/--exclude leave no parameter. `diffract analyze PATH "
+                         "--format csv` without them lists every name.")
+    return view.filter(param_names=names)
+
+
+# -- progress ----------------------------------------------------------------------------
+class ProgressBar:
+    """A rich progress bar per step that runs longer than a second, advancing per
+    committed chunk (chunks of at most ~0.5 s here, so per parameter for costly
+    kernels). Nothing at all when quiet or not on a terminal."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._bar: Any = None
+        self._tasks: dict[tuple[int, str], Any] = {}
+        self._step_started: dict[tuple[int, str], float] = {}
+        self._last = time.perf_counter()
+
+    def __enter__(self) -> ProgressBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def __call__(self, event: Any) -> None:
+        if not self.enabled:
+            return
+        key = (event.step, event.kernel)
+        now = time.perf_counter()
+        started = self._step_started.setdefault(key, self._last)
+        self._last = now
+        if key not in self._tasks:
+            if event.done >= event.total or now - started < 1.0:
+                return
+            bar = self._ensure()
+            self._tasks[key] = bar.add_task(
+                f"[{event.step}/{event.steps}] {event.kernel}", total=event.total,
+                completed=event.done)
+        self._bar.update(self._tasks[key], completed=event.done)
+
+    def _ensure(self) -> Any:
+        if self._bar is None:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                ProgressColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+            from rich.text import Text
+
+            class Rate(ProgressColumn):
+                def render(self, task: Any) -> Text:
+                    speed = task.finished_speed or task.speed
+                    return Text("" if speed is None else f"{speed:.1f}/s")
+
+            self._bar = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Rate(),
+                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                redirect_stdout=False, redirect_stderr=False,
+            )
+            self._bar.start()
+        return self._bar
+
+
+# -- output ------------------------------------------------------------------------------
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float) or (hasattr(value, "dtype") and value.shape == ()):
+        v = float(value)
+        if math.isnan(v):
+            return "nan"
+        return f"{v:.4g}"
+    return str(value)
+
+
+def table_rows(session: Any, view: Any, model_id: str, metrics: Sequence[str],
+               include_1d: bool) -> list[list[Any]]:
+    """Rows of (parameter, shape, metric values) in the view, 1-D parameters only when
+    asked."""
+    values = view.results.export_metrics(*metrics)[model_id]
+    shapes = {p.name: p.shape for p in session.models.params(model_id)}
+    rows = []
+    for name, row in values.items():
+        shape = shapes.get(name, ())
+        if len(shape) < 2 and not include_1d:
+            continue
+        rows.append([name, "x".join(map(str, shape)), *(row.get(m) for m in metrics)])
+    return rows
+
+
+def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]],
+                console: Any | None) -> None:
+    if console is None:
+        from diffract.demo import format_table
+
+        print(title)
+        print(format_table(list(header), [[_cell(v) for v in r] for r in rows]))
+        return
+    from rich import box
+    from rich.table import Table
+
+    cells = [[_cell(v) for v in r] for r in rows]
+    heads = [h.replace("_", "_\n", 1) if i > 1 and len(h) > 7 else h
+             for i, h in enumerate(header)]
+
+    def width(i: int) -> int:
+        return max([len(x) for x in heads[i].splitlines()] + [len(r[i]) for r in cells]) + 3
+
+    # Metric columns in groups that fit the terminal, each group with the name and shape
+    # columns again: nothing is squeezed into ellipses or dropped.
+    fixed = width(0) + width(1)
+    groups: list[list[int]] = [[]]
+    used = fixed
+    for i in range(2, len(header)):
+        if groups[-1] and used + width(i) > console.width:
+            groups.append([])
+            used = fixed
+        groups[-1].append(i)
+        used += width(i)
+    for n, group in enumerate(groups):
+        table = Table(title=title if n == 0 else None, title_justify="left",
+                      header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+        table.add_column(heads[0], no_wrap=True, overflow="fold")
+        table.add_column(heads[1], no_wrap=True)
+        for i in group:
+            table.add_column(heads[i], justify="right", no_wrap=True)
+        for r in cells:
+            table.add_row(r[0], r[1], *(r[i] for i in group))
+        console.print(table)
+
+
+def _console() -> Any | None:
+    try:
+        from rich.console import Console
+    except ImportError:
+        return None
+    return Console()
+
+
+def write_outputs(view: Any, metrics: Sequence[str], fmt: str, out: str | None,
+                  summaries: list[dict[str, Any]]) -> list[Path]:
+    """The metrics table in ``fmt`` (csv/json/parquet) and summary.json under ``out``;
+    without ``out``, csv/json go to standard output."""
+    written: list[Path] = []
+    if out is None:
+        if fmt == "parquet":
+            raise UsageError("--format parquet writes a file: give --out DIR.")
+        sys.stdout.write(view.results.export_metrics(*metrics, export_format=fmt))
+        return written
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    if fmt == "parquet":
+        frame = view.results.export_metrics(*metrics, export_format="pandas")
+        try:
+            frame.to_parquet(folder / "metrics.parquet")
+        except ImportError:
+            raise UsageError("--format parquet needs pyarrow: pip install pyarrow "
+                             "(or use --format csv).") from None
+        written.append(folder / "metrics.parquet")
+    else:
+        ext = "csv" if fmt == "table" else fmt
+        written.append(view.results.export_metrics(*metrics, export_format=ext,
+                                                   path=folder / f"metrics.{ext}"))
+    (folder / "summary.json").write_text(json.dumps(summaries, indent=1, default=str,
+                                                    allow_nan=True).replace("NaN", "null"))
+    written.append(folder / "summary.json")
+    return written
+
+
+# -- the command -------------------------------------------------------------------------
+def apply_settings(session: Any, settings: Sequence[str]) -> None:
+    grouped: dict[str, dict[str, Any]] = {}
+    for text in settings:
+        kernel, key, value = parse_setting(text)
+        grouped.setdefault(kernel, {})[key] = value
+    for kernel, values in grouped.items():
+        session.compute.configure_kernel(kernel, **values)
+
+
+def run_apply(view: Any, metrics: Sequence[str], bar: ProgressBar) -> Any:
+    import warnings
+
+    from diffract.errors import UndefinedValuesWarning
+
+    with warnings.catch_warnings():
+        # the summary reports undefined values and failures, grouped
+        warnings.simplefilter("ignore", UndefinedValuesWarning)
+        warnings.filterwarnings("ignore", message=r"\d+ unit\(s\) failed")
+        return view.compute.apply(*metrics, errors="record", progress=bar)
+
+
+def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
+    from diffract.report import summarize, summary_lines
+
+    started = time.perf_counter()
+    metrics = [m.strip() for m in (args.metrics or ",".join(DEFAULT_METRICS)).split(",")
+               if m.strip()]
+    if not metrics:
+        raise UsageError("--metrics is empty; name at least one field.")
+    inputs = model_inputs(args.paths)
+    session = open_session(args)
+    with session:
+        check_metrics(session, metrics)
+        apply_settings(session, args.settings)
+        model_ids = add_models(session, inputs)
+        view = scope(session, model_ids, args)
+        interactive = sys.stderr.isatty() and not args.quiet
+        try:
+            with ProgressBar(interactive) as bar:
+                report = run_apply(view, metrics, bar)
+        except KeyboardInterrupt:
+            where = (f"rerun the same command with --store {args.store} to resume"
+                     if args.store else "use --store PATH to keep results across runs")
+            print(f"diffract analyze: interrupted; {where}.", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        summaries = summarize(view, model_ids)
+        to_terminal = args.format == "table"
+        if to_terminal:
+            console = _console() if sys.stdout.isatty() else None
+            header = ["parameter", "shape", *metrics]
+            for model_id in model_ids:
+                rows = table_rows(session, view, model_id, metrics, args.include_1d)
+                print_table(f"{model_id}: {len(rows)} layers", header, rows, console)
+            say("")
+            for record in summaries:
+                for line in summary_lines(record):
+                    say(line)
+        written = []
+        if args.out or not to_terminal:
+            written = write_outputs(view, metrics, args.format, args.out, summaries)
+        if args.plot:
+            from diffract.viz import plot_model
+
+            for model_id in model_ids:
+                written += plot_model(view, model_id, args.plot)
+        if args.report:
+            from diffract.report import write_html
+
+            written.append(write_html(view, args.report, metrics=metrics,
+                                      seconds=time.perf_counter() - started,
+                                      command=" ".join(["diffract", *sys.argv[1:]])))
+        tell = say if to_terminal else (lambda s: print(s, file=sys.stderr))
+        for path in written:
+            tell(f"wrote {path}")
+        failed = report.reasons("failed")
+        if failed:
+            tell(f"\n{len(report.failures)} unit(s) failed:")
+            for (_, kernel, reason), units in sorted(failed.items(), key=lambda kv: -len(kv[1])):
+                more = f" and {len(units) - 1} more" if len(units) > 1 else ""
+                tell(f"  {kernel} on {units[0]}{more}: {reason}")
+            return EXIT_FAILED
+        tell(f"done in {time.perf_counter() - started:.1f} s")
+    return EXIT_OK
+
+
+def main_analyze(args: argparse.Namespace) -> int:
+    try:
+        return analyze(args)
+    except UsageError as exc:
+        print(f"diffract analyze: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except DiffractError:
+        raise
