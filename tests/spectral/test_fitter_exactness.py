@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from diffract_kernels_spectral import _taichi, fit_power_law
+from diffract_kernels_spectral import _taichi, fit_power_law, fitting
 from diffract_kernels_spectral.fitting import _REFINE_ABOVE, _SEEDS
 from tests.spectral.conftest import count_candidates, exhaustive, heavy_esd, needs_taichi, pareto
 
@@ -62,13 +62,22 @@ def bound_passes(monkeypatch):
     return calls
 
 
-def test_pruned_search_equals_the_exhaustive_scan_on_hundreds_of_data_sets(bound_passes):
+@pytest.mark.parametrize("path", ["pruned", "dense"])
+def test_search_equals_the_exhaustive_scan_on_hundreds_of_data_sets(bound_passes, monkeypatch,
+                                                                   path):
     """On every data set the fitter returns the exhaustive scan's minimum-KS candidate
     (the smallest xmin among exact ties), its alpha and D, and the candidate count an
-    independent count gives; the set exercises every branch of the search."""
+    independent count gives. ``pruned``: the Taichi search on every set (the sets
+    exercise every branch of it); ``dense``: the numpy pass on the sets it takes."""
+    if path == "pruned":
+        monkeypatch.setattr(fitting, "DENSE_MAX_POINTS", 0)
+    else:
+        monkeypatch.setattr(_taichi, "running", lambda: False)
+    datasets = [(label, x) for label, x in _datasets()
+                if path == "pruned" or len(x) <= fitting.DENSE_MAX_POINTS]
     problems = []
     passes_per_fit = []
-    for label, x in _datasets():
+    for label, x in datasets:
         before = len(bound_passes)
         fit = fit_power_law(x, fit_method="diffract", min_tail=MIN_TAIL)
         passes_per_fit.append(len(bound_passes) - before)
@@ -89,6 +98,9 @@ def test_pruned_search_equals_the_exhaustive_scan_on_hundreds_of_data_sets(bound
         if fit.n_tail != int(np.sum(x >= fit.xmin)):
             problems.append(f"{label}: n_tail {fit.n_tail}")
     assert problems == []
+    if path == "dense":
+        assert len(datasets) >= 150 and not any(passes_per_fit)
+        return
     assert len(passes_per_fit) >= 300
     # Every path of the search ran: no bounds pass, one pass, and several passes.
     assert passes_per_fit.count(0) > 20
@@ -124,6 +136,7 @@ def test_exact_ties_go_to_the_smallest_xmin(monkeypatch, n):
         upper[:] = 0.25
 
     monkeypatch.setattr(_taichi, "kernels", lambda: SimpleNamespace(ks_bounds=ks_bounds, ks_exact=ks_exact))
+    monkeypatch.setattr(fitting, "DENSE_MAX_POINTS", 0)
     x = pareto(np.random.default_rng(n), n, 2.5)
     fit = fit_power_law(x, fit_method="diffract")
     assert fit.xmin == np.sort(x)[0]

@@ -19,6 +19,7 @@ from diffract_kernels_spectral import (
     fit_exponential,
     fit_power_law,
     fit_truncated_power_law,
+    fitting,
     power_law_pvalue,
 )
 from tests.spectral.conftest import exhaustive, heavy_esd, needs_powerlaw, needs_taichi, pareto
@@ -156,13 +157,18 @@ class TestBadInput:
 
     @needs_powerlaw
     def test_without_taichi_diffract_raises_and_auto_falls_back(self, rng, monkeypatch):
-        """With taichi unavailable, 'diffract' raises with the fix and 'auto' uses powerlaw."""
+        """With taichi unavailable, 'diffract' still fits what the dense numpy pass takes
+        (up to DENSE_MAX_POINTS), raises with the fix above it, and 'auto' uses
+        powerlaw there."""
         monkeypatch.setitem(_taichi._STATE, "kernels", None)
         monkeypatch.setitem(_taichi._STATE, "error", "taichi failed to initialize (simulated)")
-        x = pareto(rng, 300, 2.5)
+        small = pareto(rng, 300, 2.5)
+        assert fit_power_law(small, fit_method="diffract").method == "diffract"
+        assert fit_power_law(small).method == "diffract"
+        big = pareto(rng, fitting.DENSE_MAX_POINTS + 1, 2.5)
         with pytest.raises(FitUnavailableError, match="simulated"):
-            fit_power_law(x, fit_method="diffract")
-        assert fit_power_law(x).method == "powerlaw"
+            fit_power_law(big, fit_method="diffract")
+        assert fit_power_law(big).method == "powerlaw"
 
     @needs_powerlaw
     @needs_taichi

@@ -86,7 +86,7 @@ def test_sigkill_at_twenty_points_loses_nothing_committed(tmp_path):
     chunk: inside the next chunk's work or its commit): each time the store opens with
     only complete values equal to the reference; the last run completes it."""
     rng = np.random.default_rng(8)
-    arrays = {f"p{i:03d}": rng.standard_normal((48, 40)) for i in range(140)}
+    arrays = {f"p{i:03d}": rng.standard_normal((48, 40)) for i in range(200)}
     arrays.update({f"wide{i}": rng.standard_normal((200, 150)) for i in range(4)})
     arrays["bias"] = rng.standard_normal(16)
     model = tmp_path / "model.npz"

@@ -126,11 +126,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import warnings
 
-    from diffract.errors import DiffractError
+    from diffract.errors import DiffractError, DiffractWarning
 
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("default")  # each distinct warning once
+            # each distinct warning of ours once; other libraries' as Python decides
+            warnings.simplefilter("default", DiffractWarning)
             return int(args.run(args))
     except DiffractError as exc:
         print(f"diffract {args.command}: error: {exc}", file=sys.stderr)

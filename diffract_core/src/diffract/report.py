@@ -8,14 +8,16 @@ WeightWatcher-style reading of alpha) and a one-file HTML report.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["ALPHA_OVER_TRAINED", "ALPHA_UNDER_TRAINED", "summarize"]
+__all__ = ["ALPHA_OVER_TRAINED", "ALPHA_UNDER_TRAINED", "summarize", "write_html"]
 
 #: WeightWatcher's reading of a layer's power-law exponent: below 2 the layer is likely
 #: over-trained (over-fit to its data), above 6 under-trained; 2-6 is the well-trained band.
@@ -138,3 +140,206 @@ def summary_lines(record: Mapping[str, Any]) -> list[str]:
         if more > 0:
             lines.append(f"    ... {more} more reason(s): results.export_notes() lists each")
     return lines
+
+
+# -- the HTML report ------------------------------------------------------------------------
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
+max-width:1200px;padding:0 1em;color:#1d1d1f}
+h1{font-size:1.6em;margin-bottom:.2em}h2{margin-top:1.8em;border-bottom:1px solid #ddd}
+.muted{color:#666}table{border-collapse:collapse;margin:.6em 0}
+td,th{padding:3px 9px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
+td:first-child,th:first-child{text-align:left}
+table.sortable th{cursor:pointer;background:#f6f6f8;position:sticky;top:0}
+table.sortable th:hover{background:#e8e8ee}th.asc::after{content:" \\25B2"}
+th.desc::after{content:" \\25BC"}.bad{color:#b00}.scroll{max-height:70vh;overflow:auto}
+img{max-width:100%;border:1px solid #eee;margin:.4em 0}
+details{margin:.5em 0}summary{cursor:pointer;font-weight:600}
+code,pre{background:#f6f6f8;padding:1px 4px;border-radius:3px}
+"""
+
+_JS = """
+document.querySelectorAll('table.sortable').forEach(function(t){
+ t.querySelectorAll('th').forEach(function(th,i){th.addEventListener('click',function(){
+  var asc=!th.classList.contains('asc');
+  t.querySelectorAll('th').forEach(function(h){h.classList.remove('asc','desc')});
+  th.classList.add(asc?'asc':'desc');
+  var rows=Array.from(t.tBodies[0].rows);
+  rows.sort(function(a,b){
+   var x=a.cells[i].dataset.v, y=b.cells[i].dataset.v;
+   var p=parseFloat(x), q=parseFloat(y);
+   if(!isNaN(p)&&!isNaN(q)) return asc?p-q:q-p;
+   if(isNaN(p)!==isNaN(q)) return isNaN(p)?1:-1;
+   return asc?String(x).localeCompare(y):String(y).localeCompare(x);});
+  rows.forEach(function(r){t.tBodies[0].appendChild(r)});});});});
+"""
+
+
+def _esc(text: Any) -> str:
+    import html
+
+    return html.escape(str(text), quote=True)
+
+
+def _fmt(value: Any) -> tuple[str, str]:
+    """(shown text, sort key) of a cell."""
+    if value is None:
+        return "", ""
+    if np.ndim(value) == 0 and isinstance(value, (int, float, np.number, bool)):
+        v = float(value)
+        if math.isnan(v):
+            return "nan", "nan"
+        return (f"{v:.4g}" if not float(v).is_integer() or abs(v) >= 1e6 else f"{int(v)}",
+                repr(v))
+    return str(value), str(value)
+
+
+def html_table(header: list[str], rows: list[list[Any]], *, sortable: bool = True,
+               table_id: str | None = None) -> str:
+    """An HTML table whose cells carry their exact value in ``data-v`` (what sorting
+    uses, and what a reader of the file can parse)."""
+    attrs = (' class="sortable"' if sortable else "") + (f' id="{_esc(table_id)}"'
+                                                          if table_id else "")
+    out = [f"<table{attrs}><thead><tr>"]
+    out += [f"<th>{_esc(h)}</th>" for h in header]
+    out.append("</tr></thead><tbody>")
+    for row in rows:
+        out.append("<tr>")
+        for value in row:
+            shown, key = _fmt(value)
+            out.append(f'<td data-v="{_esc(key)}">{_esc(shown)}</td>')
+        out.append("</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _png(fig: Any) -> str:
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _versions() -> dict[str, str]:
+    import platform
+    from importlib import metadata
+
+    from diffract.plugins import get_catalog
+
+    out = {"python": platform.python_version(), "numpy": np.__version__}
+    try:
+        out["diffract-core"] = metadata.version("diffract-core")
+    except metadata.PackageNotFoundError:
+        pass
+    for record in get_catalog().plugins:
+        if record.version and record.status == "loaded":
+            out[record.distribution] = record.version
+    return out
+
+
+def write_html(
+    session: Any,
+    path: str | Path,
+    *,
+    metrics: Sequence[str] | None = None,
+    seconds: float | None = None,
+    command: str | None = None,
+    plots: bool = True,
+    sections: Sequence[str] = (),
+) -> Path:
+    """One self-contained HTML file (styles, sorting script and plots inline; opens
+    offline): per model the summary, the sortable per-layer table of ``metrics``
+    (every stored scalar field when None) and the plots (when matplotlib is installed
+    and ``esd`` is stored), pairwise aggregates when there are any, and the run's
+    provenance: versions, kernel configuration, inputs, time taken, ``command``.
+    ``sections`` are extra HTML fragments appended before the provenance. Returns the
+    path written."""
+    import datetime
+
+    root = getattr(session, "session", session)
+    results = session.results
+    model_ids = list(session.model_ids)
+    table = results.export_metrics(*(metrics or ()))
+    fields = list(metrics) if metrics else sorted(
+        {f for rows in table.values() for row in rows.values() for f in row})
+    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>Diffract report"
+             f"</title><meta name=viewport content='width=device-width'><style>{_CSS}"
+             "</style></head><body>",
+             "<h1>Diffract report</h1>",
+             f"<p class=muted>{_esc(', '.join(model_ids))} &middot; generated "
+             f"{_esc(datetime.datetime.now().isoformat(timespec='seconds'))}</p>"]
+    summaries = {r["model_id"]: r for r in summarize(session, model_ids)}
+    head = ["model", "layers with alpha", "alpha defined", "alpha mean", "alpha median",
+            "alpha_weighted mean", f"share alpha < {ALPHA_OVER_TRAINED:g}",
+            f"share alpha > {ALPHA_UNDER_TRAINED:g}", "undefined"]
+    parts.append("<h2>Summary</h2>")
+    parts.append(html_table(head, [[r["model_id"], r["layers"], r["alpha_defined"],
+                                    r["alpha_mean"], r["alpha_median"],
+                                    r["alpha_weighted_mean"], r["share_over_trained"],
+                                    r["share_under_trained"], r["undefined"]]
+                                   for r in summaries.values()], table_id="summary"))
+    parts.append(f"<p class=muted>WeightWatcher's reading: alpha below "
+                 f"{ALPHA_OVER_TRAINED:g} suggests an over-trained layer, above "
+                 f"{ALPHA_UNDER_TRAINED:g} an under-trained one.</p>")
+    viz = None
+    if plots:
+        try:
+            import matplotlib  # noqa: F401
+
+            from diffract import viz
+        except ImportError:
+            parts.append("<p class=muted>Plots left out: pip install matplotlib.</p>")
+    for model_id in model_ids:
+        record = summaries.get(model_id)
+        parts.append(f"<h2 id='model-{_esc(model_id)}'>{_esc(model_id)}</h2>")
+        if record and record["undefined_reasons"]:
+            items = "".join(f"<li>{c} &times; {_esc(r)}</li>"
+                            for r, c in record["undefined_reasons"].items())
+            parts.append(f"<p>No alpha for {record['undefined']} layer(s):</p><ul>{items}</ul>")
+        shapes = {p.name: p.shape for p in root.models.params(model_id)}
+        rows = [[name, "x".join(map(str, shapes.get(name, ()))),
+                 *(row.get(f) if np.ndim(row.get(f, 0)) == 0 else None for f in fields)]
+                for name, row in table.get(model_id, {}).items()]
+        parts.append("<div class=scroll>" + html_table(["parameter", "shape", *fields], rows,
+                                                       table_id=f"metrics-{model_id}")
+                     + "</div>")
+        if viz is not None:
+            known = set(session.compute.list_available_metrics())
+            depth = [f for f in viz.DEPTH_FIELDS if f in known]
+            if depth and any(any(f in r for f in depth)
+                             for r in results.export_metrics(*depth)[model_id].values()):
+                parts.append(f"<img alt='metrics against depth' src='"
+                             f"{_png(viz.depth_figure(session, model_id, depth))}'>")
+            if "esd" in known:
+                esds = results.export_metrics("esd")[model_id]
+                images = [f"<img alt='ESD of {_esc(p)}' src='"
+                          f"{_png(viz.esd_figure(session, model_id, p))}'>"
+                          for p, r in esds.items() if np.any(np.asarray(r["esd"]) > 0)]
+                if images:
+                    parts.append(f"<details><summary>ESD of each layer ({len(images)})"
+                                 f"</summary>{''.join(images)}</details>")
+    parts.extend(sections)
+    parts.append("<h2>Provenance</h2>")
+    prov = [["command", command or ""], ["time taken (s)", seconds],
+            ["storage profile", root.profile]]
+    prov += [[name, version] for name, version in _versions().items()]
+    parts.append(html_table(["", ""], prov, sortable=False, table_id="provenance"))
+    kernels = sorted({r["kernel"] for r in session.compute.list_available_metrics(True)
+                      if r["field"] in set(fields)})
+    config_rows = [[k, json.dumps(session.compute.kernel_config(k), default=str)]
+                   for k in kernels]
+    parts.append("<h3>Configuration</h3>")
+    parts.append(html_table(["kernel", "configuration"], config_rows, sortable=False,
+                            table_id="configuration"))
+    parts.append("<h3>Inputs</h3>")
+    inputs = [[m["model_id"], m["params"], m["numel"], m["source"]]
+              for m in root.models.list() if m["model_id"] in model_ids]
+    parts.append(html_table(["model", "parameters", "elements", "source"], inputs,
+                            sortable=False, table_id="inputs"))
+    parts.append(f"<script>{_JS}</script></body></html>")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(parts), encoding="utf-8")
+    return path

@@ -71,6 +71,11 @@ def kernels() -> SimpleNamespace:
     return _STATE["kernels"]
 
 
+def running() -> bool:
+    """Whether the kernels are compiled already (nothing is started to find out)."""
+    return _STATE["kernels"] is not None
+
+
 def available() -> bool:
     """Whether the accelerated fitter can run (starts taichi on first call)."""
     try:

@@ -729,18 +729,28 @@ class Runner:
         begun = last = time.perf_counter()
         inflight: list[_Chunk] = []  # submitted to the executor, not yet committed
 
+        chunks = 0
+        undecided = parallel and not use_pool and not self.executors.inline
+
         def finished(units: int, seconds: float, failures: int) -> None:
-            nonlocal done, failed, per_unit, size, use_pool, lazy
+            nonlocal done, failed, per_unit, size, use_pool, lazy, chunks, undecided
             done += units
             failed += failures
+            chunks += 1
             each = seconds / max(units, 1)
-            per_unit = each if per_unit is None else 0.5 * (per_unit + each)
+            # The first chunk pays the kernel's one-off costs (imports, library
+            # warm-up: 0.2 s for an esd that then takes 10 ms), so the pool is judged
+            # on the second chunk's time alone; both are kept small until then.
+            per_unit = each if per_unit is None or chunks == 2 else 0.5 * (per_unit + each)
             left = len(step.units) - done
-            if (parallel and not use_pool and not self.executors.inline
-                    and per_unit * left >= self.pool_min_seconds):
-                use_pool = True
-                lazy = self.executors.reads_files
+            if undecided and chunks >= 2:
+                undecided = False
+                if per_unit * left >= self.pool_min_seconds:
+                    use_pool = True
+                    lazy = self.executors.reads_files
             size = max(smallest, int(self.chunk_seconds / max(per_unit, 1e-6)))
+            if undecided:
+                size = smallest
             if use_pool:  # per_unit is wall time over the workers: keep them all busy
                 size = max(size, 2 * self.parallel_workers)
             if self.progress is not None:

@@ -1,0 +1,197 @@
+"""Plots of stored results (matplotlib, drawn off-screen: no display needed).
+
+``plot_esd(session, model_id, param)`` draws one layer's empirical spectral density: on
+log-log axes with the fitted power law and its ``xmin``, and as a linear histogram with
+the Marchenko-Pastur density of a random matrix of the same shape and scale.
+``plot_depth(session, model_id)`` draws metrics against depth (the parameters' order in
+the model). ``plot_model`` writes both as PNG files. Each reads stored fields only:
+apply ``esd`` (and ``pl_alpha``, ``mp_bulk_max``...) first. matplotlib is imported when
+a plot is drawn (``pip install matplotlib``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from diffract.errors import DiffractError, InvalidArgumentError
+
+__all__ = ["esd_figure", "plot_depth", "plot_esd", "plot_model", "depth_figure"]
+
+#: Fields drawn against depth when present.
+DEPTH_FIELDS = ("pl_alpha", "stable_rank")
+
+
+def _figure(width: float, height: float) -> Any:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise DiffractError("Plots need matplotlib: pip install matplotlib.") from None
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)  # off-screen: never touches pyplot's global backend
+    return fig
+
+
+def _params(session: Any, model_id: str) -> list[Any]:
+    """ParamInfo records of a model, from a session or a view of one."""
+    return getattr(session, "session", session).models.params(model_id)
+
+
+def _values(session: Any, model_id: str, param: str, *fields: str) -> dict[str, Any]:
+    row = session.results.export_metrics(*fields)[model_id].get(param)
+    if row is None:
+        raise InvalidArgumentError(
+            f"{model_id}/{param} has none of {', '.join(fields)} stored: apply them first "
+            f"(session.compute.apply({', '.join(repr(f) for f in fields[:2])}))."
+        )
+    return row
+
+
+def mp_density(x: np.ndarray, total: float, n: int, m: int) -> np.ndarray:
+    """Marchenko-Pastur density of the eigenvalues of ``W^T W`` for an ``n x m`` matrix
+    of i.i.d. entries whose squares sum to ``total`` (the ESD's sum): with ``k =
+    min(n, m)``, ``L = max(n, m)``, ``q = k / L``, ``s^2 = total / (k L)`` and
+    ``lambda_+- = L s^2 (1 +- sqrt(q))^2``, ``rho(lambda) = sqrt((lambda_+ - lambda)
+    (lambda - lambda_-)) / (2 pi q L s^2 lambda)`` inside the bulk, 0 outside."""
+    k, big = min(n, m), max(n, m)
+    q = k / big
+    scale = total / k  # = L s^2
+    lo, hi = scale * (1 - math.sqrt(q)) ** 2, scale * (1 + math.sqrt(q)) ** 2
+    x = np.asarray(x, dtype=np.float64)
+    inside = (x > lo) & (x < hi)
+    out = np.zeros_like(x)
+    xi = x[inside]
+    out[inside] = np.sqrt((hi - xi) * (xi - lo)) / (2 * math.pi * q * scale * xi)
+    return out
+
+
+def esd_figure(session: Any, model_id: str, param: str) -> Any:
+    """The figure ``plot_esd`` saves (a matplotlib Figure)."""
+    row = _values(session, model_id, param, "esd")
+    esd = np.asarray(row["esd"], dtype=np.float64)
+    esd = esd[esd > 0]
+    if esd.size == 0:
+        raise InvalidArgumentError(f"{model_id}/{param}: the ESD has no positive eigenvalue "
+                                   "to plot.")
+    fits = session.results.export_metrics()[model_id].get(param, {})
+    shape = next((p.shape for p in _params(session, model_id) if p.name == param), None)
+    fig = _figure(10, 4)
+    log_ax, lin_ax = fig.subplots(1, 2)
+    # log-log: density on log-spaced bins, the fitted law over its tail
+    lo, hi = esd.min(), esd.max()
+    bins = np.geomspace(lo, hi * (1 + 1e-9), max(10, min(60, esd.size // 4)))
+    counts, edges = np.histogram(esd, bins=bins)
+    density = counts / (esd.size * np.diff(edges))
+    centres = np.sqrt(edges[:-1] * edges[1:])
+    keep = counts > 0
+    log_ax.loglog(centres[keep], density[keep], "o", ms=4, color="tab:blue", label="ESD")
+    alpha, xmin = fits.get("pl_alpha"), fits.get("pl_xmin")
+    if alpha is not None and xmin is not None and math.isfinite(alpha) and math.isfinite(xmin):
+        share = float(np.mean(esd >= xmin))
+        x = np.geomspace(xmin, hi, 50)
+        log_ax.loglog(x, share * (alpha - 1) / xmin * (x / xmin) ** -alpha, "-",
+                      color="tab:red", label=f"power law, alpha={alpha:.2f}")
+        log_ax.axvline(xmin, color="tab:red", ls="--", lw=1, label=f"xmin={xmin:.3g}")
+    log_ax.set_xlabel("eigenvalue of W^T W")
+    log_ax.set_ylabel("density")
+    log_ax.set_title("log-log ESD")
+    log_ax.legend(fontsize=8)
+    # linear: histogram and the Marchenko-Pastur bulk of a random matrix like it
+    lin_ax.hist(esd, bins=max(10, min(80, esd.size // 3)), density=True, color="tab:blue",
+                alpha=0.6, label="ESD")
+    if shape is not None and len(shape) >= 2:
+        n, m = int(shape[0]), int(np.prod(shape[1:]))
+        x = np.linspace(lo, hi, 400)
+        lin_ax.plot(x, mp_density(x, float(esd.sum()), n, m) * (min(n, m) / esd.size),
+                    color="tab:orange", label="Marchenko-Pastur")
+        edge = fits.get("mp_bulk_max")
+        if edge is not None and math.isfinite(edge):
+            lin_ax.axvline(edge, color="tab:orange", ls="--", lw=1, label="bulk edge")
+    lin_ax.set_xlabel("eigenvalue of W^T W")
+    lin_ax.set_title("linear ESD")
+    lin_ax.legend(fontsize=8)
+    fig.suptitle(f"{model_id} / {param}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def depth_figure(session: Any, model_id: str,
+                 fields: Sequence[str] = DEPTH_FIELDS) -> Any:
+    """The figure ``plot_depth`` saves: one panel per field, value against the position
+    of the parameter in the model (matrices only)."""
+    known = set(session.compute.list_available_metrics())
+    fields = [f for f in fields if f in known]
+    if not fields:
+        raise InvalidArgumentError("None of the fields to plot against depth is installed.")
+    rows = session.results.export_metrics(*fields)[model_id]
+    order = [p.name for p in _params(session, model_id) if len(p.shape) >= 2]
+    fig = _figure(10, 2.6 * len(fields))
+    axes = fig.subplots(len(fields), 1, squeeze=False)[:, 0]
+    for ax, field in zip(axes, fields, strict=True):
+        xs = [i for i, name in enumerate(order) if field in rows.get(name, {})]
+        ys = [float(rows[order[i]][field]) for i in xs]
+        ax.plot(xs, ys, "o-", ms=3)
+        ax.set_ylabel(field)
+        if field == "pl_alpha":
+            ax.axhspan(2, 6, color="tab:green", alpha=0.08, label="2 <= alpha <= 6")
+            ax.legend(fontsize=8, loc="upper right")
+    axes[-1].xaxis.get_major_locator().set_params(integer=True)
+    axes[-1].set_xlabel("parameter index (model order, matrices only)")
+    fig.suptitle(f"{model_id}: metrics against depth", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _save(fig: Any, path: str | Path | None) -> Any:
+    if path is None:
+        return fig
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+def plot_esd(session: Any, model_id: str, param: str, path: str | Path | None = None) -> Any:
+    """One layer's ESD (log-log with the fitted power law and xmin; linear with the
+    Marchenko-Pastur bulk). Saved as PNG at ``path``, else the Figure is returned."""
+    return _save(esd_figure(session, model_id, param), path)
+
+
+def plot_depth(session: Any, model_id: str, path: str | Path | None = None,
+               fields: Sequence[str] = DEPTH_FIELDS) -> Any:
+    """``fields`` against depth. Saved as PNG at ``path``, else the Figure is returned."""
+    return _save(depth_figure(session, model_id, fields), path)
+
+
+def _file_name(param: str) -> str:
+    return re.sub(r"[^\w.\-]+", "_", param)
+
+
+def plot_model(session: Any, model_id: str, directory: str | Path) -> list[Path]:
+    """Every layer's ESD (where ``esd`` is stored) and the depth plot, as PNGs under
+    ``directory/model_id/``; returns the paths written. Computes nothing: what is not
+    stored is not drawn (``esd`` is applied first when the spectral pack is installed
+    and it is missing)."""
+    folder = Path(directory) / _file_name(model_id)
+    known = set(session.compute.list_available_metrics())
+    written: list[Path] = []
+    if "esd" in known:
+        rows = session.results.export_metrics("esd")[model_id]
+        if not rows:
+            session.compute.apply("esd", errors="record")
+            rows = session.results.export_metrics("esd")[model_id]
+        for param, row in rows.items():
+            esd = np.asarray(row["esd"])
+            if esd.ndim == 1 and np.any(esd > 0):
+                written.append(plot_esd(session, model_id, param,
+                                        folder / f"esd_{_file_name(param)}.png"))
+    depth = [f for f in DEPTH_FIELDS if f in known]
+    if depth:
+        written.append(plot_depth(session, model_id, folder / "depth.png", depth))
+    return written
