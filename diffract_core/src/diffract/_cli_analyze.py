@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from diffract.errors import DiffractError, InvalidArgumentError
+from diffract.errors import InvalidArgumentError
 
 #: The WeightWatcher-like default set.
 DEFAULT_METRICS = ("pl_alpha", "alpha_weighted", "stable_rank", "log_norm", "spectral_norm",
@@ -319,7 +319,10 @@ def table_rows(session: Any, view: Any, model_id: str, metrics: Sequence[str],
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]],
-                console: Any | None) -> None:
+                console: Any | None, keys: int = 2) -> None:
+    """A table whose first ``keys`` columns name the row; on a terminal (``console``) the
+    value columns come in groups that fit its width, each group with the key columns
+    again, so nothing is squeezed into ellipses or dropped."""
     if console is None:
         from diffract.demo import format_table
 
@@ -330,18 +333,16 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
     from rich.table import Table
 
     cells = [[_cell(v) for v in r] for r in rows]
-    heads = [h.replace("_", "_\n", 1) if i > 1 and len(h) > 7 else h
+    heads = [h.replace("_", "_\n", 1) if i >= keys and len(h) > 7 else h
              for i, h in enumerate(header)]
 
     def width(i: int) -> int:
         return max([len(x) for x in heads[i].splitlines()] + [len(r[i]) for r in cells]) + 3
 
-    # Metric columns in groups that fit the terminal, each group with the name and shape
-    # columns again: nothing is squeezed into ellipses or dropped.
-    fixed = width(0) + width(1)
+    fixed = sum(width(i) for i in range(keys))
     groups: list[list[int]] = [[]]
     used = fixed
-    for i in range(2, len(header)):
+    for i in range(keys, len(header)):
         if groups[-1] and used + width(i) > console.width:
             groups.append([])
             used = fixed
@@ -350,12 +351,12 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
     for n, group in enumerate(groups):
         table = Table(title=title if n == 0 else None, title_justify="left",
                       header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-        table.add_column(heads[0], no_wrap=True, overflow="fold")
-        table.add_column(heads[1], no_wrap=True)
+        for i in range(keys):
+            table.add_column(heads[i], no_wrap=True, overflow="fold")
         for i in group:
             table.add_column(heads[i], justify="right", no_wrap=True)
         for r in cells:
-            table.add_row(r[0], r[1], *(r[i] for i in group))
+            table.add_row(*r[:keys], *(r[i] for i in group))
         console.print(table)
 
 
@@ -489,5 +490,168 @@ def main_analyze(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"diffract analyze: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except DiffractError:
-        raise
+
+
+# -- compare -----------------------------------------------------------------------------
+#: Pairwise fields shown by default: direction agreement, subspace overlap, spectrum change.
+DEFAULT_COMPARE = ("avg_max_l_agreement", "l_subspace_overlap", "sval_rel_change")
+
+
+def configure_compare(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="two or more checkpoints, in order (files, directories, "
+                        "module:factory)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--to-first", dest="pairs", action="store_const", const="first",
+                      help="compare each checkpoint with the first (a base and its "
+                           "fine-tunes)")
+    mode.add_argument("--pairs", dest="pairs", action="store_const", const="all",
+                      help="compare every pair")
+    p.set_defaults(pairs="consecutive")
+    p.add_argument("--metrics", metavar="a,b,...",
+                   help=f"pairwise fields (default: {','.join(DEFAULT_COMPARE)})")
+    add_session_arguments(p)
+
+
+def pair_table(view: Any, field: str) -> tuple[list[str], list[str], Any]:
+    """(layers, pair labels, matrix layer x pair) of one pairwise scalar field."""
+    import numpy as np
+
+    records = view.results.export_aggregates(field, export_format="list")
+    layers: list[str] = []
+    pairs: list[str] = []
+    cells: dict[tuple[str, str], float] = {}
+    for r in records:
+        if r["field"] != field or r["param"] is None or np.ndim(r["value"]) != 0:
+            continue
+        label = r["models"].replace(",", " -> ")
+        if r["param"] not in layers:
+            layers.append(r["param"])
+        if label not in pairs:
+            pairs.append(label)
+        cells[(r["param"], label)] = float(r["value"])
+    matrix = np.full((len(layers), len(pairs)), np.nan)
+    for (layer, label), value in cells.items():
+        matrix[layers.index(layer), pairs.index(label)] = value
+    return layers, pairs, matrix
+
+
+def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
+    started = time.perf_counter()
+    if len(args.paths) < 2:
+        raise UsageError("compare needs at least two checkpoints.")
+    metrics = [m.strip() for m in (args.metrics or ",".join(DEFAULT_COMPARE)).split(",")
+               if m.strip()]
+    inputs = model_inputs(args.paths)
+    session = open_session(args)
+    with session:
+        check_metrics(session, metrics)
+        levels = {r["field"]: r["apply_level"]
+                  for r in session.compute.list_available_metrics(True)}
+        single = [m for m in metrics if levels.get(m) != "CROSS_MODEL"]
+        if single:
+            raise UsageError(f"{', '.join(single)}: not pairwise (CROSS_MODEL) fields; "
+                             "compare takes fields that compare two checkpoints (use "
+                             "`diffract analyze` for the others).")
+        apply_settings(session, args.settings)
+        model_ids = add_models(session, inputs)
+        view = scope(session, model_ids, args)
+        interactive = sys.stderr.isatty() and not args.quiet
+        import warnings
+
+        from diffract.errors import UndefinedValuesWarning
+
+        try:
+            with ProgressBar(interactive) as bar, warnings.catch_warnings():
+                warnings.simplefilter("ignore", UndefinedValuesWarning)
+                warnings.filterwarnings("ignore", message=r"\d+ unit\(s\) failed")
+                # the per-checkpoint inputs (SVDs) once for all, with one bar
+                needs = sorted({f for m in metrics for f in _inputs_of(session, m)})
+                reports = [view.compute.apply(*needs, errors="record", progress=bar)] if needs \
+                    else []
+                reports += view.compute.apply_pairs(*metrics, pairs=args.pairs,
+                                                    errors="record").values()
+        except KeyboardInterrupt:
+            print("diffract compare: interrupted; rerun with --store PATH to resume.",
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
+        console = _console() if sys.stdout.isatty() and args.format == "table" else None
+        sections = []
+        written: list[Path] = []
+        for field in metrics:
+            layers, pairs, matrix = pair_table(view, field)
+            if args.format == "table":
+                rows = [[layer, *matrix[i]] for i, layer in enumerate(layers)]
+                print_table(f"{field} (layer x pair)", ["parameter", *pairs], rows, console,
+                            keys=1)
+            if args.plot or args.report:
+                from diffract import viz
+
+                fig = viz.heatmap_figure(matrix, layers, pairs, field)
+                if args.plot:
+                    written.append(viz.save_png(fig, Path(args.plot) / f"compare_{field}.png"))
+                if args.report:
+                    from diffract.report import figure_html, html_table
+
+                    sections.append(f"<h2>{field}</h2>" + figure_html(fig) + html_table(
+                        ["parameter", *pairs], [[layer, *matrix[i]]
+                                                for i, layer in enumerate(layers)],
+                        table_id=f"compare-{field}"))
+        if args.out or args.format != "table":
+            fmt = "csv" if args.format == "table" else args.format
+            if args.out is None:
+                sys.stdout.write(view.results.export_aggregates(*metrics, export_format=fmt))
+            else:
+                folder = Path(args.out)
+                folder.mkdir(parents=True, exist_ok=True)
+                if fmt == "parquet":
+                    raise UsageError("compare writes csv or json; --format parquet is for "
+                                     "analyze.")
+                written.append(view.results.export_aggregates(
+                    *metrics, export_format=fmt, path=folder / f"compare.{fmt}"))
+        if args.report:
+            from diffract.report import write_html
+
+            written.append(write_html(view, args.report, metrics=[], sections=sections,
+                                      seconds=time.perf_counter() - started,
+                                      command=" ".join(["diffract", *sys.argv[1:]])))
+        tell = say if args.format == "table" else (lambda s: print(s, file=sys.stderr))
+        for path in written:
+            tell(f"wrote {path}")
+        failed: dict[tuple[str, str, str], list[str]] = {}
+        for report in reports:
+            for key, units in report.reasons("failed").items():
+                failed.setdefault(key, []).extend(units)
+        if failed:
+            tell(f"\n{sum(len(u) for u in failed.values())} unit(s) failed:")
+            for (_, kernel, reason), units in failed.items():
+                more = f" and {len(units) - 1} more" if len(units) > 1 else ""
+                tell(f"  {kernel} on {units[0]}{more}: {reason}")
+            return EXIT_FAILED
+        tell(f"done in {time.perf_counter() - started:.1f} s")
+    return EXIT_OK
+
+
+def _inputs_of(session: Any, field: str) -> list[str]:
+    """The per-parameter fields a pairwise field is computed from (their producers run
+    on each checkpoint once, before the pairs)."""
+    kernels = {k["name"]: k for k in session.compute.list_available_kernels(True)}
+    producer = {f: k for k in kernels.values() for f in k["produce_fields"]}
+    out: list[str] = []
+    todo = [field]
+    while todo:
+        spec = kernels[producer[todo.pop()]["name"]]
+        for f in spec["require_fields"]:
+            if f in producer and kernels[producer[f]["name"]]["apply_level"] == "PARAMETER":
+                out.append(f)
+            elif f in producer:
+                todo.append(f)
+    return out
+
+
+def main_compare(args: argparse.Namespace) -> int:
+    try:
+        return compare(args)
+    except UsageError as exc:
+        print(f"diffract compare: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE

@@ -110,6 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    "summary, and optionally files, plots and a report.")
     _cli_analyze.configure_analyze(a)
     a.set_defaults(run=_cli_analyze.main_analyze)
+    cmp = sub.add_parser("compare", help="how layers move between checkpoints (alignment pack)",
+                         description="Pairwise metrics per layer between checkpoints: a "
+                                     "table per metric, heat maps with --plot, the report.")
+    _cli_analyze.configure_compare(cmp)
+    cmp.set_defaults(run=_cli_analyze.main_compare)
     p = sub.add_parser("plugins", help="installed plugins, what they register, what failed")
     p.set_defaults(run=_plugins)
     k = sub.add_parser("kernels", help="registered kernels")

@@ -213,6 +213,11 @@ def html_table(header: list[str], rows: list[list[Any]], *, sortable: bool = Tru
     return "".join(out)
 
 
+def figure_html(fig: Any, alt: str = "") -> str:
+    """An ``<img>`` holding ``fig`` as an inline PNG."""
+    return f"<img alt='{_esc(alt)}' src='{_png(fig)}'>"
+
+
 def _png(fig: Any) -> str:
     import base64
     import io
@@ -270,19 +275,20 @@ def write_html(
              "<h1>Diffract report</h1>",
              f"<p class=muted>{_esc(', '.join(model_ids))} &middot; generated "
              f"{_esc(datetime.datetime.now().isoformat(timespec='seconds'))}</p>"]
-    summaries = {r["model_id"]: r for r in summarize(session, model_ids)}
+    summaries = {r["model_id"]: r for r in summarize(session, model_ids) if r["layers"]}
     head = ["model", "layers with alpha", "alpha defined", "alpha mean", "alpha median",
             "alpha_weighted mean", f"share alpha < {ALPHA_OVER_TRAINED:g}",
             f"share alpha > {ALPHA_UNDER_TRAINED:g}", "undefined"]
-    parts.append("<h2>Summary</h2>")
-    parts.append(html_table(head, [[r["model_id"], r["layers"], r["alpha_defined"],
-                                    r["alpha_mean"], r["alpha_median"],
-                                    r["alpha_weighted_mean"], r["share_over_trained"],
-                                    r["share_under_trained"], r["undefined"]]
-                                   for r in summaries.values()], table_id="summary"))
-    parts.append(f"<p class=muted>WeightWatcher's reading: alpha below "
-                 f"{ALPHA_OVER_TRAINED:g} suggests an over-trained layer, above "
-                 f"{ALPHA_UNDER_TRAINED:g} an under-trained one.</p>")
+    if summaries:
+        parts.append("<h2>Summary</h2>")
+        parts.append(html_table(head, [[r["model_id"], r["layers"], r["alpha_defined"],
+                                        r["alpha_mean"], r["alpha_median"],
+                                        r["alpha_weighted_mean"], r["share_over_trained"],
+                                        r["share_under_trained"], r["undefined"]]
+                                       for r in summaries.values()], table_id="summary"))
+        parts.append(f"<p class=muted>WeightWatcher's reading: alpha below "
+                     f"{ALPHA_OVER_TRAINED:g} suggests an over-trained layer, above "
+                     f"{ALPHA_UNDER_TRAINED:g} an under-trained one.</p>")
     viz = None
     if plots:
         try:

@@ -21,7 +21,8 @@ import numpy as np
 
 from diffract.errors import DiffractError, InvalidArgumentError
 
-__all__ = ["esd_figure", "plot_depth", "plot_esd", "plot_model", "depth_figure"]
+__all__ = ["depth_figure", "esd_figure", "heatmap_figure", "plot_depth", "plot_esd",
+           "plot_model", "save_png"]
 
 #: Fields drawn against depth when present.
 DEPTH_FIELDS = ("pl_alpha", "stable_rank")
@@ -148,13 +149,31 @@ def depth_figure(session: Any, model_id: str,
     return fig
 
 
-def _save(fig: Any, path: str | Path | None) -> Any:
-    if path is None:
-        return fig
+def heatmap_figure(matrix: Any, rows: Sequence[str], cols: Sequence[str], title: str) -> Any:
+    """A heat map of ``matrix`` (rows x cols; NaN left blank) with its labels."""
+    matrix = np.asarray(matrix, dtype=np.float64)
+    fig = _figure(min(3 + 1.1 * len(cols), 14), min(2 + 0.22 * len(rows), 30))
+    ax = fig.subplots()
+    image = ax.imshow(np.ma.masked_invalid(matrix), aspect="auto", cmap="viridis",
+                      interpolation="nearest")
+    ax.set_xticks(range(len(cols)), labels=list(cols), rotation=30, ha="right", fontsize=8)
+    ax.set_yticks(range(len(rows)), labels=list(rows), fontsize=7)
+    fig.colorbar(image, ax=ax, label=title)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def save_png(fig: Any, path: str | Path) -> Path:
+    """Write ``fig`` as a PNG (folders made as needed); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")
     return path
+
+
+def _save(fig: Any, path: str | Path | None) -> Any:
+    return fig if path is None else save_png(fig, path)
 
 
 def plot_esd(session: Any, model_id: str, param: str, path: str | Path | None = None) -> Any:
