@@ -452,10 +452,11 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
             for model_id in model_ids:
                 rows = table_rows(session, view, model_id, metrics, args.include_1d)
                 print_table(f"{model_id}: {len(rows)} layers", header, rows, console)
-            say("")
             for record in summaries:
-                for line in summary_lines(record):
-                    say(line)
+                if record["layers"]:  # alpha was asked for
+                    say("")
+                    for line in summary_lines(record):
+                        say(line)
         written = []
         if args.out or not to_terminal:
             written = write_outputs(view, metrics, args.format, args.out, summaries)
@@ -473,15 +474,32 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
         tell = say if to_terminal else (lambda s: print(s, file=sys.stderr))
         for path in written:
             tell(f"wrote {path}")
-        failed = report.reasons("failed")
-        if failed:
-            tell(f"\n{len(report.failures)} unit(s) failed:")
-            for (_, kernel, reason), units in sorted(failed.items(), key=lambda kv: -len(kv[1])):
-                more = f" and {len(units) - 1} more" if len(units) > 1 else ""
-                tell(f"  {kernel} on {units[0]}{more}: {reason}")
+        if report.failures:
+            tell_failures(report.reasons("failed"), tell)
             return EXIT_FAILED
         tell(f"done in {time.perf_counter() - started:.1f} s")
     return EXIT_OK
+
+
+_DOWNSTREAM = re.compile(r"^input '[^']+' is missing because '[^']+' failed on ")
+
+
+def tell_failures(failed: dict[tuple[str, str, str], list[str]],
+                  tell: Callable[[str], None]) -> None:
+    """Failures grouped by reason, root causes first; units that failed only because an
+    input failed upstream are counted under their kernel, not repeated."""
+    roots = {k: u for k, u in failed.items() if not _DOWNSTREAM.match(k[2])}
+    downstream: dict[str, int] = {}
+    for (_, kernel, reason), units in failed.items():
+        if _DOWNSTREAM.match(reason):
+            downstream[kernel] = downstream.get(kernel, 0) + len(units)
+    total = sum(len(u) for u in roots.values())
+    tell(f"\n{total} parameter(s) failed:")
+    for (_, kernel, reason), units in sorted(roots.items(), key=lambda kv: -len(kv[1])):
+        more = f" and {len(units) - 1} more" if len(units) > 1 else ""
+        tell(f"  {kernel} on {units[0]}{more}: {reason}")
+    if downstream:
+        tell("  and, because of them: " + ", ".join(f"{k} on {n}" for k, n in downstream.items()))
 
 
 def main_analyze(args: argparse.Namespace) -> int:
@@ -623,10 +641,7 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
             for key, units in report.reasons("failed").items():
                 failed.setdefault(key, []).extend(units)
         if failed:
-            tell(f"\n{sum(len(u) for u in failed.values())} unit(s) failed:")
-            for (_, kernel, reason), units in failed.items():
-                more = f" and {len(units) - 1} more" if len(units) > 1 else ""
-                tell(f"  {kernel} on {units[0]}{more}: {reason}")
+            tell_failures(failed, tell)
             return EXIT_FAILED
         tell(f"done in {time.perf_counter() - started:.1f} s")
     return EXIT_OK

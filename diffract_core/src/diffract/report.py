@@ -53,12 +53,13 @@ def summarize(
     alpha: str = "pl_alpha",
     weighted: str = "alpha_weighted",
 ) -> list[dict[str, Any]]:
-    """One record per model: how many layers have ``alpha`` stored, its mean and
-    median over the layers where it is defined, the mean of ``weighted``, the share of
-    layers with alpha below 2 (likely over-trained) and above 6 (likely under-trained),
-    and the layers where alpha is undefined with their reasons grouped
-    (``undefined_reasons``: reason -> count; reasons that differ only in their numbers
-    are one group, shown by its first reason).
+    """One record per model: ``layers`` where ``alpha`` was computed or attempted
+    (stored, or failed), its mean and median over the layers where it is defined, the
+    mean of ``weighted``, the share of layers with alpha below 2 (likely over-trained)
+    and above 6 (likely under-trained), the layers where it is ``undefined`` (stored as
+    NaN) or ``failed``, and their reasons grouped (``undefined_reasons``: reason ->
+    count; reasons that differ only in their numbers are one group, shown by its first
+    reason).
 
     Works in a view (``session.filter(...)``) on the parameters in scope. Fields that
     are not stored give None, not an error.
@@ -98,7 +99,7 @@ def summarize(
         count = len(defined)
         out.append({
             "model_id": model_id,
-            "layers": len(alphas),
+            "layers": len(alphas) + failed,
             "alpha_defined": count,
             "alpha_mean": float(defined.mean()) if count else math.nan,
             "alpha_median": float(np.median(defined)) if count else math.nan,
@@ -107,7 +108,7 @@ def summarize(
             else math.nan,
             "share_under_trained": float((defined > ALPHA_UNDER_TRAINED).mean()) if count
             else math.nan,
-            "undefined": len(alphas) - count,
+            "undefined": len(alphas) - count,  # stored as NaN, reasons recorded
             "failed": failed,
             "undefined_reasons": {shown[g]: c for g, c in reasons.most_common()},
         })
@@ -124,8 +125,8 @@ def summary_lines(record: Mapping[str, Any]) -> list[str]:
         return "-" if math.isnan(x) else f"{x:.3f}"
 
     lines = [
-        f"{record['model_id']}: {record['layers']} layers with alpha, "
-        f"{record['alpha_defined']} defined",
+        f"{record['model_id']}: alpha defined on {record['alpha_defined']} of "
+        f"{record['layers']} layers",
         f"  alpha mean {num(record['alpha_mean'])}, median {num(record['alpha_median'])}; "
         f"alpha_weighted mean {num(record['alpha_weighted_mean'])}",
         f"  alpha < {ALPHA_OVER_TRAINED:g} (likely over-trained): "
@@ -133,7 +134,7 @@ def summary_lines(record: Mapping[str, Any]) -> list[str]:
         f"(likely under-trained): {pct(record['share_under_trained'])}",
     ]
     if record["undefined"] or record["failed"]:
-        lines.append(f"  no alpha for {record['undefined']} layer(s):")
+        lines.append(f"  no alpha for {record['undefined'] + record['failed']} layer(s):")
         for reason, count in list(record["undefined_reasons"].items())[:5]:
             lines.append(f"    {count} x {reason}")
         more = len(record["undefined_reasons"]) - 5

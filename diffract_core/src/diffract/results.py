@@ -153,6 +153,11 @@ class ResultsAPI(ScopedAPI):
         columns = ["model_id", "param", "ptype", *(f"meta.{k}" for k in meta_keys), *names]
         return self._emit(records, columns, export_format, path)
 
+    def to_pandas(self, *fields: str, include_arrays: bool = False) -> Any:
+        """``export_metrics(*fields, export_format="pandas")``: one row per parameter."""
+        return self.export_metrics(*fields, export_format="pandas",
+                                   include_arrays=include_arrays)
+
     # -- aggregates -------------------------------------------------------------------
     def _aggregate_items(self, fields: tuple[str, ...]) -> dict[str, Any]:
         store = self._session.store

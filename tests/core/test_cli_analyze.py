@@ -1,0 +1,379 @@
+"""`diffract analyze` and `diffract compare` driven as a user drives them: a subprocess,
+its exit code, what it prints and the files it writes, checked against the Python API's
+numbers on the same inputs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("diffract_kernels_spectral")
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+from diffract import Session  # noqa: E402
+from diffract.report import summarize  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+METRICS = "pl_alpha,stable_rank,log_norm,num_spikes"
+
+
+def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
+         timeout: float = 300) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if k != "DIFFRACT_STRICT_PLUGINS"}
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "diffract.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, env=full, timeout=timeout)
+
+
+def _save(path: Path, seed: int, shapes=((120, 90), (90, 150), (150, 60)), bias=True,
+          noise: float = 0.0, base: dict | None = None) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    sd = {}
+    for i, shape in enumerate(shapes):
+        w = torch.randn(*shape, generator=gen) / math.sqrt(shape[1])
+        if base is not None:
+            w = base[f"layers.{i}.weight"] + noise * w
+        sd[f"layers.{i}.weight"] = w
+    if bias:
+        sd["layers.0.bias"] = torch.randn(shapes[0][0], generator=gen)
+    safetensors_torch.save_file(sd, str(path))
+    return sd
+
+
+@pytest.fixture
+def model_file(tmp_path) -> Path:
+    path = tmp_path / "net.safetensors"
+    _save(path, 0)
+    return path
+
+
+def _api(path: Path, metrics: str, **config) -> dict:
+    with Session() as s:
+        for kernel, values in config.items():
+            s.compute.configure_kernel(kernel, **values)
+        s.models.add(str(path), model_id=path.stem)
+        s.compute.apply(*metrics.split(","), errors="record")
+        return s.results.export_metrics(*metrics.split(","))[path.stem]
+
+
+class TestAnalyze:
+    def test_table_and_summary(self, model_file, tmp_path):
+        run = _cli("analyze", str(model_file), "--metrics", METRICS, cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        out = run.stdout
+        assert "net: 3 layers" in out and "parameter" in out and "pl_alpha" in out
+        assert "layers.0.weight" in out and "layers.0.bias" not in out  # 1-D left out
+        assert "alpha defined on" in out and "likely over-trained" in out
+        api = _api(model_file, METRICS)
+        line = next(x for x in out.splitlines() if x.startswith("layers.1.weight"))
+        assert f"{api['layers.1.weight']['stable_rank']:.4g}" in line
+        assert "Traceback" not in run.stderr
+        with_1d = _cli("analyze", str(model_file), "--metrics", "frob_norm,log_norm",
+                       "--include-1d", cwd=tmp_path)
+        assert with_1d.returncode == 0 and "layers.0.bias" in with_1d.stdout
+        assert "alpha defined" not in with_1d.stdout  # no alpha asked, no alpha summary
+
+    def test_json_and_csv_hold_the_apis_numbers(self, model_file, tmp_path):
+        run = _cli("analyze", str(model_file), "--metrics", METRICS, "--format", "json",
+                   cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        rows = {r["param"]: r for r in json.loads(run.stdout)}
+        api = _api(model_file, METRICS)
+        for param, values in api.items():
+            for field, value in values.items():
+                got = rows[param][field]
+                assert (got is None and math.isnan(value)) or got == pytest.approx(value,
+                                                                                rel=1e-12)
+        out = tmp_path / "out"
+        run = _cli("analyze", str(model_file), "--metrics", METRICS, "--format", "csv",
+                   "--out", str(out), cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        header = (out / "metrics.csv").read_text().splitlines()[0].split(",")
+        assert header[:3] == ["model_id", "param", "ptype"] and "pl_alpha" in header
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary[0]["model_id"] == "net" and summary[0]["layers"] == 3
+
+    def test_set_changes_the_kernel_and_is_checked(self, model_file, tmp_path):
+        run = _cli("analyze", str(model_file), "--metrics", "pl_alpha", "--format", "json",
+                   "--set", "power_law_fit.min_tail=5", cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        got = {r["param"]: r["pl_alpha"] for r in json.loads(run.stdout)}
+        api = _api(model_file, "pl_alpha", power_law_fit={"min_tail": 5})
+        assert got == {p: v["pl_alpha"] for p, v in api.items()}
+        assert all(v is not None for v in got.values())  # defined with a 5-point floor
+        bad = _cli("analyze", str(model_file), "--set", "power_law_fit.min_tail=-3",
+                   cwd=tmp_path)
+        assert bad.returncode == 2
+        assert "min_tail: -3 is out of range: it must be >= 2" in bad.stderr
+        field = _cli("analyze", str(model_file), "--set", "pl_alpha.min_tail=5", cwd=tmp_path)
+        assert field.returncode == 2
+        assert "'pl_alpha' is a field; kernel 'power_law_fit' produces it" in field.stderr
+        shape = _cli("analyze", str(model_file), "--set", "min_tail=5", cwd=tmp_path)
+        assert shape.returncode == 2 and "expected KERNEL.KEY=VALUE" in shape.stderr
+
+    @pytest.mark.parametrize("args, message", [
+        (["missing.safetensors"], "missing.safetensors: no such file or directory"),
+        (["{model}", "--metrics", "pl_alpah"], "Did you mean 'pl_alpha'?"),
+        (["{model}", "--layers", "("], "--layers '(' is not a regular expression"),
+        (["{model}", "--layers", "nothing-matches"], "leave no parameter"),
+        (["{model}", "--format", "parquet"], "--format parquet writes a file: give --out"),
+        (["{model}", "--profile", "ram", "--store", "x"], "--store needs --profile local"),
+        (["no_such_module:factory"], "cannot import module 'no_such_module'"),
+    ])
+    def test_usage_errors_exit_2_with_what_to_do(self, model_file, tmp_path, args, message):
+        run = _cli("analyze", *(a.format(model=model_file) for a in args), cwd=tmp_path)
+        assert run.returncode == 2, (run.stdout, run.stderr)
+        assert message in run.stderr
+        assert "Traceback" not in run.stderr
+
+    def test_argparse_mistakes_exit_2(self, tmp_path):
+        assert _cli("analyze", cwd=tmp_path).returncode == 2
+        assert _cli("analyze", "x", "--format", "xml", cwd=tmp_path).returncode == 2
+
+    def test_layers_and_exclude(self, model_file, tmp_path):
+        run = _cli("analyze", str(model_file), "--metrics", "stable_rank", "--format", "json",
+                   "--layers", r"layers\.[01]\.", "--exclude", "bias", cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        assert sorted(r["param"] for r in json.loads(run.stdout)) == [
+            "layers.0.weight", "layers.1.weight"]
+
+    def test_a_failed_parameter_exits_1_and_is_listed_once(self, tmp_path):
+        (tmp_path / "factories.py").write_text(
+            "import torch\n"
+            "def partly_meta():\n"
+            "    torch.manual_seed(0)\n"
+            "    m = torch.nn.Sequential(torch.nn.Linear(40, 60))\n"
+            "    with torch.device('meta'):\n"
+            "        m.append(torch.nn.Linear(60, 30))\n"
+            "    return m\n")
+        run = _cli("analyze", "factories:partly_meta", "--metrics", "stable_rank,pl_alpha",
+                   cwd=tmp_path)
+        assert run.returncode == 1, run.stderr
+        assert "1 parameter(s) failed:" in run.stdout
+        assert "esd on partly_meta/1.weight" in run.stdout and "meta device" in run.stdout
+        assert "because of them: stable_rank on 1, power_law_fit on 1" in run.stdout
+        assert "0.weight" in run.stdout  # the rest was computed and shown
+
+    def test_an_interrupted_run_resumes_from_its_store(self, tmp_path):
+        """SIGINT mid-run: exit 130 saying how to resume; the same command again
+        finishes, and its numbers are an uninterrupted run's."""
+        path = tmp_path / "big.safetensors"
+        _save(path, 3, shapes=[(260, 260)] * 36, bias=False)
+        store = tmp_path / "store"
+        args = ["analyze", str(path), "--metrics", "pl_alpha,stable_rank", "--store",
+                str(store), "--format", "json", "--set", "power_law_fit.fit_method=powerlaw"]
+        full = {k: v for k, v in os.environ.items() if k != "DIFFRACT_STRICT_PLUGINS"}
+        child = subprocess.Popen([sys.executable, "-m", "diffract.cli", *args], cwd=tmp_path,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=full)
+        deadline = time.monotonic() + 60
+        while not (store / "arrays").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=300)
+        if child.returncode == 0:  # pragma: no cover - the machine outran the signal
+            pytest.skip("the run finished before the interrupt landed")
+        assert child.returncode == 130, err
+        assert f"rerun the same command with --store {store} to resume" in err
+        again = _cli(*args, cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        got = {r["param"]: r for r in json.loads(again.stdout)}
+        api = _api(path, "pl_alpha,stable_rank", power_law_fit={"fit_method": "powerlaw"})
+        assert len(got) == 36
+        # The spectra are float32 products (docs/spectral.md): a worker process with its
+        # own BLAS thread count may round differently in the 7th digit.
+        for param, values in api.items():
+            assert got[param]["stable_rank"] == pytest.approx(values["stable_rank"], rel=1e-5)
+            assert got[param]["pl_alpha"] == pytest.approx(values["pl_alpha"], rel=1e-4)
+
+    def test_a_store_holding_another_model_under_the_id_is_refused(self, tmp_path):
+        a, b = tmp_path / "a", tmp_path / "b"
+        a.mkdir(), b.mkdir()
+        _save(a / "net.safetensors", 0)
+        _save(b / "net.safetensors", 1)
+        store = str(tmp_path / "store")
+        assert _cli("analyze", str(a / "net.safetensors"), "--metrics", "stable_rank",
+                    "--store", store, cwd=tmp_path).returncode == 0
+        run = _cli("analyze", str(b / "net.safetensors"), "--metrics", "stable_rank",
+                   "--store", store, cwd=tmp_path)
+        assert run.returncode == 2 and "already holds a model 'net'" in run.stderr
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def _not_blank(path: Path) -> None:
+    from matplotlib.image import imread
+
+    pixels = imread(path)[..., :3].reshape(-1, 3)
+    colours = np.unique((pixels * 255).astype(np.uint8), axis=0)
+    assert len(colours) > 20 and pixels.std() > 0.05
+    assert (pixels.min(axis=1) < 0.5).mean() > 0.01  # ink, not an empty canvas
+
+
+class _Tables(HTMLParser):
+    """Every table's cells (their data-v) by table id, and every src/href."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self.links: list[str] = []
+        self._table: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.links += [a[k] for k in ("src", "href") if k in a]
+        if tag == "table":
+            self._table = a.get("id", "")
+            self.tables[self._table] = []
+        elif tag == "tr" and self._table is not None:
+            self.tables[self._table].append([])
+        elif tag == "td" and self._table is not None:
+            self.tables[self._table][-1].append(a.get("data-v"))
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self._table = None
+
+
+class TestPlotsAndReport:
+    def test_plots_are_pngs_of_the_expected_size_with_content(self, model_file, tmp_path):
+        pytest.importorskip("matplotlib")
+        run = _cli("analyze", str(model_file), "--metrics", METRICS + ",mp_softrank",
+                   "--plot", str(tmp_path / "plots"), cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        folder = tmp_path / "plots" / "net"
+        esds = sorted(folder.glob("esd_*.png"))
+        assert [p.name for p in esds] == [f"esd_layers.{i}.weight.png" for i in range(3)]
+        for p in esds:
+            assert _png_size(p) == (1000, 400)
+            _not_blank(p)
+        assert _png_size(folder / "depth.png") == (1000, 520)
+        _not_blank(folder / "depth.png")
+
+    def test_the_report_is_self_contained_and_holds_the_apis_numbers(self, model_file,
+                                                                       tmp_path):
+        pytest.importorskip("matplotlib")
+        report = tmp_path / "r.html"
+        run = _cli("analyze", str(model_file), "--metrics", METRICS, "--report", str(report),
+                   cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        parser = _Tables()
+        parser.feed(report.read_text())
+        assert parser.links and all(link.startswith("data:image/png;base64,")
+                                    for link in parser.links)  # nothing to fetch
+        api = _api(model_file, METRICS)
+        fields = METRICS.split(",")
+        rows = [r for r in parser.tables["metrics-net"] if r]
+        assert len(rows) == len(api)
+        for row in rows:
+            param = row[0]
+            for field, key in zip(fields, row[2:], strict=True):
+                value = api[param][field]
+                assert (key == "nan") if math.isnan(value) else float(key) == value
+        with Session() as s:
+            s.models.add(str(model_file), model_id="net")
+            s.compute.apply(*fields, errors="record")
+            summary = summarize(s)[0]
+        cells = parser.tables["summary"][1]
+        assert cells[0] == "net" and float(cells[3]) == summary["alpha_mean"]
+        prov = {r[0]: r[1] for r in parser.tables["provenance"] if r}
+        assert "diffract-core" in prov and "diffract-kernels-spectral" in prov
+        assert float(prov["time taken (s)"]) > 0 and "--report" in prov["command"]
+        config = {r[0]: json.loads(r[1]) for r in parser.tables["configuration"] if r}
+        assert config["power_law_fit"]["min_tail"] == 50
+
+
+class TestCompare:
+    @pytest.fixture
+    def checkpoints(self, tmp_path) -> list[Path]:
+        base = _save(tmp_path / "step0.safetensors", 0, bias=False)
+        paths = [tmp_path / "step0.safetensors"]
+        for step in (1, 2):
+            paths.append(tmp_path / f"step{step}.safetensors")
+            _save(paths[-1], step, bias=False, noise=0.2 * step, base=base)
+        return paths
+
+    def test_table_values_are_the_apis(self, checkpoints, tmp_path):
+        pytest.importorskip("diffract_kernels_alignment")
+        run = _cli("compare", *map(str, checkpoints), "--metrics", "sval_rel_change",
+                   "--format", "json", cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        got = {(r["models"], r["param"]): r["value"] for r in json.loads(run.stdout)}
+        with Session() as s:
+            for p in checkpoints:
+                s.models.add(str(p), model_id=p.stem)
+            s.compute.apply_pairs("sval_rel_change", pairs="consecutive")
+            api = s.results.export_aggregates("sval_rel_change", export_format="list")
+        assert {(r["models"], r["param"]): r["value"] for r in api} == got
+        assert {m for m, _ in got} == {"step0,step1", "step1,step2"}
+        table = _cli("compare", *map(str, checkpoints), "--to-first", "--plot",
+                     str(tmp_path / "plots"), cwd=tmp_path)
+        assert table.returncode == 0, table.stderr
+        assert "step0 -> step1" in table.stdout and "step0 -> step2" in table.stdout
+        assert "step1 -> step2" not in table.stdout
+        heat = tmp_path / "plots" / "compare_avg_max_l_agreement.png"
+        _not_blank(heat)
+
+    def test_without_the_alignment_pack_it_names_the_distribution(self, checkpoints,
+                                                                  tmp_path):
+        run = _cli("compare", *map(str, checkpoints[:2]), cwd=tmp_path,
+                   env={"DIFFRACT_DISABLE_PLUGINS": "diffract-kernels-alignment"})
+        assert run.returncode == 2
+        assert "pip install diffract-kernels-alignment" in run.stderr
+
+    def test_a_field_that_is_not_pairwise_is_refused(self, checkpoints, tmp_path):
+        run = _cli("compare", *map(str, checkpoints[:2]), "--metrics", "pl_alpha",
+                   cwd=tmp_path)
+        assert run.returncode == 2 and "not pairwise (CROSS_MODEL)" in run.stderr
+
+
+class TestSummaryKnownAnswers:
+    def test_shares_means_and_reasons(self):
+        alphas = [1.5, 2.5, 3.0, 4.0, 7.0, float("nan")]
+        with Session() as s:
+            s.models.add({f"w{i}": np.ones((4, 4)) for i in range(len(alphas))}, model_id="m")
+            s.results.ingest_metrics({"m": {f"w{i}": {"pl_alpha": a, "alpha_weighted": 2 * a}
+                                            for i, a in enumerate(alphas)}})
+            (record,) = summarize(s)
+        defined = np.array(alphas[:-1])
+        assert record["layers"] == 6 and record["alpha_defined"] == 5
+        assert record["undefined"] == 1 and record["failed"] == 0
+        assert record["alpha_mean"] == pytest.approx(defined.mean(), rel=1e-15)
+        assert record["alpha_median"] == 3.0
+        assert record["alpha_weighted_mean"] == pytest.approx(2 * defined.mean(), rel=1e-15)
+        assert record["share_over_trained"] == pytest.approx(1 / 5)
+        assert record["share_under_trained"] == pytest.approx(1 / 5)
+
+    def test_mp_density_integrates_to_one_over_its_bulk(self):
+        from diffract.viz import mp_density
+
+        n, m = 300, 120
+        rng = np.random.default_rng(0)
+        w = rng.standard_normal((n, m)) * 0.7
+        esd = np.linalg.eigvalsh(w.T @ w)
+        x = np.linspace(esd.min() * 0.5, esd.max() * 1.5, 200_001)
+        density = mp_density(x, float(esd.sum()), n, m)
+        assert np.trapezoid(density, x) == pytest.approx(1.0, abs=2e-3)
+        edge = esd.sum() / m * (1 + math.sqrt(m / n)) ** 2  # the pack's mp_bulk_max
+        assert x[density > 0].max() == pytest.approx(edge, rel=1e-4)
+        # a random matrix's eigenvalues follow it: KS distance small
+        cdf = np.cumsum(density) * (x[1] - x[0])
+        empirical = np.searchsorted(np.sort(esd), x, side="right") / len(esd)
+        assert np.max(np.abs(cdf - empirical)) < 0.08
