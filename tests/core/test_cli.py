@@ -25,13 +25,29 @@ class TestCli:
         assert "    requires: frob_norm" in out
         assert "config:   ord=2.0" in out
 
-    def test_demo_prints_a_table(self):
-        """`diffract demo` analyses a torch model and prints per-parameter fields."""
-        out = subprocess.run([sys.executable, "-m", "diffract.cli", "demo"], capture_output=True,
-                             text=True, check=True).stdout
-        assert "Diffract demo: 9 parameters of model 'step0'" in out
-        assert "parameter" in out and "frob_norm" in out and "1.weight" in out
-        assert "param_norm@models[step0]" in out
+    def test_demo_trains_analyses_compares_and_reports(self, tmp_path):
+        """`diffract demo`: trains, saves checkpoints, analyses and compares them, writes
+        plots and a report, and says where they went."""
+        run = subprocess.run([sys.executable, "-m", "diffract.cli", "demo", "--out",
+                              str(tmp_path / "d")], capture_output=True, text=True,
+                             cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        out = run.stdout
+        assert "trained a 4-layer MLP for 400 steps" in out
+        assert "step0400: 4 weight matrices" in out and "pl_alpha" in out
+        assert sorted(p.name for p in (tmp_path / "d" / "checkpoints").iterdir()) == [
+            "step0000.pt", "step0100.pt", "step0400.pt"]
+        report = tmp_path / "d" / "report.html"
+        assert f"{tmp_path / 'd' / 'report.html'}  (open it in a browser" in out
+        text = report.read_text()
+        assert "<table" in text and "data:image/png;base64," in text
+        assert "Traceback" not in run.stderr and "Warning" not in run.stderr
+        try:
+            import diffract_kernels_alignment  # noqa: F401
+        except ImportError:
+            return
+        assert "step0000 -> step0100" in out and "compare-sval_rel_change" in text
+        assert (tmp_path / "d" / "plots" / "compare_sval_rel_change.png").stat().st_size > 1000
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -280,7 +280,7 @@ class ProgressBar:
             class Rate(ProgressColumn):
                 def render(self, task: Any) -> Text:
                     speed = task.finished_speed or task.speed
-                    return Text("" if speed is None else f"{speed:.1f}/s")
+                    return Text(" " * 8 if speed is None else f"{speed:>6.1f}/s")
 
             self._bar = Progress(
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Rate(),
@@ -531,30 +531,9 @@ def configure_compare(p: argparse.ArgumentParser) -> None:
     add_session_arguments(p)
 
 
-def pair_table(view: Any, field: str) -> tuple[list[str], list[str], Any]:
-    """(layers, pair labels, matrix layer x pair) of one pairwise scalar field."""
-    import numpy as np
-
-    records = view.results.export_aggregates(field, export_format="list")
-    layers: list[str] = []
-    pairs: list[str] = []
-    cells: dict[tuple[str, str], float] = {}
-    for r in records:
-        if r["field"] != field or r["param"] is None or np.ndim(r["value"]) != 0:
-            continue
-        label = r["models"].replace(",", " -> ")
-        if r["param"] not in layers:
-            layers.append(r["param"])
-        if label not in pairs:
-            pairs.append(label)
-        cells[(r["param"], label)] = float(r["value"])
-    matrix = np.full((len(layers), len(pairs)), np.nan)
-    for (layer, label), value in cells.items():
-        matrix[layers.index(layer), pairs.index(label)] = value
-    return layers, pairs, matrix
-
-
 def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
+    from diffract.report import pair_matrix
+
     started = time.perf_counter()
     if len(args.paths) < 2:
         raise UsageError("compare needs at least two checkpoints.")
@@ -597,7 +576,7 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
         sections = []
         written: list[Path] = []
         for field in metrics:
-            layers, pairs, matrix = pair_table(view, field)
+            layers, pairs, matrix = pair_matrix(view, field)
             if args.format == "table":
                 rows = [[layer, *matrix[i]] for i, layer in enumerate(layers)]
                 print_table(f"{field} (layer x pair)", ["parameter", *pairs], rows, console,

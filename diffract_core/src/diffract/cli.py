@@ -94,7 +94,7 @@ def _catalog(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from diffract.demo import run_demo
 
-    run_demo()
+    run_demo(args.out)
     return 0
 
 
@@ -126,7 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("-o", "--output", help="file to write (default: standard output)")
     c.add_argument("--plugins", help="comma-separated plugins to include (default: all installed)")
     c.set_defaults(run=_catalog)
-    d = sub.add_parser("demo", help="analyse a small torch model with every installed kernel")
+    d = sub.add_parser("demo", help="train a small model, analyse and compare its "
+                                    "checkpoints, write plots and a report (CPU, < 1 min)")
+    d.add_argument("--out", default="diffract-demo",
+                   help="folder for checkpoints, plots and the report (default: %(default)s)")
     d.set_defaults(run=_demo)
     args = parser.parse_args(argv)
     import warnings

@@ -1,9 +1,13 @@
-"""``diffract demo``: analyse a small torch model with every installed kernel.
+"""``diffract demo``: the main job end to end, on the CPU in well under a minute.
 
-Builds a small network (embedding, two linear blocks, a convolution, a norm), adds it
-and a perturbed copy (a second "checkpoint") to a ``ram`` session, applies every field
-the installed kernels offer (per parameter and per model on both; pairwise on the
-pair) and prints the scalar results as tables.
+1. Trains a small MLP on a synthetic task (a random teacher network labels Gaussian
+   inputs) for a few hundred steps, saving checkpoints along the way (torch files).
+2. Analyses every checkpoint with the installed per-layer metrics (the spectral pack's
+   WeightWatcher-like set when installed) and prints the last one's table and summary.
+3. Compares consecutive checkpoints with the alignment pack when it is installed.
+4. Writes the plots and a one-file HTML report, and prints where everything went.
+
+Only the public API is used: the same steps work from a notebook.
 """
 
 from __future__ import annotations
@@ -11,34 +15,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from diffract.core.compute._enums import KernelApplyLevel
+__all__ = ["format_table", "run_demo", "train_checkpoints"]
 
-__all__ = ["build_demo_model", "run_demo"]
-
-
-#: Columns shown first when their fields are installed; at most MAX_COLUMNS in all.
-PREFERRED = (
-    "frob_norm", "stable_rank", "hard_rank", "log_norm", "pl_alpha", "pl_xmin", "pl_n_tail",
-    "pl_ks_distance", "pl_pvalue", "alpha_weighted", "num_spikes",
-)
-MAX_COLUMNS = 12
-
-
-def build_demo_model(seed: int = 0) -> Any:
-    import torch
-
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(
-        torch.nn.Embedding(512, 128),
-        torch.nn.Linear(128, 384),
-        torch.nn.GELU(),
-        torch.nn.Linear(384, 128),
-        torch.nn.LayerNorm(128),
-        torch.nn.Unflatten(-1, (8, 16)),
-        torch.nn.Conv1d(8, 32, kernel_size=3),
-    )
+#: Per-layer metrics the demo computes when installed (the WeightWatcher-like set).
+METRICS = ("pl_alpha", "alpha_weighted", "stable_rank", "log_norm", "spectral_norm",
+           "mp_softrank", "num_spikes")
+#: Pairwise metrics between consecutive checkpoints (alignment pack).
+PAIRWISE = ("avg_max_l_agreement", "l_subspace_overlap", "sval_rel_change")
+#: Steps at which a checkpoint is saved.
+SAVE_AT = (0, 100, 400)
 
 
 def _fmt(value: Any) -> str:
@@ -50,11 +38,9 @@ def _fmt(value: Any) -> str:
         if math.isnan(value):
             return "nan"
         return f"{value:.4g}"
+    if hasattr(value, "shape") and value.shape == ():
+        return _fmt(value.item())
     return str(value)
-
-
-def _is_scalar(value: Any) -> bool:
-    return isinstance(value, (int, float)) or (hasattr(value, "shape") and value.shape == ())
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -66,62 +52,118 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_demo(print_fn: Any = print) -> dict[str, Any]:
-    """Run the demo; returns the exported metrics and aggregates."""
+def train_checkpoints(folder: Path, steps: Sequence[int] = SAVE_AT, seed: int = 0,
+                      width: int = 256) -> list[tuple[Path, float]]:
+    """Train a 4-layer MLP (64 -> width -> width -> width -> 10) with Adam on labels
+    from a random teacher, saving the state dict at each of ``steps``; returns (file,
+    training loss at that step)."""
     import torch
 
+    torch.manual_seed(seed)
+    teacher = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Tanh(),
+                                  torch.nn.Linear(128, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+        torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(),
+        torch.nn.Linear(width, 10),
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    folder.mkdir(parents=True, exist_ok=True)
+    saved = []
+    loss = float("nan")
+    for step in range(max(steps) + 1):
+        if step in steps:
+            path = folder / f"step{step:04d}.pt"
+            torch.save(model.state_dict(), path)
+            saved.append((path, loss))
+        x = torch.randn(256, 64)
+        with torch.no_grad():
+            y = teacher(x).argmax(dim=1)
+        optimizer.zero_grad()
+        out = loss_fn(model(x), y)
+        out.backward()
+        optimizer.step()
+        loss = float(out.detach())
+    return saved
+
+
+def run_demo(out: str | Path = "diffract-demo", print_fn: Any = print) -> dict[str, Any]:
+    """Run the demo, writing under ``out``; returns the summaries and the paths written."""
+    import warnings
+
+    from diffract import report, viz
+    from diffract.errors import UndefinedValuesWarning
     from diffract.session import Session
 
-    model = build_demo_model()
-    later = build_demo_model()
-    with torch.no_grad():
-        for p in later.parameters():
-            p.add_(0.01 * torch.randn_like(p))
-
     started = time.perf_counter()
-    with Session(profile="ram") as session:
-        session.models.add(model, model_id="step0")
-        session.models.add(later, model_id="step1")
-        kernels = session.registry.kernels()
-        local = [
-            f for k in kernels if k.apply_level is not KernelApplyLevel.CROSS_MODEL
-            for f in k.produce_fields
-        ]
-        pairwise = [
-            f for k in kernels if k.apply_level is KernelApplyLevel.CROSS_MODEL
-            for f in k.produce_fields
-        ]
-        session.compute.apply(*local, errors="record")
+    out = Path(out)
+    checkpoints = train_checkpoints(out / "checkpoints")
+    trained = time.perf_counter() - started
+    print_fn(f"Diffract demo: trained a 4-layer MLP for {SAVE_AT[-1]} steps in {trained:.1f} s "
+             f"(loss {checkpoints[1][1]:.3f} at step {SAVE_AT[1]}, {checkpoints[-1][1]:.3f} at "
+             f"step {SAVE_AT[-1]}); checkpoints in {out / 'checkpoints'}")
+    written: list[Path] = []
+    with Session(profile="ram") as session, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedValuesWarning)  # the summary says why
+        known = set(session.compute.list_available_metrics())
+        metrics = [m for m in METRICS if m in known] or [
+            m for m in ("frob_norm", "numel") if m in known]
+        pairwise = [m for m in PAIRWISE if m in known]
+        ids = []
+        for path, _ in checkpoints:
+            session.models.add(str(path), model_id=path.stem)
+            ids.append(path.stem)
+        session.compute.apply(*metrics, errors="record")
+        last = ids[-1]
+        rows = session.results.export_metrics(*metrics)[last]
+        shapes = {p.name: p.shape for p in session.models.params(last)}
+        table = [[name, "x".join(map(str, shapes[name])), *(row.get(m) for m in metrics)]
+                 for name, row in rows.items() if len(shapes[name]) >= 2]
+        print_fn(f"\n{last}: {len(table)} weight matrices")
+        print_fn(format_table(["parameter", "shape", *metrics], table))
+        summaries = report.summarize(session)
+        if any(r["layers"] for r in summaries):
+            print_fn("\nAlpha across training (WeightWatcher's reading: 2-6 well trained):")
+            print_fn(format_table(
+                ["checkpoint", "alpha mean", "alpha median", "share < 2", "share > 6"],
+                [[r["model_id"], r["alpha_mean"], r["alpha_median"],
+                  r["share_over_trained"], r["share_under_trained"]] for r in summaries]))
+        sections = []
         if pairwise:
-            session.filter(model_ids=["step0", "step1"]).compute.apply(*pairwise, errors="record")
-        metrics = session.results.export_metrics()
-        aggregates = session.results.export_aggregates()
-        notes = session.results.export_notes()
-    elapsed = time.perf_counter() - started
-
-    per_param = metrics["step0"]
-    scalar_fields = sorted(
-        {f for row in per_param.values() for f, v in row.items() if _is_scalar(v)}
-    )
-    shown = [f for f in PREFERRED if f in scalar_fields]
-    shown += [f for f in scalar_fields if f not in shown][: max(0, MAX_COLUMNS - len(shown))]
-    rows = [[name] + [row.get(f, "") for f in shown] for name, row in per_param.items()]
-    print_fn(f"Diffract demo: {len(per_param)} parameters of model 'step0', "
-             f"{len(kernels)} kernels installed, {elapsed:.2f} s\n")
-    print_fn(format_table(["parameter", *shown], rows))
-    hidden = sorted(set(scalar_fields) - set(shown))
-    if hidden:
-        print_fn(f"(also computed: {', '.join(hidden)}; see session.results.export_metrics())")
-    agg_rows = [[n, v] for n, v in aggregates.items() if _is_scalar(v)]
-    if agg_rows:
-        print_fn("\nAggregates")
-        print_fn(format_table(["name", "value"], agg_rows))
-    undefined = [n for n in notes if n["kind"] != "skipped"]
-    skipped = len(notes) - len(undefined)
-    if skipped:
-        print_fn(f"\n{skipped} unit(s) skipped by kernel restrictions (1-D parameters).")
-    if undefined:
-        print_fn(f"{len(undefined)} value(s) undefined or failed, e.g.:")
-        for note in undefined[:5]:
-            print_fn(f"  {note['kernel']} on {note['unit']}: {note['kind']}: {note['reason']}")
-    return {"metrics": metrics, "aggregates": aggregates, "notes": notes}
+            session.compute.apply_pairs(*pairwise, pairs="consecutive", errors="record")
+            print_fn("\nHow the layers moved between checkpoints (alignment pack):")
+            for field in pairwise:
+                layers, pairs, matrix = report.pair_matrix(session, field)
+                print_fn(f"{field}:")
+                print_fn(format_table(["parameter", *pairs],
+                                      [[layer, *matrix[i]] for i, layer in enumerate(layers)]))
+                try:
+                    fig = viz.heatmap_figure(matrix, layers, pairs, field)
+                except Exception as exc:  # noqa: BLE001 - no matplotlib: tables only
+                    print_fn(f"(no heat map: {exc})")
+                    continue
+                written.append(viz.save_png(fig, out / "plots" / f"compare_{field}.png"))
+                sections.append(f"<h2>{field}</h2>" + report.figure_html(fig, field)
+                                + report.html_table(
+                                    ["parameter", *pairs],
+                                    [[layer, *matrix[i]] for i, layer in enumerate(layers)],
+                                    table_id=f"compare-{field}"))
+        else:
+            print_fn("\n(pip install diffract-kernels-alignment to compare the checkpoints)")
+        try:
+            written += viz.plot_model(session, last, out / "plots")
+        except Exception as exc:  # noqa: BLE001 - plots are optional
+            print_fn(f"(no plots: {exc})")
+        elapsed = time.perf_counter() - started
+        written.append(report.write_html(session, out / "report.html", metrics=metrics,
+                                         seconds=elapsed, command="diffract demo",
+                                         sections=sections))
+    print_fn(f"\nDone in {time.perf_counter() - started:.1f} s. Wrote:")
+    print_fn(f"  {out / 'checkpoints'}/  ({len(checkpoints)} checkpoints)")
+    plots = [p for p in written if p.suffix == ".png"]
+    if plots:
+        print_fn(f"  {out / 'plots'}/  ({len(plots)} PNG plots)")
+    print_fn(f"  {out / 'report.html'}  (open it in a browser; it works offline)")
+    print_fn(f"Next: diffract analyze {checkpoints[-1][0]} --report my-report.html")
+    return {"summaries": summaries, "written": written, "metrics": metrics}

