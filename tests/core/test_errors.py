@@ -29,7 +29,7 @@ class TestTree:
         """Every Unknown*Error is an UnknownNameError, hence an InvalidArgumentError and a
         ValueError."""
         unknown = [c for c in _error_classes() if c.__name__.startswith("Unknown")]
-        assert len(unknown) == 9
+        assert len(unknown) == 10
         for cls in unknown:
             assert issubclass(cls, errors.UnknownNameError), cls
             assert issubclass(cls, ValueError), cls

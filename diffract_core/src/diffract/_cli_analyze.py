@@ -50,6 +50,9 @@ class UsageError(InvalidArgumentError):
 
 # -- arguments ---------------------------------------------------------------------------
 def add_session_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--conventions", metavar="NAME",
+                   help="a kernel pack's configuration preset, applied before --set "
+                        "(the spectral pack's: csn, the default; weightwatcher)")
     p.add_argument("--set", dest="settings", action="append", default=[],
                    metavar="KERNEL.KEY=VALUE",
                    help="kernel configuration, checked as configure_kernel checks it "
@@ -399,7 +402,10 @@ def write_outputs(view: Any, metrics: Sequence[str], fmt: str, out: str | None,
 
 
 # -- the command -------------------------------------------------------------------------
-def apply_settings(session: Any, settings: Sequence[str]) -> None:
+def apply_settings(session: Any, settings: Sequence[str], conventions: str | None = None) -> None:
+    """The --conventions preset, then the --set values (which win), all checked."""
+    if conventions:
+        session.compute.configure_conventions(conventions)
     grouped: dict[str, dict[str, Any]] = {}
     for text in settings:
         kernel, key, value = parse_setting(text)
@@ -432,7 +438,7 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
     session = open_session(args)
     with session:
         check_metrics(session, metrics)
-        apply_settings(session, args.settings)
+        apply_settings(session, args.settings, args.conventions)
         model_ids = add_models(session, inputs)
         view = scope(session, model_ids, args)
         interactive = sys.stderr.isatty() and not args.quiet
@@ -550,7 +556,7 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
             raise UsageError(f"{', '.join(single)}: not pairwise (CROSS_MODEL) fields; "
                              "compare takes fields that compare two checkpoints (use "
                              "`diffract analyze` for the others).")
-        apply_settings(session, args.settings)
+        apply_settings(session, args.settings, args.conventions)
         model_ids = add_models(session, inputs)
         view = scope(session, model_ids, args)
         interactive = sys.stderr.isatty() and not args.quiet

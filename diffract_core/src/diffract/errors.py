@@ -17,6 +17,7 @@ standard way catches these too)::
     │   │   ├── UnknownProfileError        .profile
     │   │   ├── UnknownExecutorError       .executor
     │   │   ├── UnknownOpError             .op
+    │   │   ├── UnknownConventionsError    .conventions: a preset no pack provides
     │   │   └── UnknownFormatError         .format: an export format nobody registered
     │   └── InvalidConfigValueError        .kernel, .problems: values outside their domain
     ├── ConfigError (ValueError)           .key: bad configuration file or key
@@ -99,6 +100,7 @@ __all__ = [
     "UnknownNameError",
     "UnknownOpError",
     "UnknownFormatError",
+    "UnknownConventionsError",
     "UnknownProfileError",
     "WeightsUnavailableError",
     "did_you_mean",
@@ -398,6 +400,19 @@ class UnknownFormatError(UnknownNameError):
             f"{_listing(known)}."
         )
         self.format = self.name = fmt
+
+
+class UnknownConventionsError(UnknownNameError):
+    """A conventions preset no installed pack provides."""
+
+    def __init__(self, name: str, known: Iterable[str]) -> None:
+        known = list(known)
+        super().__init__(
+            f"Unknown conventions {name!r}.{did_you_mean(name, known)} Known: "
+            f"{_listing(known)}; compute.list_conventions() describes them (kernel packs "
+            "provide them: diffract-kernels-spectral has 'csn' and 'weightwatcher')."
+        )
+        self.conventions = self.name = name
 
 
 class PluginError(DiffractError):

@@ -50,6 +50,7 @@ from diffract.errors import (
     ScopeValidationError,
     StorageError,
     UndefinedValuesWarning,
+    UnknownConventionsError,
     UnknownExecutorError,
     UnknownKernelError,
     UnknownModelError,
@@ -692,6 +693,37 @@ class ComputeAPI(ScopedAPI):
                                      hint=f"{name!r} is a field; kernel {producer.name!r} "
                                           "produces it: configure that.")
         registry.configure(name, **kwargs)
+
+    def configure_conventions(self, name: str) -> dict[str, dict[str, Any]]:
+        """Apply the named conventions preset (``list_conventions()`` lists them): each
+        of its kernels' settings, checked as ``configure_kernel`` checks them, all or
+        nothing. Returns what was set. Process-global, like ``configure_kernel``; stored
+        results are not recomputed (``apply(..., recompute="stale")`` does that)."""
+        from diffract.plugins import get_catalog
+
+        catalog = get_catalog()
+        preset = catalog.conventions.get(name)
+        if preset is None:
+            contested = catalog.conflict_message("conventions", name)
+            if contested is not None:
+                raise ConfigError(f"Conventions {contested}", key="conventions")
+            raise UnknownConventionsError(name, catalog.conventions)
+        registry = self._session.registry
+        for kernel, values in preset.settings.items():
+            if kernel not in registry:
+                raise UnknownKernelError(kernel, [s.name for s in registry.kernels()],
+                                         hint=f"conventions {name!r} ({preset.provider}) "
+                                              "configure it, but it is not registered.")
+            registry.check_config(kernel, values, source=f"conventions {name!r}")
+        for kernel, values in preset.settings.items():
+            registry.configure(kernel, **values)
+        return {k: dict(v) for k, v in preset.settings.items()}
+
+    def list_conventions(self) -> dict[str, str]:
+        """Conventions presets the installed packs provide: name -> description."""
+        from diffract.plugins import get_catalog
+
+        return {n: c.description for n, c in sorted(get_catalog().conventions.items())}
 
     def kernel_config(self, name: str) -> dict[str, Any]:
         """The configuration kernel ``name`` runs with now (defaults overlaid)."""

@@ -46,6 +46,7 @@ from diffract.plugins._runtime import (
 )
 from diffract.plugins.hookspec import hookimpl, hookspec
 from diffract.plugins.types import (
+    Conventions,
     Domain,
     ExecutorSpec,
     KernelOptions,
@@ -84,6 +85,7 @@ __all__ = [
     "ExecutorSpec",
     "KernelSpec",
     "OpSpec",
+    "Conventions",
     "PluginRecord",
     "Restriction",
     "StorageProfile",

@@ -33,7 +33,7 @@ import pluggy
 
 from diffract.errors import PluginConflictError, PluginLoadError, PluginWarning
 from diffract.plugins import hookspec
-from diffract.plugins.types import ExecutorSpec, KernelSpec, OpSpec, StorageProfile
+from diffract.plugins.types import Conventions, ExecutorSpec, KernelSpec, OpSpec, StorageProfile
 
 __all__ = ["Catalog", "DiffractPluginManager", "PluginRecord", "make_plugin_manager"]
 
@@ -47,6 +47,7 @@ _HOOKS: tuple[tuple[str, type, str], ...] = (
     ("diffract_storage_profiles", StorageProfile, "profiles"),
     ("diffract_executors", ExecutorSpec, "executors"),
     ("diffract_ops", OpSpec, "ops"),
+    ("diffract_conventions", Conventions, "conventions"),
 )
 
 
@@ -125,6 +126,7 @@ class Catalog:
     ops: tuple[OpSpec, ...]
     plugins: tuple[PluginRecord, ...]
     contested: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = attrs.field(factory=dict)
+    conventions: dict[str, Conventions] = attrs.field(factory=dict)
 
     def conflict_message(self, kind: str, name: str) -> str | None:
         """Why ``name`` of ``kind`` is withheld, with the setting that picks, or None."""
@@ -258,7 +260,7 @@ class DiffractPluginManager(pluggy.PluginManager):
         contested: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {}
         for record, item in offers["ops"]:
             record.provides.setdefault("ops", []).append(item.name)
-        for kind in ("kernels", "profiles", "executors"):
+        for kind in ("kernels", "profiles", "executors", "conventions"):
             kept[kind], contested[kind] = self._settle(kind, offers[kind])
         return Catalog(
             kernels=tuple(kept["kernels"]),
@@ -267,6 +269,7 @@ class DiffractPluginManager(pluggy.PluginManager):
             ops=tuple(kept["ops"]),
             plugins=tuple(self.records.values()),
             contested=contested,
+            conventions={c.name: c for c in kept["conventions"]},
         )
 
     def _answer(self, record: PluginRecord, fn: Callable[[], Iterable[Any]], hook_name: str,
@@ -352,7 +355,7 @@ class DiffractPluginManager(pluggy.PluginManager):
                 if key in open_claims:
                     contested[key] = (key, open_claims[key])
         what = {"kernels": "kernel or field", "profiles": "storage profile",
-                "executors": "executor"}[kind]
+                "executors": "executor", "conventions": "conventions"}[kind]
         for claimed, providers in sorted(open_claims.items()):
             for label in providers:
                 table[claimed][label].conflicts.append(f"{what} {claimed!r}")

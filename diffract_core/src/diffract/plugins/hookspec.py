@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import pluggy
 
-from diffract.plugins.types import ExecutorSpec, KernelSpec, OpSpec, StorageProfile
+from diffract.plugins.types import Conventions, ExecutorSpec, KernelSpec, OpSpec, StorageProfile
 
 __all__ = ["PROJECT", "hookimpl", "hookspec"]
 
@@ -55,4 +55,14 @@ def diffract_ops() -> Iterable[OpSpec]:
 
     Each :class:`OpSpec` offers one implementation of a named op with its support check
     and the reference it replaces; :func:`diffract.ops.resolve` picks per call.
+    """
+
+
+@hookspec
+def diffract_conventions() -> Iterable[Conventions]:
+    """Named configuration presets a kernel pack provides (``weightwatcher``...).
+
+    Each :class:`Conventions` sets some kernels' configuration so that results follow
+    another tool's conventions; users apply one with
+    ``session.compute.configure_conventions(name)`` or ``diffract analyze --conventions``.
     """

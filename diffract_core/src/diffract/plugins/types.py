@@ -11,6 +11,7 @@ import attrs
 from diffract.core.compute.spec import Domain, KernelOptions, KernelSpec, Range, Restriction, kernel
 
 __all__ = [
+    "Conventions",
     "Domain",
     "ExecutorSpec",
     "KernelOptions",
@@ -25,6 +26,23 @@ __all__ = [
 
 def _summary(fn: Any) -> str:
     return f"<{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)!s}>"
+
+
+@attrs.frozen
+class Conventions:
+    """A named set of kernel configurations that reproduces another tool's numbers.
+
+    ``settings`` maps a kernel name to the keywords it sets (``{"power_law_fit":
+    {"min_tail": 5}}``); ``session.compute.configure_conventions(name)`` applies them,
+    checked as ``configure_kernel`` checks them, all or nothing. ``description`` says
+    what the preset changes and why.
+    """
+
+    name: str
+    settings: Mapping[str, Mapping[str, Any]] = attrs.field(
+        converter=lambda m: {k: dict(v) for k, v in m.items()}, eq=False, hash=False)
+    description: str = ""
+    provider: str = "unknown"
 
 
 @attrs.frozen
