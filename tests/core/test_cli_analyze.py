@@ -377,3 +377,49 @@ class TestSummaryKnownAnswers:
         cdf = np.cumsum(density) * (x[1] - x[0])
         empirical = np.searchsorted(np.sort(esd), x, side="right") / len(esd)
         assert np.max(np.abs(cdf - empirical)) < 0.08
+
+
+class TestScreenshotTool:
+    """tools/screenshot_report.py's plumbing (no browser on CI: a stand-in binary
+    checks the arguments a headless Chromium gets and writes the PNG)."""
+
+    FAKE = ("#!{python}\n"
+            "import sys, pathlib, urllib.parse\n"
+            "args = sys.argv[1:]\n"
+            "assert '--headless=new' in args, args\n"
+            "out = next(a.split('=', 1)[1] for a in args if a.startswith('--screenshot='))\n"
+            "page = pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(args[-1]).path))\n"
+            "assert page.read_text().startswith('<!doctype html>'), page\n"
+            "pathlib.Path(out).write_bytes(b'\\x89PNG\\r\\n\\x1a\\n' + b'0' * 100)\n")
+
+    def _run(self, tmp_path, path_dirs, *args):
+        env = {k: v for k, v in os.environ.items() if k != "DIFFRACT_STRICT_PLUGINS"}
+        env["PATH"] = os.pathsep.join(path_dirs)
+        return subprocess.run([sys.executable, str(ROOT / "tools" / "screenshot_report.py"),
+                               *args], capture_output=True, text=True, env=env, cwd=tmp_path)
+
+    def test_it_drives_a_headless_chromium(self, tmp_path, model_file):
+        pytest.importorskip("matplotlib")
+        report = tmp_path / "r.html"
+        assert _cli("analyze", str(model_file), "--metrics", "stable_rank", "--report",
+                    str(report), cwd=tmp_path).returncode == 0
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        fake = bin_dir / "chromium"
+        fake.write_text(self.FAKE.format(python=sys.executable))
+        fake.chmod(0o755)
+        run = self._run(tmp_path, [str(bin_dir)], str(report), str(tmp_path / "shot.png"))
+        assert run.returncode == 0, run.stderr
+        assert (tmp_path / "shot.png").read_bytes().startswith(b"\x89PNG")
+
+    def test_without_a_browser_it_says_what_to_install(self, tmp_path):
+        pytest.importorskip("matplotlib")
+        try:
+            import playwright  # noqa: F401
+            pytest.skip("playwright is installed here")
+        except ImportError:
+            pass
+        report = tmp_path / "r.html"
+        report.write_text("<!doctype html><p>x")
+        run = self._run(tmp_path, [str(tmp_path)], str(report))
+        assert run.returncode == 2 and "no Chromium found" in run.stderr
