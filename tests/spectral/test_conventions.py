@@ -98,7 +98,7 @@ def test_a_preset_with_one_bad_value_changes_nothing(rng):
 
 
 def test_two_packs_claiming_one_preset_name_use_neither():
-    pm = make_plugin_manager()
+    pm = make_plugin_manager(strict=False)  # CI runs strict, where a conflict raises
     pm.register_plugin(_pack(Conventions("weightwatcher", {"power_law_fit": {"min_tail": 6}})),
                        distribution="rival-pack", version="1.0")
     with warnings.catch_warnings():
