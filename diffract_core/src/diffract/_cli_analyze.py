@@ -508,12 +508,18 @@ def tell_failures(failed: dict[tuple[str, str, str], list[str]],
         tell("  and, because of them: " + ", ".join(f"{k} on {n}" for k, n in downstream.items()))
 
 
-def main_analyze(args: argparse.Namespace) -> int:
-    try:
-        return analyze(args)
-    except UsageError as exc:
-        print(f"diffract analyze: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+def _main(command: str, run: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
+    """The entry of one command: its usage errors are one line on stderr, exit 2 (other
+    Diffract errors are handled the same way by diffract.cli.main)."""
+
+    def entry(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except UsageError as exc:
+            print(f"diffract {command}: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+
+    return entry
 
 
 # -- compare -----------------------------------------------------------------------------
@@ -649,9 +655,5 @@ def _inputs_of(session: Any, field: str) -> list[str]:
     return out
 
 
-def main_compare(args: argparse.Namespace) -> int:
-    try:
-        return compare(args)
-    except UsageError as exc:
-        print(f"diffract compare: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+main_analyze = _main("analyze", analyze)
+main_compare = _main("compare", compare)
