@@ -88,11 +88,8 @@ def main() -> None:
                      "1.00" if name == "diffract analyze" else f"{med / ours:.2f}"])
     table(["tool", "median s", "range s", "time / ours"], rows)
     for name, text in outputs.items():
-        line = next((x.strip() for x in text.splitlines()
-                     if "alpha mean" in x or "alpha defined on" in x), "")
-        detail = next((x.strip() for x in text.splitlines() if x.strip().startswith("alpha mean")
-                       and name == "diffract analyze"), "")
-        print(f"# {name}: {line} {detail}".rstrip())
+        line = next((x.strip() for x in text.splitlines() if "alpha mean" in x), "")
+        print(f"# {name}: {line}")
 
 
 if __name__ == "__main__":

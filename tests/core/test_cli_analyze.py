@@ -105,6 +105,19 @@ class TestAnalyze:
         summary = json.loads((out / "summary.json").read_text())
         assert summary[0]["model_id"] == "net" and summary[0]["layers"] == 3
 
+    def test_summary_json_keeps_nan_in_reasons_and_writes_null_for_nan(self, tmp_path):
+        """A NaN number becomes null; the word NaN inside a reason stays as written."""
+        w = torch.randn(80, 60)
+        w[0, 0] = float("nan")
+        safetensors_torch.save_file({"w": w, "v": torch.randn(80, 30)},  # v: tail too short
+                                    str(tmp_path / "bad.safetensors"))
+        run = _cli("analyze", str(tmp_path / "bad.safetensors"), "--metrics", "pl_alpha",
+                   "--format", "csv", "--out", str(tmp_path / "o"), cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        (record,) = json.loads((tmp_path / "o" / "summary.json").read_text())
+        assert record["alpha_mean"] is None and record["undefined"] == 2
+        assert any("1 NaN or Inf value(s)" in r for r in record["undefined_reasons"])
+
     def test_set_changes_the_kernel_and_is_checked(self, model_file, tmp_path):
         run = _cli("analyze", str(model_file), "--metrics", "pl_alpha", "--format", "json",
                    "--set", "power_law_fit.min_tail=5", cwd=tmp_path)
@@ -342,6 +355,22 @@ class TestCompare:
         run = _cli("compare", *map(str, checkpoints[:2]), "--metrics", "pl_alpha",
                    cwd=tmp_path)
         assert run.returncode == 2 and "not pairwise (CROSS_MODEL)" in run.stderr
+
+
+def test_the_install_hints_name_every_field_of_each_pack():
+    """The CLI's field -> distribution table (hints for packs that are not installed)
+    holds exactly what each installed pack produces: it cannot drift."""
+    from diffract._cli_analyze import PACK_OF
+
+    with Session() as s:
+        records = s.compute.list_available_metrics(verbose=True)
+    checked = 0
+    for dist, fields in PACK_OF.items():
+        produced = {r["field"] for r in records if r["provider"].split(" ")[0] == dist}
+        if produced:
+            assert set(fields) == produced, dist
+            checked += 1
+    assert checked >= 1
 
 
 class TestSummaryKnownAnswers:

@@ -8,36 +8,40 @@ imported only when they are shown.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import math
 import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from diffract.errors import InvalidArgumentError
+from diffract.report import format_table, format_value
 
 #: The WeightWatcher-like default set.
 DEFAULT_METRICS = ("pl_alpha", "alpha_weighted", "stable_rank", "log_norm", "spectral_norm",
                    "mp_softrank", "num_spikes")
 
-#: Which distribution brings a field that is not installed (a hint, not a registry).
+#: Which distribution brings a field that is not installed (a hint, not a registry;
+#: tests/core/test_cli_analyze.py checks it against the installed packs).
 PACK_OF = {
     "diffract-kernels-spectral": (
         "esd", "svals", "weights_svals", "weights_lsvs", "weights_rsvs", "pl_alpha",
         "pl_xmin", "pl_xmax", "pl_ks_distance", "pl_sigma", "pl_n_tail", "pl_pvalue",
         "alpha_weighted", "stable_rank", "log_norm", "spectral_norm", "log_spectral_norm",
         "mp_softrank", "mp_bulk_max", "num_spikes", "hard_rank", "matrix_entropy",
-        "tpl_alpha", "tpl_lambda", "exp_lambda", "log_alpha_norm",
+        "tpl_alpha", "tpl_lambda", "tpl_ks_distance", "exp_lambda", "exp_ks_distance",
+        "log_alpha_norm", "lr_tpl_R", "lr_tpl_p", "lr_exp_R", "lr_exp_p", "lr_lognormal_R",
+        "lr_lognormal_p",
     ),
     "diffract-kernels-alignment": (
         "l_overlap", "r_overlap", "l_agreement", "r_agreement", "max_l_agreement",
         "max_r_agreement", "avg_l_agreement", "avg_r_agreement", "avg_max_l_agreement",
         "avg_max_r_agreement", "l_subspace_overlap", "r_subspace_overlap",
-        "sval_rel_change", "intruder_dimensions",
+        "l_principal_angles", "r_principal_angles", "sval_rel_change", "intruder_dimensions",
     ),
 }
 
@@ -295,17 +299,6 @@ class ProgressBar:
 
 
 # -- output ------------------------------------------------------------------------------
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float) or (hasattr(value, "dtype") and value.shape == ()):
-        v = float(value)
-        if math.isnan(v):
-            return "nan"
-        return f"{v:.4g}"
-    return str(value)
-
-
 def table_rows(session: Any, view: Any, model_id: str, metrics: Sequence[str],
                include_1d: bool) -> list[list[Any]]:
     """Rows of (parameter, shape, metric values) in the view, 1-D parameters only when
@@ -327,15 +320,13 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
     value columns come in groups that fit its width, each group with the key columns
     again, so nothing is squeezed into ellipses or dropped."""
     if console is None:
-        from diffract.demo import format_table
-
         print(title)
-        print(format_table(list(header), [[_cell(v) for v in r] for r in rows]))
+        print(format_table(list(header), rows))
         return
     from rich import box
     from rich.table import Table
 
-    cells = [[_cell(v) for v in r] for r in rows]
+    cells = [[format_value(v) for v in r] for r in rows]
     heads = [h.replace("_", "_\n", 1) if i >= keys and len(h) > 7 else h
              for i, h in enumerate(header)]
 
@@ -395,8 +386,10 @@ def write_outputs(view: Any, metrics: Sequence[str], fmt: str, out: str | None,
         ext = "csv" if fmt == "table" else fmt
         written.append(view.results.export_metrics(*metrics, export_format=ext,
                                                    path=folder / f"metrics.{ext}"))
-    (folder / "summary.json").write_text(json.dumps(summaries, indent=1, default=str,
-                                                    allow_nan=True).replace("NaN", "null"))
+    from diffract.results import _plain
+
+    (folder / "summary.json").write_text(json.dumps(_plain(summaries), indent=1,
+                                                    allow_nan=False))
     written.append(folder / "summary.json")
     return written
 
@@ -414,15 +407,22 @@ def apply_settings(session: Any, settings: Sequence[str], conventions: str | Non
         session.compute.configure_kernel(kernel, **values)
 
 
-def run_apply(view: Any, metrics: Sequence[str], bar: ProgressBar) -> Any:
+@contextlib.contextmanager
+def outcomes_reported_by_us() -> Iterator[None]:
+    """Silence apply's warnings about failed units and undefined values: the command
+    reports both itself, grouped."""
     import warnings
 
-    from diffract.errors import UndefinedValuesWarning
+    from diffract.errors import FailedUnitsWarning, UndefinedValuesWarning
 
     with warnings.catch_warnings():
-        # the summary reports undefined values and failures, grouped
         warnings.simplefilter("ignore", UndefinedValuesWarning)
-        warnings.filterwarnings("ignore", message=r"\d+ unit\(s\) failed")
+        warnings.simplefilter("ignore", FailedUnitsWarning)
+        yield
+
+
+def run_apply(view: Any, metrics: Sequence[str], bar: ProgressBar) -> Any:
+    with outcomes_reported_by_us():
         return view.compute.apply(*metrics, errors="record", progress=bar)
 
 
@@ -442,9 +442,12 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
         model_ids = add_models(session, inputs)
         view = scope(session, model_ids, args)
         interactive = sys.stderr.isatty() and not args.quiet
+        wanted = list(metrics)
+        if (args.plot or args.report) and "esd" in session.compute.list_available_metrics():
+            wanted.append("esd")  # the ESD plots draw it
         try:
             with ProgressBar(interactive) as bar:
-                report = run_apply(view, metrics, bar)
+                report = run_apply(view, wanted, bar)
         except KeyboardInterrupt:
             where = (f"rerun the same command with --store {args.store} to resume"
                      if args.store else "use --store PATH to keep results across runs")
@@ -566,14 +569,8 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
         model_ids = add_models(session, inputs)
         view = scope(session, model_ids, args)
         interactive = sys.stderr.isatty() and not args.quiet
-        import warnings
-
-        from diffract.errors import UndefinedValuesWarning
-
         try:
-            with ProgressBar(interactive) as bar, warnings.catch_warnings():
-                warnings.simplefilter("ignore", UndefinedValuesWarning)
-                warnings.filterwarnings("ignore", message=r"\d+ unit\(s\) failed")
+            with ProgressBar(interactive) as bar, outcomes_reported_by_us():
                 # the per-checkpoint inputs (SVDs) once for all, with one bar
                 needs = sorted({f for m in metrics for f in _inputs_of(session, m)})
                 reports = [view.compute.apply(*needs, errors="record", progress=bar)] if needs \
@@ -641,17 +638,15 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
 def _inputs_of(session: Any, field: str) -> list[str]:
     """The per-parameter fields a pairwise field is computed from (their producers run
     on each checkpoint once, before the pairs)."""
-    kernels = {k["name"]: k for k in session.compute.list_available_kernels(True)}
-    producer = {f: k for k in kernels.values() for f in k["produce_fields"]}
+    producer = {f: k for k in session.compute.list_available_kernels(True)
+                for f in k["produce_fields"]}
     out: list[str] = []
     todo = [field]
     while todo:
-        spec = kernels[producer[todo.pop()]["name"]]
-        for f in spec["require_fields"]:
-            if f in producer and kernels[producer[f]["name"]]["apply_level"] == "PARAMETER":
-                out.append(f)
-            elif f in producer:
-                todo.append(f)
+        for f in producer[todo.pop()]["require_fields"]:
+            if f not in producer:
+                continue  # weights, shape: the model's own
+            (out if producer[f]["apply_level"] == "PARAMETER" else todo).append(f)
     return out
 
 

@@ -12,13 +12,12 @@ Only the public API is used: the same steps work from a notebook.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["format_table", "run_demo", "train_checkpoints"]
+__all__ = ["run_demo", "train_checkpoints"]
 
 #: Per-layer metrics the demo computes when installed (the WeightWatcher-like set).
 METRICS = ("pl_alpha", "alpha_weighted", "stable_rank", "log_norm", "spectral_norm",
@@ -27,29 +26,6 @@ METRICS = ("pl_alpha", "alpha_weighted", "stable_rank", "log_norm", "spectral_no
 PAIRWISE = ("avg_max_l_agreement", "l_subspace_overlap", "sval_rel_change")
 #: Steps at which a checkpoint is saved.
 SAVE_AT = (0, 100, 400)
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        return f"{value:.4g}"
-    if hasattr(value, "shape") and value.shape == ():
-        return _fmt(value.item())
-    return str(value)
-
-
-def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A plain-text table with aligned columns."""
-    cells = [list(header)] + [[_fmt(v) for v in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def train_checkpoints(folder: Path, steps: Sequence[int] = SAVE_AT, seed: int = 0,
@@ -121,11 +97,11 @@ def run_demo(out: str | Path = "diffract-demo", print_fn: Any = print) -> dict[s
         table = [[name, "x".join(map(str, shapes[name])), *(row.get(m) for m in metrics)]
                  for name, row in rows.items() if len(shapes[name]) >= 2]
         print_fn(f"\n{last}: {len(table)} weight matrices")
-        print_fn(format_table(["parameter", "shape", *metrics], table))
+        print_fn(report.format_table(["parameter", "shape", *metrics], table))
         summaries = report.summarize(session)
         if any(r["layers"] for r in summaries):
             print_fn("\nAlpha across training (WeightWatcher's reading: 2-6 well trained):")
-            print_fn(format_table(
+            print_fn(report.format_table(
                 ["checkpoint", "alpha mean", "alpha median", "share < 2", "share > 6"],
                 [[r["model_id"], r["alpha_mean"], r["alpha_median"],
                   r["share_over_trained"], r["share_under_trained"]] for r in summaries]))
@@ -136,7 +112,7 @@ def run_demo(out: str | Path = "diffract-demo", print_fn: Any = print) -> dict[s
             for field in pairwise:
                 layers, pairs, matrix = report.pair_matrix(session, field)
                 print_fn(f"{field}:")
-                print_fn(format_table(["parameter", *pairs],
+                print_fn(report.format_table(["parameter", *pairs],
                                       [[layer, *matrix[i]] for i, layer in enumerate(layers)]))
                 try:
                     fig = viz.heatmap_figure(matrix, layers, pairs, field)

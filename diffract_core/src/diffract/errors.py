@@ -86,6 +86,7 @@ __all__ = [
     "ModelSourceError",
     "PartialOutputWarning",
     "UndefinedValuesWarning",
+    "FailedUnitsWarning",
     "PluginConflictError",
     "PluginError",
     "PluginLoadError",
@@ -118,6 +119,13 @@ def _listing(names: Iterable[str], limit: int = 40) -> str:
     shown = ", ".join(repr(n) for n in names[:limit])
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return (shown + more) if names else "(none)"
+
+
+def _unknown(what: str, name: str, known: list[str], then: str) -> str:
+    """The message of an unknown name: what it is, a suggestion, then ``then`` with
+    ``{known}`` replaced by the listing of the known names."""
+    return (f"Unknown {what} {name!r}.{did_you_mean(name, known)} "
+            + then.format(known=_listing(known)))
 
 
 class DiffractError(Exception):
@@ -355,12 +363,10 @@ class UnknownProfileError(StorageError, UnknownNameError):
     """Session(profile=...) names a profile no plugin provides."""
 
     def __init__(self, profile: str, known: Iterable[str]) -> None:
-        known = list(known)
-        super().__init__(
-            f"Unknown storage profile {profile!r}.{did_you_mean(profile, known)} "
-            f"Available profiles: {_listing(known)}. Install the plugin that provides it "
-            "(see `diffract plugins`)."
-        )
+        super().__init__(_unknown(
+            "storage profile", profile, list(known),
+            "Available profiles: {known}. Install the plugin that provides it (see "
+            "`diffract plugins`)."))
         self.profile = self.name = profile
 
 
@@ -373,12 +379,10 @@ class UnknownExecutorError(UnknownNameError):
     """The configuration names an executor no plugin provides."""
 
     def __init__(self, executor: str, known: Iterable[str]) -> None:
-        known = list(known)
-        super().__init__(
-            f"Unknown executor {executor!r}.{did_you_mean(executor, known)} "
-            f"Available executors: {_listing(known)}. Set [parallel] executor in the "
-            "configuration to one of them, or install the plugin that provides it."
-        )
+        super().__init__(_unknown(
+            "executor", executor, list(known),
+            "Available executors: {known}. Set [parallel] executor in the configuration "
+            "to one of them, or install the plugin that provides it."))
         self.executor = self.name = executor
 
 
@@ -394,11 +398,7 @@ class UnknownFormatError(UnknownNameError):
     """An export format nobody registered."""
 
     def __init__(self, fmt: str, known: Iterable[str]) -> None:
-        known = list(known)
-        super().__init__(
-            f"Unknown export_format {fmt!r}.{did_you_mean(fmt, known)} Choose one of "
-            f"{_listing(known)}."
-        )
+        super().__init__(_unknown("export_format", fmt, list(known), "Choose one of {known}."))
         self.format = self.name = fmt
 
 
@@ -406,12 +406,10 @@ class UnknownConventionsError(UnknownNameError):
     """A conventions preset no installed pack provides."""
 
     def __init__(self, name: str, known: Iterable[str]) -> None:
-        known = list(known)
-        super().__init__(
-            f"Unknown conventions {name!r}.{did_you_mean(name, known)} Known: "
-            f"{_listing(known)}; compute.list_conventions() describes them (kernel packs "
-            "provide them: diffract-kernels-spectral has 'csn' and 'weightwatcher')."
-        )
+        super().__init__(_unknown(
+            "conventions", name, list(known),
+            "Known: {known}; compute.list_conventions() describes them. Kernel packs "
+            "provide them (see `diffract plugins`)."))
         self.conventions = self.name = name
 
 
@@ -472,6 +470,10 @@ class DiffractWarning(UserWarning):
 
 class PluginWarning(DiffractWarning):
     """A plugin failed to load or conflicts with another; the host carries on without it."""
+
+
+class FailedUnitsWarning(DiffractWarning):
+    """``apply(..., errors="record")`` finished with failed units (report.failures)."""
 
 
 class UndefinedValuesWarning(DiffractWarning):

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ALPHA_OVER_TRAINED", "ALPHA_UNDER_TRAINED", "pair_matrix", "summarize",
-           "write_html"]
+__all__ = ["ALPHA_OVER_TRAINED", "ALPHA_UNDER_TRAINED", "format_table", "format_value",
+           "pair_matrix", "summarize", "write_html"]
 
 #: WeightWatcher's reading of a layer's power-law exponent: below 2 the layer is likely
 #: over-trained (over-fit to its data), above 6 under-trained; 2-6 is the well-trained band.
@@ -66,8 +66,8 @@ def summarize(
     are not stored give None, not an error.
     """
     results = session.results
-    ids = list(model_ids) if model_ids is not None else list(session.model_ids)
-    stored = set(results.export_metrics())  # every model in scope
+    in_scope = list(session.model_ids)
+    ids = list(model_ids) if model_ids is not None else in_scope
     known = set(session.compute.list_available_metrics())
     fields = [f for f in (alpha, weighted) if f in known]
     table = results.export_metrics(*fields) if fields else {}
@@ -78,7 +78,7 @@ def summarize(
                          if r["field"] == alpha), None)
     out = []
     for model_id in ids:
-        if model_id not in stored:
+        if model_id not in in_scope:
             continue
         rows = table.get(model_id, {})
         alphas = [_number(r.get(alpha)) for r in rows.values() if alpha in r]
@@ -205,17 +205,38 @@ def _esc(text: Any) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _fmt(value: Any) -> tuple[str, str]:
-    """(shown text, sort key) of a cell."""
+def format_value(value: Any) -> str:
+    """A value as a table shows it: 4 significant digits, whole numbers (below 1e6) as
+    integers, NaN as ``nan``, None (not stored) as empty."""
     if value is None:
-        return "", ""
+        return ""
     if np.ndim(value) == 0 and isinstance(value, (int, float, np.number, bool)):
+        if isinstance(value, (bool, np.bool_)):
+            return str(bool(value))
         v = float(value)
         if math.isnan(v):
-            return "nan", "nan"
-        return (f"{v:.4g}" if not float(v).is_integer() or abs(v) >= 1e6 else f"{int(v)}",
-                repr(v))
-    return str(value), str(value)
+            return "nan"
+        return f"{int(v)}" if v.is_integer() and abs(v) < 1e6 else f"{v:.4g}"
+    return str(value)
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain-text table with aligned columns (values through :func:`format_value`)."""
+    cells = [list(header)] + [[format_value(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _sort_key(value: Any) -> str:
+    """The exact value a cell carries in ``data-v`` (repr of a number: parses back)."""
+    if value is None:
+        return ""
+    if np.ndim(value) == 0 and isinstance(value, (int, float, np.number)) and not isinstance(
+            value, (bool, np.bool_)):
+        return repr(float(value))
+    return str(value)
 
 
 def html_table(header: list[str], rows: list[list[Any]], *, sortable: bool = True,
@@ -230,7 +251,7 @@ def html_table(header: list[str], rows: list[list[Any]], *, sortable: bool = Tru
     for row in rows:
         out.append("<tr>")
         for value in row:
-            shown, key = _fmt(value)
+            shown, key = format_value(value), _sort_key(value)
             out.append(f'<td data-v="{_esc(key)}">{_esc(shown)}</td>')
         out.append("</tr>")
     out.append("</tbody></table>")
@@ -327,7 +348,8 @@ def write_html(
         if record and record["undefined_reasons"]:
             items = "".join(f"<li>{c} &times; {_esc(r)}</li>"
                             for r, c in record["undefined_reasons"].items())
-            parts.append(f"<p>No alpha for {record['undefined']} layer(s):</p><ul>{items}</ul>")
+            missing = record["undefined"] + record["failed"]
+            parts.append(f"<p>No alpha for {missing} layer(s):</p><ul>{items}</ul>")
         shapes = {p.name: p.shape for p in root.models.params(model_id)}
         rows = [[name, "x".join(map(str, shapes.get(name, ()))),
                  *(row.get(f) if np.ndim(row.get(f, 0)) == 0 else None for f in fields)]
@@ -336,20 +358,15 @@ def write_html(
                                                        table_id=f"metrics-{model_id}")
                      + "</div>")
         if viz is not None:
-            known = set(session.compute.list_available_metrics())
-            depth = [f for f in viz.DEPTH_FIELDS if f in known]
-            if depth and any(any(f in r for f in depth)
-                             for r in results.export_metrics(*depth)[model_id].values()):
-                parts.append(f"<img alt='metrics against depth' src='"
-                             f"{_png(viz.depth_figure(session, model_id, depth))}'>")
-            if "esd" in known:
-                esds = results.export_metrics("esd")[model_id]
-                images = [f"<img alt='ESD of {_esc(p)}' src='"
-                          f"{_png(viz.esd_figure(session, model_id, p))}'>"
-                          for p, r in esds.items() if np.any(np.asarray(r["esd"]) > 0)]
-                if images:
-                    parts.append(f"<details><summary>ESD of each layer ({len(images)})"
-                                 f"</summary>{''.join(images)}</details>")
+            depth = viz.depth_fields(session, model_id)
+            if depth:
+                parts.append(figure_html(viz.depth_figure(session, model_id, depth),
+                                         "metrics against depth"))
+            images = [figure_html(fig, f"ESD of {param}")
+                      for param, fig in viz.esd_figures(session, model_id)]
+            if images:
+                parts.append(f"<details><summary>ESD of each layer ({len(images)})"
+                             f"</summary>{''.join(images)}</details>")
     parts.extend(sections)
     parts.append("<h2>Provenance</h2>")
     prov = [["command", command or ""], ["time taken (s)", seconds],

@@ -58,10 +58,13 @@ def register_formatter(name: str, fn: Formatter) -> None:
 
 
 def _plain(value: Any) -> Any:
-    """A JSON-friendly form of a stored value: arrays and tuples as lists, NaN and
-    infinities as None (JSON has no such numbers)."""
+    """A JSON-friendly form of a stored value (or of records of them): arrays and tuples
+    as lists, mappings item by item, NaN and infinities as None (JSON has no such
+    numbers)."""
     if hasattr(value, "tolist"):
         value = value.tolist()
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):

@@ -43,6 +43,7 @@ from diffract.errors import (
     DiffractError,
     DuplicateModelError,
     ExecutorError,
+    FailedUnitsWarning,
     InvalidArgumentError,
     MergeConflictError,
     ModelError,
@@ -613,9 +614,8 @@ class ComputeAPI(ScopedAPI):
         if report.failures:
             if errors == "raise":
                 raise ApplyError(report)
-            warnings.warn(
-                f"{len(report.failures)} unit(s) failed; see report.failures.", stacklevel=2
-            )
+            warnings.warn(FailedUnitsWarning(
+                f"{len(report.failures)} unit(s) failed; see report.failures."), stacklevel=2)
         new_undefined = [n for n in report.undefined if n.kernel in report.computed]
         if new_undefined:
             groups = len({(n.kernel, n.reason) for n in new_undefined})
@@ -675,10 +675,9 @@ class ComputeAPI(ScopedAPI):
         if combined.failures:
             if errors == "raise":
                 raise ApplyError(combined)
-            warnings.warn(
+            warnings.warn(FailedUnitsWarning(
                 f"{len(combined.failures)} unit(s) failed over {len(chosen)} pair(s); see the "
-                "reports' failures.", stacklevel=2,
-            )
+                "reports' failures."), stacklevel=2)
         return reports
 
     def configure_kernel(self, name: str, **kwargs: Any) -> None:

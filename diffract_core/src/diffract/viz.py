@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,13 @@ import numpy as np
 
 from diffract.errors import DiffractError, InvalidArgumentError
 
-__all__ = ["depth_figure", "esd_figure", "heatmap_figure", "plot_depth", "plot_esd",
-           "plot_model", "save_png"]
+__all__ = ["depth_fields", "depth_figure", "esd_figure", "esd_figures", "esd_rows",
+           "heatmap_figure", "plot_depth", "plot_esd", "plot_model", "save_png"]
 
 #: Fields drawn against depth when present.
 DEPTH_FIELDS = ("pl_alpha", "stable_rank")
+#: Fields an ESD plot draws: the spectrum, the fitted power law, the random bulk's edge.
+ESD_FIELDS = ("esd", "pl_alpha", "pl_xmin", "mp_bulk_max")
 
 
 def _figure(width: float, height: float) -> Any:
@@ -44,14 +46,15 @@ def _params(session: Any, model_id: str) -> list[Any]:
     return getattr(session, "session", session).models.params(model_id)
 
 
-def _values(session: Any, model_id: str, param: str, *fields: str) -> dict[str, Any]:
-    row = session.results.export_metrics(*fields)[model_id].get(param)
-    if row is None:
-        raise InvalidArgumentError(
-            f"{model_id}/{param} has none of {', '.join(fields)} stored: apply them first "
-            f"(session.compute.apply({', '.join(repr(f) for f in fields[:2])}))."
-        )
-    return row
+def esd_rows(session: Any, model_id: str) -> dict[str, dict[str, Any]]:
+    """What the ESD plots draw, read once for a whole model: per parameter with an
+    ``esd`` stored, its ESD and whichever of ``ESD_FIELDS`` are stored."""
+    known = set(session.compute.list_available_metrics())
+    if "esd" not in known:
+        return {}
+    fields = [f for f in ESD_FIELDS if f in known]
+    rows = session.results.export_metrics(*fields)[model_id]
+    return {param: row for param, row in rows.items() if "esd" in row}
 
 
 def mp_density(x: np.ndarray, total: float, n: int, m: int) -> np.ndarray:
@@ -74,14 +77,22 @@ def mp_density(x: np.ndarray, total: float, n: int, m: int) -> np.ndarray:
 
 def esd_figure(session: Any, model_id: str, param: str) -> Any:
     """The figure ``plot_esd`` saves (a matplotlib Figure)."""
-    row = _values(session, model_id, param, "esd")
-    esd = np.asarray(row["esd"], dtype=np.float64)
+    row = esd_rows(session.filter(param_ids=[f"{model_id}/{param}"]), model_id).get(param)
+    if row is None:
+        raise InvalidArgumentError(
+            f"{model_id}/{param} has no ESD stored: apply it first "
+            "(session.compute.apply('esd', 'pl_alpha'))."
+        )
+    shape = next((p.shape for p in _params(session, model_id) if p.name == param), None)
+    return _draw_esd(model_id, param, row, shape)
+
+
+def _draw_esd(model_id: str, param: str, fits: dict[str, Any], shape: Any) -> Any:
+    esd = np.asarray(fits["esd"], dtype=np.float64)
     esd = esd[esd > 0]
     if esd.size == 0:
         raise InvalidArgumentError(f"{model_id}/{param}: the ESD has no positive eigenvalue "
                                    "to plot.")
-    fits = session.results.export_metrics()[model_id].get(param, {})
-    shape = next((p.shape for p in _params(session, model_id) if p.name == param), None)
     fig = _figure(10, 4)
     log_ax, lin_ax = fig.subplots(1, 2)
     # log-log: density on log-spaced bins, the fitted law over its tail
@@ -192,25 +203,33 @@ def _file_name(param: str) -> str:
     return re.sub(r"[^\w.\-]+", "_", param)
 
 
+def esd_figures(session: Any, model_id: str) -> Iterator[tuple[str, Any]]:
+    """(parameter, figure) for every parameter with a positive ESD stored, reading the
+    model's ESD fields once."""
+    rows = esd_rows(session, model_id)
+    shapes = {p.name: p.shape for p in _params(session, model_id)}
+    for param, row in rows.items():
+        esd = np.asarray(row["esd"])
+        if esd.ndim == 1 and np.any(esd > 0):
+            yield param, _draw_esd(model_id, param, row, shapes.get(param))
+
+
 def plot_model(session: Any, model_id: str, directory: str | Path) -> list[Path]:
     """Every layer's ESD (where ``esd`` is stored) and the depth plot, as PNGs under
     ``directory/model_id/``; returns the paths written. Computes nothing: what is not
-    stored is not drawn (``esd`` is applied first when the spectral pack is installed
-    and it is missing)."""
+    stored is not drawn."""
     folder = Path(directory) / _file_name(model_id)
-    known = set(session.compute.list_available_metrics())
-    written: list[Path] = []
-    if "esd" in known:
-        rows = session.results.export_metrics("esd")[model_id]
-        if not rows:
-            session.compute.apply("esd", errors="record")
-            rows = session.results.export_metrics("esd")[model_id]
-        for param, row in rows.items():
-            esd = np.asarray(row["esd"])
-            if esd.ndim == 1 and np.any(esd > 0):
-                written.append(plot_esd(session, model_id, param,
-                                        folder / f"esd_{_file_name(param)}.png"))
-    depth = [f for f in DEPTH_FIELDS if f in known]
+    written = [save_png(fig, folder / f"esd_{_file_name(param)}.png")
+               for param, fig in esd_figures(session, model_id)]
+    depth = depth_fields(session, model_id)
     if depth:
         written.append(plot_depth(session, model_id, folder / "depth.png", depth))
     return written
+
+
+def depth_fields(session: Any, model_id: str) -> list[str]:
+    """Those of ``DEPTH_FIELDS`` that have values stored for ``model_id``."""
+    known = [f for f in DEPTH_FIELDS if f in set(session.compute.list_available_metrics())]
+    rows = session.results.export_metrics(*known)[model_id].values() if known else ()
+    present = {f for r in rows for f in r}
+    return [f for f in known if f in present]

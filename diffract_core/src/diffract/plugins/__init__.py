@@ -1,8 +1,8 @@
 """Diffract's plugin layer: the whole public surface a plugin needs.
 
 Hook specs and the marker (``hookimpl``), the records hooks yield (``KernelSpec``,
-``StorageProfile``, ``ExecutorSpec``, ``OpSpec``), what a storage profile implements
-(``Store``) and receives (``Batch``, ``Note``, ``ParamInfo``), the executor contract (an
+``StorageProfile``, ``ExecutorSpec``, ``OpSpec``, ``Conventions``), what a storage profile
+implements (``Store``) and receives (``Batch``, ``Note``, ``ParamInfo``), the executor contract (an
 ``ExecutorSpec`` factory receives the session's ``Config`` and its options and returns a
 ``concurrent.futures.Executor``; ``InlineExecutor`` is the simplest), the built-in
 ``RamStore`` to build on, the plugin manager and the process's registry.

@@ -758,6 +758,14 @@ class Runner:
                 self.progress(Progress(spec.name, done, len(step.units), *position,
                                        failed=failed, rate=rate))
 
+        def finish_oldest() -> None:
+            nonlocal last
+            oldest = inflight.pop(0)
+            failures = self._finish_chunk(state, oldest, report)
+            now = time.perf_counter()
+            finished(len(oldest.units), now - last, failures)
+            last = now
+
         try:
             while current:
                 inputs = [f.result() for f in pending]
@@ -771,11 +779,7 @@ class Runner:
                     self._submit_chunk(state, chunk)
                     inflight.append(chunk)
                     if len(inflight) > PIPELINE:
-                        oldest = inflight.pop(0)
-                        failures = self._finish_chunk(state, oldest, report)
-                        now = time.perf_counter()
-                        finished(len(oldest.units), now - last, failures)
-                        last = now
+                        finish_oldest()
                 else:
                     started = time.perf_counter()
                     failures = self._run_chunk(state, current, inputs, report)
@@ -783,11 +787,7 @@ class Runner:
                     finished(len(current), last - started, failures)
                 current = following
             while inflight:
-                oldest = inflight.pop(0)
-                failures = self._finish_chunk(state, oldest, report)
-                now = time.perf_counter()
-                finished(len(oldest.units), now - last, failures)
-                last = now
+                finish_oldest()
         finally:
             for future in pending:  # interrupted: do not read what nobody will use
                 future.cancel()
