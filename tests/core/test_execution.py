@@ -58,13 +58,13 @@ class TestBadInput:
             ({"t_a": 1.0}, r"keys do not match its produce_fields \('t_a', 't_b'\): missing \['t_b'\]"),
             (5.0, r"returned a single float for m/layer0.weight, but it produces 2 fields"),
             ((None, 1.0), r"returned a value of type NoneType for field 't_a' on m/layer0.weight, which no store can keep"),
-            (("text", 1.0), r"returned a value of type str for field 't_a' on m/layer0.weight, which no store can keep\. Return numbers"),
+            ((b"text", 1.0), r"returned a value of type bytes for field 't_a' on m/layer0.weight, which no store can keep\. Return numbers"),
             ((object(), 1.0), r"returned a value of type object for field 't_a'"),
             (([1.0, 2.0], 1.0), r"returned a value of type list for field 't_a'"),
             ((np.array(["a"]), 1.0), r"returned a numpy array of dtype <U1 for field 't_a'"),
-            (((1.0, "x"), 1.0), r"returned a tuple holding a value of type str for field 't_a'"),
+            (((1.0, "x"), 1.0), r"returned a tuple holding a string for field 't_a'"),
         ],
-        ids=["tuple-too-long", "dict-missing-key", "scalar-for-two", "none-value", "string",
+        ids=["tuple-too-long", "dict-missing-key", "scalar-for-two", "none-value", "bytes",
              "object", "list", "string-array", "tuple-with-string"],
     )
     def test_wrong_outputs_fail_only_their_unit(self, session, arrays, result, message):

@@ -29,13 +29,25 @@ DEFAULT_METRICS = ("pl_alpha", "alpha_weighted", "stable_rank", "log_norm", "spe
 #: tests/core/test_cli_analyze.py checks it against the installed packs).
 PACK_OF = {
     "diffract-kernels-spectral": (
-        "esd", "svals", "weights_svals", "weights_lsvs", "weights_rsvs", "pl_alpha",
-        "pl_xmin", "pl_xmax", "pl_ks_distance", "pl_sigma", "pl_n_tail", "pl_pvalue",
-        "alpha_weighted", "stable_rank", "log_norm", "spectral_norm", "log_spectral_norm",
-        "mp_softrank", "mp_bulk_max", "num_spikes", "hard_rank", "matrix_entropy",
-        "tpl_alpha", "tpl_lambda", "tpl_ks_distance", "exp_lambda", "exp_ks_distance",
-        "log_alpha_norm", "lr_tpl_R", "lr_tpl_p", "lr_exp_R", "lr_exp_p", "lr_lognormal_R",
-        "lr_lognormal_p",
+        "ERG_gap", "alpha_weighted", "aspect_ratio", "best_fit", "detX_num", "detX_val",
+        "effective_rank", "esd", "esd_max", "esd_min", "esd_rand", "esd_rand_max",
+        "esd_rand_min", "esd_scale", "exp_concentration", "exp_ks_distance", "exp_lambda",
+        "exp_presence", "exp_scale", "exp_xmin", "greater_dim", "hard_rank", "l2_norm",
+        "log_alpha_norm", "log_norm", "log_prod_frob_norm", "log_prod_spectral_norm",
+        "log_spectral_norm", "lower_dim", "lr_exp_R", "lr_exp_p", "lr_lognormal_R",
+        "lr_lognormal_p", "lr_tpl_R", "lr_tpl_p", "matrix_entropy", "matrix_rank",
+        "max_weights_sval", "min_weights_sval", "model_log_norm", "model_log_spectral_norm",
+        "model_pl_alpha_norm", "model_tpl_alpha_norm", "mp_bulk_max", "mp_bulk_std",
+        "mp_concentration", "mp_esd_max", "mp_esd_min", "mp_ks", "mp_num_spikes",
+        "mp_presence", "mp_soft_rank", "mp_softrank", "mp_sval_max", "nuclear_norm",
+        "num_fingers", "num_pl_spikes", "num_spikes", "pl_alpha", "pl_alpha_norm",
+        "pl_concentration", "pl_ks_distance", "pl_n_tail", "pl_presence", "pl_pvalue",
+        "pl_sigma", "pl_xmax", "pl_xmin", "rand_distance", "rank_loss", "spectral_norm",
+        "stable_rank", "svals", "tpl_alpha", "tpl_alpha_norm", "tpl_concentration",
+        "tpl_ks_distance", "tpl_lambda", "tpl_presence", "tpl_scale", "tpl_xmin",
+        "tw_esd_bound", "tw_num_spikes", "w1_rand_distance", "weak_rank_loss",
+        "weights_lsvs", "weights_rand", "weights_rsvs", "weights_std", "weights_svals",
+        "ww_maxdist", "ww_softrank",
     ),
     "diffract-kernels-alignment": (
         "l_overlap", "r_overlap", "l_agreement", "r_agreement", "max_l_agreement",
@@ -171,8 +183,9 @@ def _regex(text: str | None, flag: str) -> re.Pattern[str] | None:
 
 
 def check_metrics(session: Any, metrics: Sequence[str]) -> None:
-    """Every metric produced by an installed kernel, or an error naming the pack."""
-    known = set(session.compute.list_available_metrics())
+    """Every metric produced by an installed kernel (or an alias of one), or an error
+    naming the pack."""
+    known = set(session.compute.list_available_metrics()) | set(session.registry.aliases())
     for field in metrics:
         if field in known:
             continue

@@ -2,9 +2,9 @@
 
 ``diffract catalog -o docs/metrics.md`` writes it; a test regenerates it and fails when
 the committed page differs, so the catalog never drifts from the registered kernels.
-Each entry: the fields a kernel produces, its level and execution protocol, its input
-fields, its configuration with defaults and accepted values, its provider, and its
-docstring (the formula).
+Each entry: the fields a kernel produces and their aliases, its level and execution
+protocol, its input fields, its configuration with defaults and accepted values, its
+provider, and its docstring (the formula).
 """
 
 from __future__ import annotations
@@ -34,16 +34,22 @@ def render_catalog(kernels: Iterable[KernelSpec]) -> str:
         "| --- | --- | --- | --- |",
     ]
     rows = sorted(
-        (field, spec) for spec in specs for field in spec.produce_fields
+        [(field, "", spec) for spec in specs for field in spec.produce_fields]
+        + [(alias, field, spec) for spec in specs for alias, field in spec.aliases]
     )
-    for field, spec in rows:
+    for field, target, spec in rows:
+        kernel = f"[{spec.name}](#{spec.name})"
+        if target:  # an alias: same kernel, another name
+            kernel += f" (alias of `{target}`)"
         lines.append(
-            f"| `{field}` | [{spec.name}](#{spec.name}) | {spec.apply_level.name} | "
+            f"| `{field}` | {kernel} | {spec.apply_level.name} | "
             f"{', '.join(f'`{f}`' for f in spec.require_fields)} |"
         )
     for spec in specs:
         lines += ["", f"## {spec.name}", ""]
         lines.append(f"- produces: {', '.join(f'`{f}`' for f in spec.produce_fields)}")
+        if spec.aliases:
+            lines.append("- aliases: " + ", ".join(f"`{a}` for `{f}`" for a, f in spec.aliases))
         lines.append(f"- level: {spec.apply_level.name}; execution: {spec.execution_protocol.name}")
         lines.append(f"- inputs: {', '.join(f'`{f}`' for f in spec.require_fields)}")
         domains = spec.config_domains

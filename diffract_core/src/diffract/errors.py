@@ -87,6 +87,7 @@ __all__ = [
     "PartialOutputWarning",
     "UndefinedValuesWarning",
     "FailedUnitsWarning",
+    "ModelWarning",
     "PluginConflictError",
     "PluginError",
     "PluginLoadError",
@@ -482,3 +483,8 @@ class UndefinedValuesWarning(DiffractWarning):
 
 class PartialOutputWarning(DiffractWarning):
     """A requested field is absent but its kernel's sibling outputs are present."""
+
+
+class ModelWarning(DiffractWarning):
+    """A model was added without some of its parameters (e.g. a fine-tuning delta's
+    parameters that its base lacks); the message names them."""

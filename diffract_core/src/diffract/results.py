@@ -84,7 +84,17 @@ class ResultsAPI(ScopedAPI):
         store = self._session.store
         stored = set().union(*(store.fields(m) for m in store.model_ids()), set())
         stored |= {split_contextual(n)[0] for n in store.aggregate_names()}
-        return set(self._session.registry.fields()) | stored
+        registry = self._session.registry
+        return set(registry.fields()) | set(registry.aliases()) | stored
+
+    def _canonical(self, field: str) -> str:
+        """The stored name of ``field`` (an alias names another field; a contextual
+        name keeps its context)."""
+        base, models, param = split_contextual(field)
+        name = self._session.registry.canonical(base)
+        if name == base:
+            return field
+        return contextual_name(name, models, param) if models else name
 
     def _check_fields(self, fields: Iterable[str], action: str) -> None:
         known = self._known_fields()
@@ -105,11 +115,12 @@ class ResultsAPI(ScopedAPI):
             names = sorted(set().union(*(store.fields(m) for m in models), set()) - SOURCE_FIELDS)
             if not include_arrays:
                 names = [f for f in names if not self._array_field(models, f)]
+        stored = {f: self._canonical(f) for f in names}
         rows = []
         for m in models:
-            present = {f: store.present(m, f) for f in names}
+            present = {f: store.present(m, stored[f]) for f in names}
             for info in self._scope.params(store, m):
-                values = {f: store.read(m, info.name, f) for f in names
+                values = {f: store.read(m, info.name, stored[f]) for f in names
                           if info.name in present[f]}
                 if values:
                     rows.append({"model_id": m, "param": info.name, "ptype": info.ptype,
@@ -175,7 +186,14 @@ class ResultsAPI(ScopedAPI):
             if param is not None and not self._scope.whole_models and not (
                     self._scope.keeps_param(models[0], param, store)):
                 continue
-            if fields and not any(f == name or f == base for f in fields):
+            if fields:
+                asked = next((f for f in fields if self._canonical(f) in (name, base)), None)
+                if asked is None:
+                    continue
+                # under the name asked for: an alias labels what it was asked for
+                label = name if self._canonical(asked) == asked else contextual_name(
+                    split_contextual(asked)[0], models, param)
+                selected[label] = store.read_aggregate(name)
                 continue
             selected[name] = store.read_aggregate(name)
         return selected
@@ -281,7 +299,7 @@ class ResultsAPI(ScopedAPI):
         """
         self._check_format(export_format)
         session = self._session
-        names = list(fields) if fields else None
+        names = [self._canonical(f) for f in fields] if fields else None
         if names:
             self._check_fields(names, "to check")
         units = [u for u in find_stale(session.registry, session.store, self._scope_ids(), names)
@@ -299,6 +317,7 @@ class ResultsAPI(ScopedAPI):
         the value is absent or was stored without provenance). ``param`` None: the
         model's aggregate ``field@models[model_id]``."""
         store = self._session.store
+        field = self._canonical(field)
         if param is None:
             stamp = store.aggregate_stamp(contextual_name(field, (model_id,)))
         else:
@@ -342,7 +361,7 @@ class ResultsAPI(ScopedAPI):
                 )
             if f not in known:
                 raise UnknownFieldError(f, known, action="to erase")
-        targets = set(fields)
+        targets = {self._canonical(f) for f in fields}
         if erase_dependent_also:
             targets |= downstream_fields(fields, registry)
         kernels = {s.name for f in targets if (s := registry.producer(f)) is not None}

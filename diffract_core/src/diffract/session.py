@@ -47,6 +47,7 @@ from diffract.errors import (
     InvalidArgumentError,
     MergeConflictError,
     ModelError,
+    ModelWarning,
     PartialOutputWarning,
     ScopeValidationError,
     StorageError,
@@ -443,9 +444,15 @@ class ModelsAPI:
         *,
         copy_weights: bool = True,
         parameter_overrides: Mapping[str, ParameterOverrides] | None = None,
+        base_model_id: str | None = None,
     ) -> list[str]:
         """Add a torch module, a state dict, a checkpoint file or a Hugging Face-style
         checkpoint directory under ``model_id``.
+
+        ``base_model_id`` (a model already added) makes this model the fine-tuning
+        delta ``W - W_base`` of every parameter the base has with the same name and
+        shape (after ``parameter_overrides``); the others are left out, with a
+        :class:`~diffract.errors.ModelWarning` naming them.
 
         Returns the names of the parameters recorded (floating-point ones only). A
         durable profile copies the weights of an in-memory model so that it can read
@@ -460,15 +467,63 @@ class ModelsAPI:
         _check_model_id(model_id)
         store = self._session.store
         with self._session._lock:
-            if model_id in store.model_ids():
-                raise DuplicateModelError(
-                    f"Model id {model_id!r} is already in this session. Choose another "
-                    "model_id, or open a new session to replace it.",
-                    model_id=model_id,
-                )
+            self._check_new(model_id)
+            if base_model_id is not None:
+                self._session._check_ids([base_model_id])
             opened = read_model(model, model_id)
             if parameter_overrides:
                 opened = apply_overrides(opened, parameter_overrides)
+            if base_model_id is not None:
+                opened = self._delta(opened, base_model_id)
+            store.add_model(model_id, opened.infos, opened.source, opened.load, opened.raw,
+                            copy_weights=copy_weights)
+        return [i.name for i in opened.infos]
+
+    def _check_new(self, model_id: str) -> None:
+        if model_id in self._session.store.model_ids():
+            raise DuplicateModelError(
+                f"Model id {model_id!r} is already in this session. Choose another "
+                "model_id, or open a new session to replace it.",
+                model_id=model_id,
+            )
+
+    def _delta(self, opened: Any, base_model_id: str) -> Any:
+        from diffract.core.derived import delta_model
+
+        store = self._session.store
+        opened, left_out = delta_model(
+            opened, base_model_id, store.params(base_model_id),
+            lambda name: store.load_weights(base_model_id, name),
+            lambda name: store.load_tensor(base_model_id, name))
+        if left_out:
+            warnings.warn(ModelWarning(
+                f"{len(left_out)} parameter(s) of {opened.infos[0].model_id!r} have no "
+                f"parameter of the same name and shape in base {base_model_id!r} and are "
+                f"left out of the delta: {left_out[:5]}{' ...' if len(left_out) > 5 else ''}"
+            ), stacklevel=3)
+        return opened
+
+    def add_lora(
+        self,
+        adapter: Any,
+        model_id: str,
+        *,
+        scale: float | None = None,
+        copy_weights: bool = True,
+    ) -> list[str]:
+        """Add the effective weight updates ``scale * B @ A`` of a LoRA adapter as a
+        model: one parameter ``<module>.weight`` per adapted module. ``adapter``: a PEFT
+        state dict, an ``adapter_model.safetensors``/``.bin`` file or the adapter's
+        directory. ``scale`` defaults to ``lora_alpha / r`` from the directory's
+        ``adapter_config.json`` (``lora_alpha / sqrt(r)`` with rsLoRA), else 1. Returns
+        the parameter names."""
+        from diffract.core.derived import lora_model
+
+        _check_model_id(model_id)
+        store = self._session.store
+        with self._session._lock:
+            self._check_new(model_id)
+            opened = lora_model(adapter, model_id, scale=scale)
             store.add_model(model_id, opened.infos, opened.source, opened.load, opened.raw,
                             copy_weights=copy_weights)
         return [i.name for i in opened.infos]
@@ -552,7 +607,8 @@ class ComputeAPI(ScopedAPI):
         recompute: str = "presence",
         unit_timeout: float | None = None,
     ) -> ApplyReport:
-        """Compute ``fields`` (and their dependencies) for every model in scope.
+        """Compute ``fields`` (and their dependencies) for every model in scope; a field's
+        alias (``list_available_metrics(verbose=True)``) computes the field it names.
 
         Work is selected by field presence: units that already have a kernel's outputs are
         skipped. ``recompute="stale"`` also recomputes the stored units that are stale
@@ -581,6 +637,7 @@ class ComputeAPI(ScopedAPI):
         session = self._session
         scope = self._scope_ids()
         registry = session.registry
+        fields = tuple(dict.fromkeys(registry.canonical(f) for f in fields))
         if not scope:
             raise ModelError(
                 "There are no models in scope. Add one with session.models.add(model, "
@@ -730,14 +787,18 @@ class ComputeAPI(ScopedAPI):
 
     def list_available_metrics(self, verbose: bool = False) -> list[Any]:
         """Every field some kernel produces, sorted; with ``verbose``, one dict per field
-        with the kernel that produces it, its level, its provider and its summary."""
+        with the kernel that produces it, its level, its provider, its summary and its
+        aliases (other names apply, export and erase accept for it)."""
         registry = self._session.registry
         specs = {f: s for s in registry.kernels() for f in s.produce_fields}
         if not verbose:
             return sorted(specs)
+        aliases: dict[str, list[str]] = {}
+        for alias, field in registry.aliases().items():
+            aliases.setdefault(field, []).append(alias)
         return [
             {"field": f, "kernel": s.name, "apply_level": s.apply_level.name,
-             "provider": s.provider, "summary": s.summary}
+             "provider": s.provider, "summary": s.summary, "aliases": aliases.get(f, [])}
             for f, s in sorted(specs.items())
         ]
 

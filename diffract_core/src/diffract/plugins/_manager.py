@@ -85,7 +85,7 @@ def _env_prefer() -> dict[str, str]:
 def _keys(kind: str, item: Any) -> tuple[str, ...]:
     """The names a record claims: its own, and for a kernel every field it produces."""
     if kind == "kernels":
-        return tuple(dict.fromkeys((item.name, *item.produce_fields)))
+        return tuple(dict.fromkeys((item.name, *item.produce_fields, *dict(item.aliases))))
     return (item.name,)
 
 

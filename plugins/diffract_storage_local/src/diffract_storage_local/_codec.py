@@ -4,6 +4,7 @@ A value is encoded as a ``kind`` and one payload:
 
 * ``b``/``i``: a bool or an integer in the integer column;
 * ``f``: a float in the real column (``n`` for NaN, which SQLite cannot keep);
+* ``s``: a string, UTF-8 in the blob column;
 * ``a``: a numpy array as ``.npy`` bytes in the blob column (up to :data:`INLINE_BYTES`);
 * ``A``: a numpy array in an ``.npy`` file the row names, read back memory-mapped;
 * ``t``/``T``: a tuple, as an ``.npz`` archive (inline or in a file) of its items, with
@@ -89,6 +90,9 @@ def encode(value: Any) -> Encoded:
     if isinstance(value, (float, np.floating)):
         number = float(value)
         return Encoded("n") if math.isnan(number) else Encoded("f", num=number)
+    if isinstance(value, str):
+        data = value.encode("utf-8")
+        return Encoded("s", blob=data, nbytes=len(data))
     if isinstance(value, np.ndarray):
         if value.nbytes + 128 <= INLINE_BYTES:
             return Encoded("a", blob=_npy(value), nbytes=value.nbytes)
@@ -148,6 +152,8 @@ def decode(kind: str, inum: int | None, num: float | None, blob: bytes | None,
         return float(num)  # type: ignore[arg-type]
     if kind == "n":
         return math.nan
+    if kind == "s":
+        return bytes(blob).decode("utf-8")  # type: ignore[arg-type]
     if kind == "a":
         return np.lib.format.read_array(io.BytesIO(blob), allow_pickle=False)
     if kind == "A":

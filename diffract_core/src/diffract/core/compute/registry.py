@@ -39,6 +39,7 @@ class KernelRegistry:
         self._lock = threading.RLock()
         self._specs: dict[str, KernelSpec] = {}
         self._producers: dict[str, str] = {}
+        self._aliases: dict[str, str] = {}  # alias -> the field it names
         self._config: dict[str, dict[str, Any]] = {}
         # kernel or field name -> (the name two plugins claim, their providers)
         self._contested: dict[str, tuple[str, tuple[str, ...]]] = {}
@@ -70,12 +71,25 @@ class KernelRegistry:
                     f"already produces: {', '.join(clashes)}. Rename its produce_fields.",
                     kernel=spec.name,
                 )
+            owner = self._producers.get
+            taken = sorted(
+                f"{n!r}" for n in (*spec.produce_fields, *dict(spec.aliases))
+                if (n in self._aliases and owner(self._aliases[n]) != spec.name)
+                or (n in dict(spec.aliases) and n in self._producers)
+            )
+            if taken:
+                raise KernelConflictError(
+                    f"Kernel {spec.name!r} from {spec.provider}: {', '.join(taken)} already "
+                    "name(s) another kernel's field (as a field or an alias). Rename them.",
+                    kernel=spec.name,
+                )
             if replacing:
                 log.info("replacing session kernel %r", spec.name)
                 self._drop(spec.name)
             self._specs[spec.name] = spec
             for f in spec.produce_fields:
                 self._producers[f] = spec.name
+            self._aliases.update(spec.aliases)
             stale = set(self._config.get(spec.name, ())) - set(spec.config_defaults)
             for key in stale:
                 del self._config[spec.name][key]
@@ -93,6 +107,9 @@ class KernelRegistry:
         for f in spec.produce_fields:
             if self._producers.get(f) == name:
                 del self._producers[f]
+        for alias, field in spec.aliases:
+            if self._aliases.get(alias) == field:
+                del self._aliases[alias]
 
     def contest(self, name: str, claimed: str, providers: tuple[str, ...]) -> None:
         """Mark kernel or field ``name`` as withheld because several plugins claim
@@ -135,6 +152,14 @@ class KernelRegistry:
     def fields(self) -> list[str]:
         """Every field some kernel produces, plus the source fields, sorted."""
         return sorted(set(self._producers) | SOURCE_FIELDS)
+
+    def aliases(self) -> dict[str, str]:
+        """Every field alias, sorted: alias -> the field it names."""
+        return dict(sorted(self._aliases.items()))
+
+    def canonical(self, name: str) -> str:
+        """The field ``name`` stands for: the field an alias names, else ``name``."""
+        return self._aliases.get(name, name)
 
     def consumers(self, field: str) -> list[KernelSpec]:
         """Kernels that require ``field``."""

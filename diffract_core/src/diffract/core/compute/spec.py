@@ -107,8 +107,10 @@ class KernelOptions:
     parameter reads, in order; default: the parameter names), ``produce_fields``
     (default: the kernel's name), ``apply_level`` (default PARAMETER),
     ``execution_protocol`` (default SEQUENTIAL), ``restrictions`` (Restriction records)
-    ``batch`` (a faster path for a whole chunk, see :class:`KernelSpec`) and ``hints``
-    (input field -> the distribution that produces it, named when it is missing).
+    ``batch`` (a faster path for a whole chunk, see :class:`KernelSpec`), ``hints``
+    (input field -> the distribution that produces it, named when it is missing) and
+    ``aliases`` (another name -> one of the produced fields: apply, export, erase,
+    stale and provenance accept either; stored and computed under the field's own name).
     """
 
     name: str | None = None
@@ -121,6 +123,9 @@ class KernelOptions:
     )
     batch: Callable[..., Any] | None = attrs.field(default=None, eq=False, repr=False)
     hints: tuple[tuple[str, str], ...] | None = attrs.field(
+        default=None, converter=lambda v: tuple(dict(v).items()) if v is not None else None
+    )
+    aliases: tuple[tuple[str, str], ...] | None = attrs.field(
         default=None, converter=lambda v: tuple(dict(v).items()) if v is not None else None
     )
 
@@ -174,6 +179,7 @@ class KernelSpec:
     batch: Callable[..., Any] | None = attrs.field(default=None, eq=False, hash=False, repr=False)
     domains: tuple[tuple[str, Domain], ...] = attrs.field(default=(), repr=False)
     field_hints: tuple[tuple[str, str], ...] = attrs.field(default=(), repr=False)
+    aliases: tuple[tuple[str, str], ...] = ()
 
     @property
     def require_fields(self) -> tuple[str, ...]:
@@ -295,6 +301,22 @@ def _check_fields(name: str, fields: tuple[str, ...], produce: tuple[str, ...]) 
         )
 
 
+def _check_aliases(name: str, aliases: tuple[tuple[str, str], ...],
+                   produce: tuple[str, ...]) -> None:
+    for alias, field in aliases:
+        if not isinstance(alias, str) or not _FIELD_NAME.match(alias):
+            raise KernelDefinitionError(
+                f"Kernel {name!r}: alias {alias!r} is not a valid field name.", kernel=name)
+        if field not in produce:
+            raise KernelDefinitionError(
+                f"Kernel {name!r}: alias {alias!r} names {field!r}, which the kernel does not "
+                f"produce (it produces {list(produce)}).", kernel=name)
+        if alias in produce or alias in SOURCE_FIELDS:
+            raise KernelDefinitionError(
+                f"Kernel {name!r}: alias {alias!r} is already a field name; an alias must be "
+                "a name no field has.", kernel=name)
+
+
 def _check_kinds(name: str, fn: Callable[..., Any], opts: KernelOptions) -> None:
     if opts.apply_level is not None and not isinstance(opts.apply_level, KernelApplyLevel):
         raise KernelDefinitionError(
@@ -340,6 +362,7 @@ def _validate(
         )
     produce = opts.produce_fields or (name,)
     _check_fields(name, fields, produce)
+    _check_aliases(name, opts.aliases or (), produce)
     _check_kinds(name, fn, opts)
     bad_defaults = sorted(
         f"{key}={default!r} ({problem})"
@@ -366,6 +389,7 @@ def _validate(
         batch=opts.batch,
         domains=sig.domains,
         field_hints=opts.hints or (),
+        aliases=opts.aliases or (),
     )
 
 
@@ -373,7 +397,8 @@ def kernel(fn: F | None = None, /, **options: Any) -> Any:
     """Mark a function as a kernel for a pack; it stays a plain, callable function.
 
     ``options`` are those of :class:`KernelOptions` (name, require_fields,
-    produce_fields, apply_level, execution_protocol, restrictions, batch). A pack's
+    produce_fields, apply_level, execution_protocol, restrictions, batch, hints,
+    aliases). A pack's
     ``diffract_kernels`` hook then yields ``KernelSpec.from_function(fn)``. Usable bare
     (``@kernel``) or with options (``@kernel(apply_level=...)``).
     """

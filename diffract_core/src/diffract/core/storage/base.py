@@ -7,9 +7,10 @@ skipped, left undefined, or failed). All writes of one chunk arrive in one
 :meth:`Store.commit` call, which a profile must apply atomically.
 
 Values a store keeps (:func:`storable_problem` checks them before any commit): Python
-and numpy numbers (bool, int, float), numpy arrays of a numeric or boolean dtype, and
-tuples of those (nested tuples too). Strings, None, lists, dicts, torch tensors and other
-objects are refused, so every profile, durable or not, can keep every value.
+and numpy numbers (bool, int, float), strings (a label such as ``best_fit``), numpy
+arrays of a numeric or boolean dtype, and tuples of numbers and arrays (nested tuples
+too). None, lists, dicts, torch tensors and other objects are refused, so every profile,
+durable or not, can keep every value.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ __all__ = [
 
 #: What :func:`storable_problem` accepts, for error messages.
 STORABLE_TYPES = (
-    "numbers (bool, int, float, numpy scalars), numpy arrays of a numeric or boolean "
-    "dtype, and tuples of them"
+    "numbers (bool, int, float, numpy scalars), strings, numpy arrays of a numeric or "
+    "boolean dtype, and tuples of numbers and arrays"
 )
 
 
@@ -201,7 +202,7 @@ def estimate_nbytes(value: Any) -> int:
 
 def storable_problem(value: Any) -> str | None:
     """Why a store cannot keep ``value`` (a short phrase), or None when it can."""
-    if isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)):
+    if isinstance(value, (bool, int, float, str, np.bool_, np.integer, np.floating)):
         return None
     if isinstance(value, np.ndarray):
         if value.dtype.kind in "biuf":
@@ -209,6 +210,8 @@ def storable_problem(value: Any) -> str | None:
         return f"a numpy array of dtype {value.dtype}"
     if isinstance(value, tuple):
         for item in value:
+            if isinstance(item, str):
+                return "a tuple holding a string"
             problem = storable_problem(item)
             if problem is not None:
                 return f"a tuple holding {problem}"
