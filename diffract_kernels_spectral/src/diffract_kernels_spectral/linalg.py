@@ -148,6 +148,30 @@ def svd_torch(tensor: Any, device: str, top_k: int = 0) -> tuple[np.ndarray, ...
     return u.cpu().numpy(), s.cpu().numpy(), vt.cpu().numpy()
 
 
+def svals_batched_torch(matrices: Sequence[Any], device: str = "cuda") -> list[np.ndarray]:
+    """:func:`singular_values` of many matrices with torch on ``device`` in float64,
+    same shapes stacked into one batched ``torch.linalg.svdvals`` call; descending
+    float64 numpy arrays."""
+    import torch
+
+    mats = []
+    for m in matrices:
+        t = torch.as_tensor(m) if isinstance(m, np.ndarray) else m.detach()
+        if t.dim() < 2:
+            raise ValueError(f"singular values need a matrix, got shape {tuple(t.shape)}")
+        mats.append(t if t.dim() == 2 else t.reshape(t.shape[0], -1))
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, t in enumerate(mats):
+        groups.setdefault(tuple(t.shape), []).append(i)
+    out: list[np.ndarray | None] = [None] * len(mats)
+    for idx in groups.values():
+        stack = torch.stack([mats[i].to(device=device, dtype=torch.float64) for i in idx])
+        values = torch.linalg.svdvals(stack).cpu().numpy()
+        for i, v in zip(idx, values, strict=True):
+            out[i] = v
+    return out  # type: ignore[return-value]
+
+
 def parallel_map(fn: Callable[[Any], T], items: Sequence[Any]) -> list[T | Exception]:
     """``fn`` over ``items`` on one thread per CPU, each LAPACK call single-threaded.
 

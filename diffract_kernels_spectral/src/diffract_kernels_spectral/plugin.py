@@ -9,27 +9,56 @@ from diffract.plugins import Conventions, KernelSpec, hookimpl
 
 @hookimpl
 def diffract_kernels() -> Iterator[KernelSpec]:
-    from diffract_kernels_spectral.kernels import ALL
+    from diffract_kernels_spectral import kernels, kernels_rmt, kernels_ww
 
-    for fn in ALL:
+    for fn in (*kernels.ALL, *kernels_rmt.ALL, *kernels_ww.ALL):
         yield KernelSpec.from_function(fn)
+
+
+def _preset(*, min_tail: int, alpha_max: float | None, normalize: str, pvalue_xmin: str,
+            alternatives_xmin: str) -> dict[str, dict[str, object]]:
+    """Every setting a preset owns, so that switching presets leaves nothing behind."""
+    fit = {"min_tail": min_tail, "alpha_max": alpha_max}
+    alternatives = {"min_tail": min_tail, "xmin": alternatives_xmin}
+    return {
+        "esd_scale": {"normalize": normalize},
+        "power_law_fit": fit,
+        "pl_pvalue": {**fit, "xmin": pvalue_xmin},
+        "truncated_power_law_fit": alternatives,
+        "exponential_fit": alternatives,
+    }
 
 
 @hookimpl
 def diffract_conventions() -> Iterator[Conventions]:
     yield Conventions(
         "csn",
-        {"power_law_fit": {"min_tail": 50}, "pl_pvalue": {"min_tail": 50}},
+        _preset(min_tail=50, alpha_max=None, normalize="none", pvalue_xmin="search",
+                alternatives_xmin="pl_xmin"),
         "The default: a power-law tail needs at least 50 points (the reliability bound of "
-        "Clauset, Shalizi and Newman); a layer with a shorter candidate tail is undefined, "
-        "with the reason.",
+        "Clauset, Shalizi and Newman), every exponent is accepted, the ESD is sigma^2 "
+        "(as WeightWatcher), and the bootstrap p-value refits xmin for every replicate; "
+        "a layer with a shorter candidate tail is undefined, with the reason.",
     )
     yield Conventions(
         "weightwatcher",
-        {"power_law_fit": {"min_tail": 5}, "pl_pvalue": {"min_tail": 5}},
+        _preset(min_tail=5, alpha_max=None, normalize="none", pvalue_xmin="search",
+                alternatives_xmin="pl_xmin"),
         "WeightWatcher 0.7.7's analyze(): power-law tails down to 5 points, so small "
         "spectra get an alpha. On all-MiniLM-L6-v2 "
         "pl_alpha then equals WeightWatcher's on all 39 layers (max relative difference "
         "5e-6: float32 vs float64 spectra); with the default tail floor it differs on "
         "about half of them.",
+    )
+    yield Conventions(
+        "diffract-0.3",
+        _preset(min_tail=50, alpha_max=8.0, normalize="greater_dim", pvalue_xmin="fixed",
+                alternatives_xmin="own"),
+        "The original Diffract (diffract-core 0.3.1): the ESD is sigma^2 / N (N the larger "
+        "dimension), so xmins, esd_min/esd_max, spectral_norm, log_norm and the "
+        "random-matrix edges are ours divided by N (exponents, ratios and counts do not "
+        "change); power-law candidates with alpha above 8 are left out (where the best "
+        "candidate's alpha exceeds 8, another xmin wins); the truncated power law and the "
+        "exponential choose their own xmin; the bootstrap p-value refits with xmin held "
+        "fixed (faster, biased towards high p).",
     )
