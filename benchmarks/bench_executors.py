@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,12 +47,9 @@ if __name__ == "__main__":
     executor = "dask" if mode.startswith("dask") else mode
     options = {"dask": {"n_workers": 2}, "processes": {"max_workers": 2}}.get(mode, {})
     if mode == "dask-cluster":  # a cluster already running: the usual deployment
-        import dask
-        from distributed import LocalCluster
+        from diffract_executor_dask import start_local_cluster
 
-        with dask.config.set({"distributed.worker.profile.enabled": False}):
-            cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                   dashboard_address=None, silence_logs=40)
+        cluster = start_local_cluster(2)
         options = {"address": cluster.scheduler_address, "read_files": True}
     config = {"parallel": {"pool_min_seconds": 0}}
     with Session(config=config, executor=executor, executor_options=options) as s:
@@ -86,18 +84,30 @@ def main() -> None:
     parser.add_argument("--cols", type=int, default=4096)
     parser.add_argument("--in-memory", action="store_true",
                         help="matrices given in memory (shipped to the workers)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of each mode, interleaved; medians are shown (one run "
+                             "on this shared 2-core machine varies by up to 40%%)")
     args = parser.parse_args()
     header(f"esd + power_law_fit, {args.matrices} matrices of {args.rows}x{args.cols}: executors",
            ["diffract-core", "diffract-kernels-spectral", "diffract-executor-dask", "distributed",
             "numpy"])
+    modes = ("sequential", "processes", "dask", "dask-cluster")
+    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory() as tmp:
-        results = {mode: run(mode, args, Path(tmp))
-                   for mode in ("sequential", "processes", "dask", "dask-cluster")}
-    print(f"# matrices {'in memory' if args.in_memory else 'read from a .npz file'}")
+        for _ in range(args.repeats):
+            for mode in modes:
+                runs[mode].append(run(mode, args, Path(tmp)))
+    results = {mode: {"cold": statistics.median(r["cold"] for r in rs),
+                      "warm": statistics.median(r["warm"] for r in rs),
+                      "alphas": rs[0]["alphas"],
+                      "same": all(r["alphas"] == rs[0]["alphas"] for r in rs)}
+               for mode, rs in runs.items()}
+    print(f"# matrices {'in memory' if args.in_memory else 'read from a .npz file'}; "
+          f"medians of {args.repeats} run(s) per mode")
     base = results["sequential"]
     rows = [[mode, f"{r['cold']:.1f} s", f"{base['cold'] / r['cold']:.2f}x",
              f"{r['warm']:.1f} s", f"{base['warm'] / r['warm']:.2f}x",
-             "yes" if r["alphas"] == base["alphas"] else "NO"]
+             "yes" if r["alphas"] == base["alphas"] and r["same"] else "NO"]
             for mode, r in results.items()]
     table(["executor", "cold", "speed-up", "warm", "speed-up", "same alphas"], rows)
     pool, dask, running = results["processes"], results["dask"], results["dask-cluster"]

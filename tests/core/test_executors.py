@@ -77,6 +77,43 @@ class TestHungWorkers:
         assert time.monotonic() - start < 40  # not the 60 s the stuck unit sleeps
 
 
+class TestGroupedTasks:
+    """Units much shorter than a task's cost in the executor are sent several per task
+    (GROUP_SECONDS); results, failures and timeouts stay per unit."""
+
+    def test_short_units_share_tasks_and_keep_their_results(self, monkeypatch):
+        from diffract.core.compute import execution
+
+        tasks = []
+        original = execution._invoke_group
+        monkeypatch.setattr(execution, "_invoke_group",
+                            lambda fn, inputs, config: tasks.append(len(inputs))
+                            or original(fn, inputs, config))
+        model = {f"p{i}": np.full((3, 3), float(i)) for i in range(60)}
+        with Session(config={"parallel": {"executor": "threads", "pool_min_seconds": 0}},
+                     executor_options={"max_workers": 2}) as s:
+            s.compute.kernel(name="t_sq", execution_protocol=PARALLEL)(test_kernels.squared_sum)
+            s.models.add(model, model_id="m")
+            s.compute.apply("t_sq")
+            got = s.results.export_metrics("t_sq")["m"]
+        assert {p: v["t_sq"] for p, v in got.items()} == {
+            f"p{i}": 9.0 * i * i for i in range(60)}
+        assert tasks and max(tasks) > 1  # grouped, after the first chunk measured them
+        assert sum(tasks) <= 60
+
+    def test_a_stuck_unit_in_a_group_fails_alone(self):
+        model = {f"p{i:02d}": np.full((3, 3), float(i)) for i in range(20)}
+        model["victim"] = np.ones((7, 7))  # mid-model: in a chunk sent in groups
+        model.update({f"p{i:02d}": np.full((3, 3), float(i)) for i in range(20, 40)})
+        with Session(config=_pool(unit_timeout=1.0)) as s:
+            s.compute.kernel(name="t_hang", execution_protocol=PARALLEL)(test_kernels.hang_on_shape)
+            s.models.add(model, model_id="m")
+            with pytest.raises(ApplyError, match=r"t_hang on m/victim: timed out") as err:
+                s.compute.apply("t_hang")
+            assert len(err.value.report.failures) == 1
+            assert len(s.results.export_metrics("t_hang")["m"]) == 40
+
+
 INTERRUPTED = textwrap.dedent("""
     import sys
     import numpy as np

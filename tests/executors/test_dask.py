@@ -84,3 +84,43 @@ class TestDask:
         """Options are checked by Session(), before any cluster is contacted."""
         with pytest.raises(ExecutorError, match=message):
             Session(executor="dask", executor_options=options)
+
+
+def _worker_settings():
+    import os
+
+    from threadpoolctl import threadpool_info
+
+    return (os.environ.get("MALLOC_TRIM_THRESHOLD_"),
+            max((p["num_threads"] for p in threadpool_info()), default=1))
+
+
+class TestWorkerSettings:
+    def test_each_worker_gets_its_share_of_the_cores(self, cluster):
+        """A cluster given by address: every worker limited to cores // threads on its
+        host (here 2 single-threaded workers on one host)."""
+        import os
+
+        from diffract_executor_dask import share_cores
+
+        with distributed.Client(cluster.scheduler_address) as client:
+            shares = share_cores(client)
+            settings = client.run(_worker_settings)
+        expected = max(1, len(os.sched_getaffinity(0)) // 2)
+        assert set(shares.values()) == {expected} and len(shares) == 2
+        assert {threads for _, threads in settings.values()} == {expected}
+
+    def test_our_local_cluster_leaves_out_the_malloc_trim_setting(self):
+        import os
+
+        import dask
+        from diffract_executor_dask import local_cluster_config, start_local_cluster
+
+        config = local_cluster_config()
+        assert "MALLOC_TRIM_THRESHOLD_" in dask.config.get("distributed.nanny.pre-spawn-environ")
+        assert "MALLOC_TRIM_THRESHOLD_" not in config["distributed.nanny.pre-spawn-environ"]
+        assert config["distributed.nanny.pre-spawn-environ"]["OMP_NUM_THREADS"] == 1
+        before = os.environ.get("MALLOC_TRIM_THRESHOLD_")  # an earlier cluster may set it
+        with start_local_cluster(1) as c, distributed.Client(c) as client:
+            ((trim, _),) = client.run(_worker_settings).values()
+        assert trim is None and os.environ.get("MALLOC_TRIM_THRESHOLD_") == before

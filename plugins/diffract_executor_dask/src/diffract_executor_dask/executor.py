@@ -5,8 +5,10 @@ LocalCluster started on first use.
 (by reference: a top-level function of an importable module, which the workers must
 have installed) and its inputs, tasks are impure (never deduplicated by Dask), and
 ``shutdown(cancel_futures=True)`` cancels what is queued. A LocalCluster's workers are
-single-threaded processes, each limited to its share of the cores for BLAS, as the
-``processes`` executor's are.
+single-threaded processes. Every worker, of a LocalCluster or of a cluster given by
+address, is limited to its share of its host's cores for BLAS (``limit_threads``,
+default true), as the ``processes`` executor's are: a worker left at its default uses
+every core, and two of them on two cores ran the decompositions ~5% slower.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["DaskExecutor", "check_options"]
+__all__ = ["DaskExecutor", "check_options", "local_cluster_config", "share_cores",
+           "start_local_cluster"]
 
-_OPTIONS = ("address", "n_workers", "timeout", "read_files")
+_OPTIONS = ("address", "n_workers", "timeout", "read_files", "limit_threads")
 
 
 def check_options(config: Any, options: Mapping[str, Any]) -> list[str]:
@@ -37,6 +40,9 @@ def check_options(config: Any, options: Mapping[str, Any]) -> list[str]:
     read_files = options.get("read_files", address is None)
     if not isinstance(read_files, bool):
         problems.append(f"read_files must be true or false, got {read_files!r}")
+    if not isinstance(options.get("limit_threads", True), bool):
+        problems.append(f"limit_threads must be true or false, got "
+                        f"{options['limit_threads']!r}")
     timeout = options.get("timeout", 30)
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
         problems.append(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -55,34 +61,88 @@ def reads_files(options: Mapping[str, Any]) -> bool:
     return bool(options.get("read_files", options.get("address") is None))
 
 
-def _limit(threads: int) -> None:
+def _share_cores(threads_on_host: int) -> int:
+    """In a worker: BLAS/OpenMP/torch threads limited to its share of its host's cores
+    (``threads_on_host`` Dask threads share them); returns the limit."""
     from diffract.plugins import limit_threads
 
-    limit_threads(threads)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    share = max(1, cpus // max(threads_on_host, 1))
+    limit_threads(share)
+    return share
+
+
+def share_cores(client: Any) -> dict[str, int]:
+    """Give every worker of ``client``'s cluster its share of its host's cores for BLAS:
+    on a host running ``t`` Dask threads in all, ``cores // t`` each, so that workers
+    do not oversubscribe the cores (each defaults to all of them). Returns worker
+    address -> threads."""
+    from collections import Counter
+
+    workers = client.scheduler_info().get("workers", {})
+    on_host = Counter()
+    for info in workers.values():
+        on_host[info.get("host")] += int(info.get("nthreads", 1))
+    out = {}
+    for address, info in workers.items():
+        out.update(client.run(_share_cores, on_host[info.get("host")], workers=[address]))
+    return out
+
+
+def local_cluster_config() -> dict[str, Any]:
+    """Dask settings for a cluster of diffract workers on this machine (what our
+    LocalCluster uses; ``benchmarks/bench_executors.py`` starts its "running cluster"
+    with them too). Two changes from Dask's defaults, both measured on 2 cores:
+
+    * no statistical profiler: it samples every thread every 10 ms, work taken from the
+      kernels when the workers are the machine's cores;
+    * no ``MALLOC_TRIM_THRESHOLD_`` in the workers' environment: Dask sets it to return
+      memory to the system early, which also pins glibc's mmap threshold, so every
+      large numpy temporary is mapped and unmapped again: a 1024-point power-law fit
+      took 19-21 ms in such a worker and 15-16 ms without it (14 ms in this process).
+    """
+    import dask
+
+    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
+    environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+    return {"distributed.worker.profile.enabled": False,
+            "distributed.nanny.pre-spawn-environ": environ}
+
+
+def start_local_cluster(n_workers: int) -> Any:
+    """A LocalCluster of ``n_workers`` single-threaded worker processes with
+    :func:`local_cluster_config` (Dask's nanny also writes its spawn environment into
+    this process's ``os.environ``, where later clusters would inherit it: it is left out
+    while the workers start, and restored after)."""
+    import dask
+    from distributed import LocalCluster
+
+    saved = os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+    try:
+        with dask.config.set(local_cluster_config()):
+            return LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                                dashboard_address=None, silence_logs=40)
+    finally:
+        if saved is not None:
+            os.environ["MALLOC_TRIM_THRESHOLD_"] = saved
 
 
 class DaskExecutor(cf.Executor):
     """A concurrent.futures executor over a dask.distributed Client."""
 
     def __init__(self, *, address: str | None = None, n_workers: int = 2,
-                 timeout: float = 30) -> None:
-        from distributed import Client, LocalCluster
+                 timeout: float = 30, limit_threads: bool = True) -> None:
+        from distributed import Client
 
         self._cluster = None
         if address is None:
-            import dask
-
-            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-            # The workers' statistical profiler samples every thread every 10 ms: on a
-            # machine whose cores are the workers, that is work taken from the kernels.
-            with dask.config.set({"distributed.worker.profile.enabled": False}):
-                self._cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1,
-                                             processes=True, dashboard_address=None,
-                                             silence_logs=40)
+            self._cluster = start_local_cluster(n_workers)
             self._client = Client(self._cluster, timeout=timeout)
-            self._client.run(_limit, max(1, cpus // n_workers))
         else:
             self._client = Client(address, timeout=timeout)
+        if limit_threads:
+            share_cores(self._client)
         self._executor = self._client.get_executor(pure=False)
 
     @property
@@ -107,4 +167,5 @@ def dask_executor(config: Any, options: Mapping[str, Any]) -> DaskExecutor:
         address=options.get("address"),
         n_workers=int(options.get("n_workers", config.process_workers)),
         timeout=float(options.get("timeout", 30)),
+        limit_threads=bool(options.get("limit_threads", True)),
     )

@@ -85,6 +85,13 @@ MAX_UNITS_PER_CHUNK = 1024
 #: not help a Dask cluster either).
 PIPELINE = 1
 
+#: Units shorter than this (seconds of one worker's time) are grouped into executor
+#: tasks of about this length: a task costs the executor a few milliseconds of its own
+#: (Dask's scheduler, on the machine's cores too), which a 10 ms fit would double.
+GROUP_SECONDS = 0.05
+#: The most units one task holds.
+GROUP_MAX = 16
+
 
 @attrs.define
 class ApplyReport:
@@ -323,6 +330,20 @@ def _invoke(fn: Callable[..., Any], inputs: Mapping[str, Any], config: Mapping[s
         return ("error", _describe(exc))
 
 
+def _invoke_group(fn: Callable[..., Any], inputs: Sequence[Mapping[str, Any]],
+                  config: Mapping[str, Any]) -> list[Any]:
+    """:func:`_invoke` over several units in one executor task (short units: one task
+    each would cost more in the executor than in the kernel)."""
+    return [_invoke(fn, got, config) for got in inputs]
+
+
+def _timed(call: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+    """``call(*args)`` in a worker, with the seconds it took there (what the runner
+    groups short units by: the wall time it sees includes the executor's latency)."""
+    start = time.perf_counter()
+    return call(*args), time.perf_counter() - start
+
+
 def _invoke_batch(spec: KernelSpec, units: list[Mapping[str, Any]], config: Mapping[str, Any]):
     """Run a kernel's batch path; on any failure of the batch itself, unit by unit."""
     try:
@@ -448,7 +469,12 @@ class _Chunk:
     units: Sequence[Unit]
     batch: Batch
     runnable: list[tuple[Unit, Any]] = attrs.field(factory=list)
-    futures: dict[int, Future] | None = None
+    #: unit indices (one task: several units when they are short) -> the task's future
+    futures: dict[tuple[int, ...], Future] | None = None
+    #: units per executor task (short units are grouped; see GROUP_SECONDS)
+    group: int = 1
+    #: seconds the workers spent on the chunk's tasks, as they measured them
+    busy: float = 0.0
 
     def note(self, spec: KernelSpec, unit: Unit, kind: str, reason: str) -> None:
         self.batch.notes.append(Note(spec.name, unit.models, unit.param, kind, reason))
@@ -731,8 +757,9 @@ class Runner:
 
         chunks = 0
         undecided = parallel and not use_pool and not self.executors.inline
+        group = 1  # units per executor task, from the measured time per unit
 
-        def finished(units: int, seconds: float, failures: int) -> None:
+        def finished(units: int, seconds: float, failures: int, busy: float = 0.0) -> None:
             nonlocal done, failed, per_unit, size, use_pool, lazy, chunks, undecided
             done += units
             failed += failures
@@ -753,6 +780,12 @@ class Runner:
                 size = smallest
             if use_pool:  # per_unit is wall time over the workers: keep them all busy
                 size = max(size, 2 * self.parallel_workers)
+            nonlocal group
+            # one unit's time on one worker: as the workers measured it when they ran the
+            # chunk (the wall time seen here includes the executor's latency)
+            unit_seconds = (busy / max(units, 1) if busy > 0
+                            else per_unit * self.parallel_workers)
+            group = max(1, min(GROUP_MAX, int(GROUP_SECONDS / max(unit_seconds, 1e-6))))
             if self.progress is not None:
                 rate = done / max(time.perf_counter() - begun, 1e-9)
                 self.progress(Progress(spec.name, done, len(step.units), *position,
@@ -763,7 +796,7 @@ class Runner:
             oldest = inflight.pop(0)
             failures = self._finish_chunk(state, oldest, report)
             now = time.perf_counter()
-            finished(len(oldest.units), now - last, failures)
+            finished(len(oldest.units), now - last, failures, oldest.busy)
             last = now
 
         try:
@@ -776,6 +809,9 @@ class Runner:
                     # awaited (up to PIPELINE deep), so the workers never idle at a
                     # chunk's end, whatever the executor's latency.
                     chunk = self._prepare(state, current, inputs)
+                    # groups small enough that every worker gets two tasks of the chunk
+                    chunk.group = max(1, min(group, len(chunk.runnable)
+                                             // (2 * self.parallel_workers)))
                     self._submit_chunk(state, chunk)
                     inflight.append(chunk)
                     if len(inflight) > PIPELINE:
@@ -810,7 +846,8 @@ class Runner:
             return
         if self.executors.spawns:
             check_spawn_safe(state.spec.function, state.spec.name)
-        chunk.futures = self._submit(state, chunk.runnable, range(len(chunk.runnable)))
+        chunk.futures = self._submit(state, chunk.runnable, range(len(chunk.runnable)),
+                                     chunk.group)
 
     def _finish_chunk(self, state: _StepState, chunk: _Chunk, report: ApplyReport) -> int:
         """Collect a chunk's outcomes and commit it; returns its failures.
@@ -826,10 +863,11 @@ class Runner:
             outcomes = self._in_process(state, chunk.runnable)
         else:
             outcomes = [None] * len(chunk.runnable)
-            lost = self._wait(chunk.futures, outcomes)
+            lost = self._wait(chunk.futures, outcomes, chunk)
             if lost:
-                log.warning("%s: a worker died; running %d unit(s) again, one at a time, on "
-                            "a new executor", state.spec.name, len(lost))
+                log.warning("%s: a worker died or a task ran over unit_timeout; running %d "
+                            "unit(s) again, one at a time, on a new executor",
+                            state.spec.name, len(lost))
             for i in lost:
                 if self._wait(self._submit(state, chunk.runnable, [i]), outcomes):
                     outcomes[i] = ("error", "its worker process died while running it, twice "
@@ -838,34 +876,57 @@ class Runner:
         return self._complete(state, chunk, outcomes, report)
 
     def _submit(self, state: _StepState, runnable: list[tuple[Unit, Any]],
-                indices: Iterable[int]) -> dict[int, Future]:
+                indices: Iterable[int], group: int = 1) -> dict[tuple[int, ...], Future]:
+        """One task per ``group`` consecutive units (one per unit when ``group`` is 1)."""
         spec, config, handle = state.spec, state.config, self.executors
-        return {i: handle.get().submit(_invoke, spec.function, runnable[i][1], config)
-                for i in indices}
+        order = list(indices)
+        tasks = [tuple(order[k:k + group]) for k in range(0, len(order), group)]
+        return {
+            idx: (handle.get().submit(_timed, _invoke, spec.function, runnable[idx[0]][1],
+                                      config)
+                  if len(idx) == 1 else
+                  handle.get().submit(_timed, _invoke_group, spec.function,
+                                      [runnable[i][1] for i in idx], config))
+            for idx in tasks
+        }
 
-    def _wait(self, futures: dict[int, Future], outcomes: list[Any]) -> list[int]:
+    def _wait(self, futures: dict[tuple[int, ...], Future], outcomes: list[Any],
+              chunk: _Chunk | None = None) -> list[int]:
         """Collect outcomes; returns the units lost to a broken executor (to run again).
-        A timed-out or broken executor is replaced."""
+        A timed-out or broken executor is replaced. A task of several units has
+        ``unit_timeout`` per unit; when it runs over, its units are lost (the caller runs
+        them again one at a time, so only the stuck one fails)."""
         handle = self.executors
         lost: list[int] = []
         stop = False
         try:
-            for i, fut in futures.items():
+            for idx, fut in futures.items():
                 if stop and not fut.done():
-                    lost.append(i)
+                    lost.extend(idx)
                     continue
+                timeout = None if stop or self.unit_timeout is None else (
+                    self.unit_timeout * len(idx))
                 try:
-                    outcomes[i] = fut.result(timeout=None if stop else self.unit_timeout)
+                    got, seconds = fut.result(timeout=timeout)
+                    if chunk is not None:
+                        chunk.busy += seconds
+                    for i, outcome in zip(idx, got if len(idx) > 1 else [got], strict=True):
+                        outcomes[i] = outcome
                 except FuturesTimeout:
-                    outcomes[i] = ("error", f"timed out: still running after "
-                                            f"{self.unit_timeout:g} s (unit_timeout); its "
-                                            "worker was stopped")
+                    if len(idx) > 1:  # which of them is stuck: run them again one by one
+                        lost.extend(idx)
+                    else:
+                        outcomes[idx[0]] = ("error", f"timed out: still running after "
+                                                     f"{self.unit_timeout:g} s (unit_timeout); "
+                                                     "its worker was stopped")
                     stop = True
                 except (BrokenExecutor, CancelledError):
-                    lost.append(i)
+                    lost.extend(idx)
                     stop = True
                 except Exception as exc:  # noqa: BLE001 - pickling, a remote error...
-                    outcomes[i] = ("error", f"executor failed: {type(exc).__name__}: {exc}")
+                    for i in idx:
+                        outcomes[i] = ("error",
+                                       f"executor failed: {type(exc).__name__}: {exc}")
         except BaseException:  # Ctrl-C: drop the queue, stop the workers
             handle.shutdown(cancel=True, grace=1.0)
             raise
