@@ -15,7 +15,7 @@ from diffract import Session
 from diffract_kernels_spectral import fit_power_law, power_law_pvalue
 from diffract_kernels_spectral._rmt import mp_cdf, tracy_widom1_cdf, tracy_widom1_quantile
 
-from .conftest import exhaustive, pareto
+from .conftest import exhaustive, needs_taichi, pareto
 
 
 def _apply(session, *fields):
@@ -532,3 +532,27 @@ class TestTorchPaths:
         np.testing.assert_allclose(stacked[1], 2 * stacked[0], rtol=1e-12)
         np.testing.assert_allclose(stacked[2], np.linalg.svd(conv.numpy().reshape(6, 12),
                                                              compute_uv=False), rtol=1e-12)
+
+
+@needs_taichi
+class TestBatchedBootstrap:
+    """The CSN p-value's replicates searched in shared Taichi launches give exactly the
+    one-by-one searches' distances, hence the same p."""
+
+    @pytest.mark.parametrize("case", ["pareto", "esd", "alpha_max", "min_tail"])
+    def test_same_p_as_one_by_one(self, monkeypatch, case):
+        from diffract_kernels_spectral import fitting
+
+        r = np.random.default_rng(7)
+        x = (np.concatenate([r.uniform(0.2, 1.0, 200), pareto(r, 400, 2.6)])
+             if case != "esd" else np.sort(np.linalg.svd(r.standard_t(4, size=(600, 300)),
+                                                         compute_uv=False) ** 2))
+        kwargs = {"alpha_max": 3.0} if case == "alpha_max" else (
+            {"min_tail": 250} if case == "min_tail" else {})
+        fit = fit_power_law(x, fit_method="diffract", **kwargs)
+        monkeypatch.setattr(fitting, "_REPLICATE_BATCH", 16)  # several batches
+        batched = power_law_pvalue(x, fit=fit, n_replicates=40, seed=3, **kwargs)
+        monkeypatch.setattr(fitting, "PVALUE_TAICHI_POINTS", 10**9)
+        monkeypatch.setattr(fitting, "DENSE_MAX_POINTS", 0)  # one by one, pruned search
+        single = power_law_pvalue(x, fit=fit, n_replicates=40, seed=3, **kwargs)
+        assert batched == single and batched.replicates == 40

@@ -128,10 +128,10 @@ def test_exact_ties_go_to_the_smallest_xmin(monkeypatch, n):
     """When every candidate's KS distance is exactly equal, the fit is the smallest xmin
     (as an ordered scan would pick), on both paths of the search. Real data almost
     never tie exactly, so the rule is checked with distances made equal on purpose."""
-    def ks_exact(logx, first, starts, alphas, n_, stride, stop_above, out):
+    def ks_exact(logx, first, starts, ends, alphas, stride, stops, out):
         out[:] = 0.25
 
-    def ks_bounds(logx, first, starts, alphas, n_, stride, stop_above, lower, upper):
+    def ks_bounds(logx, first, starts, ends, alphas, stride, stops, lower, upper):
         lower[:] = 0.25
         upper[:] = 0.25
 

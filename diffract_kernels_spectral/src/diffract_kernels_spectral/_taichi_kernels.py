@@ -2,7 +2,9 @@
 
 See :mod:`diffract_kernels_spectral._taichi` for what they compute. Both walk candidates
 in parallel (the caller shuffles the candidate order so that the long tails spread
-over the threads).
+over the threads). Several data sets (bootstrap replicates) go through one launch:
+they are concatenated, ``first`` holds global indices, and each candidate carries the
+end of its data set (``ends``) and its own threshold (``stops``).
 """
 
 import taichi as ti
@@ -13,8 +15,8 @@ I32 = ti.types.ndarray(dtype=ti.i32, ndim=1)
 
 @ti.kernel
 def ks_bounds(
-    logx: F64, first: I32, starts: I32, alphas: F64, n: ti.i32, stride: ti.i32,
-    stop_above: ti.f64, lower: F64, upper: F64,
+    logx: F64, first: I32, starts: I32, ends: I32, alphas: F64, stride: ti.i32,
+    stops: F64, lower: F64, upper: F64,
 ):
     """Per candidate, a lower and an upper bound on its KS distance from every
     ``stride``-th tail point.
@@ -25,6 +27,8 @@ def ks_bounds(
     """
     for c in range(starts.shape[0]):
         s = starts[c]
+        n = ends[c]
+        stop_above = stops[c]
         inv_m = 1.0 / ti.cast(n - s, ti.f64)
         e = 1.0 - alphas[c]
         l0 = logx[s]
@@ -56,8 +60,8 @@ def _cdfs(logx: ti.template(), first: ti.template(), s, m, e, l0, j):
 
 @ti.kernel
 def ks_exact(
-    logx: F64, first: I32, starts: I32, alphas: F64, n: ti.i32, stride: ti.i32,
-    stop_above: ti.f64, out: F64,
+    logx: F64, first: I32, starts: I32, ends: I32, alphas: F64, stride: ti.i32,
+    stops: F64, out: F64,
 ):
     """Per candidate, the exact KS distance, or any value above ``stop_above`` as soon as
     the distance is known to exceed it (such a candidate cannot win).
@@ -69,6 +73,8 @@ def ks_exact(
     """
     for c in range(starts.shape[0]):
         s = starts[c]
+        n = ends[c]
+        stop_above = stops[c]
         m = ti.cast(n - s, ti.f64)
         e = 1.0 - alphas[c]
         l0 = logx[s]

@@ -200,60 +200,110 @@ def resolve_fit_method(fit_method: str, n_points: int) -> str:
 
 # -- power law -------------------------------------------------------------------------
 def _search(x: np.ndarray, starts: np.ndarray) -> tuple[int, int]:
-    """Index (into ``starts``) of the minimum-KS candidate, by the bounded Taichi search.
+    """Index (into ``starts``) of the minimum-KS candidate of one data set, by the bounded
+    Taichi search (:func:`_search_many`); returns (best index, candidates scanned
+    exactly)."""
+    (best,), scanned = _search_many([x], [starts])
+    return best, scanned
 
-    1. Exact distances of a few evenly spread candidates give a threshold ``best``.
+
+def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[list[int], int]:
+    """Per data set (sorted, positive), the index into its ``starts`` of the minimum-KS
+    candidate, by the bounded Taichi search, every data set in the same kernel launches
+    (bootstrap replicates: one set of launches for all of them).
+
+    1. Exact distances of a few evenly spread candidates per set give its threshold
+       ``best``.
     2. A coarse pass (every ``sqrt(n)``-th tail point) bounds each other candidate's
-       distance from below and above; a candidate whose lower bound exceeds ``best`` is
-       dropped (its scan stops there). The candidates with the smallest upper bounds
-       are scanned exactly, which can only lower ``best``.
+       distance from below and above; a candidate whose lower bound exceeds its set's
+       ``best`` is dropped (its scan stops there). The candidates with the smallest
+       upper bounds are scanned exactly, which can only lower ``best``.
     3. Every survivor is scanned exactly (interval-skipping scan, see ``ks_exact``),
-       stopping once it exceeds ``best``. The minimum is exact: nothing dropped could
-       have been smaller.
+       stopping once it exceeds its set's ``best``. The minimum is exact: nothing dropped
+       could have been smaller.
 
-    Returns (best index, candidates scanned exactly).
+    Returns (best index per set, candidates scanned exactly in all).
     """
     k = _taichi.kernels()
-    n = len(x)
-    count = len(starts)
-    # A fixed shuffle spreads the long tails (the early candidates) over the threads.
-    order = np.random.default_rng(count).permutation(count)
-    starts = np.ascontiguousarray(starts[order])
-    alphas = _alphas(x, starts)
-    logx = np.log(x)
-    first = np.searchsorted(x, x, side="left").astype(np.int32)
-    dist = np.full(count, np.inf)
+    offsets = np.cumsum([0] + [len(x) for x in xs])
+    logx = np.log(np.concatenate(xs))
+    first = np.concatenate([np.searchsorted(x, x, side="left") + o
+                            for x, o in zip(xs, offsets, strict=False)]).astype(np.int32)
+    # Candidates of every set in one list; a fixed shuffle per set spreads the long
+    # tails (the early candidates) over the threads.
+    orders = [np.random.default_rng(len(st)).permutation(len(st)) for st in starts_list]
+    cand_set = np.concatenate([np.full(len(st), i) for i, st in enumerate(starts_list)])
+    local = np.concatenate([st[o] for st, o in zip(starts_list, orders, strict=True)])
+    glob = (local + offsets[cand_set]).astype(np.int32)
+    ends = offsets[cand_set + 1].astype(np.int32)
+    alphas = np.concatenate([_alphas(x, st[o]) for x, st, o in
+                             zip(xs, starts_list, orders, strict=True)])
+    cbase = np.cumsum([0] + [len(st) for st in starts_list])
+    dist = np.full(len(glob), np.inf)
+    best = np.full(len(xs), np.inf)
     fine = _EXACT_STRIDE
 
-    def exact(idx: np.ndarray, stop_above: float) -> np.ndarray:
+    def exact(idx: np.ndarray) -> None:
+        if not len(idx):
+            return
         out = np.empty(len(idx))
-        k.ks_exact(logx, first, np.ascontiguousarray(starts[idx]),
-                   np.ascontiguousarray(alphas[idx]), n, fine, stop_above, out)
-        return out
+        k.ks_exact(logx, first, np.ascontiguousarray(glob[idx]),
+                   np.ascontiguousarray(ends[idx]), np.ascontiguousarray(alphas[idx]),
+                   fine, np.ascontiguousarray(best[cand_set[idx]]), out)
+        dist[idx] = out
+        np.minimum.at(best, cand_set[idx], out)
 
-    if count <= 4 * _SEEDS:
-        dist[:] = exact(np.arange(count), np.inf)
-        return _smallest_winner(order, dist), count
-    probe = np.argsort(order)[np.linspace(0, count - 1, _SEEDS).astype(int)]
-    dist[probe] = exact(probe, np.inf)
-    best = float(dist[probe].min())
-    alive = np.flatnonzero(np.isinf(dist))
-    scanned = len(probe)
-    stride = max(4, int(math.sqrt(n) * _COARSE))
-    while len(alive) > _REFINE_ABOVE and stride >= _MIN_BOUND_STRIDE:
-        lower, upper = np.empty(len(alive)), np.empty(len(alive))
-        k.ks_bounds(logx, first, np.ascontiguousarray(starts[alive]),
-                    np.ascontiguousarray(alphas[alive]), n, stride, best, lower, upper)
-        seeds = alive[np.argsort(upper, kind="stable")[:_SEEDS]]
-        dist[seeds] = exact(seeds, best)
+    # 1. small sets are scanned whole; the others get probes
+    first_pass, alive = [], []
+    for i, st in enumerate(starts_list):
+        count = len(st)
+        ids = np.arange(cbase[i], cbase[i + 1])
+        if count <= 4 * _SEEDS:
+            first_pass.append(ids)
+            continue
+        probe = ids[np.argsort(orders[i])[np.linspace(0, count - 1, _SEEDS).astype(int)]]
+        first_pass.append(probe)
+        alive.append(np.setdiff1d(ids, probe))
+    exact(np.concatenate(first_pass))
+    scanned = sum(len(p) for p in first_pass)
+    alive_all = np.concatenate(alive) if alive else np.empty(0, dtype=np.int64)
+    # 2. bounds passes while a set has many survivors (all sets here have one size n
+    # per replicate batch; the stride follows each set's n)
+    n_of = np.diff(offsets)
+    stride = np.maximum(4, (np.sqrt(n_of) * _COARSE).astype(int))
+    while len(alive_all):
+        counts = np.bincount(cand_set[alive_all], minlength=len(xs))
+        refine = (counts > _REFINE_ABOVE) & (stride >= _MIN_BOUND_STRIDE)
+        sel = alive_all[refine[cand_set[alive_all]]]
+        if not len(sel):
+            break
+        lower, upper = np.empty(len(sel)), np.empty(len(sel))
+        for st_val in np.unique(stride[cand_set[sel]]):
+            part = np.flatnonzero(stride[cand_set[sel]] == st_val)
+            lo, hi = np.empty(len(part)), np.empty(len(part))
+            ids = sel[part]
+            k.ks_bounds(logx, first, np.ascontiguousarray(glob[ids]),
+                        np.ascontiguousarray(ends[ids]), np.ascontiguousarray(alphas[ids]),
+                        int(st_val), np.ascontiguousarray(best[cand_set[ids]]), lo, hi)
+            lower[part], upper[part] = lo, hi
+        seeds = []
+        for i in np.unique(cand_set[sel]):
+            mine = np.flatnonzero(cand_set[sel] == i)
+            seeds.append(sel[mine[np.argsort(upper[mine], kind="stable")[:_SEEDS]]])
+        seeds = np.concatenate(seeds)
+        exact(seeds)
         scanned += len(seeds)
-        best = min(best, float(dist[seeds].min()))
         # The coarse pass multiplies by 1/m where the exact pass divides: allow rounding.
-        alive = np.setdiff1d(alive[lower - 1e-12 <= best], seeds)
-        stride //= 4
-    if len(alive):
-        dist[alive] = exact(alive, best)
-    return _smallest_winner(order, dist), scanned + len(alive)
+        kept = sel[lower - 1e-12 <= best[cand_set[sel]]]
+        untouched = alive_all[~refine[cand_set[alive_all]]]
+        alive_all = np.setdiff1d(np.concatenate([kept, untouched]), seeds)
+        stride = np.where(refine, stride // 4, stride)
+    # 3. every survivor, exactly
+    exact(alive_all)
+    scanned += len(alive_all)
+    winners = [_smallest_winner(orders[i], dist[cbase[i]:cbase[i + 1]])
+               for i in range(len(xs))]
+    return winners, scanned
 
 
 def _dense_ks(x: np.ndarray, starts: np.ndarray, cdf: Any) -> np.ndarray:
@@ -728,30 +778,64 @@ def power_law_pvalue(
     if fit.n_tail < 50:
         return PValue(math.nan, fit.ks_distance, 0, seed)
     method = resolve_fit_method(fit_method, len(x))
-    if (method == "diffract" and xmin == "search" and len(x) > PVALUE_TAICHI_POINTS
-            and _taichi.available()):
-        _taichi.kernels()  # its pruned search beats the dense scan once started
+    batched = (method == "diffract" and xmin == "search" and len(x) > PVALUE_TAICHI_POINTS
+               and _taichi.available())
     rng = np.random.default_rng(seed)
     body = x[x < fit.xmin]
     n = len(x)
-    hits = done = 0
+    replicates = []
     for _ in range(n_replicates):
         k = int(rng.binomial(n, fit.n_tail / n)) if len(body) else n
-        synthetic = np.concatenate([
+        replicates.append(np.concatenate([
             fit.xmin * (1.0 - rng.random(k)) ** (-1.0 / (fit.alpha - 1.0)),
             rng.choice(body, n - k) if n - k else np.empty(0),
-        ])
-        try:
-            if xmin == "fixed":
-                refit = _fit_at(np.sort(synthetic), fit.xmin, method)
-            else:
-                refit = fit_power_law(synthetic, fit_method=method, min_tail=min_tail,
-                                      alpha_max=alpha_max)
-        except FitError:
-            continue
-        done += 1
-        hits += refit.ks_distance >= fit.ks_distance
+        ]))
+    if batched:
+        distances = _replicate_distances(replicates, min_tail, alpha_max)
+    else:
+        distances = []
+        for synthetic in replicates:
+            try:
+                if xmin == "fixed":
+                    refit = _fit_at(np.sort(synthetic), fit.xmin, method)
+                else:
+                    refit = fit_power_law(synthetic, fit_method=method, min_tail=min_tail,
+                                          alpha_max=alpha_max)
+            except FitError:
+                continue
+            distances.append(refit.ks_distance)
+    done = len(distances)
+    hits = sum(d >= fit.ks_distance for d in distances)
     p = hits / done if done else math.nan
     return PValue(p, fit.ks_distance, done, seed)
 
 
+#: Replicates whose searches share one set of Taichi launches.
+_REPLICATE_BATCH = 64
+
+
+def _replicate_distances(replicates: list[np.ndarray], min_tail: int,
+                         alpha_max: float | None) -> list[float]:
+    """The KS distance of each replicate's best power-law fit (the full CSN search, as
+    ``fit_power_law`` does it), the replicates' searches batched into shared Taichi
+    launches (the per-launch cost, not the scan, dominated one replicate's fit);
+    replicates with no candidate are left out."""
+    out: list[float] = []
+    for lo in range(0, len(replicates), _REPLICATE_BATCH):
+        xs, starts_list = [], []
+        for synthetic in replicates[lo:lo + _REPLICATE_BATCH]:
+            x = _prepare(synthetic)
+            if len(x) < min_tail:
+                continue
+            starts = _starts(x, min_tail)
+            if alpha_max is not None and len(starts):
+                starts = starts[_alphas(x, starts) <= alpha_max]
+            if len(starts):
+                xs.append(x)
+                starts_list.append(starts)
+        if not xs:
+            continue
+        winners, _ = _search_many(xs, starts_list)
+        for x, starts, best in zip(xs, starts_list, winners, strict=True):
+            out.append(_exact_fit(x, int(starts[best]))[1])
+    return out
