@@ -13,3 +13,7 @@ KERNEL_FUN_TEST_GPU=1 python3 -m pytest -q -p no:cacheprovider tests/kernel_fun_
 # Speed against fla (and kernel-fun 0.2.0 when its wheel sits in .whl/kf020).
 kf=""; [ -d .whl/kf020 ] && kf="--kf020 .whl/kf020"
 python3 benchmarks/bench_cconv.py $kf 2>&1 | tee "$OUT/bench.log"
+# The spectral pack's GPU routes (esd, svals, svd, esd_rand batched on the device) against
+# its numpy path: agreement and times (needs scipy and threadpoolctl too).
+python3 -m pip install -q --no-deps --no-build-isolation -e diffract_kernels_spectral 2>&1 | tail -2
+python3 benchmarks/gpu_spectral_check.py --device cuda 2>&1 | tee "$OUT/spectral.log"
