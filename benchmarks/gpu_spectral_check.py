@@ -22,14 +22,29 @@ from _common import header, table  # noqa: E402
 SHAPES = [(768, 768), (768, 3072), (1024, 4096)]
 
 
+def _checks(host: list, dev: list, device: str) -> dict:
+    """Field -> (the device route, the numpy route) over the same matrices."""
+    from diffract_kernels_spectral import kernels, kernels_rmt, linalg
+
+    units = [{"tensor": t, "esd_scale": 1.0} for t in dev]
+    return {
+        "esd": (lambda: kernels._esd_batch(units, device=device),
+                lambda: [kernels.esd(w, 1.0, device="cpu") for w in host]),
+        "svals": (lambda: kernels._svals_batch(units, device=device),
+                  lambda: [kernels.svals(w, device="cpu") for w in host]),
+        "svd": (lambda: [linalg.svd_torch(t, device)[1] for t in dev],
+                lambda: [kernels.svd(w, device="cpu")[1] for w in host]),
+        "esd_rand": (lambda: [kernels_rmt.esd_rand(t, 1.0, device=device) for t in dev],
+                     lambda: [kernels_rmt.esd_rand(w, 1.0, device="cpu") for w in host]),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--matrices", type=int, default=8)
     args = parser.parse_args()
     import torch
-
-    from diffract_kernels_spectral import kernels, kernels_rmt, linalg
 
     header(f"spectral GPU routes on {args.device} vs numpy", ["torch", "numpy"])
     rng = np.random.default_rng(0)
@@ -38,17 +53,7 @@ def main() -> None:
     for shape in SHAPES:
         host = [rng.standard_t(4, size=shape).astype(np.float32) for _ in range(args.matrices)]
         dev = [torch.from_numpy(w).to(args.device) for w in host]
-        units = [{"tensor": t, "esd_scale": 1.0} for t in dev]
-        checks = {
-            "esd": (lambda: kernels._esd_batch(units, device=args.device),
-                    lambda: [kernels.esd(w, 1.0, device="cpu") for w in host]),
-            "svals": (lambda: kernels._svals_batch(units, device=args.device),
-                      lambda: [kernels.svals(w, device="cpu") for w in host]),
-            "svd": (lambda: [linalg.svd_torch(t, args.device)[1] for t in dev],
-                    lambda: [kernels.svd(w, device="cpu")[1] for w in host]),
-            "esd_rand": (lambda: [kernels_rmt.esd_rand(t, 1.0, device=args.device) for t in dev],
-                         lambda: [kernels_rmt.esd_rand(w, 1.0, device="cpu") for w in host]),
-        }
+        checks = _checks(host, dev, args.device)
         for name, (on_device, on_host) in checks.items():
             on_device()  # warm-up (kernels, cuSOLVER handles)
             if args.device.startswith("cuda"):
