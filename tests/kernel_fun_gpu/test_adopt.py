@@ -115,3 +115,59 @@ class TestDiffractOps:
         assert err_ratio(ref, y) < 1e-6
         with pytest.raises(ops.UnknownOpError, match=r"No plugin offers an op named 'causal_convld'\. Did you mean 'causal_conv1d'\?"):
             ops.resolve("causal_convld", x, w)
+
+
+class TestGenericDriver:
+    """Adoption and the diffract_ops hook drive every op record alike: a second op, with
+    its own fake fla module and package, is patched, restored and offered to Diffract."""
+
+    @pytest.fixture
+    def second_op(self, monkeypatch):
+        from kernel_fun import ops
+
+        fla_mod = types.ModuleType("fla.fake_second_op")
+        ours_mod = types.ModuleType("kernel_fun_fake_second_op")
+
+        def fla_second(x):
+            return ("fla", x)
+
+        def our_second(x):
+            return ("ours", x)
+
+        fla_mod.second_op = fla_second
+        ours_mod.second_op = our_second
+        ours_mod.is_supported = lambda x: (x > 0, "" if x > 0 else "x must be positive")
+        monkeypatch.setitem(sys.modules, fla_mod.__name__, fla_mod)
+        monkeypatch.setitem(sys.modules, ours_mod.__name__, ours_mod)
+        extra = ops.OpRecord(name="second_op", package=ours_mod.__name__,
+                             defining_module=fla_mod.__name__,
+                             patch_table=((fla_mod.__name__, "second_op"),),
+                             binding="kernel_fun.ops.cconv.binding")
+        monkeypatch.setattr(ops, "RECORDS", (*ops.RECORDS, extra))
+        monkeypatch.setattr(adopt, "RECORDS", (*adopt.RECORDS, extra))
+        return fla_mod, fla_second, our_second
+
+    def test_patch_swaps_and_restores_every_op(self, second_op):
+        fla_mod, fla_second, our_second = second_op
+        before = _bindings()
+        with kernel_fun.install(mode="patch"):
+            assert fla_mod.second_op is our_second
+            assert adopt.original("second_op") is fla_second
+            assert _bindings()["ops"] is not before["ops"]
+        assert fla_mod.second_op is fla_second and _bindings() == before
+
+    def test_the_hook_offers_every_op(self, second_op, monkeypatch):
+        from kernel_fun import _diffract
+
+        monkeypatch.setattr(_diffract, "RECORDS", (*_diffract.RECORDS, second_op_record()))
+        specs = {s.name: s for s in _diffract.diffract_ops()}
+        assert set(specs) == {"causal_conv1d", "second_op"}
+        spec = specs["second_op"]
+        assert spec.implementation(3) == ("ours", 3) and spec.reference(3) == ("fla", 3)
+        assert spec.is_supported(-1) == (False, "x must be positive")
+
+
+def second_op_record():
+    from kernel_fun import ops
+
+    return next(r for r in ops.RECORDS if r.name == "second_op")

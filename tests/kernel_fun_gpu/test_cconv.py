@@ -222,9 +222,18 @@ class TestWarmup:
 
 
 def test_import_is_cheap():
-    """import kernel_fun imports neither triton nor fla."""
-    out = subprocess.run(
-        [sys.executable, "-c", "import sys, kernel_fun; print('triton' in sys.modules, 'fla' in sys.modules)"],
-        capture_output=True, text=True, check=True,
-    )
-    assert out.stdout.strip() == "False False"
+    """import kernel_fun, its op records, an op's package and the Diffract plugin import
+    neither torch, triton nor fla."""
+    code = ("import sys, kernel_fun, kernel_fun.ops, kernel_fun.ops.cconv, kernel_fun._diffract;"
+            "print('torch' in sys.modules, 'triton' in sys.modules, 'fla' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False False False"
+
+
+def test_the_old_import_path_is_the_op():
+    """`from kernel_fun.cconv import causal_conv1d` is the op of kernel_fun.ops.cconv."""
+    import kernel_fun.cconv as old
+    import kernel_fun.ops.cconv as new
+
+    for name in ("causal_conv1d", "is_supported", "warmup", "reference_causal_conv1d"):
+        assert getattr(old, name) is getattr(new, name)

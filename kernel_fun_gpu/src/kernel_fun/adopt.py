@@ -1,17 +1,17 @@
 """Adopting kernel-fun inside fla: register as an fla backend, or patch its bindings.
 
 :func:`install` returns a :class:`Handle` that restores fla exactly (also usable as a
-context manager). Two ways, chosen by ``mode``:
+context manager). It drives every op of :data:`kernel_fun.ops.RECORDS` the same way;
+two ways, chosen by ``mode``:
 
 * ``"register"`` (what ``"auto"`` picks when the installed fla has
-  ``fla.backends.register`` and dispatches ``causal_conv1d_fwd``/``_bwd``): kernel-fun
-  registers its forward and backward as an fla backend with a verifier (the same gate
-  as :func:`kernel_fun.cconv.is_supported`). fla's own ``causal_conv1d`` and autograd
-  Function stay in place; calls the verifier rejects run fla's kernels.
-* ``"patch"``: one table-driven swap of every place fla binds ``causal_conv1d``: the
-  module that defines it, the package that re-exports it, the
-  ``fla.modules.convolution`` alias, and any loaded ``fla.*`` module (a layer) that
-  bound the function at import time.
+  ``fla.backends.register`` and dispatches every op's forward and backward, e.g.
+  ``causal_conv1d_fwd``/``_bwd``): kernel-fun registers each op's functions as an fla
+  backend with verifiers (the op's gate, its ``is_supported``). fla's own functions and
+  autograd Functions stay in place; calls a verifier rejects run fla's kernels.
+* ``"patch"``: one table-driven swap of every place fla binds each op (its record's
+  ``patch_table``: the defining module, the package that re-exports it, aliases) and
+  of any loaded ``fla.*`` module (a layer) that bound the function at import time.
 """
 
 from __future__ import annotations
@@ -19,22 +19,15 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable
+from inspect import unwrap
 from typing import Any
 
 import attrs
 
-__all__ = ["Handle", "install", "original"]
+from kernel_fun.ops import RECORDS, OpRecord, record
 
-#: (module, attribute) pairs that bind causal_conv1d in fla-core 0.6; loaded layers are
-#: found by scanning sys.modules for the same function object.
-PATCH_TABLE: dict[str, tuple[tuple[str, str], ...]] = {
-    "causal_conv1d": (
-        ("fla.modules.causal_conv1d.ops", "causal_conv1d"),
-        ("fla.modules.causal_conv1d", "causal_conv1d"),
-        ("fla.modules.convolution", "causal_conv1d"),
-    ),
-}
-DEFINING_MODULE = {"causal_conv1d": "fla.modules.causal_conv1d.ops"}
+__all__ = ["BACKEND_TYPE", "Handle", "install", "original"]
+
 BACKEND_TYPE = "kernel_fun"
 
 _ORIGINALS: dict[str, Callable[..., Any]] = {}
@@ -44,7 +37,7 @@ def original(name: str) -> Callable[..., Any]:
     """fla's own function ``name``, even while it is patched."""
     if name in _ORIGINALS:
         return _ORIGINALS[name]
-    return getattr(importlib.import_module(DEFINING_MODULE[name]), name)
+    return record(name).fla_function()
 
 
 @attrs.define
@@ -73,67 +66,23 @@ class Handle:
         self.restore()
 
 
-def _registries() -> tuple[Any, Any] | None:
-    """fla's backend registries of causal_conv1d_fwd/_bwd, when this fla has them."""
+def _registries(op: OpRecord) -> list[Any] | None:
+    """fla's backend registries of the op's dispatching functions, when this fla has
+    them all."""
     try:
         import fla.backends as backends
-        from fla.modules.causal_conv1d import ops
     except ImportError:
         return None
     table = getattr(backends, "_function_registries", None)
-    if table is None or not hasattr(backends, "register"):
+    targets = op.backend_targets()
+    if table is None or not hasattr(backends, "register") or targets is None:
         return None
-    from inspect import unwrap
-
-    fwd, bwd = table.get(unwrap(ops.causal_conv1d_fwd)), table.get(unwrap(ops.causal_conv1d_bwd))
-    return (fwd, bwd) if fwd is not None and bwd is not None else None
-
-
-def _fwd(x, weight, bias=None, residual=None, initial_state=None, output_final_state=False,
-         activation=None, cu_seqlens=None, cu_seqlens_cpu=None, chunk_indices=None,
-         chunk_size=64, layout_fallback=False):
-    from kernel_fun import _cconv_triton as k
-    from kernel_fun import _support
-
-    w = weight.contiguous()
-    y = k.forward(x, w)
-    _support.mark_warm(("fwd", *_support.shape_key(x, w)))
-    return y, None
-
-
-def _fwd_verifier(x, weight, bias=None, residual=None, initial_state=None,
-                  output_final_state=False, activation=None, cu_seqlens=None,
-                  cu_seqlens_cpu=None, chunk_indices=None, chunk_size=64, layout_fallback=False):
-    from kernel_fun.cconv import is_supported
-
-    return is_supported(x, weight, bias, residual, initial_state, output_final_state,
-                        activation, "triton", cu_seqlens, cu_seqlens_cpu, chunk_indices)
-
-
-def _bwd(x, dy, dht, weight=None, bias=None, residual=None, initial_state=None,
-         activation=None, cu_seqlens=None, cu_seqlens_cpu=None, chunk_indices=None,
-         chunk_size=64, layout_fallback=False):
-    from kernel_fun import _cconv_triton as k
-    from kernel_fun import _support
-
-    w = weight.contiguous()
-    dx, dw = k.backward(x, w, dy)
-    _support.mark_warm(("bwd", *_support.shape_key(x, w)))
-    return dx, dw.to(weight), None, None, None
-
-
-def _bwd_verifier(x, dy, dht, weight=None, bias=None, residual=None, initial_state=None,
-                  activation=None, cu_seqlens=None, cu_seqlens_cpu=None, chunk_indices=None,
-                  chunk_size=64, layout_fallback=False):
-    if dht is not None:
-        return False, "a final-state gradient is given: kernel-fun does not implement it."
-    return _fwd_verifier(x, weight, bias, residual, initial_state, False, activation,
-                         cu_seqlens, cu_seqlens_cpu, chunk_indices)
+    found = [table.get(unwrap(fla_fn)) for fla_fn, _, _ in targets]
+    return found if all(r is not None for r in found) else None
 
 
 def _register() -> Handle:
     import fla.backends as backends
-    from fla.modules.causal_conv1d import ops
 
     class KernelFunBackend(backends.BaseBackend):
         """kernel-fun's Triton kernels, tried before fla's defaults."""
@@ -141,22 +90,21 @@ def _register() -> Handle:
         backend_type = BACKEND_TYPE
         priority = 1
 
-    backends.register(ops.causal_conv1d_fwd, backend=KernelFunBackend, verifier=_fwd_verifier)(_fwd)
-    backends.register(ops.causal_conv1d_bwd, backend=KernelFunBackend, verifier=_bwd_verifier)(_bwd)
-    return Handle(mode="register", registered=list(_registries() or ()))
+    handle = Handle(mode="register")
+    for op in RECORDS:
+        for fla_fn, ours, verifier in op.backend_targets() or ():
+            backends.register(fla_fn, backend=KernelFunBackend, verifier=verifier)(ours)
+        handle.registered.extend(_registries(op) or ())
+    return handle
 
 
 def _patch() -> Handle:
-    from kernel_fun.cconv import causal_conv1d as ours
-
     handle = Handle(mode="patch")
-    for name, table in PATCH_TABLE.items():
+    for op in RECORDS:
+        name, ours = op.name, op.public()
         fla_fn = original(name)
         _ORIGINALS[name] = fla_fn
-        targets = []
-        for module_name, attr in table:
-            module = importlib.import_module(module_name)
-            targets.append((module, attr))
+        targets = [(importlib.import_module(m), attr) for m, attr in op.patch_table]
         for module_name, module in list(sys.modules.items()):
             if module_name.startswith("fla.") and getattr(module, name, None) is fla_fn:
                 if (module, name) not in targets:
@@ -173,13 +121,16 @@ def _patch() -> Handle:
 def install(mode: str = "auto") -> Handle:
     """Adopt kernel-fun inside fla (see the module docstring); returns the restoring handle.
 
-    ``mode``: "auto" (register when fla can, else patch), "register" or "patch".
+    ``mode``: "auto" (register when fla can for every op, else patch), "register" or
+    "patch".
     """
     if mode not in ("auto", "register", "patch"):
         raise ValueError(f"mode must be 'auto', 'register' or 'patch', got {mode!r}")
-    if mode == "register" or (mode == "auto" and _registries() is not None):
-        if _registries() is None:
-            raise RuntimeError("this fla has no backend registration for causal_conv1d; "
+    can_register = all(_registries(op) is not None for op in RECORDS)
+    if mode == "register" or (mode == "auto" and can_register):
+        if not can_register:
+            missing = [op.name for op in RECORDS if _registries(op) is None]
+            raise RuntimeError(f"this fla has no backend registration for {missing}; "
                                "use mode='patch'")
         return _register()
     return _patch()

@@ -1,0 +1,208 @@
+"""``causal_conv1d``: a drop-in for ``fla.modules.convolution.causal_conv1d`` (fla-core 0.6).
+
+Same signature, defaults and ``(y, final_state)`` return. Calls inside the supported box
+run kernel-fun's Triton kernels; every other call is forwarded to fla with the caller's
+arguments untouched, so its result is fla's, bit for bit. The box is what a Kimi Delta
+Attention layer calls in pretraining:
+
+* ``activation`` "silu" or "swish"; no ``bias``, ``residual``, ``initial_state``;
+  ``output_final_state=False``; ``backend="triton"``; no variable-length or
+  context-parallel arguments; no keyword fla does not document here (a new fla flag
+  falls back rather than being dropped);
+* ``x`` of shape ``[B, T, D]`` in bfloat16, float16 or float32, any strides; ``weight``
+  ``[D, W]`` with ``W <= 4`` (a narrower W is a kernel with fewer taps);
+* a CUDA device of compute capability 9.0 or newer (or Triton's interpreter on the CPU
+  when ``KERNEL_FUN_INTERPRET=1`` and ``TRITON_INTERPRET=1``, for tests);
+* under CUDA-graph capture, only shapes that already ran eagerly (forward and, when
+  gradients are needed, backward): autotuning cannot happen during capture.
+
+:func:`is_supported` returns ``(ok, reason)`` for a call; each distinct fallback reason
+is logged once at WARNING, the first engaged call logs its shapes once, and the torch,
+triton and fla versions are logged once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kernel_fun import _support
+
+__all__ = ["causal_conv1d", "fla_probe", "is_supported", "warmup"]
+
+#: Parameters of fla-core 0.6.0's causal_conv1d, in order (the compatibility probe checks them).
+FLA_PARAMETERS = (
+    "x", "weight", "bias", "residual", "initial_state", "output_final_state", "activation",
+    "backend", "cu_seqlens", "cu_seqlens_cpu", "chunk_indices", "cp_context", "kwargs",
+)
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_MAX_W = 4
+
+
+def _fla_causal_conv1d() -> Any:
+    """fla's own causal_conv1d, even while kernel-fun is installed into fla."""
+    from kernel_fun import adopt
+
+    return adopt.original("causal_conv1d")
+
+
+def is_supported(
+    x: Any,
+    weight: Any = None,
+    bias: Any = None,
+    residual: Any = None,
+    initial_state: Any = None,
+    output_final_state: bool | None = False,
+    activation: str | None = None,
+    backend: str | None = "triton",
+    cu_seqlens: Any = None,
+    cu_seqlens_cpu: Any = None,
+    chunk_indices: Any = None,
+    cp_context: Any = None,
+    **kwargs: Any,
+) -> tuple[bool, str]:
+    """Whether kernel-fun runs this call itself: ``(True, "")`` or ``(False, reason)``."""
+    if kwargs:
+        return False, (f"unknown argument(s) {sorted(kwargs)}: fla may have grown a flag "
+                       "kernel-fun does not implement, so the call goes to fla.")
+    if backend != "triton":
+        return False, f"backend={backend!r}: kernel-fun replaces the 'triton' backend only."
+    if activation not in ("silu", "swish"):
+        return False, f"activation={activation!r}: kernel-fun implements silu/swish only."
+    for name, value in (("bias", bias), ("residual", residual), ("initial_state", initial_state),
+                        ("cu_seqlens", cu_seqlens), ("cu_seqlens_cpu", cu_seqlens_cpu),
+                        ("chunk_indices", chunk_indices), ("cp_context", cp_context)):
+        if value is not None:
+            return False, f"{name} is given: kernel-fun implements the call without it."
+    if output_final_state:
+        return False, "output_final_state=True: kernel-fun does not return the final state."
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        return False, "x and weight must both be tensors for kernel-fun's path."
+    if x.dim() != 3:
+        return False, f"x has shape {tuple(x.shape)}; kernel-fun takes [B, T, D]."
+    if weight.dim() != 2 or weight.shape[0] != x.shape[2]:
+        return False, (f"weight has shape {tuple(weight.shape)}; kernel-fun takes [D, W] with "
+                       f"D = {x.shape[2]}.")
+    if weight.shape[1] > _MAX_W or weight.shape[1] < 1:
+        return False, f"kernel width W={weight.shape[1]}; kernel-fun takes 1 <= W <= {_MAX_W}."
+    if x.dtype not in _DTYPES:
+        return False, f"x is {x.dtype}; kernel-fun takes bfloat16, float16 or float32."
+    if not weight.dtype.is_floating_point:
+        return False, f"weight is {weight.dtype}; kernel-fun takes a floating-point weight."
+    if 0 in x.shape:
+        return False, f"x has an empty dimension {tuple(x.shape)}."
+    reason = _support.device_reason(x)
+    if reason is not None:
+        return False, reason
+    if weight.device != x.device:
+        return False, f"weight is on {weight.device} but x on {x.device}."
+    if _support.is_capturing():  # last: it only speaks for a call otherwise accepted
+        key = _support.shape_key(x, weight)
+        need_bwd = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+        cold_bwd = need_bwd and not _support.is_warm(("bwd", *key))
+        if not _support.is_warm(("fwd", *key)) or cold_bwd:
+            return False, ("CUDA-graph capture of a shape that has not run eagerly yet (forward"
+                           + (" and backward" if need_bwd else "") + "): autotuning cannot happen "
+                           "during capture, so this call goes to fla. Run one eager step first "
+                           "(or kernel_fun.cconv.warmup).")
+    return True, ""
+
+
+@torch.compiler.disable
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool | None = False,
+    activation: str | None = None,
+    backend: str | None = "triton",
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
+    chunk_indices: torch.LongTensor | None = None,
+    cp_context: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Depthwise causal 1-D convolution over ``x [B, T, D]`` with ``weight [D, W]``.
+
+    Returns ``(y, final_state)`` exactly as fla's ``causal_conv1d`` does; on kernel-fun's
+    own path ``y`` is ``silu(conv(x))`` of shape ``[B, T, D]`` (contiguous) and
+    ``final_state`` is None. Calls outside the supported box (module docstring) go to fla
+    unchanged. Wrapped in ``torch.compiler.disable``: one graph break at the call.
+    """
+    ok, reason = is_supported(
+        x, weight, bias, residual, initial_state, output_final_state, activation, backend,
+        cu_seqlens, cu_seqlens_cpu, chunk_indices, cp_context, **kwargs,
+    )
+    _support.log_versions()
+    if not ok:
+        _support.log_once(
+            ("fallback", reason), logging.WARNING, "kernel-fun causal_conv1d: %s", reason
+        )
+        return _fla_causal_conv1d()(
+            x=x, weight=weight, bias=bias, residual=residual, initial_state=initial_state,
+            output_final_state=output_final_state, activation=activation, backend=backend,
+            cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, chunk_indices=chunk_indices,
+            cp_context=cp_context, **kwargs,
+        )
+    from kernel_fun.ops.cconv._triton import CausalConv1dSiLU
+
+    _support.log_once(("engaged", "causal_conv1d"), logging.INFO,
+                      "kernel-fun causal_conv1d engaged: x %s %s (strides %s), weight %s %s",
+                      tuple(x.shape), x.dtype, x.stride(), tuple(weight.shape), weight.dtype)
+    return CausalConv1dSiLU.apply(x, weight), None
+
+
+def fla_probe() -> list[str]:
+    """Differences between the installed fla's causal_conv1d signature and the one
+    kernel-fun mirrors (empty when compatible)."""
+    fn = _fla_causal_conv1d()
+    params = tuple(inspect.signature(fn).parameters)
+    if params != FLA_PARAMETERS:
+        return [f"fla's causal_conv1d takes {params}, kernel-fun mirrors {FLA_PARAMETERS}"]
+    return []
+
+
+def warmup(
+    *,
+    B: int,
+    T: int,
+    D: int | Sequence[int] = (2048, 4096),
+    W: int = 4,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cuda",
+) -> float:
+    """Autotune both kernels for every channel count ``D`` at ``[B, T, D]``; returns seconds.
+
+    Each new (D, W, B, T) costs a few seconds of trial launches: paying them before step 1
+    keeps the first step from looking like a regression. Runs the fla compatibility probe
+    first; raises RuntimeError if a call fell back to fla instead of running kernel-fun's
+    kernels (set KERNEL_FUN_DEBUG=1 and see the 'kernel_fun' logger for why).
+    """
+    started = time.perf_counter()
+    problems = fla_probe()
+    if problems:
+        raise RuntimeError("kernel-fun warm-up: " + "; ".join(problems))
+    for d in ([D] if isinstance(D, int) else list(D)):
+        x = torch.randn(B, T, d, device=device, dtype=dtype, requires_grad=True)
+        w = torch.randn(d, W, device=device, dtype=dtype, requires_grad=True)
+        ok, reason = is_supported(x, w, activation="silu")
+        if not ok:
+            raise RuntimeError(f"kernel-fun warm-up at D={d}: the call falls back to fla: {reason} "
+                               "Set KERNEL_FUN_DEBUG=1 to log every decision.")
+        y, _ = causal_conv1d(x, w, activation="silu")
+        y.sum().backward()
+        key = _support.shape_key(x, w)
+        missing = [p for p in ("fwd", "bwd") if not _support.is_warm((p, *key))]
+        if missing:
+            raise RuntimeError(f"kernel-fun warm-up at D={d}: the {missing} kernel(s) did not run. "
+                               "Set KERNEL_FUN_DEBUG=1 to log every decision.")
+    if torch.cuda.is_available() and str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.perf_counter() - started

@@ -1,0 +1,18 @@
+"""The plain-PyTorch reference of kernel-fun's causal_conv1d (what the tests compare with,
+beside fla's own op)."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["reference_causal_conv1d"]
+
+
+def reference_causal_conv1d(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Plain PyTorch ``silu(causal depthwise conv1d)`` in float32 (for tests): ``[B, T, D]``."""
+    B, T, D = x.shape
+    W = weight.shape[1]
+    z = torch.nn.functional.conv1d(
+        x.float().transpose(1, 2), weight.float().unsqueeze(1), padding=W - 1, groups=D
+    )[..., :T]
+    return torch.nn.functional.silu(z).transpose(1, 2)
