@@ -452,3 +452,37 @@ class TestScreenshotTool:
         report.write_text("<!doctype html><p>x")
         run = self._run(tmp_path, [str(tmp_path)], str(report))
         assert run.returncode == 2 and "no Chromium found" in run.stderr
+
+
+class TestDerivedModels:
+    def test_base_analyses_what_fine_tuning_changed(self, tmp_path):
+        base = _save(tmp_path / "base.safetensors", 0, bias=False)
+        tuned = _save(tmp_path / "tuned.safetensors", 1, bias=False, noise=0.1, base=base)
+        run = _cli("analyze", "tuned.safetensors", "--base", "base.safetensors",
+                   "--metrics", "frob_norm", "--format", "json", cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        rows = {r["param"]: r for r in json.loads(run.stdout)}
+        assert set(rows) == {f"layers.{i}.weight" for i in range(3)}  # the base is not listed
+        for name, row in rows.items():
+            diff = (tuned[name].double() - base[name].double()).numpy()
+            assert row["frob_norm"] == pytest.approx(np.linalg.norm(diff), rel=1e-6)
+        both = _cli("analyze", "tuned.safetensors", "--base", "base.safetensors", "--lora",
+                    cwd=tmp_path)
+        assert both.returncode == 2 and "--base and --lora do not go together" in both.stderr
+
+    def test_lora_analyses_the_adapter_updates(self, tmp_path):
+        gen = torch.Generator().manual_seed(3)
+        sd = {"base_model.model.q.lora_A.weight": torch.randn(4, 40, generator=gen),
+              "base_model.model.q.lora_B.weight": torch.randn(30, 4, generator=gen)}
+        adapter = tmp_path / "adapter"
+        adapter.mkdir()
+        safetensors_torch.save_file(sd, str(adapter / "adapter_model.safetensors"))
+        (adapter / "adapter_config.json").write_text(json.dumps({"lora_alpha": 8, "r": 4}))
+        run = _cli("analyze", "adapter", "--lora", "--metrics", "frob_norm,hard_rank",
+                   "--format", "json", cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        (row,) = json.loads(run.stdout)
+        update = 2.0 * (sd["base_model.model.q.lora_B.weight"].double()
+                        @ sd["base_model.model.q.lora_A.weight"].double()).numpy()
+        assert row["param"] == "q.weight" and row["hard_rank"] == 4
+        assert row["frob_norm"] == pytest.approx(np.linalg.norm(update), rel=1e-6)

@@ -88,6 +88,12 @@ def add_session_arguments(p: argparse.ArgumentParser) -> None:
                    help="table (terminal) or a file format (written to --out, else printed)")
     p.add_argument("--plot", metavar="DIR", help="write ESD and depth plots (PNG) here")
     p.add_argument("--report", metavar="FILE.html", help="write a self-contained HTML report")
+    p.add_argument("--base", metavar="PATH",
+                   help="analyse what fine-tuning changed: each PATH minus this checkpoint "
+                        "(W - W_base, parameters of the same name and shape)")
+    p.add_argument("--lora", action="store_true",
+                   help="each PATH is a PEFT LoRA adapter (directory or adapter_model "
+                        "file): analyse its updates scale * B @ A")
     p.add_argument("--include-1d", action="store_true",
                    help="show 1-D parameters (biases, norms) in the table")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -214,20 +220,27 @@ def open_session(args: argparse.Namespace) -> Any:
     return Session(profile=profile, config=config or None, **kwargs, **options)
 
 
-def add_models(session: Any, inputs: Sequence[tuple[str, Any, str | None]]) -> list[str]:
-    """Add each model, or reuse it when a durable store already holds it from the same
-    file (a resumed run)."""
+def add_models(session: Any, inputs: Sequence[tuple[str, Any, str | None]], *,
+               base: str | None = None, lora: bool = False) -> list[str]:
+    """Add each model (a delta against model ``base``, or LoRA updates), or reuse it when
+    a durable store already holds it from the same file (a resumed run)."""
     held = {r["model_id"]: r for r in session.models.list()}
+    derived = base is not None or lora
     for model_id, what, file in inputs:
         if model_id in held:
             if file is not None and held[model_id]["source"] == file:
                 continue  # resuming: the store has it, and its files are checked on read
+            if derived and model_id != base:
+                continue  # resuming a delta or LoRA model (stored as computed)
             raise UsageError(
                 f"The store already holds a model {model_id!r} from "
                 f"{held[model_id]['source']}, not from {file or 'this factory'}. Use another "
                 "--store, or rename the file."
             )
-        session.models.add(what, model_id=model_id)
+        if lora:
+            session.models.add_lora(what, model_id)
+        else:
+            session.models.add(what, model_id=model_id, base_model_id=base)
     return [m for m, _, _ in inputs]
 
 
@@ -452,7 +465,15 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
     with session:
         check_metrics(session, metrics)
         apply_settings(session, args.settings, args.conventions)
-        model_ids = add_models(session, inputs)
+        base = None
+        if args.base is not None:
+            if args.lora:
+                raise UsageError("--base and --lora do not go together: a LoRA adapter is "
+                                 "already an update.")
+            ((base, base_what, base_file),) = model_inputs([args.base])
+            base = f"{base}.base"
+            add_models(session, [(base, base_what, base_file)])
+        model_ids = add_models(session, inputs, base=base, lora=args.lora)
         view = scope(session, model_ids, args)
         interactive = sys.stderr.isatty() and not args.quiet
         wanted = list(metrics)
@@ -579,7 +600,15 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                              "compare takes fields that compare two checkpoints (use "
                              "`diffract analyze` for the others).")
         apply_settings(session, args.settings, args.conventions)
-        model_ids = add_models(session, inputs)
+        base = None
+        if args.base is not None:
+            if args.lora:
+                raise UsageError("--base and --lora do not go together: a LoRA adapter is "
+                                 "already an update.")
+            ((base, base_what, base_file),) = model_inputs([args.base])
+            base = f"{base}.base"
+            add_models(session, [(base, base_what, base_file)])
+        model_ids = add_models(session, inputs, base=base, lora=args.lora)
         view = scope(session, model_ids, args)
         interactive = sys.stderr.isatty() and not args.quiet
         try:
