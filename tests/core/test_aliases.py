@@ -119,3 +119,22 @@ def test_two_packs_claiming_one_alias_use_neither():
     names = {spec.name for spec in catalog.kernels}
     assert not names & {"pack_one_field", "pack_two_field"}
     assert "shared_alias" in catalog.contested["kernels"]
+
+
+def test_an_aggregate_under_its_alias(session):
+    from diffract import KernelApplyLevel
+
+    @session.compute.kernel(apply_level=KernelApplyLevel.IN_MODEL,
+                            aliases={"old_model_total": "t_model_total"})
+    def t_model_total(t_total: tuple[float, ...]) -> float:
+        return float(sum(t_total))
+
+    session.compute.apply("old_model_total")
+    stored = session.results.export_aggregates("t_model_total")
+    asked = session.results.export_aggregates("old_model_total")
+    assert list(stored) == ["t_model_total@models[m]"]
+    assert asked == {"old_model_total@models[m]": stored["t_model_total@models[m]"]}
+    rows = session.results.export("old_model_total", sources="aggregates")
+    assert [r["field"] for r in rows] == ["old_model_total"]
+    assert session.results.erase("old_model_total") == 1
+    assert session.results.export_aggregates() == {}
