@@ -32,7 +32,7 @@ PACK_OF = {
         "ERG_gap", "alpha_weighted", "aspect_ratio", "best_fit", "detX_num", "detX_val",
         "effective_rank", "esd", "esd_max", "esd_min", "esd_rand", "esd_rand_max",
         "esd_rand_min", "esd_scale", "exp_concentration", "exp_ks_distance", "exp_lambda",
-        "exp_presence", "exp_scale", "exp_xmin", "greater_dim", "hard_rank", "l2_norm",
+        "exp_presence", "exp_scale", "exp_xmin", "greater_dim", "hard_rank",
         "log_alpha_norm", "log_norm", "log_prod_frob_norm", "log_prod_spectral_norm",
         "log_spectral_norm", "lower_dim", "lr_exp_R", "lr_exp_p", "lr_lognormal_R",
         "lr_lognormal_p", "lr_tpl_R", "lr_tpl_p", "matrix_entropy", "matrix_rank",
@@ -242,6 +242,21 @@ def add_models(session: Any, inputs: Sequence[tuple[str, Any, str | None]], *,
         else:
             session.models.add(what, model_id=model_id, base_model_id=base)
     return [m for m, _, _ in inputs]
+
+
+def add_inputs(session: Any, inputs: Sequence[tuple[str, Any, str | None]],
+               args: argparse.Namespace) -> list[str]:
+    """The command's models: as given, as deltas against ``--base`` (added first, under
+    ``<name>.base``, and not analysed), or as LoRA updates (``--lora``)."""
+    base = None
+    if args.base is not None:
+        if args.lora:
+            raise UsageError("--base and --lora do not go together: a LoRA adapter is "
+                             "already an update.")
+        ((base, base_what, base_file),) = model_inputs([args.base])
+        base = f"{base}.base"
+        add_models(session, [(base, base_what, base_file)])
+    return add_models(session, inputs, base=base, lora=args.lora)
 
 
 def scope(session: Any, model_ids: Sequence[str], args: argparse.Namespace) -> Any:
@@ -465,15 +480,7 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
     with session:
         check_metrics(session, metrics)
         apply_settings(session, args.settings, args.conventions)
-        base = None
-        if args.base is not None:
-            if args.lora:
-                raise UsageError("--base and --lora do not go together: a LoRA adapter is "
-                                 "already an update.")
-            ((base, base_what, base_file),) = model_inputs([args.base])
-            base = f"{base}.base"
-            add_models(session, [(base, base_what, base_file)])
-        model_ids = add_models(session, inputs, base=base, lora=args.lora)
+        model_ids = add_inputs(session, inputs, args)
         view = scope(session, model_ids, args)
         interactive = sys.stderr.isatty() and not args.quiet
         wanted = list(metrics)
@@ -600,15 +607,7 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                              "compare takes fields that compare two checkpoints (use "
                              "`diffract analyze` for the others).")
         apply_settings(session, args.settings, args.conventions)
-        base = None
-        if args.base is not None:
-            if args.lora:
-                raise UsageError("--base and --lora do not go together: a LoRA adapter is "
-                                 "already an update.")
-            ((base, base_what, base_file),) = model_inputs([args.base])
-            base = f"{base}.base"
-            add_models(session, [(base, base_what, base_file)])
-        model_ids = add_models(session, inputs, base=base, lora=args.lora)
+        model_ids = add_inputs(session, inputs, args)
         view = scope(session, model_ids, args)
         interactive = sys.stderr.isatty() and not args.quiet
         try:

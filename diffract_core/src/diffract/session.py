@@ -255,8 +255,8 @@ class Session:
         expressions (``"re:..."``); ``param_types`` are ParameterType values or strings;
         ``param_ids`` are ``"model_id/param_name"``. See :mod:`diffract.core.scope`.
         """
-        ids = self._check_ids(model_ids) if model_ids is not None else None
-        return SessionView(self, Scope().narrow(ids, param_names, param_types, param_ids))
+        return SessionView(self, Scope()).filter(model_ids, param_names=param_names,
+                                                 param_types=param_types, param_ids=param_ids)
 
     def _check_ids(self, model_ids: Sequence[str]) -> tuple[str, ...]:
         if isinstance(model_ids, str):

@@ -90,8 +90,10 @@ def tracy_widom1_cdf(s: float) -> float:
     return float(math.exp(-0.5 * q1 - 0.5 * r))
 
 
+@functools.lru_cache(maxsize=64)
 def tracy_widom1_quantile(p: float) -> float:
-    """The ``s`` with ``F1(s) = p``, for ``p`` in ``[1e-12, 1 - 1e-12]``."""
+    """The ``s`` with ``F1(s) = p``, for ``p`` in ``[1e-12, 1 - 1e-12]`` (cached: every
+    parameter of a model asks for the same threshold)."""
     from scipy.optimize import brentq
 
     if not 1e-12 <= p <= 1.0 - 1e-12:

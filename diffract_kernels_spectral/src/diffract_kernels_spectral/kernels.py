@@ -535,20 +535,21 @@ def weights_std(weights: np.ndarray) -> float:
     return float(np.std(w, dtype=np.float64))
 
 
-@kernel(produce_fields=("max_weights_sval", "min_weights_sval"))
+def _ends(values: np.ndarray, what: str) -> tuple[float, float]:
+    """``(first, last)`` of a non-empty spectrum."""
+    v = np.asarray(values)
+    if v.size == 0:
+        raise FieldUndefined(f"the {what} is empty")
+    return float(v[0]), float(v[-1])
+
+
+@kernel(produce_fields=("max_weights_sval", "min_weights_sval"),
+        aliases={"l2_norm": "max_weights_sval"})
 def sval_extremes(svals: np.ndarray) -> tuple[float, float]:
-    """``max_weights_sval = sigma_max``, ``min_weights_sval = sigma_min`` (float64)."""
-    s = np.asarray(svals)
-    if s.size == 0:
-        raise FieldUndefined("the matrix has no singular values")
-    return float(s[0]), float(s[-1])
-
-
-@kernel
-def l2_norm(max_weights_sval: float) -> float:
-    """``||W||_2 = sigma_max``, the spectral norm (not squared; ``spectral_norm`` is
-    ``sigma_max^2 c``)."""
-    return float(max_weights_sval)
+    """``max_weights_sval = sigma_max`` (alias ``l2_norm``: the spectral norm ``||W||_2``,
+    not squared; ``spectral_norm`` is ``sigma_max^2 c``), ``min_weights_sval =
+    sigma_min`` (float64)."""
+    return _ends(svals, "set of singular values")
 
 
 @kernel
@@ -575,10 +576,8 @@ def esd_extremes(esd: np.ndarray) -> tuple[float, float]:
     """``esd_max = lambda_max``, ``esd_min = lambda_min`` (eigenvalues below the float32
     noise floor are 0 in ``esd``, so ``esd_min`` is 0 for a matrix that is rank
     deficient to rounding)."""
-    values = np.asarray(esd)
-    if values.size == 0:
-        raise FieldUndefined("the spectrum is empty")
-    return float(values[-1]), float(values[0])
+    low, high = _ends(esd, "spectrum")
+    return high, low
 
 
 # -- where the fitted tails lie --------------------------------------------------------------
@@ -698,16 +697,16 @@ def model_tpl_alpha_norm(tpl_alpha_norm: tuple[float, ...]) -> float:
 
 
 @kernel(apply_level=IN_MODEL)
-def log_prod_spectral_norm(l2_norm: tuple[float, ...]) -> float:
+def log_prod_spectral_norm(max_weights_sval: tuple[float, ...]) -> float:
     """``sum_l log10 ||W_l||_2 = log10 prod_l sigma_max,l`` over the model's matrices."""
-    return float(np.sum(_measurable_log10(l2_norm)))
+    return float(np.sum(_measurable_log10(max_weights_sval)))
 
 
 @kernel(apply_level=IN_MODEL)
-def model_log_spectral_norm(l2_norm: tuple[float, ...]) -> float:
+def model_log_spectral_norm(max_weights_sval: tuple[float, ...]) -> float:
     """``mean_l log10 ||W_l||_2^2``: the original Diffract's model-level
     ``log_spectral_norm`` (ours, per parameter, is ``log10 lambda_max``)."""
-    return float(np.mean(_measurable_log10(l2_norm, 2.0)))
+    return float(np.mean(_measurable_log10(max_weights_sval, 2.0)))
 
 
 def _frob(svals: np.ndarray) -> float:
@@ -733,7 +732,7 @@ ALL = (
     svd, esd, esd_scale, svals, spectral_norm, log_spectral_norm, stable_rank, log_norm,
     hard_rank, matrix_entropy, marchenko_pastur, power_law_fit, alpha_weighted,
     log_alpha_norm, truncated_power_law_fit, exponential_fit, distribution_comparison,
-    pl_pvalue, greater_dim, lower_dim, aspect_ratio, weights_std, sval_extremes, l2_norm,
+    pl_pvalue, greater_dim, lower_dim, aspect_ratio, weights_std, sval_extremes,
     nuclear_norm, effective_rank, esd_extremes, pl_concentration, tpl_concentration,
     exp_concentration, pl_presence, tpl_presence, exp_presence, tpl_scale, exp_scale,
     num_fingers, pl_alpha_norm, tpl_alpha_norm, model_pl_alpha_norm, model_tpl_alpha_norm,

@@ -24,6 +24,7 @@ from diffract_kernels_spectral.kernels import (
     _MATRIX,
     PARALLEL,
     _dims,
+    _ends,
     _finite_matrix,
     _finite_tensor,
     _positive,
@@ -80,10 +81,8 @@ def esd_rand(tensor: Any, esd_scale: float, *, seed: Seed = 42,
 def esd_rand_extremes(esd_rand: np.ndarray) -> tuple[float, float]:
     """``esd_rand_max``, ``esd_rand_min``: the randomized ESD's largest and smallest
     eigenvalues."""
-    values = np.asarray(esd_rand)
-    if values.size == 0:
-        raise FieldUndefined("the spectrum is empty")
-    return float(values[-1]), float(values[0])
+    low, high = _ends(esd_rand, "spectrum")
+    return high, low
 
 
 @kernel

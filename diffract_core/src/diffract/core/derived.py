@@ -148,7 +148,8 @@ def lora_model(adapter: Any, model_id: str, *, scale: float | None = None) -> Op
         name = f"{module}.weight"
         shape = (b.shape[0], *a.shape[1:])
         parts[name] = (a.name, b.name)
-        infos.append(ParamInfo(model_id, name, shape, "float32", infer_type(name, shape),
+        dtype = "float64" if "float64" in (a.dtype, b.dtype) else "float32"  # as loaded
+        infos.append(ParamInfo(model_id, name, shape, dtype, infer_type(name, shape),
                                (("lora_rank", int(rank)), ("lora_scale", factor))))
     load = opened.load
 

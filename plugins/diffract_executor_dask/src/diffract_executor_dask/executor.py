@@ -78,15 +78,15 @@ def share_cores(client: Any) -> dict[str, int]:
     on a host running ``t`` Dask threads in all, ``cores // t`` each, so that workers
     do not oversubscribe the cores (each defaults to all of them). Returns worker
     address -> threads."""
-    from collections import Counter
-
     workers = client.scheduler_info().get("workers", {})
-    on_host = Counter()
-    for info in workers.values():
-        on_host[info.get("host")] += int(info.get("nthreads", 1))
-    out = {}
+    hosts: dict[Any, list[str]] = {}
+    threads: dict[Any, int] = {}
     for address, info in workers.items():
-        out.update(client.run(_share_cores, on_host[info.get("host")], workers=[address]))
+        hosts.setdefault(info.get("host"), []).append(address)
+        threads[info.get("host")] = threads.get(info.get("host"), 0) + int(info.get("nthreads", 1))
+    out = {}
+    for host, addresses in hosts.items():  # one call per host
+        out.update(client.run(_share_cores, threads[host], workers=addresses))
     return out
 
 

@@ -760,7 +760,7 @@ class Runner:
         group = 1  # units per executor task, from the measured time per unit
 
         def finished(units: int, seconds: float, failures: int, busy: float = 0.0) -> None:
-            nonlocal done, failed, per_unit, size, use_pool, lazy, chunks, undecided
+            nonlocal done, failed, per_unit, size, use_pool, lazy, chunks, undecided, group
             done += units
             failed += failures
             chunks += 1
@@ -780,7 +780,6 @@ class Runner:
                 size = smallest
             if use_pool:  # per_unit is wall time over the workers: keep them all busy
                 size = max(size, 2 * self.parallel_workers)
-            nonlocal group
             # one unit's time on one worker: as the workers measured it when they ran the
             # chunk (the wall time seen here includes the executor's latency)
             unit_seconds = (busy / max(units, 1) if busy > 0
