@@ -161,7 +161,7 @@ class TestGenericDriver:
 
         monkeypatch.setattr(_diffract, "RECORDS", (*_diffract.RECORDS, second_op_record()))
         specs = {s.name: s for s in _diffract.diffract_ops()}
-        assert set(specs) == {"causal_conv1d", "second_op"}
+        assert set(specs) == {"causal_conv1d", "chunk_kda", "second_op"}
         spec = specs["second_op"]
         assert spec.implementation(3) == ("ours", 3) and spec.reference(3) == ("fla", 3)
         assert spec.is_supported(-1) == (False, "x must be positive")

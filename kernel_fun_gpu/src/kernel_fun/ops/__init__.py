@@ -66,6 +66,17 @@ RECORDS: tuple[OpRecord, ...] = (
         ),
         binding="kernel_fun.ops.cconv.binding",
     ),
+    OpRecord(
+        name="chunk_kda",
+        package="kernel_fun.ops.kda",
+        defining_module="fla.ops.kda.chunk",
+        patch_table=(
+            ("fla.ops.kda.chunk", "chunk_kda"),
+            ("fla.ops.kda", "chunk_kda"),
+            ("fla.ops", "chunk_kda"),
+        ),
+        binding="kernel_fun.ops.kda.binding",
+    ),
 )
 
 

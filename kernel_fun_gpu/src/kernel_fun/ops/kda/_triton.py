@@ -1,0 +1,691 @@
+"""Triton kernels of chunked Kimi Delta Attention, forward and backward (imported on first use).
+
+The stages, what each computes and saves, and why, are in DESIGN.md beside this file.
+Notation per (batch, value head) and chunk of ``BT = 64`` steps, rows ``t`` of the chunk:
+
+* ``G[t] = sum_{s <= t} g[s]`` (per key dimension, in the chunk), ``C`` the chunk's last row;
+* ``Aqk[i, j] = scale * sum_d q[i,d] k[j,d] exp(G[i,d] - G[j,d])`` for ``j <= i``;
+* ``L[i, j] = sum_d k[i,d] k[j,d] exp(G[i,d] - G[j,d])`` for ``j < i``;
+* ``X = (I + diag(beta) L)^-1``, ``w = X diag(beta) (k * exp(G))``, ``u = X diag(beta) v``;
+* with ``S`` the state entering the chunk: ``delta = u - w S``,
+  ``o = (scale q * exp(G)) S + Aqk delta``,
+  ``S' = exp(G[C]) * S + (k * exp(G[C] - G))^T delta``.
+
+Every ``exp`` of a difference of cumulative gates is taken of a non-positive number
+(a later row minus an earlier one, through a reference row in between), so nothing
+overflows whatever the gates are; masked entries go through ``where(..., -inf)`` before
+the ``exp``.
+
+Layout of this module: constants, kernels (forward, then backward), launchers, the
+autograd Function.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernel_fun import _support
+
+# -- constants ------------------------------------------------------------------------------
+#: Chunk length (fla's default for chunk_kda).
+BT = 64
+#: Sub-block of the intra-chunk matrices: off-diagonal sub-blocks are matrix products
+#: through a reference row, diagonal ones are summed element by element.
+BC = 16
+#: Widest key head dimension (fla's own limit).
+MAX_K = 256
+
+
+def _pow2(n: int, least: int = 16) -> int:
+    return max(least, triton.next_power_of_2(n))
+
+
+# -- forward kernels ------------------------------------------------------------------------
+@triton.jit
+def _gate_value(x, a, lower_bound, HAS_A: tl.constexpr, LOWER: tl.constexpr):
+    """The in-op gate of ``x = g + dt_bias``: ``-exp(a) softplus(x)``, or with a lower
+    bound ``lb * sigmoid(exp(a) x)`` (``lb * sigmoid(x)`` without ``A_log``)."""
+    if LOWER:
+        if HAS_A:
+            x = tl.exp(a) * x
+        y = lower_bound * tl.sigmoid(x)
+    else:
+        sp = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+        y = -tl.exp(a) * sp
+    return y
+
+
+@triton.jit
+def _gate_cumsum_kernel(g, a_log, dt_bias, G, lower_bound, T,
+                        HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                        GATE: tl.constexpr, HAS_A: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        LOWER: tl.constexpr):
+    """Stage F0: the gate (in-op or given) summed within each chunk -> G (fp32)."""
+    i_n, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    o_t = i_n * BT + tl.arange(0, BT)
+    o_k = i_k * BK + tl.arange(0, BK)
+    m = (o_t[:, None] < T) & (o_k[None, :] < K)
+    off = (i_b.to(tl.int64) * T * HV + i_hv) * K + o_t[:, None] * (HV * K) + o_k[None, :]
+    x = tl.load(g + off, mask=m, other=0.0).to(tl.float32)
+    if GATE:
+        if HAS_BIAS:
+            x += tl.load(dt_bias + i_hv * K + o_k, mask=o_k < K, other=0.0).to(tl.float32)[None, :]
+        a = 0.0
+        if HAS_A:
+            a = tl.load(a_log + i_hv).to(tl.float32)
+        x = tl.where(m, _gate_value(x, a, lower_bound, HAS_A, LOWER), 0.0)
+    tl.store(G + off, tl.cumsum(x, 0), mask=m)
+
+
+@triton.jit
+def _intra_fwd_kernel(q, k, G, Aqk, L, scale, T,
+                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                      BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
+    """Stage F1: rows ``[r0, r0 + BC)`` of Aqk (scaled, diagonal included) and L (strict)."""
+    i_n, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    r0 = i_n * BT + i_c * BC
+    if r0 >= T:
+        return
+    o_i = r0 + tl.arange(0, BC)
+    o_j = i_n * BT + tl.arange(0, BT)
+    m_i = o_i < T
+    qk = (i_b.to(tl.int64) * T * H + i_h) * K
+    gb = (i_b.to(tl.int64) * T * HV + i_hv) * K
+    a_qk = tl.zeros([BC, BT], dtype=tl.float32)
+    a_kk = tl.zeros([BC, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        mi = m_i[:, None] & m_k[None, :]
+        q_i = tl.load(q + qk + o_i[:, None] * (H * K) + o_k[None, :], mask=mi, other=0.0).to(tl.float32)
+        k_i = tl.load(k + qk + o_i[:, None] * (H * K) + o_k[None, :], mask=mi, other=0.0).to(tl.float32)
+        g_i = tl.load(G + gb + o_i[:, None] * (HV * K) + o_k[None, :], mask=mi, other=0.0)
+        g_r = tl.load(G + gb + r0 * (HV * K) + o_k, mask=m_k, other=0.0)
+        # columns before the block, through the reference row r0: both factors <= 1
+        before = (o_j < r0)[:, None] & m_k[None, :]
+        k_j = tl.load(k + qk + o_j[:, None] * (H * K) + o_k[None, :], mask=before, other=0.0).to(tl.float32)
+        g_j = tl.load(G + gb + o_j[:, None] * (HV * K) + o_k[None, :], mask=before, other=0.0)
+        k_j = k_j * tl.exp(tl.where(before, g_r[None, :] - g_j, float("-inf")))
+        e_i = tl.exp(tl.where(mi, g_i - g_r[None, :], float("-inf")))
+        a_qk += tl.dot(q_i * e_i, tl.trans(k_j))
+        a_kk += tl.dot(k_i * e_i, tl.trans(k_j))
+        # the diagonal block, one column at a time
+        for jj in range(BC):
+            j = r0 + jj
+            ok = m_k & ((o_k * 0 + j) < T)  # (a scalar mask does not broadcast in the interpreter)
+            k_c = tl.load(k + qk + j * (H * K) + o_k, mask=ok, other=0.0).to(tl.float32)
+            g_c = tl.load(G + gb + j * (HV * K) + o_k, mask=ok, other=0.0)
+            e = tl.exp(tl.where(mi & (o_i >= j)[:, None], g_i - g_c[None, :], float("-inf")))
+            ke = k_c[None, :] * e
+            col = (o_j == j)[None, :]
+            a_qk += tl.where(col, tl.sum(q_i * ke, 1)[:, None], 0.0)
+            a_kk += tl.where(col & (o_i > j)[:, None], tl.sum(k_i * ke, 1)[:, None], 0.0)
+    ab = (i_b.to(tl.int64) * T * HV + i_hv) * BT
+    p = ab + o_i[:, None] * (HV * BT) + tl.arange(0, BT)[None, :]
+    tl.store(Aqk + p, a_qk * scale, mask=m_i[:, None])
+    tl.store(L + p, a_kk, mask=m_i[:, None])
+
+
+@triton.jit
+def _solve_fwd_kernel(k, v, G, beta, L, X, w, u, T,
+                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Stage F2: X = (I + diag(beta) L)^-1 by forward substitution; w and u (the WY form)."""
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    o_t = i_n * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_c = tl.arange(0, BT)
+    b = tl.load(beta + i_b.to(tl.int64) * T * HV + o_t * HV + i_hv, mask=m_t, other=0.0)
+    ab = (i_b.to(tl.int64) * T * HV + i_hv) * BT
+    pa = ab + o_t[:, None] * (HV * BT) + o_c[None, :]
+    M = b[:, None] * tl.load(L + pa, mask=m_t[:, None], other=0.0)
+    Xm = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)
+    n_valid = tl.minimum(T - i_n * BT, BT)
+    for i in range(1, n_valid):
+        m_row = tl.sum(tl.where(o_c[:, None] == i, M, 0.0), 0)
+        row = tl.where(o_c == i, 1.0, 0.0) - tl.sum(m_row[:, None] * Xm, 0)
+        Xm = tl.where(o_c[:, None] == i, row[None, :], Xm)
+    tl.store(X + pa, Xm, mask=m_t[:, None])
+    Xb = Xm * b[None, :]
+    qk = (i_b.to(tl.int64) * T * H + i_h) * K
+    gb = (i_b.to(tl.int64) * T * HV + i_hv) * K
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m = m_t[:, None] & (o_k < K)[None, :]
+        k_t = tl.load(k + qk + o_t[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32)
+        g_t = tl.load(G + gb + o_t[:, None] * (HV * K) + o_k[None, :], mask=m, other=0.0)
+        tl.store(w + gb + o_t[:, None] * (HV * K) + o_k[None, :], tl.dot(Xb, k_t * tl.exp(g_t)), mask=m)
+    vb = (i_b.to(tl.int64) * T * HV + i_hv) * V
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m = m_t[:, None] & (o_v < V)[None, :]
+        p = vb + o_t[:, None] * (HV * V) + o_v[None, :]
+        tl.store(u + p, tl.dot(Xb, tl.load(v + p, mask=m, other=0.0).to(tl.float32)), mask=m)
+
+
+@triton.jit
+def _scan_fwd_kernel(q, k, G, w, u, Aqk, h0, o, ht, h, dlt, scale, T, NT,
+                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, OUTPUT: tl.constexpr,
+                     SAVE: tl.constexpr):
+    """Stage F3: the state through the chunks, one V-block of it per program.
+
+    Forward (OUTPUT): per chunk ``delta = u - w S``, the output ``o``, then the state
+    update; the state is never written except the final one. Backward's recompute (SAVE):
+    the state entering every chunk (``h``) and ``delta``, no output.
+    """
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    m_s = m_k[:, None] & m_v[None, :]
+    p_s = o_k[:, None] * V + o_v[None, :]
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        S += tl.load(h0 + i_bh.to(tl.int64) * K * V + p_s, mask=m_s, other=0.0)
+    qk = (i_b.to(tl.int64) * T * H + i_h) * K
+    gb = (i_b.to(tl.int64) * T * HV + i_hv) * K
+    vb = (i_b.to(tl.int64) * T * HV + i_hv) * V
+    ab = (i_b.to(tl.int64) * T * HV + i_hv) * BT
+    for i_n in range(NT):
+        o_t = i_n * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        last = tl.minimum(T, i_n * BT + BT) - 1
+        if SAVE:
+            hb = ((i_b.to(tl.int64) * NT + i_n) * HV + i_hv) * K * V
+            tl.store(h + hb + p_s, S, mask=m_s)
+        mk = m_t[:, None] & m_k[None, :]
+        mv = m_t[:, None] & m_v[None, :]
+        w_n = tl.load(w + gb + o_t[:, None] * (HV * K) + o_k[None, :], mask=mk, other=0.0)
+        p_v = vb + o_t[:, None] * (HV * V) + o_v[None, :]
+        d = tl.load(u + p_v, mask=mv, other=0.0) - tl.dot(w_n, S)
+        if SAVE:
+            tl.store(dlt + p_v, d, mask=mv)
+        g_n = tl.load(G + gb + o_t[:, None] * (HV * K) + o_k[None, :], mask=mk, other=0.0)
+        g_c = tl.load(G + gb + last * (HV * K) + o_k, mask=m_k, other=0.0)
+        if OUTPUT:
+            q_n = tl.load(q + qk + o_t[:, None] * (H * K) + o_k[None, :], mask=mk, other=0.0).to(tl.float32)
+            a = tl.load(Aqk + ab + o_t[:, None] * (HV * BT) + tl.arange(0, BT)[None, :],
+                        mask=m_t[:, None], other=0.0)
+            out = tl.dot(q_n * scale * tl.exp(g_n), S) + tl.dot(a, d)
+            tl.store(o + p_v, out.to(o.dtype.element_ty), mask=mv)
+        k_n = tl.load(k + qk + o_t[:, None] * (H * K) + o_k[None, :], mask=mk, other=0.0).to(tl.float32)
+        k_n = k_n * tl.exp(tl.where(mk, g_c[None, :] - g_n, float("-inf")))
+        S = S * tl.exp(g_c)[:, None] + tl.dot(tl.trans(k_n), d)
+    if STORE_FINAL:
+        tl.store(ht + i_bh.to(tl.int64) * K * V + p_s, S, mask=m_s)
+
+
+# -- backward kernels -----------------------------------------------------------------------
+@triton.jit
+def _scan_bwd_kernel(q, k, G, w, Aqk, do, dht, dh, dd, dh0, scale, T, NT,
+                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     HAS_DHT: tl.constexpr, HAS_H0: tl.constexpr):
+    """Stage B1: the state's gradient backwards through the chunks (one V-block per
+    program): stores ``dh`` (the gradient of the state leaving each chunk) and
+    ``d delta = Aqk^T do + (k exp(G[C] - G)) dS``; returns the initial state's gradient."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    m_s = m_k[:, None] & m_v[None, :]
+    p_s = o_k[:, None] * V + o_v[None, :]
+    dS = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        dS += tl.load(dht + i_bh.to(tl.int64) * K * V + p_s, mask=m_s, other=0.0)
+    qk = (i_b.to(tl.int64) * T * H + i_h) * K
+    gb = (i_b.to(tl.int64) * T * HV + i_hv) * K
+    vb = (i_b.to(tl.int64) * T * HV + i_hv) * V
+    ab = (i_b.to(tl.int64) * T * HV + i_hv) * BT
+    for i_r in range(NT):
+        i_n = NT - 1 - i_r
+        o_t = i_n * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        last = tl.minimum(T, i_n * BT + BT) - 1
+        hb = ((i_b.to(tl.int64) * NT + i_n) * HV + i_hv) * K * V
+        tl.store(dh + hb + p_s, dS, mask=m_s)
+        mk = m_t[:, None] & m_k[None, :]
+        mv = m_t[:, None] & m_v[None, :]
+        p_v = vb + o_t[:, None] * (HV * V) + o_v[None, :]
+        do_n = tl.load(do + p_v, mask=mv, other=0.0).to(tl.float32)
+        a = tl.load(Aqk + ab + o_t[:, None] * (HV * BT) + tl.arange(0, BT)[None, :],
+                    mask=m_t[:, None], other=0.0)
+        g_n = tl.load(G + gb + o_t[:, None] * (HV * K) + o_k[None, :], mask=mk, other=0.0)
+        g_c = tl.load(G + gb + last * (HV * K) + o_k, mask=m_k, other=0.0)
+        k_n = tl.load(k + qk + o_t[:, None] * (H * K) + o_k[None, :], mask=mk, other=0.0).to(tl.float32)
+        kd = k_n * tl.exp(tl.where(mk, g_c[None, :] - g_n, float("-inf")))
+        dd_n = tl.dot(tl.trans(a), do_n) + tl.dot(kd, dS)
+        tl.store(dd + p_v, dd_n, mask=mv)
+        q_n = tl.load(q + qk + o_t[:, None] * (H * K) + o_k[None, :], mask=mk, other=0.0).to(tl.float32)
+        w_n = tl.load(w + gb + o_t[:, None] * (HV * K) + o_k[None, :], mask=mk, other=0.0)
+        dS = (tl.dot(tl.trans(q_n * scale * tl.exp(g_n)), do_n) + dS * tl.exp(g_c)[:, None]
+              - tl.dot(tl.trans(w_n), dd_n))
+    if HAS_H0:
+        tl.store(dh0 + i_bh.to(tl.int64) * K * V + p_s, dS, mask=m_s)
+
+
+@triton.jit
+def _chunk_bwd_kernel(q, k, v, G, beta, X, L, h, dh, dlt, dd, do,
+                      dq, dk, dv, dG, dAqk, dL, dbeta, scale, T, NT,
+                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Stage B2: everything of one chunk that is not an intra-chunk matrix's gradient
+    through the gates: dv, dbeta, the row-wise parts of dq, dk and dG, and the
+    gradients of Aqk and L (for stage B3)."""
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    o_t = i_n * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_c = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    mk = m_t[:, None] & m_k[None, :]
+    last = tl.minimum(T, i_n * BT + BT) - 1
+    qk = (i_b.to(tl.int64) * T * H + i_h) * K
+    gb = (i_b.to(tl.int64) * T * HV + i_hv) * K
+    vb = (i_b.to(tl.int64) * T * HV + i_hv) * V
+    ab = (i_b.to(tl.int64) * T * HV + i_hv) * BT
+    hb = ((i_b.to(tl.int64) * NT + i_n) * HV + i_hv) * K * V
+    pa = ab + o_t[:, None] * (HV * BT) + o_c[None, :]
+    pk = gb + o_t[:, None] * (HV * K) + o_k[None, :]
+    b = tl.load(beta + i_b.to(tl.int64) * T * HV + o_t * HV + i_hv, mask=m_t, other=0.0)
+    Xm = tl.load(X + pa, mask=m_t[:, None], other=0.0)
+    Lm = tl.load(L + pa, mask=m_t[:, None], other=0.0)
+    d_qg = tl.zeros([BT, BK], dtype=tl.float32)
+    d_kd = tl.zeros([BT, BK], dtype=tl.float32)
+    d_w = tl.zeros([BT, BK], dtype=tl.float32)
+    d_gc = tl.zeros([BK], dtype=tl.float32)
+    d_a = tl.zeros([BT, BT], dtype=tl.float32)
+    d_x = tl.zeros([BT, BT], dtype=tl.float32)
+    d_b = tl.zeros([BT], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        mv = m_t[:, None] & m_v[None, :]
+        p_s = hb + o_k[:, None] * V + o_v[None, :]
+        s0 = tl.load(h + p_s, mask=m_k[:, None] & m_v[None, :], other=0.0)
+        ds = tl.load(dh + p_s, mask=m_k[:, None] & m_v[None, :], other=0.0)
+        p_v = vb + o_t[:, None] * (HV * V) + o_v[None, :]
+        do_n = tl.load(do + p_v, mask=mv, other=0.0).to(tl.float32)
+        d_n = tl.load(dlt + p_v, mask=mv, other=0.0)
+        dd_n = tl.load(dd + p_v, mask=mv, other=0.0)
+        v_n = tl.load(v + p_v, mask=mv, other=0.0).to(tl.float32)
+        d_qg += tl.dot(do_n, tl.trans(s0))
+        d_kd += tl.dot(d_n, tl.trans(ds))
+        d_w -= tl.dot(dd_n, tl.trans(s0))
+        d_gc += tl.sum(s0 * ds, 1)
+        d_a += tl.dot(do_n, tl.trans(d_n))
+        d_x += tl.dot(dd_n, tl.trans(v_n * b[:, None]))
+        xt_du = tl.dot(tl.trans(Xm), dd_n)
+        tl.store(dv + p_v, b[:, None] * xt_du, mask=mv)
+        d_b += tl.sum(v_n * xt_du, 1)
+    q_n = tl.load(q + qk + o_t[:, None] * (H * K) + o_k[None, :], mask=mk, other=0.0).to(tl.float32)
+    k_n = tl.load(k + qk + o_t[:, None] * (H * K) + o_k[None, :], mask=mk, other=0.0).to(tl.float32)
+    g_n = tl.load(G + pk, mask=mk, other=0.0)
+    g_c = tl.load(G + gb + last * (HV * K) + o_k, mask=m_k, other=0.0)
+    eg = tl.exp(g_n)
+    kg = k_n * eg
+    d_x += tl.dot(d_w, tl.trans(kg * b[:, None]))
+    xt_dw = tl.dot(tl.trans(Xm), d_w)
+    d_kg = b[:, None] * xt_dw
+    d_b += tl.sum(kg * xt_dw, 1)
+    # X = (I + M)^-1 with M = diag(beta) L: dM = -X^T dX X^T, strictly lower
+    d_m = -tl.dot(tl.trans(Xm), tl.dot(d_x, tl.trans(Xm)))
+    d_m = tl.where((o_c[:, None] > o_c[None, :]) & m_t[:, None], d_m, 0.0)
+    d_b += tl.sum(d_m * Lm, 1)
+    d_a = tl.where((o_c[:, None] >= o_c[None, :]) & m_t[:, None], d_a, 0.0)
+    tl.store(dAqk + pa, d_a, mask=m_t[:, None])
+    tl.store(dL + pa, d_m * b[:, None], mask=m_t[:, None])
+    tl.store(dbeta + i_b.to(tl.int64) * T * HV + o_t * HV + i_hv, d_b, mask=m_t)
+    # row-wise terms: q exp(G) (readout), k exp(G) (w), k exp(G[C] - G) (state update)
+    ed = tl.exp(tl.where(mk, g_c[None, :] - g_n, float("-inf")))
+    kd = k_n * ed
+    d_q = scale * eg * d_qg
+    d_g = d_qg * q_n * scale * eg + d_kg * kg - d_kd * kd
+    d_k = eg * d_kg + ed * d_kd
+    d_gc = tl.sum(d_kd * kd, 0) + tl.exp(g_c) * d_gc
+    d_g += tl.where((o_t == last)[:, None], d_gc[None, :], 0.0)
+    tl.store(dq + pk, d_q, mask=mk)
+    tl.store(dk + pk, d_k, mask=mk)
+    tl.store(dG + pk, d_g, mask=mk)
+
+
+@triton.jit
+def _intra_bwd_kernel(q, k, G, dAqk, dL, dq, dk, dG, scale, T,
+                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                      BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
+    """Stage B3: Aqk's and L's gradients through q, k and the gates, for rows
+    ``[r0, r0 + BC)`` both as the later row ``i`` and as the earlier row ``j``; added to
+    stage B2's dq, dk, dG (same value-head layout)."""
+    i_n, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    i_h = i_hv // (HV // H)
+    r0 = i_n * BT + i_c * BC
+    if r0 >= T:
+        return
+    last = tl.minimum(T, i_n * BT + BT) - 1
+    r1 = tl.minimum(r0 + BC - 1, last)
+    o_i = r0 + tl.arange(0, BC)
+    m_i = o_i < T
+    o_j = i_n * BT + tl.arange(0, BT)
+    m_j = o_j < T
+    o_cb = i_c * BC + tl.arange(0, BC)
+    qk = (i_b.to(tl.int64) * T * H + i_h) * K
+    gb = (i_b.to(tl.int64) * T * HV + i_hv) * K
+    ab = (i_b.to(tl.int64) * T * HV + i_hv) * BT
+    # the block's rows of dA (as i) and its columns (as j)
+    p_r = ab + o_i[:, None] * (HV * BT) + tl.arange(0, BT)[None, :]
+    p_c = ab + o_j[:, None] * (HV * BT) + o_cb[None, :]
+    daq_r = tl.load(dAqk + p_r, mask=m_i[:, None], other=0.0) * scale
+    dal_r = tl.load(dL + p_r, mask=m_i[:, None], other=0.0)
+    daq_c = tl.load(dAqk + p_c, mask=m_j[:, None], other=0.0) * scale
+    dal_c = tl.load(dL + p_c, mask=m_j[:, None], other=0.0)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        mi = m_i[:, None] & m_k[None, :]
+        mj = m_j[:, None] & m_k[None, :]
+        q_i = tl.load(q + qk + o_i[:, None] * (H * K) + o_k[None, :], mask=mi, other=0.0).to(tl.float32)
+        k_i = tl.load(k + qk + o_i[:, None] * (H * K) + o_k[None, :], mask=mi, other=0.0).to(tl.float32)
+        g_i = tl.load(G + gb + o_i[:, None] * (HV * K) + o_k[None, :], mask=mi, other=0.0)
+        q_a = tl.load(q + qk + o_j[:, None] * (H * K) + o_k[None, :], mask=mj, other=0.0).to(tl.float32)
+        k_a = tl.load(k + qk + o_j[:, None] * (H * K) + o_k[None, :], mask=mj, other=0.0).to(tl.float32)
+        g_a = tl.load(G + gb + o_j[:, None] * (HV * K) + o_k[None, :], mask=mj, other=0.0)
+        g_r0 = tl.load(G + gb + r0 * (HV * K) + o_k, mask=m_k, other=0.0)
+        g_r1 = tl.load(G + gb + r1 * (HV * K) + o_k, mask=m_k, other=0.0)
+        # as row i: columns before the block, through row r0
+        before = (o_j < r0)[:, None] & mj
+        kb = k_a * tl.exp(tl.where(before, g_r0[None, :] - g_a, float("-inf")))
+        e_i = tl.exp(tl.where(mi, g_i - g_r0[None, :], float("-inf")))
+        da_q = e_i * tl.dot(daq_r, kb)
+        da_k = e_i * tl.dot(dal_r, kb)
+        # as column j: rows after the block, through row r1
+        after = (o_j > r1)[:, None] & mj
+        e_a = tl.exp(tl.where(after, g_a - g_r1[None, :], float("-inf")))
+        e_j = tl.exp(tl.where(mi & (o_i <= r1)[:, None], g_r1[None, :] - g_i, float("-inf")))
+        db = e_j * (tl.dot(tl.trans(daq_c), q_a * e_a) + tl.dot(tl.trans(dal_c), k_a * e_a))
+        # the diagonal block, one row/column at a time
+        for jj in range(BC):
+            j = r0 + jj
+            ok_k = m_k & ((o_k * 0 + j) < T)  # (a scalar mask does not broadcast in the interpreter)
+            ok_i = m_i & ((o_i * 0 + j) < T)
+            q_c = tl.load(q + qk + j * (H * K) + o_k, mask=ok_k, other=0.0).to(tl.float32)
+            k_c = tl.load(k + qk + j * (H * K) + o_k, mask=ok_k, other=0.0).to(tl.float32)
+            g_c = tl.load(G + gb + j * (HV * K) + o_k, mask=ok_k, other=0.0)
+            pcol = ab + o_i * (HV * BT) + i_c * BC + jj
+            cq = tl.load(dAqk + pcol, mask=ok_i, other=0.0) * scale
+            cl = tl.load(dL + pcol, mask=ok_i, other=0.0)
+            e = tl.exp(tl.where(mi & (o_i >= j)[:, None], g_i - g_c[None, :], float("-inf")))
+            ke = k_c[None, :] * e
+            da_q += cq[:, None] * ke
+            da_k += cl[:, None] * ke
+            prow = ab + j * (HV * BT) + o_cb
+            rq = tl.load(dAqk + prow, mask=ok_i, other=0.0) * scale
+            rl = tl.load(dL + prow, mask=ok_i, other=0.0)
+            e2 = tl.exp(tl.where(mi & ((o_i <= j) & ok_i)[:, None], g_c[None, :] - g_i, float("-inf")))
+            db += (rq[:, None] * q_c[None, :] + rl[:, None] * k_c[None, :]) * e2
+        p = gb + o_i[:, None] * (HV * K) + o_k[None, :]
+        tl.store(dq + p, tl.load(dq + p, mask=mi, other=0.0) + da_q, mask=mi)
+        tl.store(dk + p, tl.load(dk + p, mask=mi, other=0.0) + da_k + db, mask=mi)
+        tl.store(dG + p, tl.load(dG + p, mask=mi, other=0.0) + q_i * da_q + k_i * (da_k - db), mask=mi)
+
+
+@triton.jit
+def _gate_bwd_kernel(dG, g, a_log, dt_bias, dg, da_part, lower_bound, T, NT,
+                     HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                     GATE: tl.constexpr, HAS_A: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     LOWER: tl.constexpr):
+    """Stage B4: the chunk sums' gradient (a reverse cumulative sum), then through the
+    in-op gate: ``dg`` for the raw input and one partial sum of ``dA_log`` per program."""
+    i_n, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    o_t = i_n * BT + tl.arange(0, BT)
+    o_k = i_k * BK + tl.arange(0, BK)
+    m = (o_t[:, None] < T) & (o_k[None, :] < K)
+    off = (i_b.to(tl.int64) * T * HV + i_hv) * K + o_t[:, None] * (HV * K) + o_k[None, :]
+    x = tl.load(dG + off, mask=m, other=0.0)
+    dy = tl.sum(x, 0)[None, :] - tl.cumsum(x, 0) + x
+    if GATE:
+        z = tl.load(g + off, mask=m, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            z += tl.load(dt_bias + i_hv * K + o_k, mask=o_k < K, other=0.0).to(tl.float32)[None, :]
+        a = 0.0
+        if HAS_A:
+            a = tl.load(a_log + i_hv).to(tl.float32)
+        if LOWER:
+            s = z
+            if HAS_A:
+                s = tl.exp(a) * z
+            sg = tl.sigmoid(s)
+            slope = lower_bound * sg * (1.0 - sg)
+            dx = dy * slope
+            da = dy * slope * s
+            if HAS_A:
+                dx = dx * tl.exp(a)
+        else:
+            y = _gate_value(z, a, lower_bound, HAS_A, LOWER)
+            dx = -dy * tl.exp(a) * tl.sigmoid(z)
+            da = dy * y
+        tl.store(dg + off, dx, mask=m)
+        nk = tl.cdiv(K, BK)
+        tl.store(da_part + (i_bh * NT + i_n) * nk + i_k, tl.sum(tl.sum(tl.where(m, da, 0.0), 1), 0))
+    else:
+        tl.store(dg + off, dy, mask=m)
+
+
+# -- launchers ------------------------------------------------------------------------------
+def _sizes(K: int, V: int) -> tuple[int, int, int]:
+    """(BK for whole-K tiles, BK for K-blocked loops, BV)."""
+    return _pow2(K), min(_pow2(K), 64), min(_pow2(V), 64)
+
+
+def gate_cumsum(g, a_log, dt_bias, lower_bound, gate: bool) -> torch.Tensor:
+    """Stage F0 (fp32 ``[B, T, HV, K]``)."""
+    B, T, HV, K = g.shape
+    out = torch.empty(B, T, HV, K, device=g.device, dtype=torch.float32)
+    bk = min(_pow2(K), 64)
+    grid = (triton.cdiv(T, BT), triton.cdiv(K, bk), B * HV)
+    _gate_cumsum_kernel[grid](
+        g, a_log if a_log is not None else g, dt_bias if dt_bias is not None else g, out,
+        float(lower_bound) if lower_bound is not None else 0.0, T, HV=HV, K=K, BT=BT, BK=bk,
+        GATE=gate, HAS_A=a_log is not None, HAS_BIAS=dt_bias is not None,
+        LOWER=lower_bound is not None)
+    return out
+
+
+def forward(q, k, v, G, beta, scale, h0, output_final_state):
+    """Stages F1-F3. Returns ``(o, ht, saved)`` with saved = (Aqk, L, X, w, u)."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    NT = triton.cdiv(T, BT)
+    bk_all, bk, bv = _sizes(K, V)
+    f32 = dict(device=q.device, dtype=torch.float32)
+    Aqk = torch.empty(B, T, HV, BT, **f32)
+    Lm = torch.empty(B, T, HV, BT, **f32)
+    _intra_fwd_kernel[(NT, BT // BC, B * HV)](q, k, G, Aqk, Lm, scale, T, H=H, HV=HV, K=K,
+                                              BT=BT, BC=BC, BK=bk)
+    X = torch.empty(B, T, HV, BT, **f32)
+    w = torch.empty(B, T, HV, K, **f32)
+    u = torch.empty(B, T, HV, V, **f32)
+    _solve_fwd_kernel[(NT, B * HV)](k, v, G, beta, Lm, X, w, u, T, H=H, HV=HV, K=K, V=V,
+                                    BT=BT, BK=bk, BV=bv)
+    o = torch.empty(B, T, HV, V, device=q.device, dtype=q.dtype)
+    ht = torch.empty(B, HV, K, V, **f32) if output_final_state else None
+    _scan_fwd_kernel[(triton.cdiv(V, bv), B * HV)](
+        q, k, G, w, u, Aqk, h0 if h0 is not None else q, o, ht if ht is not None else o,
+        o, o, scale, T, NT, H=H, HV=HV, K=K, V=V, BT=BT, BK=bk_all, BV=bv,
+        HAS_H0=h0 is not None, STORE_FINAL=ht is not None, OUTPUT=True, SAVE=False)
+    return o, ht, (Aqk, Lm, X, w, u)
+
+
+def backward(q, k, v, G, beta, scale, h0, saved, do, dht):
+    """Stages B1-B3 (the state recomputed first). Returns per-value-head fp32
+    ``dq, dk`` (``[B, T, HV, K]``), ``dv``, ``dG`` (the gradient of the chunk sums),
+    ``dbeta`` and ``dh0``."""
+    Aqk, Lm, X, w, u = saved
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    NT = triton.cdiv(T, BT)
+    bk_all, bk, bv = _sizes(K, V)
+    f32 = dict(device=q.device, dtype=torch.float32)
+    h = torch.empty(B, NT, HV, K, V, **f32)
+    dlt = torch.empty(B, T, HV, V, **f32)
+    grid_v = (triton.cdiv(V, bv), B * HV)
+    _scan_fwd_kernel[grid_v](
+        q, k, G, w, u, Aqk, h0 if h0 is not None else q, q, q, h, dlt, scale, T, NT,
+        H=H, HV=HV, K=K, V=V, BT=BT, BK=bk_all, BV=bv,
+        HAS_H0=h0 is not None, STORE_FINAL=False, OUTPUT=False, SAVE=True)
+    dh = torch.empty(B, NT, HV, K, V, **f32)
+    dd = torch.empty(B, T, HV, V, **f32)
+    dh0 = torch.empty(B, HV, K, V, **f32) if h0 is not None else None
+    _scan_bwd_kernel[grid_v](
+        q, k, G, w, Aqk, do, dht if dht is not None else do, dh, dd,
+        dh0 if dh0 is not None else dd, scale, T, NT, H=H, HV=HV, K=K, V=V, BT=BT,
+        BK=bk_all, BV=bv, HAS_DHT=dht is not None, HAS_H0=dh0 is not None)
+    dq = torch.empty(B, T, HV, K, **f32)
+    dk = torch.empty(B, T, HV, K, **f32)
+    dG = torch.empty(B, T, HV, K, **f32)
+    dv = torch.empty(B, T, HV, V, **f32)
+    dAqk = torch.empty(B, T, HV, BT, **f32)
+    dL = torch.empty(B, T, HV, BT, **f32)
+    dbeta = torch.empty(B, T, HV, **f32)
+    _chunk_bwd_kernel[(NT, B * HV)](
+        q, k, v, G, beta, X, Lm, h, dh, dlt, dd, do, dq, dk, dv, dG, dAqk, dL, dbeta,
+        scale, T, NT, H=H, HV=HV, K=K, V=V, BT=BT, BK=bk_all, BV=bv)
+    _intra_bwd_kernel[(NT, BT // BC, B * HV)](
+        q, k, G, dAqk, dL, dq, dk, dG, scale, T, H=H, HV=HV, K=K, BT=BT, BC=BC, BK=bk)
+    return dq, dk, dv, dG, dbeta, dh0
+
+
+def gate_backward(dG, g, a_log, dt_bias, lower_bound, gate: bool):
+    """Stage B4: ``(dg, dA_log or None)``."""
+    B, T, HV, K = dG.shape
+    NT = triton.cdiv(T, BT)
+    bk = min(_pow2(K), 64)
+    nk = triton.cdiv(K, bk)
+    dg = torch.empty_like(dG)
+    da = torch.zeros(B * HV * NT * nk, device=dG.device, dtype=torch.float32)
+    _gate_bwd_kernel[(NT, nk, B * HV)](
+        dG, g, a_log if a_log is not None else g, dt_bias if dt_bias is not None else g, dg,
+        da, float(lower_bound) if lower_bound is not None else 0.0, T, NT, HV=HV, K=K, BT=BT,
+        BK=bk, GATE=gate, HAS_A=a_log is not None, HAS_BIAS=dt_bias is not None,
+        LOWER=lower_bound is not None)
+    d_alog = da.view(B, HV, -1).sum((0, 2)) if gate and a_log is not None else None
+    return dg, d_alog
+
+
+# -- autograd -------------------------------------------------------------------------------
+_L2_EPS = 1e-6
+
+
+def _l2norm(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x / sqrt(|x|^2 + eps)`` over the last dimension (in x's dtype), and the fp32 rstd."""
+    xf = x.float()
+    rstd = torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + _L2_EPS)
+    return (xf * rstd).to(x.dtype), rstd
+
+
+def _l2norm_bwd(y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    yf = y.float()
+    return rstd * (dy - yf * (dy * yf).sum(-1, keepdim=True))
+
+
+class ChunkKDA(torch.autograd.Function):
+    """chunk_kda's supported box (see op.py); inputs already checked by the gate."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
+                use_qk_l2norm, use_gate, use_beta_sigmoid, allow_neg_eigval, lower_bound,
+                state_v_first, warm_key=None):
+        with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
+            q_in, k_in = q, k
+            q_rstd = k_rstd = None
+            if use_qk_l2norm:
+                q, q_rstd = _l2norm(q)
+                k, k_rstd = _l2norm(k)
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+            b = beta.float()
+            if use_beta_sigmoid:
+                b = torch.sigmoid(b) * (2.0 if allow_neg_eigval else 1.0)
+            b = b.contiguous()
+            g = g.contiguous()
+            a_log = A_log.contiguous() if use_gate and A_log is not None else None
+            bias = dt_bias.contiguous() if use_gate and dt_bias is not None else None
+            lb = lower_bound if use_gate else None
+            G = gate_cumsum(g, a_log, bias, lb, use_gate)
+            h0 = None
+            if initial_state is not None:
+                h0 = initial_state.transpose(-1, -2) if state_v_first else initial_state
+                h0 = h0.float().contiguous()
+            o, ht, saved = forward(q, k, v, G, b, scale, h0, output_final_state)
+            if ht is not None and state_v_first:
+                ht = ht.transpose(-1, -2).contiguous()
+        ctx.save_for_backward(q_in, k_in, q, k, v, g, beta, b, a_log, bias, G, h0, *saved)
+        ctx.q_rstd, ctx.k_rstd = q_rstd, k_rstd
+        ctx.opts = (scale, use_qk_l2norm, use_gate, use_beta_sigmoid, allow_neg_eigval, lb,
+                    state_v_first)
+        ctx.has_h0 = initial_state is not None
+        ctx.dtypes = (g.dtype, beta.dtype)
+        ctx.param_dtypes = (A_log.dtype if a_log is not None else None,
+                            dt_bias.dtype if bias is not None else None)
+        ctx.warm_key = warm_key
+        if warm_key is not None:
+            _support.mark_warm(("fwd", *warm_key))
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        (q_in, k_in, q, k, v, g, beta_raw, b, a_log, bias, G, h0, *saved) = ctx.saved_tensors
+        scale, use_qk_l2norm, use_gate, use_beta_sigmoid, allow_neg, lb, v_first = ctx.opts
+        B, T, H, K = q.shape
+        HV = v.shape[2]
+        with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
+            do = do.contiguous()
+            if dht is not None:
+                dht = (dht.transpose(-1, -2) if v_first else dht).float().contiguous()
+            dq, dk, dv, dG, db, dh0 = backward(q, k, v, G, b, scale, h0, saved, do, dht)
+            dg, d_alog = gate_backward(dG, g, a_log, bias, lb, use_gate)
+            dq = dq.view(B, T, H, HV // H, K).sum(3)
+            dk = dk.view(B, T, H, HV // H, K).sum(3)
+            if use_qk_l2norm:
+                dq = _l2norm_bwd(q, ctx.q_rstd, dq)
+                dk = _l2norm_bwd(k, ctx.k_rstd, dk)
+            if use_beta_sigmoid:
+                s = torch.sigmoid(beta_raw.float())
+                db = db * s * (1.0 - s) * (2.0 if allow_neg else 1.0)
+            d_bias = dg.sum((0, 1)).reshape(-1) if use_gate and bias is not None else None
+            if dh0 is not None and v_first:
+                dh0 = dh0.transpose(-1, -2).contiguous()
+        if d_alog is not None:
+            d_alog = d_alog.to(ctx.param_dtypes[0])
+        if d_bias is not None:
+            d_bias = d_bias.to(ctx.param_dtypes[1])
+        if ctx.warm_key is not None:
+            _support.mark_warm(("bwd", *ctx.warm_key))
+        return (dq.to(q_in.dtype), dk.to(k_in.dtype), dv.to(v.dtype), dg.to(ctx.dtypes[0]),
+                db.to(ctx.dtypes[1]), d_alog, d_bias, None, dh0 if ctx.has_h0 else None,
+                None, None, None, None, None, None, None, None)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

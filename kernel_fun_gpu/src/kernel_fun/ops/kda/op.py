@@ -1,0 +1,330 @@
+"""``chunk_kda``: a drop-in for ``fla.ops.kda.chunk_kda`` (fla-core 0.6.0).
+
+Same signature, argument order, defaults and ``(o, final_state)`` return. Calls inside the
+supported box run kernel-fun's Triton kernels (forward and backward; DESIGN.md beside this
+file); every other call is forwarded to fla with the caller's arguments untouched, so its
+result, and any error fla raises for bad input, are fla's. The box:
+
+* no variable-length or context-parallel arguments (``cu_seqlens``, ``cu_seqlens_cpu``,
+  ``cp_context``, ``use_graph``, ``max_num_seqs``), no ``return_intermediate_states``,
+  chunk size 64 (fla's default); no keyword fla does not document (a new fla flag falls
+  back rather than being dropped; ``A_log``, ``dt_bias`` and ``chunk_size`` are fla's);
+* ``q, k [B, T, H, K]`` and ``v [B, T, HV, V]`` of one dtype (bfloat16, float16 or
+  float32), ``K <= 256``, ``HV`` a multiple of ``H``; ``g [B, T, HV, K]`` and
+  ``beta [B, T, HV]`` floating point; a float32 ``initial_state`` in either layout
+  (``state_v_first``), ``output_final_state`` either way;
+* the in-op options: ``use_qk_l2norm_in_kernel``, ``use_beta_sigmoid_in_kernel`` (with
+  ``allow_neg_eigval``), ``use_gate_in_kernel`` from ``A_log`` and ``dt_bias`` including
+  the ``lower_bound`` form; ``safe_gate`` and ``disable_recompute`` change how fla computes,
+  not what, and are accepted;
+* a CUDA device of compute capability 9.0 or newer (or Triton's interpreter on the CPU
+  when ``KERNEL_FUN_INTERPRET=1`` and ``TRITON_INTERPRET=1``, for tests);
+* under CUDA-graph capture, only shapes and options that already ran eagerly (forward
+  and, when gradients are needed, backward): kernels cannot compile during capture.
+
+:func:`is_supported` returns ``(ok, reason)``; each distinct fallback reason is logged
+once at WARNING, the first engaged call logs its shapes once, the versions once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import numbers
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kernel_fun import _support
+
+__all__ = ["FLA_PARAMETERS", "chunk_kda", "fla_probe", "is_supported", "warmup"]
+
+#: Parameters of fla-core 0.6.0's chunk_kda, in order (the compatibility probe checks them).
+FLA_PARAMETERS = (
+    "q", "k", "v", "g", "beta", "scale", "initial_state", "output_final_state",
+    "use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
+    "allow_neg_eigval", "safe_gate", "lower_bound", "disable_recompute",
+    "return_intermediate_states", "state_v_first", "cu_seqlens", "cu_seqlens_cpu",
+    "cp_context", "use_graph", "max_num_seqs", "kwargs",
+)
+#: Keywords fla's chunk_kda reads from its **kwargs.
+KNOWN_KWARGS = ("A_log", "dt_bias", "chunk_size")
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_MAX_K = 256
+_CHUNK = 64
+
+
+def _fla_chunk_kda() -> Any:
+    """fla's own chunk_kda, even while kernel-fun is installed into fla."""
+    from kernel_fun import adopt
+
+    return adopt.original("chunk_kda")
+
+
+def _shape(x: Any) -> tuple:
+    return tuple(x.shape)
+
+
+def is_supported(
+    q: Any,
+    k: Any = None,
+    v: Any = None,
+    g: Any = None,
+    beta: Any = None,
+    scale: float | None = None,
+    initial_state: Any = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    lower_bound: float | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: Any = None,
+    cu_seqlens_cpu: Any = None,
+    cp_context: Any = None,
+    use_graph: bool = False,
+    max_num_seqs: int | None = None,
+    **kwargs: Any,
+) -> tuple[bool, str]:
+    """Whether kernel-fun runs this call itself: ``(True, "")`` or ``(False, reason)``."""
+    unknown = sorted(set(kwargs) - set(KNOWN_KWARGS))
+    if unknown:
+        return False, (f"unknown argument(s) {unknown}: fla may have grown a flag kernel-fun "
+                       "does not implement, so the call goes to fla.")
+    if kwargs.get("chunk_size", _CHUNK) != _CHUNK:
+        return False, (f"chunk_size={kwargs['chunk_size']!r}: kernel-fun's kernels use "
+                       f"chunks of {_CHUNK}.")
+    for name, value in (("cu_seqlens", cu_seqlens), ("cu_seqlens_cpu", cu_seqlens_cpu),
+                        ("cp_context", cp_context), ("max_num_seqs", max_num_seqs)):
+        if value is not None:
+            return False, (f"{name} is given: kernel-fun implements equal-length batches "
+                           "without context parallelism.")
+    if use_graph:
+        return False, "use_graph=True (fla's static variable-length chunk list) is fla's."
+    if return_intermediate_states:
+        return False, "return_intermediate_states=True (an inference path) is fla's."
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        return False, "allow_neg_eigval=True without use_beta_sigmoid_in_kernel: fla's error."
+    A_log, dt_bias = kwargs.get("A_log"), kwargs.get("dt_bias")
+    if use_gate_in_kernel:
+        if A_log is None and lower_bound is None:
+            return False, "use_gate_in_kernel without A_log or lower_bound: fla's error."
+        if safe_gate and (lower_bound is None or not -5 <= lower_bound < 0):
+            return False, "safe_gate with the in-op gate needs lower_bound in [-5, 0): fla's error."
+        if lower_bound is not None and not isinstance(lower_bound, numbers.Real):
+            return False, f"lower_bound={lower_bound!r} is not a number."
+    if scale is not None and not isinstance(scale, numbers.Real):
+        return False, f"scale is {type(scale).__name__}; kernel-fun takes a number or None."
+    tensors = (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))
+    for name, value in tensors:
+        if not isinstance(value, torch.Tensor):
+            return False, f"{name} is not a tensor."
+    if q.dim() != 4 or v.dim() != 4:
+        return False, f"q {_shape(q)}, v {_shape(v)}: kernel-fun takes [B, T, H, K] and [B, T, HV, V]."
+    B, T, H, K = q.shape
+    HV = v.shape[2]
+    if k.shape != q.shape or v.shape[:2] != q.shape[:2]:
+        return False, f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)} do not agree (fla's error)."
+    if HV % H:
+        return False, f"HV={HV} is not a multiple of H={H} (fla's error)."
+    if K > _MAX_K:
+        return False, f"K={K}: kernel-fun (like fla) takes K <= {_MAX_K}."
+    if g.shape != (B, T, HV, K) or beta.shape != (B, T, HV):
+        return False, f"g {_shape(g)} or beta {_shape(beta)} is not [B, T, HV, K] / [B, T, HV]."
+    if 0 in q.shape or 0 in v.shape:
+        return False, f"an empty dimension: q {_shape(q)}, v {_shape(v)}."
+    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return False, (f"q, k, v are {q.dtype}, {k.dtype}, {v.dtype}; kernel-fun takes one of "
+                       "bfloat16, float16, float32 for all three.")
+    if g.dtype not in _DTYPES or beta.dtype not in _DTYPES:
+        return False, f"g is {g.dtype}, beta {beta.dtype}: kernel-fun takes floating point."
+    state_shape = (B, HV, v.shape[3], K) if state_v_first else (B, HV, K, v.shape[3])
+    extra = [("initial_state", initial_state)]
+    if initial_state is not None:
+        if not isinstance(initial_state, torch.Tensor) or initial_state.dtype != torch.float32:
+            return False, "initial_state is not a float32 tensor (fla's error)."
+        if initial_state.shape != state_shape:
+            return False, (f"initial_state has shape {_shape(initial_state)}; expected "
+                           f"{state_shape} (state_v_first={state_v_first}).")
+    if use_gate_in_kernel:
+        for name, value, numel in (("A_log", A_log, HV), ("dt_bias", dt_bias, HV * K)):
+            if value is None:
+                continue
+            if not isinstance(value, torch.Tensor) or value.numel() != numel \
+                    or not value.dtype.is_floating_point:
+                return False, f"{name} must be a floating-point tensor of {numel} elements."
+            extra.append((name, value))
+    reason = _support.device_reason(q)
+    if reason is not None:
+        return False, reason
+    for name, value in tensors[1:] + tuple(extra):
+        if value is not None and value.device != q.device:
+            return False, f"{name} is on {value.device} but q on {q.device}."
+    if _support.is_capturing():  # last: it only speaks for a call otherwise accepted
+        key = warm_key(q, v, g, initial_state, output_final_state, use_gate_in_kernel,
+                       lower_bound, A_log, dt_bias)
+        need_bwd = torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad
+            for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
+        cold_bwd = need_bwd and not _support.is_warm(("bwd", *key))
+        if not _support.is_warm(("fwd", *key)) or cold_bwd:
+            return False, ("CUDA-graph capture of a shape that has not run eagerly yet (forward"
+                           + (" and backward" if need_bwd else "") + "): kernels cannot "
+                           "compile during capture, so this call goes to fla. Run one eager "
+                           "step first (or kernel_fun.kda.warmup).")
+    return True, ""
+
+
+def warm_key(q, v, g, initial_state, output_final_state, use_gate, lower_bound, A_log,
+             dt_bias) -> tuple:
+    """What a warm call is keyed by: shapes, dtypes, device and the options that select
+    a different compiled kernel."""
+    return ("chunk_kda", tuple(q.shape), tuple(v.shape), q.dtype, g.dtype, str(q.device),
+            initial_state is not None, bool(output_final_state), bool(use_gate),
+            use_gate and lower_bound is not None, use_gate and A_log is not None,
+            use_gate and dt_bias is not None)
+
+
+def run(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+        use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+        use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False,
+        lower_bound=None, disable_recompute=False, return_intermediate_states=False,
+        state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, cp_context=None,
+        use_graph=False, max_num_seqs=None, **kwargs):
+    """kernel-fun's own path for a call :func:`is_supported` accepted."""
+    from kernel_fun.ops.kda._triton import ChunkKDA
+
+    A_log = kwargs.get("A_log") if use_gate_in_kernel else None
+    dt_bias = kwargs.get("dt_bias") if use_gate_in_kernel else None
+    _support.log_once(("engaged", "chunk_kda"), logging.INFO,
+                      "kernel-fun chunk_kda engaged: q %s v %s %s, gate in op %s, l2norm %s",
+                      tuple(q.shape), tuple(v.shape), q.dtype, use_gate_in_kernel,
+                      use_qk_l2norm_in_kernel)
+    o, ht = ChunkKDA.apply(
+        q, k, v, g, beta, A_log, dt_bias, float(q.shape[-1] ** -0.5 if scale is None else scale),
+        initial_state, bool(output_final_state), bool(use_qk_l2norm_in_kernel),
+        bool(use_gate_in_kernel), bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval),
+        None if lower_bound is None else float(lower_bound), bool(state_v_first),
+        warm_key(q, v, g, initial_state, output_final_state, use_gate_in_kernel, lower_bound,
+                 A_log, dt_bias))
+    return o, ht
+
+
+@torch.compiler.disable
+def chunk_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    lower_bound: float | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
+    cp_context: Any = None,
+    use_graph: bool = False,
+    max_num_seqs: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Kimi Delta Attention over ``q, k [B, T, H, K]``, ``v [B, T, HV, V]``, the log-space
+    gate ``g [B, T, HV, K]`` and ``beta [B, T, HV]``; returns ``(o, final_state)`` exactly
+    as fla's ``chunk_kda`` does (o ``[B, T, HV, V]`` in q's dtype; the final state float32
+    ``[B, HV, K, V]``, or ``[B, HV, V, K]`` with ``state_v_first``, or None). Calls outside
+    the supported box (module docstring) go to fla unchanged. Wrapped in
+    ``torch.compiler.disable``: one graph break at the call."""
+    args = dict(
+        q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
+        disable_recompute=disable_recompute, return_intermediate_states=return_intermediate_states,
+        state_v_first=state_v_first, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+        cp_context=cp_context, use_graph=use_graph, max_num_seqs=max_num_seqs,
+    )
+    ok, reason = is_supported(**args, **kwargs)
+    _support.log_versions()
+    if not ok:
+        _support.log_once(("fallback", "chunk_kda", reason), logging.WARNING,
+                          "kernel-fun chunk_kda: %s", reason)
+        return _fla_chunk_kda()(**args, **kwargs)
+    return run(**args, **kwargs)
+
+
+def fla_probe() -> list[str]:
+    """Differences between the installed fla's chunk_kda signature and the one kernel-fun
+    mirrors (empty when compatible)."""
+    params = tuple(inspect.signature(_fla_chunk_kda()).parameters)
+    if params != FLA_PARAMETERS:
+        return [f"fla's chunk_kda takes {params}, kernel-fun mirrors {FLA_PARAMETERS}"]
+    return []
+
+
+def warmup(
+    *,
+    B: int,
+    T: int,
+    H: int = 16,
+    HV: int | None = None,
+    K: int = 128,
+    V: int = 256,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cuda",
+    options: Sequence[dict[str, Any]] = ({},),
+) -> float:
+    """Compile the forward and backward kernels for one shape and each option set
+    (``{"use_gate_in_kernel": True, ...}``, what the model passes); returns seconds.
+
+    Each new combination of shape, dtype and kernel options costs a compilation (seconds
+    on the first call): paying it before step 1, and before any CUDA-graph capture, keeps
+    the first step from looking like a regression. Runs the fla compatibility probe
+    first; raises RuntimeError if a call would fall back to fla (set KERNEL_FUN_DEBUG=1
+    and see the 'kernel_fun' logger for why).
+    """
+    started = time.perf_counter()
+    problems = fla_probe()
+    if problems:
+        raise RuntimeError("kernel-fun warm-up: " + "; ".join(problems))
+    HV = H if HV is None else HV
+    for opts in options:
+        opts = dict(opts)
+        q = torch.randn(B, T, H, K, device=device, dtype=dtype, requires_grad=True)
+        k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=device, dtype=dtype), dim=-1)
+        k.requires_grad_()
+        v = torch.randn(B, T, HV, V, device=device, dtype=dtype, requires_grad=True)
+        g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, K, device=device)).requires_grad_()
+        beta = torch.rand(B, T, HV, device=device, dtype=dtype, requires_grad=True)
+        if opts.get("use_gate_in_kernel"):
+            opts.setdefault("A_log", torch.zeros(HV, device=device, requires_grad=True))
+            opts.setdefault("dt_bias", torch.zeros(HV * K, device=device, requires_grad=True))
+        ok, reason = is_supported(q, k, v, g, beta, **opts)
+        if not ok:
+            raise RuntimeError(f"kernel-fun warm-up with {sorted(opts)}: the call falls back to "
+                               f"fla: {reason} Set KERNEL_FUN_DEBUG=1 to log every decision.")
+        o, ht = chunk_kda(q, k, v, g, beta, **opts)
+        o.float().sum().backward()
+        key = warm_key(q, v, g, opts.get("initial_state"), opts.get("output_final_state", False),
+                       opts.get("use_gate_in_kernel", False), opts.get("lower_bound"),
+                       opts.get("A_log"), opts.get("dt_bias"))
+        missing = [p for p in ("fwd", "bwd") if not _support.is_warm((p, *key))]
+        if missing:
+            raise RuntimeError(f"kernel-fun warm-up with {sorted(opts)}: the {missing} kernels "
+                               "did not run. Set KERNEL_FUN_DEBUG=1 to log every decision.")
+    if torch.cuda.is_available() and str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.perf_counter() - started
