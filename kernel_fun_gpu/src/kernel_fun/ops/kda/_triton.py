@@ -44,6 +44,13 @@ def _pow2(n: int, least: int = 16) -> int:
 
 # -- forward kernels ------------------------------------------------------------------------
 @triton.jit
+def _rows(base, rows, cols, stride, mask):
+    """``base[rows, cols]`` of a row-major tile with row ``stride``, float32, 0 if masked."""
+    p = base + rows[:, None] * stride + cols[None, :]
+    return tl.load(p, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _gate_value(x, a, lower_bound, HAS_A: tl.constexpr, LOWER: tl.constexpr):
     """The in-op gate of ``x = g + dt_bias``: ``-exp(a) softplus(x)``, or with a lower
     bound ``lb * sigmoid(exp(a) x)`` (``lb * sigmoid(x)`` without ``A_log``)."""
@@ -102,14 +109,14 @@ def _intra_fwd_kernel(q, k, G, Aqk, L, scale, T,
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         mi = m_i[:, None] & m_k[None, :]
-        q_i = tl.load(q + qk + o_i[:, None] * (H * K) + o_k[None, :], mask=mi, other=0.0).to(tl.float32)
-        k_i = tl.load(k + qk + o_i[:, None] * (H * K) + o_k[None, :], mask=mi, other=0.0).to(tl.float32)
-        g_i = tl.load(G + gb + o_i[:, None] * (HV * K) + o_k[None, :], mask=mi, other=0.0)
+        q_i = _rows(q + qk, o_i, o_k, H * K, mi)
+        k_i = _rows(k + qk, o_i, o_k, H * K, mi)
+        g_i = _rows(G + gb, o_i, o_k, HV * K, mi)
         g_r = tl.load(G + gb + r0 * (HV * K) + o_k, mask=m_k, other=0.0)
         # columns before the block, through the reference row r0: both factors <= 1
         before = (o_j < r0)[:, None] & m_k[None, :]
-        k_j = tl.load(k + qk + o_j[:, None] * (H * K) + o_k[None, :], mask=before, other=0.0).to(tl.float32)
-        g_j = tl.load(G + gb + o_j[:, None] * (HV * K) + o_k[None, :], mask=before, other=0.0)
+        k_j = _rows(k + qk, o_j, o_k, H * K, before)
+        g_j = _rows(G + gb, o_j, o_k, HV * K, before)
         k_j = k_j * tl.exp(tl.where(before, g_r[None, :] - g_j, float("-inf")))
         e_i = tl.exp(tl.where(mi, g_i - g_r[None, :], float("-inf")))
         a_qk += tl.dot(q_i * e_i, tl.trans(k_j))
@@ -159,9 +166,10 @@ def _solve_fwd_kernel(k, v, G, beta, L, X, w, u, T,
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m = m_t[:, None] & (o_k < K)[None, :]
-        k_t = tl.load(k + qk + o_t[:, None] * (H * K) + o_k[None, :], mask=m, other=0.0).to(tl.float32)
-        g_t = tl.load(G + gb + o_t[:, None] * (HV * K) + o_k[None, :], mask=m, other=0.0)
-        tl.store(w + gb + o_t[:, None] * (HV * K) + o_k[None, :], tl.dot(Xb, k_t * tl.exp(g_t)), mask=m)
+        k_t = _rows(k + qk, o_t, o_k, H * K, m)
+        g_t = _rows(G + gb, o_t, o_k, HV * K, m)
+        p = gb + o_t[:, None] * (HV * K) + o_k[None, :]
+        tl.store(w + p, tl.dot(Xb, k_t * tl.exp(g_t)), mask=m)
     vb = (i_b.to(tl.int64) * T * HV + i_hv) * V
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
@@ -207,20 +215,20 @@ def _scan_fwd_kernel(q, k, G, w, u, Aqk, h0, o, ht, h, dlt, scale, T, NT,
             tl.store(h + hb + p_s, S, mask=m_s)
         mk = m_t[:, None] & m_k[None, :]
         mv = m_t[:, None] & m_v[None, :]
-        w_n = tl.load(w + gb + o_t[:, None] * (HV * K) + o_k[None, :], mask=mk, other=0.0)
+        w_n = _rows(w + gb, o_t, o_k, HV * K, mk)
         p_v = vb + o_t[:, None] * (HV * V) + o_v[None, :]
         d = tl.load(u + p_v, mask=mv, other=0.0) - tl.dot(w_n, S)
         if SAVE:
             tl.store(dlt + p_v, d, mask=mv)
-        g_n = tl.load(G + gb + o_t[:, None] * (HV * K) + o_k[None, :], mask=mk, other=0.0)
+        g_n = _rows(G + gb, o_t, o_k, HV * K, mk)
         g_c = tl.load(G + gb + last * (HV * K) + o_k, mask=m_k, other=0.0)
         if OUTPUT:
-            q_n = tl.load(q + qk + o_t[:, None] * (H * K) + o_k[None, :], mask=mk, other=0.0).to(tl.float32)
+            q_n = _rows(q + qk, o_t, o_k, H * K, mk)
             a = tl.load(Aqk + ab + o_t[:, None] * (HV * BT) + tl.arange(0, BT)[None, :],
                         mask=m_t[:, None], other=0.0)
             out = tl.dot(q_n * scale * tl.exp(g_n), S) + tl.dot(a, d)
             tl.store(o + p_v, out.to(o.dtype.element_ty), mask=mv)
-        k_n = tl.load(k + qk + o_t[:, None] * (H * K) + o_k[None, :], mask=mk, other=0.0).to(tl.float32)
+        k_n = _rows(k + qk, o_t, o_k, H * K, mk)
         k_n = k_n * tl.exp(tl.where(mk, g_c[None, :] - g_n, float("-inf")))
         S = S * tl.exp(g_c)[:, None] + tl.dot(tl.trans(k_n), d)
     if STORE_FINAL:
@@ -265,14 +273,14 @@ def _scan_bwd_kernel(q, k, G, w, Aqk, do, dht, dh, dd, dh0, scale, T, NT,
         do_n = tl.load(do + p_v, mask=mv, other=0.0).to(tl.float32)
         a = tl.load(Aqk + ab + o_t[:, None] * (HV * BT) + tl.arange(0, BT)[None, :],
                     mask=m_t[:, None], other=0.0)
-        g_n = tl.load(G + gb + o_t[:, None] * (HV * K) + o_k[None, :], mask=mk, other=0.0)
+        g_n = _rows(G + gb, o_t, o_k, HV * K, mk)
         g_c = tl.load(G + gb + last * (HV * K) + o_k, mask=m_k, other=0.0)
-        k_n = tl.load(k + qk + o_t[:, None] * (H * K) + o_k[None, :], mask=mk, other=0.0).to(tl.float32)
+        k_n = _rows(k + qk, o_t, o_k, H * K, mk)
         kd = k_n * tl.exp(tl.where(mk, g_c[None, :] - g_n, float("-inf")))
         dd_n = tl.dot(tl.trans(a), do_n) + tl.dot(kd, dS)
         tl.store(dd + p_v, dd_n, mask=mv)
-        q_n = tl.load(q + qk + o_t[:, None] * (H * K) + o_k[None, :], mask=mk, other=0.0).to(tl.float32)
-        w_n = tl.load(w + gb + o_t[:, None] * (HV * K) + o_k[None, :], mask=mk, other=0.0)
+        q_n = _rows(q + qk, o_t, o_k, H * K, mk)
+        w_n = _rows(w + gb, o_t, o_k, HV * K, mk)
         dS = (tl.dot(tl.trans(q_n * scale * tl.exp(g_n)), do_n) + dS * tl.exp(g_c)[:, None]
               - tl.dot(tl.trans(w_n), dd_n))
     if HAS_H0:
@@ -335,8 +343,8 @@ def _chunk_bwd_kernel(q, k, v, G, beta, X, L, h, dh, dlt, dd, do,
         xt_du = tl.dot(tl.trans(Xm), dd_n)
         tl.store(dv + p_v, b[:, None] * xt_du, mask=mv)
         d_b += tl.sum(v_n * xt_du, 1)
-    q_n = tl.load(q + qk + o_t[:, None] * (H * K) + o_k[None, :], mask=mk, other=0.0).to(tl.float32)
-    k_n = tl.load(k + qk + o_t[:, None] * (H * K) + o_k[None, :], mask=mk, other=0.0).to(tl.float32)
+    q_n = _rows(q + qk, o_t, o_k, H * K, mk)
+    k_n = _rows(k + qk, o_t, o_k, H * K, mk)
     g_n = tl.load(G + pk, mask=mk, other=0.0)
     g_c = tl.load(G + gb + last * (HV * K) + o_k, mask=m_k, other=0.0)
     eg = tl.exp(g_n)
@@ -401,12 +409,12 @@ def _intra_bwd_kernel(q, k, G, dAqk, dL, dq, dk, dG, scale, T,
         m_k = o_k < K
         mi = m_i[:, None] & m_k[None, :]
         mj = m_j[:, None] & m_k[None, :]
-        q_i = tl.load(q + qk + o_i[:, None] * (H * K) + o_k[None, :], mask=mi, other=0.0).to(tl.float32)
-        k_i = tl.load(k + qk + o_i[:, None] * (H * K) + o_k[None, :], mask=mi, other=0.0).to(tl.float32)
-        g_i = tl.load(G + gb + o_i[:, None] * (HV * K) + o_k[None, :], mask=mi, other=0.0)
-        q_a = tl.load(q + qk + o_j[:, None] * (H * K) + o_k[None, :], mask=mj, other=0.0).to(tl.float32)
-        k_a = tl.load(k + qk + o_j[:, None] * (H * K) + o_k[None, :], mask=mj, other=0.0).to(tl.float32)
-        g_a = tl.load(G + gb + o_j[:, None] * (HV * K) + o_k[None, :], mask=mj, other=0.0)
+        q_i = _rows(q + qk, o_i, o_k, H * K, mi)
+        k_i = _rows(k + qk, o_i, o_k, H * K, mi)
+        g_i = _rows(G + gb, o_i, o_k, HV * K, mi)
+        q_a = _rows(q + qk, o_j, o_k, H * K, mj)
+        k_a = _rows(k + qk, o_j, o_k, H * K, mj)
+        g_a = _rows(G + gb, o_j, o_k, HV * K, mj)
         g_r0 = tl.load(G + gb + r0 * (HV * K) + o_k, mask=m_k, other=0.0)
         g_r1 = tl.load(G + gb + r1 * (HV * K) + o_k, mask=m_k, other=0.0)
         # as row i: columns before the block, through row r0
@@ -423,7 +431,8 @@ def _intra_bwd_kernel(q, k, G, dAqk, dL, dq, dk, dG, scale, T,
         # the diagonal block, one row/column at a time
         for jj in range(BC):
             j = r0 + jj
-            ok_k = m_k & ((o_k * 0 + j) < T)  # (a scalar mask does not broadcast in the interpreter)
+            # (a scalar mask does not broadcast in the interpreter: compare vectors)
+            ok_k = m_k & ((o_k * 0 + j) < T)
             ok_i = m_i & ((o_i * 0 + j) < T)
             q_c = tl.load(q + qk + j * (H * K) + o_k, mask=ok_k, other=0.0).to(tl.float32)
             k_c = tl.load(k + qk + j * (H * K) + o_k, mask=ok_k, other=0.0).to(tl.float32)
@@ -438,12 +447,14 @@ def _intra_bwd_kernel(q, k, G, dAqk, dL, dq, dk, dG, scale, T,
             prow = ab + j * (HV * BT) + o_cb
             rq = tl.load(dAqk + prow, mask=ok_i, other=0.0) * scale
             rl = tl.load(dL + prow, mask=ok_i, other=0.0)
-            e2 = tl.exp(tl.where(mi & ((o_i <= j) & ok_i)[:, None], g_c[None, :] - g_i, float("-inf")))
+            m2 = mi & ((o_i <= j) & ok_i)[:, None]
+            e2 = tl.exp(tl.where(m2, g_c[None, :] - g_i, float("-inf")))
             db += (rq[:, None] * q_c[None, :] + rl[:, None] * k_c[None, :]) * e2
         p = gb + o_i[:, None] * (HV * K) + o_k[None, :]
         tl.store(dq + p, tl.load(dq + p, mask=mi, other=0.0) + da_q, mask=mi)
         tl.store(dk + p, tl.load(dk + p, mask=mi, other=0.0) + da_k + db, mask=mi)
-        tl.store(dG + p, tl.load(dG + p, mask=mi, other=0.0) + q_i * da_q + k_i * (da_k - db), mask=mi)
+        d_g = q_i * da_q + k_i * (da_k - db)
+        tl.store(dG + p, tl.load(dG + p, mask=mi, other=0.0) + d_g, mask=mi)
 
 
 @triton.jit

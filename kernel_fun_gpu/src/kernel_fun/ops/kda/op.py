@@ -126,7 +126,8 @@ def is_supported(
         if not isinstance(value, torch.Tensor):
             return False, f"{name} is not a tensor."
     if q.dim() != 4 or v.dim() != 4:
-        return False, f"q {_shape(q)}, v {_shape(v)}: kernel-fun takes [B, T, H, K] and [B, T, HV, V]."
+        return False, (f"q {_shape(q)}, v {_shape(v)}: kernel-fun takes [B, T, H, K] and "
+                       "[B, T, HV, V].")
     B, T, H, K = q.shape
     HV = v.shape[2]
     if k.shape != q.shape or v.shape[:2] != q.shape[:2]:
@@ -251,7 +252,8 @@ def chunk_kda(
     args = dict(
         q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+        use_gate_in_kernel=use_gate_in_kernel,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
         allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
         disable_recompute=disable_recompute, return_intermediate_states=return_intermediate_states,
         state_v_first=state_v_first, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
@@ -304,8 +306,8 @@ def warmup(
     for opts in options:
         opts = dict(opts)
         q = torch.randn(B, T, H, K, device=device, dtype=dtype, requires_grad=True)
-        k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=device, dtype=dtype), dim=-1)
-        k.requires_grad_()
+        k = torch.randn(B, T, H, K, device=device, dtype=dtype)
+        k = torch.nn.functional.normalize(k, dim=-1).requires_grad_()
         v = torch.randn(B, T, HV, V, device=device, dtype=dtype, requires_grad=True)
         g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, K, device=device)).requires_grad_()
         beta = torch.rand(B, T, HV, device=device, dtype=dtype, requires_grad=True)
