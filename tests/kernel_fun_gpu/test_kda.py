@@ -213,6 +213,30 @@ class TestAgainstFlaNaive:
         assert errors["o"] > 100 * TOL[torch.float32] and errors["dg"] > 100 * TOL[torch.float32]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_op", [False, True], ids=["precomputed-gate", "gate-and-norm-in-op"])
+def test_against_flas_chunk_kda_in_bf16(in_op):
+    """On a GPU: bf16 against fla's own chunk_kda (its Triton kernels), output, final
+    state and every gradient, at a shape with several chunks and a partial last one."""
+    shape = (2, 1000, 2, 4, 128, 128)
+    opts = {"initial_state": True, "output_final_state": True}
+    if in_op:
+        opts.update(use_gate_in_kernel=True, use_qk_l2norm_in_kernel=True)
+    x, grads = _inputs(*shape, torch.bfloat16, gate=in_op)
+    names = ["q", "k", "v", "g", "beta", "initial_state"] + (["A_log", "dt_bias"] if in_op else [])
+    results = []
+    for fn in (chunk_kda, adopt.original("chunk_kda")):
+        leaves = _leaves(x, names)
+        run = {n: leaves[n] for n in names[5:]}
+        o, ht = fn(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                   **{**opts, **run})
+        _loss(o, ht, grads, opts).backward()
+        results.append([o, ht] + [leaves[n].grad for n in names])
+    bad = {n: f"{err_ratio(f, o):.2e}" for n, o, f in zip(["o", "ht"] + names, *results)
+           if not err_ratio(f, o) <= (0.005 if n in ("o", "ht") else 0.02)}
+    assert not bad, f"relative RMS errors against fla above fla's tolerances: {bad}"
+
+
 def test_our_reference_is_fla_naive():
     """reference_chunk_kda (ours, step by step, with the in-op options) agrees with fla's
     naive recurrence plus fla's gate reference."""

@@ -22,6 +22,8 @@ autograd Function.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -578,7 +580,7 @@ def backward(q, k, v, G, beta, scale, h0, saved, do, dht):
     dbeta = torch.empty(B, T, HV, **f32)
     _chunk_bwd_kernel[(NT, B * HV)](
         q, k, v, G, beta, X, Lm, h, dh, dlt, dd, do, dq, dk, dv, dG, dAqk, dL, dbeta,
-        scale, T, NT, H=H, HV=HV, K=K, V=V, BT=BT, BK=bk_all, BV=bv)
+        scale, T, NT, H=H, HV=HV, K=K, V=V, BT=BT, BK=bk_all, BV=bv, num_warps=8)
     _intra_bwd_kernel[(NT, BT // BC, B * HV)](
         q, k, G, dAqk, dL, dq, dk, dG, scale, T, H=H, HV=HV, K=K, BT=BT, BC=BC, BK=bk)
     return dq, dk, dv, dG, dbeta, dh0
@@ -624,7 +626,7 @@ class ChunkKDA(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
                 use_qk_l2norm, use_gate, use_beta_sigmoid, allow_neg_eigval, lower_bound,
                 state_v_first, warm_key=None):
-        with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
+        with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
             q_in, k_in = q, k
             q_rstd = k_rstd = None
             if use_qk_l2norm:
@@ -666,7 +668,7 @@ class ChunkKDA(torch.autograd.Function):
         scale, use_qk_l2norm, use_gate, use_beta_sigmoid, allow_neg, lb, v_first = ctx.opts
         B, T, H, K = q.shape
         HV = v.shape[2]
-        with torch.cuda.device(q.device) if q.device.type == "cuda" else _nullcontext():
+        with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
             do = do.contiguous()
             if dht is not None:
                 dht = (dht.transpose(-1, -2) if v_first else dht).float().contiguous()
@@ -692,11 +694,3 @@ class ChunkKDA(torch.autograd.Function):
         return (dq.to(q_in.dtype), dk.to(k_in.dtype), dv.to(v.dtype), dg.to(ctx.dtypes[0]),
                 db.to(ctx.dtypes[1]), d_alog, d_bias, None, dh0 if ctx.has_h0 else None,
                 None, None, None, None, None, None, None, None)
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
