@@ -31,7 +31,8 @@ PRODUCTION = dict(B=16, T=8192, H=16, HV=16, K=128, V=256)
 CASES = [
     ("production, gate+norm in op", PRODUCTION, True),
     ("production, precomputed gate", PRODUCTION, False),
-    *[(f"T={t}, K=V=128", dict(B=8, T=t, H=16, HV=16, K=128, V=128), True) for t in (2048, 4096, 8192)],
+    *[(f"T={t}, K=V=128", dict(B=8, T=t, H=16, HV=16, K=128, V=128), True)
+      for t in (2048, 4096, 8192)],
 ]
 QUICK = [("small, gate+norm in op", dict(B=2, T=1024, H=4, HV=4, K=128, V=128), True)]
 
@@ -140,7 +141,8 @@ def main() -> None:
     cases = QUICK if args.quick else CASES
     kf020 = None
     if args.kf020:
-        env = dict(os.environ, PYTHONPATH=args.kf020 + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        path = args.kf020 + os.pathsep + os.environ.get("PYTHONPATH", "")
+        env = dict(os.environ, PYTHONPATH=path)
         cmd = [sys.executable, __file__, "--child-kf020"] + (["--quick"] if args.quick else [])
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if out.returncode == 0:

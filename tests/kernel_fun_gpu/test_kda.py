@@ -232,7 +232,7 @@ def test_against_flas_chunk_kda_in_bf16(in_op):
                    **{**opts, **run})
         _loss(o, ht, grads, opts).backward()
         results.append([o, ht] + [leaves[n].grad for n in names])
-    bad = {n: f"{err_ratio(f, o):.2e}" for n, o, f in zip(["o", "ht"] + names, *results)
+    bad = {n: f"{err_ratio(f, o):.2e}" for n, o, f in zip(["o", "ht"] + names, *results, strict=True)
            if not err_ratio(f, o) <= (0.005 if n in ("o", "ht") else 0.02)}
     assert not bad, f"relative RMS errors against fla above fla's tolerances: {bad}"
 
