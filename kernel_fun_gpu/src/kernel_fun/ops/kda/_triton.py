@@ -141,16 +141,19 @@ def _intra_fwd_kernel(q, k, G, Aqk, L, scale, T,
 
 
 @triton.jit
-def _solve_fwd_kernel(k, v, G, beta, L, X, w, u, T,
+def _solve_fwd_kernel(q, k, v, G, beta, L, X, w, u, qg, kd, gc, scale, T, NT,
                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """Stage F2: X = (I + diag(beta) L)^-1 by forward substitution; w and u (the WY form)."""
+    """Stage F2: X = (I + diag(beta) L)^-1 by forward substitution; the WY form w and u;
+    and what the state scans multiply by, so that they take no exponentials: q exp(G)
+    (scaled), k exp(G[C] - G) and exp(G[C]). w, u, qg, kd in the operands' dtype."""
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     o_t = i_n * BT + tl.arange(0, BT)
     m_t = o_t < T
     o_c = tl.arange(0, BT)
+    last = tl.minimum(T, i_n * BT + BT) - 1
     b = tl.load(beta + i_b.to(tl.int64) * T * HV + o_t * HV + i_hv, mask=m_t, other=0.0)
     ab = (i_b.to(tl.int64) * T * HV + i_hv) * BT
     pa = ab + o_t[:, None] * (HV * BT) + o_c[None, :]
@@ -165,24 +168,33 @@ def _solve_fwd_kernel(k, v, G, beta, L, X, w, u, T,
     Xb = Xm * b[None, :]
     qk = (i_b.to(tl.int64) * T * H + i_h) * K
     gb = (i_b.to(tl.int64) * T * HV + i_hv) * K
+    cb = ((i_b.to(tl.int64) * NT + i_n) * HV + i_hv) * K
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
-        m = m_t[:, None] & (o_k < K)[None, :]
+        m_k = o_k < K
+        m = m_t[:, None] & m_k[None, :]
         k_t = _rows(k + qk, o_t, o_k, H * K, m)
+        q_t = _rows(q + qk, o_t, o_k, H * K, m)
         g_t = _rows(G + gb, o_t, o_k, HV * K, m)
+        g_c = tl.load(G + gb + last * (HV * K) + o_k, mask=m_k, other=0.0)
         p = gb + o_t[:, None] * (HV * K) + o_k[None, :]
-        tl.store(w + p, tl.dot(Xb, k_t * tl.exp(g_t)), mask=m)
+        tl.store(w + p, tl.dot(Xb, k_t * tl.exp(g_t)).to(w.dtype.element_ty), mask=m)
+        tl.store(qg + p, (q_t * scale * tl.exp(g_t)).to(qg.dtype.element_ty), mask=m)
+        e_d = tl.exp(tl.where(m, g_c[None, :] - g_t, float("-inf")))
+        tl.store(kd + p, (k_t * e_d).to(kd.dtype.element_ty), mask=m)
+        tl.store(gc + cb + o_k, tl.exp(g_c), mask=m_k)
     vb = (i_b.to(tl.int64) * T * HV + i_hv) * V
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m = m_t[:, None] & (o_v < V)[None, :]
         p = vb + o_t[:, None] * (HV * V) + o_v[None, :]
-        tl.store(u + p, tl.dot(Xb, tl.load(v + p, mask=m, other=0.0).to(tl.float32)), mask=m)
+        u_t = tl.dot(Xb, tl.load(v + p, mask=m, other=0.0).to(tl.float32))
+        tl.store(u + p, u_t.to(u.dtype.element_ty), mask=m)
 
 
 @triton.jit
-def _scan_fwd_kernel(q, k, G, w, u, Aqk, h0, o, ht, h, dlt, scale, T, NT,
-                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _scan_fwd_kernel(qg, kd, gc, w, u, Aqk, h0, o, ht, h, dlt, T, NT,
+                     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, OUTPUT: tl.constexpr,
                      SAVE: tl.constexpr):
@@ -190,11 +202,11 @@ def _scan_fwd_kernel(q, k, G, w, u, Aqk, h0, o, ht, h, dlt, scale, T, NT,
 
     Forward (OUTPUT): per chunk ``delta = u - w S``, the output ``o``, then the state
     update; the state is never written except the final one. Backward's recompute (SAVE):
-    the state entering every chunk (``h``) and ``delta``, no output.
+    the state entering every chunk (``h``) and ``delta``, no output. The state stays
+    float32 in registers; the products take it in the operands' dtype (w's).
     """
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     o_v = i_v * BV + tl.arange(0, BV)
@@ -204,43 +216,43 @@ def _scan_fwd_kernel(q, k, G, w, u, Aqk, h0, o, ht, h, dlt, scale, T, NT,
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         S += tl.load(h0 + i_bh.to(tl.int64) * K * V + p_s, mask=m_s, other=0.0)
-    qk = (i_b.to(tl.int64) * T * H + i_h) * K
     gb = (i_b.to(tl.int64) * T * HV + i_hv) * K
     vb = (i_b.to(tl.int64) * T * HV + i_hv) * V
     ab = (i_b.to(tl.int64) * T * HV + i_hv) * BT
     for i_n in range(NT):
         o_t = i_n * BT + tl.arange(0, BT)
         m_t = o_t < T
-        last = tl.minimum(T, i_n * BT + BT) - 1
-        if SAVE:
-            hb = ((i_b.to(tl.int64) * NT + i_n) * HV + i_hv) * K * V
-            tl.store(h + hb + p_s, S, mask=m_s)
         mk = m_t[:, None] & m_k[None, :]
         mv = m_t[:, None] & m_v[None, :]
-        w_n = _rows(w + gb, o_t, o_k, HV * K, mk)
-        p_v = vb + o_t[:, None] * (HV * V) + o_v[None, :]
-        d = tl.load(u + p_v, mask=mv, other=0.0) - tl.dot(w_n, S)
+        s_op = S.to(w.dtype.element_ty)
         if SAVE:
-            tl.store(dlt + p_v, d, mask=mv)
-        g_n = _rows(G + gb, o_t, o_k, HV * K, mk)
-        g_c = tl.load(G + gb + last * (HV * K) + o_k, mask=m_k, other=0.0)
+            hb = ((i_b.to(tl.int64) * NT + i_n) * HV + i_hv) * K * V
+            tl.store(h + hb + p_s, S.to(h.dtype.element_ty), mask=m_s)
+        p_k = gb + o_t[:, None] * (HV * K) + o_k[None, :]
+        p_v = vb + o_t[:, None] * (HV * V) + o_v[None, :]
+        w_n = tl.load(w + p_k, mask=mk, other=0.0)
+        d = tl.load(u + p_v, mask=mv, other=0.0).to(tl.float32) - tl.dot(w_n, s_op)
+        d_op = d.to(w.dtype.element_ty)
+        if SAVE:
+            tl.store(dlt + p_v, d.to(dlt.dtype.element_ty), mask=mv)
         if OUTPUT:
-            q_n = _rows(q + qk, o_t, o_k, H * K, mk)
+            q_n = tl.load(qg + p_k, mask=mk, other=0.0)
             a = tl.load(Aqk + ab + o_t[:, None] * (HV * BT) + tl.arange(0, BT)[None, :],
-                        mask=m_t[:, None], other=0.0)
-            out = tl.dot(q_n * scale * tl.exp(g_n), S) + tl.dot(a, d)
+                        mask=m_t[:, None], other=0.0).to(w.dtype.element_ty)
+            out = tl.dot(q_n, s_op) + tl.dot(a, d_op)
             tl.store(o + p_v, out.to(o.dtype.element_ty), mask=mv)
-        k_n = _rows(k + qk, o_t, o_k, H * K, mk)
-        k_n = k_n * tl.exp(tl.where(mk, g_c[None, :] - g_n, float("-inf")))
-        S = S * tl.exp(g_c)[:, None] + tl.dot(tl.trans(k_n), d)
+        k_n = tl.load(kd + p_k, mask=mk, other=0.0)
+        p_c = ((i_b.to(tl.int64) * NT + i_n) * HV + i_hv) * K + o_k
+        g_c = tl.load(gc + p_c, mask=m_k, other=0.0)
+        S = S * g_c[:, None] + tl.dot(tl.trans(k_n), d_op)
     if STORE_FINAL:
         tl.store(ht + i_bh.to(tl.int64) * K * V + p_s, S, mask=m_s)
 
 
 # -- backward kernels -----------------------------------------------------------------------
 @triton.jit
-def _scan_bwd_kernel(q, k, G, w, Aqk, do, dht, dh, dd, dh0, scale, T, NT,
-                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _scan_bwd_kernel(qg, kd, gc, w, Aqk, do, dht, dh, dd, dh0, T, NT,
+                     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      HAS_DHT: tl.constexpr, HAS_H0: tl.constexpr):
     """Stage B1: the state's gradient backwards through the chunks (one V-block per
@@ -248,7 +260,6 @@ def _scan_bwd_kernel(q, k, G, w, Aqk, do, dht, dh, dd, dh0, scale, T, NT,
     ``d delta = Aqk^T do + (k exp(G[C] - G)) dS``; returns the initial state's gradient."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
-    i_h = i_hv // (HV // H)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     o_v = i_v * BV + tl.arange(0, BV)
@@ -258,7 +269,6 @@ def _scan_bwd_kernel(q, k, G, w, Aqk, do, dht, dh, dd, dh0, scale, T, NT,
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
         dS += tl.load(dht + i_bh.to(tl.int64) * K * V + p_s, mask=m_s, other=0.0)
-    qk = (i_b.to(tl.int64) * T * H + i_h) * K
     gb = (i_b.to(tl.int64) * T * HV + i_hv) * K
     vb = (i_b.to(tl.int64) * T * HV + i_hv) * V
     ab = (i_b.to(tl.int64) * T * HV + i_hv) * BT
@@ -266,114 +276,158 @@ def _scan_bwd_kernel(q, k, G, w, Aqk, do, dht, dh, dd, dh0, scale, T, NT,
         i_n = NT - 1 - i_r
         o_t = i_n * BT + tl.arange(0, BT)
         m_t = o_t < T
-        last = tl.minimum(T, i_n * BT + BT) - 1
         hb = ((i_b.to(tl.int64) * NT + i_n) * HV + i_hv) * K * V
-        tl.store(dh + hb + p_s, dS, mask=m_s)
+        tl.store(dh + hb + p_s, dS.to(dh.dtype.element_ty), mask=m_s)
+        ds_op = dS.to(w.dtype.element_ty)
         mk = m_t[:, None] & m_k[None, :]
         mv = m_t[:, None] & m_v[None, :]
+        p_k = gb + o_t[:, None] * (HV * K) + o_k[None, :]
         p_v = vb + o_t[:, None] * (HV * V) + o_v[None, :]
-        do_n = tl.load(do + p_v, mask=mv, other=0.0).to(tl.float32)
+        do_n = tl.load(do + p_v, mask=mv, other=0.0).to(w.dtype.element_ty)
         a = tl.load(Aqk + ab + o_t[:, None] * (HV * BT) + tl.arange(0, BT)[None, :],
-                    mask=m_t[:, None], other=0.0)
-        g_n = _rows(G + gb, o_t, o_k, HV * K, mk)
-        g_c = tl.load(G + gb + last * (HV * K) + o_k, mask=m_k, other=0.0)
-        k_n = _rows(k + qk, o_t, o_k, H * K, mk)
-        kd = k_n * tl.exp(tl.where(mk, g_c[None, :] - g_n, float("-inf")))
-        dd_n = tl.dot(tl.trans(a), do_n) + tl.dot(kd, dS)
-        tl.store(dd + p_v, dd_n, mask=mv)
-        q_n = _rows(q + qk, o_t, o_k, H * K, mk)
-        w_n = _rows(w + gb, o_t, o_k, HV * K, mk)
-        dS = (tl.dot(tl.trans(q_n * scale * tl.exp(g_n)), do_n) + dS * tl.exp(g_c)[:, None]
-              - tl.dot(tl.trans(w_n), dd_n))
+                    mask=m_t[:, None], other=0.0).to(w.dtype.element_ty)
+        k_n = tl.load(kd + p_k, mask=mk, other=0.0)
+        dd_n = tl.dot(tl.trans(a), do_n) + tl.dot(k_n, ds_op)
+        tl.store(dd + p_v, dd_n.to(dd.dtype.element_ty), mask=mv)
+        q_n = tl.load(qg + p_k, mask=mk, other=0.0)
+        w_n = tl.load(w + p_k, mask=mk, other=0.0)
+        p_c = ((i_b.to(tl.int64) * NT + i_n) * HV + i_hv) * K + o_k
+        g_c = tl.load(gc + p_c, mask=m_k, other=0.0)
+        dS = (tl.dot(tl.trans(q_n), do_n) + dS * g_c[:, None]
+              - tl.dot(tl.trans(w_n), dd_n.to(w.dtype.element_ty)))
     if HAS_H0:
         tl.store(dh0 + i_bh.to(tl.int64) * K * V + p_s, dS, mask=m_s)
 
 
 @triton.jit
-def _chunk_bwd_kernel(q, k, v, G, beta, X, L, h, dh, dlt, dd, do,
-                      dq, dk, dv, dG, dAqk, dL, dbeta, scale, T, NT,
-                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """Stage B2: everything of one chunk that is not an intra-chunk matrix's gradient
-    through the gates: dv, dbeta, the row-wise parts of dq, dk and dG, and the
-    gradients of Aqk and L (for stage B3)."""
+def _dv_bwd_kernel(v, beta, X, dlt, dd, do, dv, dAqk, dX, dbeta, T,
+                   HV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
+    """Stage B2a: through the readout and u = X diag(beta) v, per chunk, looping over V:
+    ``dAqk = tril(do delta^T)``, ``dv = beta X^T d delta``, u's parts of dX and dbeta."""
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    o_t = i_n * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_c = tl.arange(0, BT)
+    vb = (i_b.to(tl.int64) * T * HV + i_hv) * V
+    pa = (i_b.to(tl.int64) * T * HV + i_hv) * BT + o_t[:, None] * (HV * BT) + o_c[None, :]
+    pb = i_b.to(tl.int64) * T * HV + o_t * HV + i_hv
+    b = tl.load(beta + pb, mask=m_t, other=0.0)
+    Xm = tl.load(X + pa, mask=m_t[:, None], other=0.0)
+    d_a = tl.zeros([BT, BT], dtype=tl.float32)
+    d_x = tl.zeros([BT, BT], dtype=tl.float32)
+    d_b = tl.zeros([BT], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        mv = m_t[:, None] & (o_v < V)[None, :]
+        do_n = _rows(do + vb, o_t, o_v, HV * V, mv)
+        d_n = _rows(dlt + vb, o_t, o_v, HV * V, mv)
+        dd_n = _rows(dd + vb, o_t, o_v, HV * V, mv)
+        v_n = _rows(v + vb, o_t, o_v, HV * V, mv)
+        d_a += tl.dot(do_n, tl.trans(d_n))
+        d_x += tl.dot(dd_n, tl.trans(v_n * b[:, None]))
+        xt_du = tl.dot(tl.trans(Xm), dd_n)
+        p_v = vb + o_t[:, None] * (HV * V) + o_v[None, :]
+        tl.store(dv + p_v, (b[:, None] * xt_du).to(dv.dtype.element_ty), mask=mv)
+        d_b += tl.sum(v_n * xt_du, 1)
+    d_a = tl.where((o_c[:, None] >= o_c[None, :]) & m_t[:, None], d_a, 0.0)
+    tl.store(dAqk + pa, d_a, mask=m_t[:, None])
+    tl.store(dX + pa, d_x, mask=m_t[:, None])
+    tl.store(dbeta + pb, d_b, mask=m_t)
+
+
+@triton.jit
+def _dk_bwd_kernel(q, k, G, beta, X, h, dh, dlt, dd, do, dq, dk, dG, dXp, dbp, scale, T, NT,
+                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Stage B2b: per chunk and K-block, looping over V: the gradients through the
+    readout's ``q exp(G) S``, through ``w = X diag(beta) (k exp(G))`` and through the
+    state update; the row-wise parts of dq, dk, dG; this K-block's parts of dX and dbeta
+    (summed over K-blocks in B2c, so the result does not depend on scheduling)."""
+    i_n, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_h = i_hv // (HV // H)
     o_t = i_n * BT + tl.arange(0, BT)
     m_t = o_t < T
     o_c = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
+    o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     mk = m_t[:, None] & m_k[None, :]
     last = tl.minimum(T, i_n * BT + BT) - 1
     qk = (i_b.to(tl.int64) * T * H + i_h) * K
     gb = (i_b.to(tl.int64) * T * HV + i_hv) * K
     vb = (i_b.to(tl.int64) * T * HV + i_hv) * V
-    ab = (i_b.to(tl.int64) * T * HV + i_hv) * BT
     hb = ((i_b.to(tl.int64) * NT + i_n) * HV + i_hv) * K * V
-    pa = ab + o_t[:, None] * (HV * BT) + o_c[None, :]
-    pk = gb + o_t[:, None] * (HV * K) + o_k[None, :]
+    pa = (i_b.to(tl.int64) * T * HV + i_hv) * BT + o_t[:, None] * (HV * BT) + o_c[None, :]
     b = tl.load(beta + i_b.to(tl.int64) * T * HV + o_t * HV + i_hv, mask=m_t, other=0.0)
-    Xm = tl.load(X + pa, mask=m_t[:, None], other=0.0)
-    Lm = tl.load(L + pa, mask=m_t[:, None], other=0.0)
     d_qg = tl.zeros([BT, BK], dtype=tl.float32)
     d_kd = tl.zeros([BT, BK], dtype=tl.float32)
     d_w = tl.zeros([BT, BK], dtype=tl.float32)
     d_gc = tl.zeros([BK], dtype=tl.float32)
-    d_a = tl.zeros([BT, BT], dtype=tl.float32)
-    d_x = tl.zeros([BT, BT], dtype=tl.float32)
-    d_b = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
         mv = m_t[:, None] & m_v[None, :]
-        p_s = hb + o_k[:, None] * V + o_v[None, :]
-        s0 = tl.load(h + p_s, mask=m_k[:, None] & m_v[None, :], other=0.0)
-        ds = tl.load(dh + p_s, mask=m_k[:, None] & m_v[None, :], other=0.0)
-        p_v = vb + o_t[:, None] * (HV * V) + o_v[None, :]
-        do_n = tl.load(do + p_v, mask=mv, other=0.0).to(tl.float32)
-        d_n = tl.load(dlt + p_v, mask=mv, other=0.0)
-        dd_n = tl.load(dd + p_v, mask=mv, other=0.0)
-        v_n = tl.load(v + p_v, mask=mv, other=0.0).to(tl.float32)
-        d_qg += tl.dot(do_n, tl.trans(s0))
-        d_kd += tl.dot(d_n, tl.trans(ds))
-        d_w -= tl.dot(dd_n, tl.trans(s0))
+        ms = m_k[:, None] & m_v[None, :]
+        s0 = _rows(h + hb, o_k, o_v, V, ms)
+        ds = _rows(dh + hb, o_k, o_v, V, ms)
+        d_qg += tl.dot(_rows(do + vb, o_t, o_v, HV * V, mv), tl.trans(s0))
+        d_kd += tl.dot(_rows(dlt + vb, o_t, o_v, HV * V, mv), tl.trans(ds))
+        d_w -= tl.dot(_rows(dd + vb, o_t, o_v, HV * V, mv), tl.trans(s0))
         d_gc += tl.sum(s0 * ds, 1)
-        d_a += tl.dot(do_n, tl.trans(d_n))
-        d_x += tl.dot(dd_n, tl.trans(v_n * b[:, None]))
-        xt_du = tl.dot(tl.trans(Xm), dd_n)
-        tl.store(dv + p_v, b[:, None] * xt_du, mask=mv)
-        d_b += tl.sum(v_n * xt_du, 1)
     q_n = _rows(q + qk, o_t, o_k, H * K, mk)
     k_n = _rows(k + qk, o_t, o_k, H * K, mk)
-    g_n = tl.load(G + pk, mask=mk, other=0.0)
+    g_n = _rows(G + gb, o_t, o_k, HV * K, mk)
     g_c = tl.load(G + gb + last * (HV * K) + o_k, mask=m_k, other=0.0)
+    Xm = tl.load(X + pa, mask=m_t[:, None], other=0.0)
     eg = tl.exp(g_n)
     kg = k_n * eg
-    d_x += tl.dot(d_w, tl.trans(kg * b[:, None]))
     xt_dw = tl.dot(tl.trans(Xm), d_w)
     d_kg = b[:, None] * xt_dw
-    d_b += tl.sum(kg * xt_dw, 1)
-    # X = (I + M)^-1 with M = diag(beta) L: dM = -X^T dX X^T, strictly lower
-    d_m = -tl.dot(tl.trans(Xm), tl.dot(d_x, tl.trans(Xm)))
-    d_m = tl.where((o_c[:, None] > o_c[None, :]) & m_t[:, None], d_m, 0.0)
-    d_b += tl.sum(d_m * Lm, 1)
-    d_a = tl.where((o_c[:, None] >= o_c[None, :]) & m_t[:, None], d_a, 0.0)
-    tl.store(dAqk + pa, d_a, mask=m_t[:, None])
-    tl.store(dL + pa, d_m * b[:, None], mask=m_t[:, None])
-    tl.store(dbeta + i_b.to(tl.int64) * T * HV + o_t * HV + i_hv, d_b, mask=m_t)
-    # row-wise terms: q exp(G) (readout), k exp(G) (w), k exp(G[C] - G) (state update)
+    nk = tl.cdiv(K, BK)
+    pp = ((i_b.to(tl.int64) * T * HV + i_hv) * nk + i_k) * BT
+    tl.store(dXp + pp + o_t[:, None] * (HV * nk * BT) + o_c[None, :],
+             tl.dot(d_w, tl.trans(kg * b[:, None])), mask=m_t[:, None])
+    tl.store(dbp + (i_b.to(tl.int64) * T * HV + i_hv) * nk + i_k + o_t * (HV * nk),
+             tl.sum(kg * xt_dw, 1), mask=m_t)
     ed = tl.exp(tl.where(mk, g_c[None, :] - g_n, float("-inf")))
     kd = k_n * ed
-    d_q = scale * eg * d_qg
     d_g = d_qg * q_n * scale * eg + d_kg * kg - d_kd * kd
-    d_k = eg * d_kg + ed * d_kd
     d_gc = tl.sum(d_kd * kd, 0) + tl.exp(g_c) * d_gc
     d_g += tl.where((o_t == last)[:, None], d_gc[None, :], 0.0)
-    tl.store(dq + pk, d_q, mask=mk)
-    tl.store(dk + pk, d_k, mask=mk)
+    pk = gb + o_t[:, None] * (HV * K) + o_k[None, :]
+    tl.store(dq + pk, scale * eg * d_qg, mask=mk)
+    tl.store(dk + pk, eg * d_kg + ed * d_kd, mask=mk)
     tl.store(dG + pk, d_g, mask=mk)
+
+
+@triton.jit
+def _dm_bwd_kernel(beta, X, L, dX, dXp, dbp, dL, dbeta, T,
+                   HV: tl.constexpr, BT: tl.constexpr, NK: tl.constexpr):
+    """Stage B2c: dX summed (u's part and every K-block's), then through the inverse:
+    ``dM = -X^T dX X^T`` (strictly lower), ``dL = beta dM`` and dbeta's last parts."""
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_hv = i_bh // HV, i_bh % HV
+    o_t = i_n * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_c = tl.arange(0, BT)
+    pa = (i_b.to(tl.int64) * T * HV + i_hv) * BT + o_t[:, None] * (HV * BT) + o_c[None, :]
+    pb = i_b.to(tl.int64) * T * HV + o_t * HV + i_hv
+    d_x = tl.load(dX + pa, mask=m_t[:, None], other=0.0)
+    d_b = tl.load(dbeta + pb, mask=m_t, other=0.0)
+    for i_k in range(NK):
+        pp = ((i_b.to(tl.int64) * T * HV + i_hv) * NK + i_k) * BT
+        d_x += tl.load(dXp + pp + o_t[:, None] * (HV * NK * BT) + o_c[None, :],
+                       mask=m_t[:, None], other=0.0)
+        d_b += tl.load(dbp + (i_b.to(tl.int64) * T * HV + i_hv) * NK + i_k + o_t * (HV * NK),
+                       mask=m_t, other=0.0)
+    Xm = tl.load(X + pa, mask=m_t[:, None], other=0.0)
+    d_m = -tl.dot(tl.trans(Xm), tl.dot(d_x, tl.trans(Xm)))
+    d_m = tl.where((o_c[:, None] > o_c[None, :]) & m_t[:, None], d_m, 0.0)
+    b = tl.load(beta + pb, mask=m_t, other=0.0)
+    d_b += tl.sum(d_m * tl.load(L + pa, mask=m_t[:, None], other=0.0), 1)
+    tl.store(dL + pa, d_m * b[:, None], mask=m_t[:, None])
+    tl.store(dbeta + pb, d_b, mask=m_t)
 
 
 @triton.jit
@@ -503,86 +557,122 @@ def _gate_bwd_kernel(dG, g, a_log, dt_bias, dg, da_part, lower_bound, T, NT,
 
 
 # -- launchers ------------------------------------------------------------------------------
-def _sizes(K: int, V: int) -> tuple[int, int, int]:
-    """(BK for whole-K tiles, BK for K-blocked loops, BV)."""
-    return _pow2(K), min(_pow2(K), 64), min(_pow2(V), 64)
+#: Tiles and launch settings per kernel. Chosen so that every kernel compiles for sm_90
+#: without register spills (or nearly) at K = 128, V = 256 (``tools/compile_kda.py``
+#: prints registers, spill stack and shared memory per kernel without a GPU); not yet
+#: tuned by timing. ``BK`` / ``BV`` are upper bounds (smaller heads use smaller tiles);
+#: the scans hold all of K, and their V-block shrinks so the state tile keeps at most
+#: ``STATE`` elements (K = 256 spills at BV = 32). The interpreter ignores num_warps and
+#: num_stages.
+LAUNCH: dict[str, dict[str, int]] = {
+    "_gate_cumsum_kernel": dict(BK=64, num_warps=4),
+    "_intra_fwd_kernel": dict(BK=32, num_warps=4),
+    "_solve_fwd_kernel": dict(BK=32, BV=32, num_warps=8),
+    "_scan_fwd_kernel": dict(BV=32, STATE=4096, num_warps=8, num_stages=1),
+    "_scan_bwd_kernel": dict(BV=32, STATE=4096, num_warps=8, num_stages=1),
+    "_dv_bwd_kernel": dict(BV=32, num_warps=8),
+    "_dk_bwd_kernel": dict(BK=64, BV=32, num_warps=8),
+    "_dm_bwd_kernel": dict(num_warps=8),
+    "_intra_bwd_kernel": dict(BK=32, num_warps=8),
+    "_gate_bwd_kernel": dict(BK=64, num_warps=4),
+}
+
+
+def _launch(kernel, grid, *args, K: int | None = None, V: int | None = None, **consts):
+    """``kernel[grid](*args, **consts)`` with its LAUNCH settings (tiles clipped to the
+    head sizes; a scan's BK is all of K)."""
+    cfg = dict(LAUNCH[kernel.fn.__name__])
+    for name, value in (("K", K), ("V", V)):
+        if value is not None and name in kernel.arg_names:
+            consts[name] = value
+    if "BK" in cfg:
+        cfg["BK"] = min(cfg["BK"], _pow2(K))
+    if "BV" in cfg:
+        cfg["BV"] = min(cfg["BV"], _pow2(V), max(16, cfg.pop("STATE", 1 << 30) // _pow2(K or 1)))
+    grid = grid(cfg) if callable(grid) else grid
+    kernel[grid](*args, **consts, **cfg)
 
 
 def gate_cumsum(g, a_log, dt_bias, lower_bound, gate: bool) -> torch.Tensor:
     """Stage F0 (fp32 ``[B, T, HV, K]``)."""
     B, T, HV, K = g.shape
     out = torch.empty(B, T, HV, K, device=g.device, dtype=torch.float32)
-    bk = min(_pow2(K), 64)
-    grid = (triton.cdiv(T, BT), triton.cdiv(K, bk), B * HV)
-    _gate_cumsum_kernel[grid](
-        g, a_log if a_log is not None else g, dt_bias if dt_bias is not None else g, out,
-        float(lower_bound) if lower_bound is not None else 0.0, T, HV=HV, K=K, BT=BT, BK=bk,
-        GATE=gate, HAS_A=a_log is not None, HAS_BIAS=dt_bias is not None,
-        LOWER=lower_bound is not None)
+    _launch(_gate_cumsum_kernel, lambda c: (triton.cdiv(T, BT), triton.cdiv(K, c["BK"]), B * HV),
+            g, a_log if a_log is not None else g, dt_bias if dt_bias is not None else g, out,
+            float(lower_bound) if lower_bound is not None else 0.0, T, K=K, HV=HV, BT=BT,
+            GATE=gate, HAS_A=a_log is not None, HAS_BIAS=dt_bias is not None,
+            LOWER=lower_bound is not None)
     return out
 
 
 def forward(q, k, v, G, beta, scale, h0, output_final_state):
-    """Stages F1-F3. Returns ``(o, ht, saved)`` with saved = (Aqk, L, X, w, u)."""
+    """Stages F1-F3. Returns ``(o, ht, saved)`` with saved = (Aqk, L, X, w, u, qg, kd, gc):
+    the intra-chunk matrices in float32, the scans' operands in q's dtype."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     NT = triton.cdiv(T, BT)
-    bk_all, bk, bv = _sizes(K, V)
     f32 = dict(device=q.device, dtype=torch.float32)
+    op = dict(device=q.device, dtype=q.dtype)
     Aqk = torch.empty(B, T, HV, BT, **f32)
     Lm = torch.empty(B, T, HV, BT, **f32)
-    _intra_fwd_kernel[(NT, BT // BC, B * HV)](q, k, G, Aqk, Lm, scale, T, H=H, HV=HV, K=K,
-                                              BT=BT, BC=BC, BK=bk)
+    _launch(_intra_fwd_kernel, (NT, BT // BC, B * HV), q, k, G, Aqk, Lm, scale, T,
+            K=K, H=H, HV=HV, BT=BT, BC=BC)
     X = torch.empty(B, T, HV, BT, **f32)
-    w = torch.empty(B, T, HV, K, **f32)
-    u = torch.empty(B, T, HV, V, **f32)
-    _solve_fwd_kernel[(NT, B * HV)](k, v, G, beta, Lm, X, w, u, T, H=H, HV=HV, K=K, V=V,
-                                    BT=BT, BK=bk, BV=bv)
-    o = torch.empty(B, T, HV, V, device=q.device, dtype=q.dtype)
+    w, qg, kd = (torch.empty(B, T, HV, K, **op) for _ in range(3))
+    u = torch.empty(B, T, HV, V, **op)
+    gc = torch.empty(B, NT, HV, K, **f32)
+    _launch(_solve_fwd_kernel, (NT, B * HV), q, k, v, G, beta, Lm, X, w, u, qg, kd, gc, scale,
+            T, NT, K=K, V=V, H=H, HV=HV, BT=BT)
+    o = torch.empty(B, T, HV, V, **op)
     ht = torch.empty(B, HV, K, V, **f32) if output_final_state else None
-    _scan_fwd_kernel[(triton.cdiv(V, bv), B * HV)](
-        q, k, G, w, u, Aqk, h0 if h0 is not None else q, o, ht if ht is not None else o,
-        o, o, scale, T, NT, H=H, HV=HV, K=K, V=V, BT=BT, BK=bk_all, BV=bv,
-        HAS_H0=h0 is not None, STORE_FINAL=ht is not None, OUTPUT=True, SAVE=False)
-    return o, ht, (Aqk, Lm, X, w, u)
+    _launch(_scan_fwd_kernel, lambda c: (triton.cdiv(V, c["BV"]), B * HV),
+            qg, kd, gc, w, u, Aqk, h0 if h0 is not None else gc, o,
+            ht if ht is not None else gc, o, o, T, NT, V=V, HV=HV, K=K, BT=BT, BK=_pow2(K),
+            HAS_H0=h0 is not None, STORE_FINAL=ht is not None, OUTPUT=True, SAVE=False)
+    return o, ht, (Aqk, Lm, X, w, u, qg, kd, gc)
 
 
 def backward(q, k, v, G, beta, scale, h0, saved, do, dht):
-    """Stages B1-B3 (the state recomputed first). Returns per-value-head fp32
-    ``dq, dk`` (``[B, T, HV, K]``), ``dv``, ``dG`` (the gradient of the chunk sums),
-    ``dbeta`` and ``dh0``."""
-    Aqk, Lm, X, w, u = saved
+    """Stages B0-B3. Returns per-value-head fp32 ``dq, dk`` (``[B, T, HV, K]``), ``dv``,
+    ``dG`` (the gradient of the chunk sums), ``dbeta`` and ``dh0``."""
+    Aqk, Lm, X, w, u, qg, kd, gc = saved
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     NT = triton.cdiv(T, BT)
-    bk_all, bk, bv = _sizes(K, V)
     f32 = dict(device=q.device, dtype=torch.float32)
-    h = torch.empty(B, NT, HV, K, V, **f32)
-    dlt = torch.empty(B, T, HV, V, **f32)
-    grid_v = (triton.cdiv(V, bv), B * HV)
-    _scan_fwd_kernel[grid_v](
-        q, k, G, w, u, Aqk, h0 if h0 is not None else q, q, q, h, dlt, scale, T, NT,
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=bk_all, BV=bv,
-        HAS_H0=h0 is not None, STORE_FINAL=False, OUTPUT=False, SAVE=True)
-    dh = torch.empty(B, NT, HV, K, V, **f32)
-    dd = torch.empty(B, T, HV, V, **f32)
+    op = dict(device=q.device, dtype=q.dtype)
+    h = torch.empty(B, NT, HV, K, V, **op)
+    dlt = torch.empty(B, T, HV, V, **op)
+
+    def grid_v(c):
+        return (triton.cdiv(V, c["BV"]), B * HV)
+
+    _launch(_scan_fwd_kernel, grid_v, qg, kd, gc, w, u, Aqk, h0 if h0 is not None else gc,
+            gc, gc, h, dlt, T, NT, V=V, HV=HV, K=K, BT=BT, BK=_pow2(K),
+            HAS_H0=h0 is not None, STORE_FINAL=False, OUTPUT=False, SAVE=True)
+    dh = torch.empty(B, NT, HV, K, V, **op)
+    dd = torch.empty(B, T, HV, V, **op)
     dh0 = torch.empty(B, HV, K, V, **f32) if h0 is not None else None
-    _scan_bwd_kernel[grid_v](
-        q, k, G, w, Aqk, do, dht if dht is not None else do, dh, dd,
-        dh0 if dh0 is not None else dd, scale, T, NT, H=H, HV=HV, K=K, V=V, BT=BT,
-        BK=bk_all, BV=bv, HAS_DHT=dht is not None, HAS_H0=dh0 is not None)
-    dq = torch.empty(B, T, HV, K, **f32)
-    dk = torch.empty(B, T, HV, K, **f32)
-    dG = torch.empty(B, T, HV, K, **f32)
+    _launch(_scan_bwd_kernel, grid_v, qg, kd, gc, w, Aqk, do, dht if dht is not None else gc,
+            dh, dd, dh0 if dh0 is not None else gc, T, NT, V=V, HV=HV, K=K, BT=BT,
+            BK=_pow2(K), HAS_DHT=dht is not None, HAS_H0=dh0 is not None)
     dv = torch.empty(B, T, HV, V, **f32)
     dAqk = torch.empty(B, T, HV, BT, **f32)
-    dL = torch.empty(B, T, HV, BT, **f32)
+    dX = torch.empty(B, T, HV, BT, **f32)
     dbeta = torch.empty(B, T, HV, **f32)
-    _chunk_bwd_kernel[(NT, B * HV)](
-        q, k, v, G, beta, X, Lm, h, dh, dlt, dd, do, dq, dk, dv, dG, dAqk, dL, dbeta,
-        scale, T, NT, H=H, HV=HV, K=K, V=V, BT=BT, BK=bk_all, BV=bv, num_warps=8)
-    _intra_bwd_kernel[(NT, BT // BC, B * HV)](
-        q, k, G, dAqk, dL, dq, dk, dG, scale, T, H=H, HV=HV, K=K, BT=BT, BC=BC, BK=bk)
+    _launch(_dv_bwd_kernel, (NT, B * HV), v, beta, X, dlt, dd, do, dv, dAqk, dX, dbeta, T,
+            V=V, HV=HV, BT=BT)
+    dq, dk, dG = (torch.empty(B, T, HV, K, **f32) for _ in range(3))
+    nk = triton.cdiv(K, min(LAUNCH["_dk_bwd_kernel"]["BK"], _pow2(K)))
+    dXp = torch.empty(B, T, HV, nk, BT, **f32)
+    dbp = torch.empty(B, T, HV, nk, **f32)
+    _launch(_dk_bwd_kernel, lambda c: (NT, triton.cdiv(K, c["BK"]), B * HV), q, k, G, beta, X,
+            h, dh, dlt, dd, do, dq, dk, dG, dXp, dbp, scale, T, NT, K=K, V=V, H=H, HV=HV, BT=BT)
+    dL = torch.empty(B, T, HV, BT, **f32)
+    _launch(_dm_bwd_kernel, (NT, B * HV), beta, X, Lm, dX, dXp, dbp, dL, dbeta, T, HV=HV,
+            BT=BT, NK=nk)
+    _launch(_intra_bwd_kernel, (NT, BT // BC, B * HV), q, k, G, dAqk, dL, dq, dk, dG, scale,
+            T, K=K, H=H, HV=HV, BT=BT, BC=BC)
     return dq, dk, dv, dG, dbeta, dh0
 
 
@@ -590,15 +680,14 @@ def gate_backward(dG, g, a_log, dt_bias, lower_bound, gate: bool):
     """Stage B4: ``(dg, dA_log or None)``."""
     B, T, HV, K = dG.shape
     NT = triton.cdiv(T, BT)
-    bk = min(_pow2(K), 64)
-    nk = triton.cdiv(K, bk)
+    nk = triton.cdiv(K, min(LAUNCH["_gate_bwd_kernel"]["BK"], _pow2(K)))
     dg = torch.empty_like(dG)
     da = torch.zeros(B * HV * NT * nk, device=dG.device, dtype=torch.float32)
-    _gate_bwd_kernel[(NT, nk, B * HV)](
-        dG, g, a_log if a_log is not None else g, dt_bias if dt_bias is not None else g, dg,
-        da, float(lower_bound) if lower_bound is not None else 0.0, T, NT, HV=HV, K=K, BT=BT,
-        BK=bk, GATE=gate, HAS_A=a_log is not None, HAS_BIAS=dt_bias is not None,
-        LOWER=lower_bound is not None)
+    _launch(_gate_bwd_kernel, (NT, nk, B * HV),
+            dG, g, a_log if a_log is not None else g, dt_bias if dt_bias is not None else g, dg,
+            da, float(lower_bound) if lower_bound is not None else 0.0, T, NT, K=K, HV=HV, BT=BT,
+            GATE=gate, HAS_A=a_log is not None, HAS_BIAS=dt_bias is not None,
+            LOWER=lower_bound is not None)
     d_alog = da.view(B, HV, -1).sum((0, 2)) if gate and a_log is not None else None
     return dg, d_alog
 
