@@ -37,6 +37,9 @@ FITTER_TESTS = ["tests/spectral/test_fitter_exactness.py", "tests/spectral/test_
 STATS_TESTS = ["tests/spectral/test_statistics.py", "tests/spectral/test_fitting.py"]
 CORE_TESTS = ["tests/core"]
 CONV_TESTS = ["tests/kernel_fun_gpu/test_cconv.py"]
+CONV = "kernel_fun_gpu/src/kernel_fun/ops/cconv/_triton.py"
+KDA = "kernel_fun_gpu/src/kernel_fun/ops/kda/_triton.py"
+KDA_TESTS = ["tests/kernel_fun_gpu/test_kda.py::TestAgainstFlaNaive"]
 
 
 @dataclass(frozen=True)
@@ -183,14 +186,32 @@ MUTANTS = [
            "            if False:",
            ("tests/storage",), "files of a chunk that never committed are cleaned up"),
     # -- the Triton conv ------------------------------------------------------------------
-    Mutant("conv-forward-tap", "kernel_fun_gpu/src/kernel_fun/_cconv_triton.py",
+    Mutant("conv-forward-tap", CONV,
            "+ w2 * _load_rows(xb, t - 1, d, d_ok, T, sxt, sxd)",
            "+ w2 * _load_rows(xb, t - 2, d, d_ok, T, sxt, sxd)",
            tuple(CONV_TESTS), "one tap of the forward reads the wrong time step"),
-    Mutant("conv-backward-tap", "kernel_fun_gpu/src/kernel_fun/_cconv_triton.py",
+    Mutant("conv-backward-tap", CONV,
            "gx += w1 * _dz(w0 * xm1 + w1 * x0 + w2 * xp1 + w3 * xp2, g2)",
            "gx += w2 * _dz(w0 * xm1 + w1 * x0 + w2 * xp1 + w3 * xp2, g2)",
            tuple(CONV_TESTS), "dx takes each tap's weight"),
+    # -- the Triton chunk_kda ---------------------------------------------------------------
+    Mutant("kda-state-not-decayed", KDA, "S = S * g_c[:, None] + tl.dot",
+           "S = S + tl.dot", tuple(KDA_TESTS), "the state skips the chunk's decay"),
+    Mutant("kda-beta-through-inverse", KDA, "    d_b += tl.sum(d_m * tl.load(L + pa",
+           "    d_b += 0 * tl.sum(d_m * tl.load(L + pa", tuple(KDA_TESTS),
+           "dbeta misses its path through (I + diag(beta) L)^-1"),
+    Mutant("kda-diagonal-block-as-column", KDA,
+           "db += (rq[:, None] * q_c[None, :] + rl", "db += (0 * rq[:, None] * q_c[None, :] + rl",
+           tuple(KDA_TESTS), "dk misses Aqk's diagonal sub-block"),
+    Mutant("kda-last-k-block-dropped", KDA, "    for i_k in range(NK):",
+           "    for i_k in range(NK - 1):", tuple(KDA_TESTS),
+           "dX and dbeta lose one K-block's part"),
+    Mutant("kda-gate-chunk-sum-exclusive", KDA,
+           "    dy = tl.sum(x, 0)[None, :] - tl.cumsum(x, 0) + x",
+           "    dy = tl.sum(x, 0)[None, :] - tl.cumsum(x, 0)", tuple(KDA_TESTS),
+           "dg's reverse sum leaves out its own step"),
+    Mutant("kda-lower-bound-dA", KDA, "            da = dy * slope * s\n",
+           "            da = dy * slope\n", tuple(KDA_TESTS), "dA_log of the lower-bound gate"),
 ]
 
 
