@@ -106,9 +106,14 @@ def _loss(o, ht, grads, opts):
     return loss
 
 
-def _case(shape, dtype, seed=0, gate=False, **opts):
-    """Run ours and the reference on the same leaves; the relative RMS errors by name."""
+def _case(shape, dtype, seed=0, gate=False, strided=False, **opts):
+    """Run ours and the reference on the same leaves; the relative RMS errors by name.
+    ``strided``: q, k, v, g are [B, H, T, .] tensors seen as [B, T, H, .] (not contiguous)."""
     x, grads = _inputs(*shape, dtype, seed=seed, gate=gate)
+    if strided:
+        for n in ("q", "k", "v", "g"):
+            x[n] = x[n].transpose(1, 2).contiguous().transpose(1, 2)
+            assert not x[n].is_contiguous()
     names = ["q", "k", "v", "g", "beta"]
     if "initial_state" in opts:
         opts["initial_state"] = x["initial_state"]
@@ -162,6 +167,13 @@ class TestAgainstFlaNaive:
         """No initial state, no final state: o and the gradients of q, k, v, g, beta."""
         errors = _case(SHAPES[0], torch.float32)
         assert set(errors) == {"o", "dq", "dk", "dv", "dg", "dbeta"}
+        _check(errors, torch.float32)
+
+    def test_strided_inputs_and_a_final_state_from_zero(self):
+        """q, k, v, g as strided views (a [B, H, T, K] layout), no initial state but the
+        final state asked for."""
+        errors = _case((1, 70, 2, 2, 16, 24), torch.float32, strided=True, output_final_state=True)
+        assert "ht" in errors and "dinitial_state" not in errors
         _check(errors, torch.float32)
 
     def test_state_v_first_and_a_scale(self):
