@@ -37,24 +37,25 @@ CASES = [
 QUICK = [("small, gate+norm in op", dict(B=2, T=1024, H=4, HV=4, K=128, V=128), True)]
 
 
-def _inputs(B, T, H, HV, K, V, in_op):
+def _inputs(B, T, H, HV, K, V, in_op, device="cuda", dtype=None):
     import torch
     import torch.nn.functional as F
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=device).manual_seed(0)
+    io = dtype or torch.bfloat16
 
-    def rnd(*shape, dtype=torch.bfloat16):
-        return torch.randn(*shape, device="cuda", dtype=dtype, generator=gen)
+    def rnd(*shape, dtype=io):
+        return torch.randn(*shape, device=device, dtype=dtype, generator=gen)
 
     x = {"q": rnd(B, T, H, K), "k": rnd(B, T, H, K), "v": rnd(B, T, HV, V),
-         "beta": torch.rand(B, T, HV, device="cuda", generator=gen).to(torch.bfloat16)}
+         "beta": torch.rand(B, T, HV, device=device, generator=gen).to(io)}
     if in_op:
         x["g"] = rnd(B, T, HV, K, dtype=torch.float32)
         opts = {"use_qk_l2norm_in_kernel": True, "use_gate_in_kernel": True,
                 "A_log": rnd(HV, dtype=torch.float32) * 0.5,
                 "dt_bias": rnd(HV * K, dtype=torch.float32) * 0.5}
     else:
-        x["k"] = F.normalize(x["k"].float(), dim=-1).to(torch.bfloat16)
+        x["k"] = F.normalize(x["k"].float(), dim=-1).to(io)
         x["g"] = F.logsigmoid(rnd(B, T, HV, K, dtype=torch.float32) + 3.0)
         opts = {}
     for name in ("q", "k", "v", "g", "beta"):
@@ -64,6 +65,25 @@ def _inputs(B, T, H, HV, K, V, in_op):
             opts[name].requires_grad_()
     do = rnd(B, T, HV, V)
     return x, opts, do
+
+
+def dry_run() -> None:
+    """Each case's inputs and calls, ours only, once, at a tiny shape on the CPU in
+    Triton's interpreter (what tests/kernel_fun_gpu runs to keep this script working)."""
+    import torch
+
+    from kernel_fun.kda import chunk_kda, is_supported
+
+    for label, _, in_op in CASES[:2]:  # the others differ from these by shape only
+        shape = dict(B=1, T=70, H=1, HV=2, K=16, V=16)
+        x, opts, do = _inputs(**shape, in_op=in_op, device="cpu", dtype=torch.float32)
+        args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+        assert is_supported(*args, **opts) == (True, ""), label
+        leaves = args + [opts[n] for n in ("A_log", "dt_bias") if n in opts]
+        o, _ = chunk_kda(*args, **opts)
+        grads = torch.autograd.grad(o, leaves, do)
+        assert all(torch.isfinite(g).all() for g in grads), label
+        print(f"{label}: ok")
 
 
 def _timings(kda, shape, in_op):
@@ -123,7 +143,12 @@ def main() -> None:
     parser.add_argument("--kf020", default=None, help="directory holding kernel-fun 0.2.0")
     parser.add_argument("--no-stages", action="store_true", help="skip the profiled run")
     parser.add_argument("--child-kf020", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="no GPU: run each case's calls once, tiny, in the interpreter")
     args = parser.parse_args()
+    if args.dry_run:
+        dry_run()
+        return
     if args.child_kf020:
         child_kf020(args.quick)
         return

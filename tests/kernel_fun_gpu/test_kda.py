@@ -516,3 +516,18 @@ def test_every_kernel_compiles_for_hopper():
                          capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("\n_") == 11, out.stdout  # every kernel variant reported
+
+
+def test_the_benchmark_script_runs():
+    """benchmarks/bench_kda.py --dry-run: its inputs and calls for every case, on the CPU
+    (a GPU session should not spend its minutes on a broken script)."""
+    import os
+    from pathlib import Path
+
+    if DEVICE != "cpu":
+        pytest.skip("CPU-only behaviour")
+    script = Path(__file__).parents[2] / "benchmarks" / "bench_kda.py"
+    out = subprocess.run([sys.executable, str(script), "--dry-run"], capture_output=True,
+                         text=True, env=dict(os.environ), timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count(": ok") == 2, out.stdout
