@@ -74,6 +74,7 @@ def main() -> None:
         (kt._solve_fwd_kernel, {}),
         (kt._scan_fwd_kernel, dict(HAS_H0=True, STORE_FINAL=True, OUTPUT=True, SAVE=False)),
         (kt._scan_fwd_kernel, dict(HAS_H0=True, STORE_FINAL=False, OUTPUT=False, SAVE=True)),
+        (kt._scan_fwd_kernel, dict(HAS_H0=True, STORE_FINAL=True, OUTPUT=True, SAVE=True)),
         (kt._scan_bwd_kernel, dict(HAS_DHT=True, HAS_H0=True)),
         (kt._dv_bwd_kernel, {}),
         (kt._dk_bwd_kernel, {}),

@@ -605,9 +605,11 @@ def gate_cumsum(g, a_log, dt_bias, lower_bound, gate: bool) -> torch.Tensor:
     return out
 
 
-def forward(q, k, v, G, beta, scale, h0, output_final_state):
+def forward(q, k, v, G, beta, scale, h0, output_final_state, keep_states=False):
     """Stages F1-F3. Returns ``(o, ht, saved)`` with saved = (Aqk, L, X, w, u, qg, kd, gc):
-    the intra-chunk matrices in float32, the scans' operands in q's dtype."""
+    the intra-chunk matrices in float32, the scans' operands in q's dtype; with
+    ``keep_states`` (fla's ``disable_recompute``) also the states entering each chunk and
+    delta, so that the backward need not run the scan again (B0)."""
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     NT = triton.cdiv(T, BT)
@@ -625,31 +627,38 @@ def forward(q, k, v, G, beta, scale, h0, output_final_state):
             T, NT, K=K, V=V, H=H, HV=HV, BT=BT)
     o = torch.empty(B, T, HV, V, **op)
     ht = torch.empty(B, HV, K, V, **f32) if output_final_state else None
+    kept = ()
+    if keep_states:
+        kept = (torch.empty(B, NT, HV, K, V, **op), torch.empty(B, T, HV, V, **op))
     _launch(_scan_fwd_kernel, lambda c: (triton.cdiv(V, c["BV"]), B * HV),
             qg, kd, gc, w, u, Aqk, h0 if h0 is not None else gc, o,
-            ht if ht is not None else gc, o, o, T, NT, V=V, HV=HV, K=K, BT=BT, BK=_pow2(K),
-            HAS_H0=h0 is not None, STORE_FINAL=ht is not None, OUTPUT=True, SAVE=False)
-    return o, ht, (Aqk, Lm, X, w, u, qg, kd, gc)
+            ht if ht is not None else gc, *(kept or (o, o)), T, NT, V=V, HV=HV, K=K, BT=BT,
+            BK=_pow2(K), HAS_H0=h0 is not None, STORE_FINAL=ht is not None, OUTPUT=True,
+            SAVE=keep_states)
+    return o, ht, (Aqk, Lm, X, w, u, qg, kd, gc, *kept)
 
 
 def backward(q, k, v, G, beta, scale, h0, saved, do, dht):
     """Stages B0-B3. Returns per-value-head fp32 ``dq, dk`` (``[B, T, HV, K]``), ``dv``,
     ``dG`` (the gradient of the chunk sums), ``dbeta`` and ``dh0``."""
-    Aqk, Lm, X, w, u, qg, kd, gc = saved
+    Aqk, Lm, X, w, u, qg, kd, gc, *kept = saved
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     NT = triton.cdiv(T, BT)
     f32 = dict(device=q.device, dtype=torch.float32)
     op = dict(device=q.device, dtype=q.dtype)
-    h = torch.empty(B, NT, HV, K, V, **op)
-    dlt = torch.empty(B, T, HV, V, **op)
 
     def grid_v(c):
         return (triton.cdiv(V, c["BV"]), B * HV)
 
-    _launch(_scan_fwd_kernel, grid_v, qg, kd, gc, w, u, Aqk, h0 if h0 is not None else gc,
-            gc, gc, h, dlt, T, NT, V=V, HV=HV, K=K, BT=BT, BK=_pow2(K),
-            HAS_H0=h0 is not None, STORE_FINAL=False, OUTPUT=False, SAVE=True)
+    if kept:
+        h, dlt = kept
+    else:
+        h = torch.empty(B, NT, HV, K, V, **op)
+        dlt = torch.empty(B, T, HV, V, **op)
+        _launch(_scan_fwd_kernel, grid_v, qg, kd, gc, w, u, Aqk, h0 if h0 is not None else gc,
+                gc, gc, h, dlt, T, NT, V=V, HV=HV, K=K, BT=BT, BK=_pow2(K),
+                HAS_H0=h0 is not None, STORE_FINAL=False, OUTPUT=False, SAVE=True)
     dh = torch.empty(B, NT, HV, K, V, **op)
     dd = torch.empty(B, T, HV, V, **op)
     dh0 = torch.empty(B, HV, K, V, **f32) if h0 is not None else None
@@ -714,7 +723,7 @@ class ChunkKDA(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
                 use_qk_l2norm, use_gate, use_beta_sigmoid, allow_neg_eigval, lower_bound,
-                state_v_first, warm_key=None):
+                state_v_first, keep_states=False, warm_key=None):
         with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
             q_in, k_in = q, k
             q_rstd = k_rstd = None
@@ -735,7 +744,7 @@ class ChunkKDA(torch.autograd.Function):
             if initial_state is not None:
                 h0 = initial_state.transpose(-1, -2) if state_v_first else initial_state
                 h0 = h0.float().contiguous()
-            o, ht, saved = forward(q, k, v, G, b, scale, h0, output_final_state)
+            o, ht, saved = forward(q, k, v, G, b, scale, h0, output_final_state, keep_states)
             if ht is not None and state_v_first:
                 ht = ht.transpose(-1, -2).contiguous()
         ctx.save_for_backward(q_in, k_in, q, k, v, g, beta, b, a_log, bias, G, h0, *saved)
@@ -782,4 +791,4 @@ class ChunkKDA(torch.autograd.Function):
             _support.mark_warm(("bwd", *ctx.warm_key))
         return (dq.to(q_in.dtype), dk.to(k_in.dtype), dv.to(v.dtype), dg.to(ctx.dtypes[0]),
                 db.to(ctx.dtypes[1]), d_alog, d_bias, None, dh0 if ctx.has_h0 else None,
-                None, None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None, None)

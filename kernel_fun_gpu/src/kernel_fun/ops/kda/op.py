@@ -15,8 +15,9 @@ result, and any error fla raises for bad input, are fla's. The box:
   (``state_v_first``), ``output_final_state`` either way;
 * the in-op options: ``use_qk_l2norm_in_kernel``, ``use_beta_sigmoid_in_kernel`` (with
   ``allow_neg_eigval``), ``use_gate_in_kernel`` from ``A_log`` and ``dt_bias`` including
-  the ``lower_bound`` form; ``safe_gate`` and ``disable_recompute`` change how fla computes,
-  not what, and are accepted;
+  the ``lower_bound`` form; ``safe_gate`` changes how fla computes, not what, and is
+  accepted; ``disable_recompute=True`` keeps the chunk states from the forward for the
+  backward (more memory, one scan fewer), as in fla;
 * a CUDA device of compute capability 9.0 or newer (or Triton's interpreter on the CPU
   when ``KERNEL_FUN_INTERPRET=1`` and ``TRITON_INTERPRET=1``, for tests);
 * under CUDA-graph capture, only shapes and options that already ran eagerly (forward
@@ -169,7 +170,7 @@ def is_supported(
             return False, f"{name} is on {value.device} but q on {q.device}."
     if _support.is_capturing():  # last: it only speaks for a call otherwise accepted
         key = warm_key(q, v, g, initial_state, output_final_state, use_gate_in_kernel,
-                       lower_bound, A_log, dt_bias)
+                       lower_bound, A_log, dt_bias, disable_recompute)
         need_bwd = torch.is_grad_enabled() and any(
             isinstance(t, torch.Tensor) and t.requires_grad
             for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
@@ -183,13 +184,13 @@ def is_supported(
 
 
 def warm_key(q, v, g, initial_state, output_final_state, use_gate, lower_bound, A_log,
-             dt_bias) -> tuple:
+             dt_bias, disable_recompute=False) -> tuple:
     """What a warm call is keyed by: shapes, dtypes, device and the options that select
     a different compiled kernel."""
     return ("chunk_kda", tuple(q.shape), tuple(v.shape), q.dtype, g.dtype, str(q.device),
             initial_state is not None, bool(output_final_state), bool(use_gate),
             use_gate and lower_bound is not None, use_gate and A_log is not None,
-            use_gate and dt_bias is not None)
+            use_gate and dt_bias is not None, bool(disable_recompute))
 
 
 def run(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -212,8 +213,9 @@ def run(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=Fal
         initial_state, bool(output_final_state), bool(use_qk_l2norm_in_kernel),
         bool(use_gate_in_kernel), bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval),
         None if lower_bound is None else float(lower_bound), bool(state_v_first),
+        bool(disable_recompute),
         warm_key(q, v, g, initial_state, output_final_state, use_gate_in_kernel, lower_bound,
-                 A_log, dt_bias))
+                 A_log, dt_bias, disable_recompute))
     return o, ht
 
 
@@ -322,7 +324,7 @@ def warmup(
         o.float().sum().backward()
         key = warm_key(q, v, g, opts.get("initial_state"), opts.get("output_final_state", False),
                        opts.get("use_gate_in_kernel", False), opts.get("lower_bound"),
-                       opts.get("A_log"), opts.get("dt_bias"))
+                       opts.get("A_log"), opts.get("dt_bias"), opts.get("disable_recompute", False))
         missing = [p for p in ("fwd", "bwd") if not _support.is_warm((p, *key))]
         if missing:
             raise RuntimeError(f"kernel-fun warm-up with {sorted(opts)}: the {missing} kernels "
