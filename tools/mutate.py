@@ -210,6 +210,10 @@ MUTANTS = [
            "    dy = tl.sum(x, 0)[None, :] - tl.cumsum(x, 0) + x",
            "    dy = tl.sum(x, 0)[None, :] - tl.cumsum(x, 0)", tuple(KDA_TESTS),
            "dg's reverse sum leaves out its own step"),
+    Mutant("kda-inverse-block-term-dropped", KDA,
+           "x30 = -_dot(x33, _dot(m30, x00) + _dot(m31, x10) + _dot(m32, x20))",
+           "x30 = -_dot(x33, _dot(m30, x00) + _dot(m31, x10))", tuple(KDA_TESTS),
+           "one term of the blockwise inverse's corner block"),
     Mutant("kda-lower-bound-dA", KDA, "            da = dy * slope * s\n",
            "            da = dy * slope\n", tuple(KDA_TESTS), "dA_log of the lower-bound gate"),
 ]

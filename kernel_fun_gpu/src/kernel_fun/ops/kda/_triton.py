@@ -141,10 +141,48 @@ def _intra_fwd_kernel(q, k, G, Aqk, L, scale, T,
 
 
 @triton.jit
+def _dot(a, b):
+    """A small fp32 product kept in full precision (not tf32): the inverse's blocks."""
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _m_block(L, beta, ab, bb, r0, bi: tl.constexpr, bj: tl.constexpr, T,
+             HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """Block (bi, bj) of M = diag(beta) L of the chunk starting at row r0 (0 past T)."""
+    rows = r0 + bi * BC + tl.arange(0, BC)
+    ok = rows < T
+    b = tl.load(beta + bb + rows * HV, mask=ok, other=0.0)
+    p = ab + rows[:, None] * (HV * BT) + bj * BC + tl.arange(0, BC)[None, :]
+    return b[:, None] * tl.load(L + p, mask=ok[:, None], other=0.0)
+
+
+@triton.jit
+def _inv_unit_lower(M, BC: tl.constexpr):
+    """(I + M)^-1 for a strictly lower-triangular [BC, BC] M, by forward substitution:
+    row i of the inverse is e_i - M[i, :] X."""
+    o = tl.arange(0, BC)
+    x = tl.where(o[:, None] == o[None, :], 1.0, 0.0)
+    for i in range(1, BC):
+        m_row = tl.sum(tl.where(o[:, None] == i, M, 0.0), 0)
+        row = tl.where(o == i, 1.0, 0.0) - tl.sum(m_row[:, None] * x, 0)
+        x = tl.where(o[:, None] == i, row[None, :], x)
+    return x
+
+
+@triton.jit
+def _store_block(X, ab, r0, bi: tl.constexpr, bj: tl.constexpr, val, T,
+                 HV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    rows = r0 + bi * BC + tl.arange(0, BC)
+    p = ab + rows[:, None] * (HV * BT) + bj * BC + tl.arange(0, BC)[None, :]
+    tl.store(X + p, val, mask=(rows < T)[:, None])
+
+
+@triton.jit
 def _solve_fwd_kernel(q, k, v, G, beta, L, X, w, u, qg, kd, gc, scale, T, NT,
                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """Stage F2: X = (I + diag(beta) L)^-1 by forward substitution; the WY form w and u;
+                      BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Stage F2: X = (I + diag(beta) L)^-1 by 16x16 blocks; the WY form w and u;
     and what the state scans multiply by, so that they take no exponentials: q exp(G)
     (scaled), k exp(G[C] - G) and exp(G[C]). w, u, qg, kd in the operands' dtype."""
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
@@ -154,18 +192,49 @@ def _solve_fwd_kernel(q, k, v, G, beta, L, X, w, u, qg, kd, gc, scale, T, NT,
     m_t = o_t < T
     o_c = tl.arange(0, BT)
     last = tl.minimum(T, i_n * BT + BT) - 1
-    b = tl.load(beta + i_b.to(tl.int64) * T * HV + o_t * HV + i_hv, mask=m_t, other=0.0)
+    bb = i_b.to(tl.int64) * T * HV + i_hv
+    b = tl.load(beta + bb + o_t * HV, mask=m_t, other=0.0)
     ab = (i_b.to(tl.int64) * T * HV + i_hv) * BT
     pa = ab + o_t[:, None] * (HV * BT) + o_c[None, :]
-    M = b[:, None] * tl.load(L + pa, mask=m_t[:, None], other=0.0)
-    Xm = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)
-    n_valid = tl.minimum(T - i_n * BT, BT)
-    for i in range(1, n_valid):
-        m_row = tl.sum(tl.where(o_c[:, None] == i, M, 0.0), 0)
-        row = tl.where(o_c == i, 1.0, 0.0) - tl.sum(m_row[:, None] * Xm, 0)
-        Xm = tl.where(o_c[:, None] == i, row[None, :], Xm)
-    tl.store(X + pa, Xm, mask=m_t[:, None])
-    Xb = Xm * b[None, :]
+    tl.static_assert(BT == 4 * BC, "the inverse is written for four sub-blocks")
+    # X by 16x16 blocks: the diagonal ones by forward substitution, the others by
+    # products, X_ij = -X_ii sum_{j <= m < i} M_im X_mj; written, then read back whole.
+    r0 = i_n * BT
+    x00 = _inv_unit_lower(_m_block(L, beta, ab, bb, r0, 0, 0, T, HV, BT, BC), BC)
+    x11 = _inv_unit_lower(_m_block(L, beta, ab, bb, r0, 1, 1, T, HV, BT, BC), BC)
+    x22 = _inv_unit_lower(_m_block(L, beta, ab, bb, r0, 2, 2, T, HV, BT, BC), BC)
+    x33 = _inv_unit_lower(_m_block(L, beta, ab, bb, r0, 3, 3, T, HV, BT, BC), BC)
+    m10 = _m_block(L, beta, ab, bb, r0, 1, 0, T, HV, BT, BC)
+    m20 = _m_block(L, beta, ab, bb, r0, 2, 0, T, HV, BT, BC)
+    m21 = _m_block(L, beta, ab, bb, r0, 2, 1, T, HV, BT, BC)
+    m30 = _m_block(L, beta, ab, bb, r0, 3, 0, T, HV, BT, BC)
+    m31 = _m_block(L, beta, ab, bb, r0, 3, 1, T, HV, BT, BC)
+    m32 = _m_block(L, beta, ab, bb, r0, 3, 2, T, HV, BT, BC)
+    x10 = -_dot(x11, _dot(m10, x00))
+    x21 = -_dot(x22, _dot(m21, x11))
+    x32 = -_dot(x33, _dot(m32, x22))
+    x20 = -_dot(x22, _dot(m20, x00) + _dot(m21, x10))
+    x31 = -_dot(x33, _dot(m31, x11) + _dot(m32, x21))
+    x30 = -_dot(x33, _dot(m30, x00) + _dot(m31, x10) + _dot(m32, x20))
+    zero = tl.zeros([BC, BC], dtype=tl.float32)
+    _store_block(X, ab, r0, 0, 0, x00, T, HV, BT, BC)
+    _store_block(X, ab, r0, 0, 1, zero, T, HV, BT, BC)
+    _store_block(X, ab, r0, 0, 2, zero, T, HV, BT, BC)
+    _store_block(X, ab, r0, 0, 3, zero, T, HV, BT, BC)
+    _store_block(X, ab, r0, 1, 0, x10, T, HV, BT, BC)
+    _store_block(X, ab, r0, 1, 1, x11, T, HV, BT, BC)
+    _store_block(X, ab, r0, 1, 2, zero, T, HV, BT, BC)
+    _store_block(X, ab, r0, 1, 3, zero, T, HV, BT, BC)
+    _store_block(X, ab, r0, 2, 0, x20, T, HV, BT, BC)
+    _store_block(X, ab, r0, 2, 1, x21, T, HV, BT, BC)
+    _store_block(X, ab, r0, 2, 2, x22, T, HV, BT, BC)
+    _store_block(X, ab, r0, 2, 3, zero, T, HV, BT, BC)
+    _store_block(X, ab, r0, 3, 0, x30, T, HV, BT, BC)
+    _store_block(X, ab, r0, 3, 1, x31, T, HV, BT, BC)
+    _store_block(X, ab, r0, 3, 2, x32, T, HV, BT, BC)
+    _store_block(X, ab, r0, 3, 3, x33, T, HV, BT, BC)
+    tl.debug_barrier()  # the blocks this program wrote, visible to all its threads
+    Xb = tl.load(X + pa, mask=m_t[:, None], other=0.0) * b[None, :]
     qk = (i_b.to(tl.int64) * T * H + i_h) * K
     gb = (i_b.to(tl.int64) * T * HV + i_hv) * K
     cb = ((i_b.to(tl.int64) * NT + i_n) * HV + i_hv) * K
@@ -624,7 +693,7 @@ def forward(q, k, v, G, beta, scale, h0, output_final_state, keep_states=False):
     u = torch.empty(B, T, HV, V, **op)
     gc = torch.empty(B, NT, HV, K, **f32)
     _launch(_solve_fwd_kernel, (NT, B * HV), q, k, v, G, beta, Lm, X, w, u, qg, kd, gc, scale,
-            T, NT, K=K, V=V, H=H, HV=HV, BT=BT)
+            T, NT, K=K, V=V, H=H, HV=HV, BT=BT, BC=BC)
     o = torch.empty(B, T, HV, V, **op)
     ht = torch.empty(B, HV, K, V, **f32) if output_final_state else None
     kept = ()
