@@ -190,6 +190,7 @@ def main() -> None:
             if kf020:
                 row += [f"{kf020[i][phase]:.2f}", f"{kf020[i][phase] / ours[phase]:.2f}x"]
             rows.append(row)
+            print("# " + " | ".join(row), flush=True)  # as it comes: a timeout keeps it
     cols = ["case", "pass", "ours ms", "fla ms", "fla/ours"]
     if kf020:
         cols += ["0.2.0 ms", "0.2.0/ours"]

@@ -1,23 +1,44 @@
 #!/usr/bin/env bash
-# The GPU check of kernel-fun, as one script for a lent CUDA machine (not yet run: no GPU
-# has been lent to this project so far): both ops' tests on the device (bf16 included),
-# then both ops' benchmarks against fla, then the spectral pack's GPU routes. Run from the repository root; results go to
-# $OUT (or ./gpu-results). Needs torch with CUDA, triton, fla-core, pytest, attrs, pluggy
-# and numpy importable (carry wheels when the machine has no network).
+# The GPU check, as one script for a lent CUDA machine (not yet run: no GPU has been lent
+# to this project so far). Run from the repository root; results go to $OUT (or
+# ./gpu-results), one log per step, written as the step runs. Needs torch with CUDA,
+# triton, fla-core, pytest, attrs, pluggy and numpy importable (carry wheels when the
+# machine has no network); the spectral step needs scipy and threadpoolctl too.
+#
+#   benchmarks/gpu_check.sh                 # every step, in this order:
+#   benchmarks/gpu_check.sh tests bench-kda # or only the steps named
+#
+#   tests        kernel-fun's tests on the device (both ops; fp16, fp32 and bf16, bf16
+#                against fla's own kernels too)                           <= 240 s
+#   bench-kda    chunk_kda against fla: totals, then GPU time per kernel   <= 300 s
+#   bench-cconv  causal_conv1d against fla (and kernel-fun 0.2.0)          <= 120 s
+#   spectral     the spectral pack's GPU routes against its numpy path      <= 120 s
+#
+# One device command may run 10 minutes and a session has about 15 minutes of device
+# time, start-up included: run "tests bench-kda" first, then the rest in a second call.
 set -uo pipefail
 OUT=${OUT:-./gpu-results}
 mkdir -p "$OUT"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests bench-kda bench-cconv spectral)
 python3 -m pip install -q --no-deps --no-build-isolation -e diffract_core -e kernel_fun_gpu 2>&1 | tail -2
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
-# Correctness on the device: fp16, fp32 and bf16 against fla and a PyTorch reference.
-KERNEL_FUN_TEST_GPU=1 python3 -m pytest -q -p no:cacheprovider tests/kernel_fun_gpu 2>&1 | tee "$OUT/tests.log"
-# Speed against fla (and kernel-fun 0.2.0 when its wheel sits in .whl/kf020).
 kf=""; [ -d .whl/kf020 ] && kf="--kf020 .whl/kf020"
-python3 benchmarks/bench_cconv.py $kf 2>&1 | tee "$OUT/bench.log"
-# chunk_kda against fla: totals at the production shape and fla-style shapes, then GPU
-# time per kernel of one forward+backward (which stage to tune or hand to fla).
-timeout 420 python3 benchmarks/bench_kda.py $kf 2>&1 | tee "$OUT/bench_kda.log"
-# The spectral pack's GPU routes (esd, svals, svd, esd_rand batched on the device) against
-# its numpy path: agreement and times (needs scipy and threadpoolctl too).
-python3 -m pip install -q --no-deps --no-build-isolation -e diffract_kernels_spectral 2>&1 | tail -2
-python3 benchmarks/gpu_spectral_check.py --device cuda 2>&1 | tee "$OUT/spectral.log"
+export TRITON_DEFAULT_FP_FUSION=1
+for step in "${steps[@]}"; do
+  start=$(date +%s)
+  case "$step" in
+    tests)
+      KERNEL_FUN_TEST_GPU=1 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernel_fun_gpu \
+        2>&1 | tee "$OUT/tests.log" ;;
+    bench-kda)
+      timeout 300 python3 benchmarks/bench_kda.py $kf 2>&1 | tee "$OUT/bench_kda.log" ;;
+    bench-cconv)
+      timeout 120 python3 benchmarks/bench_cconv.py $kf 2>&1 | tee "$OUT/bench.log" ;;
+    spectral)
+      python3 -m pip install -q --no-deps --no-build-isolation -e diffract_kernels_spectral 2>&1 | tail -2
+      timeout 120 python3 benchmarks/gpu_spectral_check.py --device cuda 2>&1 | tee "$OUT/spectral.log" ;;
+    *) echo "unknown step $step (tests, bench-kda, bench-cconv, spectral)"; exit 2 ;;
+  esac
+  echo "# step $step: $(( $(date +%s) - start )) s" | tee -a "$OUT/steps.log"
+done
