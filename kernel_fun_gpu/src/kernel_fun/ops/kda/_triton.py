@@ -179,6 +179,34 @@ def _store_block(X, ab, r0, bi: tl.constexpr, bj: tl.constexpr, val, T,
 
 
 @triton.jit
+def _beta_kg(k, G, beta, r0, bi: tl.constexpr, o_k, T, sk, sg, HV: tl.constexpr,
+             K: tl.constexpr, BC: tl.constexpr):
+    """beta * k * exp(G) for the rows of block ``bi`` (0 past T)."""
+    rows = r0 + bi * BC + tl.arange(0, BC)
+    m = (rows < T)[:, None] & (o_k < K)[None, :]
+    b = tl.load(beta + rows * HV, mask=rows < T, other=0.0)
+    return b[:, None] * _rows(k, rows, o_k, sk, m) * tl.exp(_rows(G, rows, o_k, sg, m))
+
+
+@triton.jit
+def _beta_v(v, beta, r0, bi: tl.constexpr, o_v, T, sv, HV: tl.constexpr, V: tl.constexpr,
+            BC: tl.constexpr):
+    """beta * v for the rows of block ``bi`` (0 past T)."""
+    rows = r0 + bi * BC + tl.arange(0, BC)
+    m = (rows < T)[:, None] & (o_v < V)[None, :]
+    b = tl.load(beta + rows * HV, mask=rows < T, other=0.0)
+    return b[:, None] * _rows(v, rows, o_v, sv, m)
+
+
+@triton.jit
+def _store_rows(ptr, r0, bi: tl.constexpr, cols, val, T, stride, N: tl.constexpr,
+                BC: tl.constexpr):
+    rows = r0 + bi * BC + tl.arange(0, BC)
+    m = (rows < T)[:, None] & (cols < N)[None, :]
+    tl.store(ptr + rows[:, None] * stride + cols[None, :], val.to(ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def _solve_fwd_kernel(q, k, v, G, beta, L, X, w, u, qg, kd, gc, scale, T, NT,
                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
@@ -190,15 +218,12 @@ def _solve_fwd_kernel(q, k, v, G, beta, L, X, w, u, qg, kd, gc, scale, T, NT,
     i_h = i_hv // (HV // H)
     o_t = i_n * BT + tl.arange(0, BT)
     m_t = o_t < T
-    o_c = tl.arange(0, BT)
     last = tl.minimum(T, i_n * BT + BT) - 1
     bb = i_b.to(tl.int64) * T * HV + i_hv
-    b = tl.load(beta + bb + o_t * HV, mask=m_t, other=0.0)
     ab = (i_b.to(tl.int64) * T * HV + i_hv) * BT
-    pa = ab + o_t[:, None] * (HV * BT) + o_c[None, :]
     tl.static_assert(BT == 4 * BC, "the inverse is written for four sub-blocks")
     # X by 16x16 blocks: the diagonal ones by forward substitution, the others by
-    # products, X_ij = -X_ii sum_{j <= m < i} M_im X_mj; written, then read back whole.
+    # products, X_ij = -X_ii sum_{j <= m < i} M_im X_mj.
     r0 = i_n * BT
     x00 = _inv_unit_lower(_m_block(L, beta, ab, bb, r0, 0, 0, T, HV, BT, BC), BC)
     x11 = _inv_unit_lower(_m_block(L, beta, ab, bb, r0, 1, 1, T, HV, BT, BC), BC)
@@ -233,8 +258,8 @@ def _solve_fwd_kernel(q, k, v, G, beta, L, X, w, u, qg, kd, gc, scale, T, NT,
     _store_block(X, ab, r0, 3, 1, x31, T, HV, BT, BC)
     _store_block(X, ab, r0, 3, 2, x32, T, HV, BT, BC)
     _store_block(X, ab, r0, 3, 3, x33, T, HV, BT, BC)
-    tl.debug_barrier()  # the blocks this program wrote, visible to all its threads
-    Xb = tl.load(X + pa, mask=m_t[:, None], other=0.0) * b[None, :]
+    # w = X diag(beta) (k exp(G)) and u = X diag(beta) v by row blocks, from the blocks
+    # of X in registers (X itself is written for the backward only)
     qk = (i_b.to(tl.int64) * T * H + i_h) * K
     gb = (i_b.to(tl.int64) * T * HV + i_hv) * K
     cb = ((i_b.to(tl.int64) * NT + i_n) * HV + i_hv) * K
@@ -247,18 +272,33 @@ def _solve_fwd_kernel(q, k, v, G, beta, L, X, w, u, qg, kd, gc, scale, T, NT,
         g_t = _rows(G + gb, o_t, o_k, HV * K, m)
         g_c = tl.load(G + gb + last * (HV * K) + o_k, mask=m_k, other=0.0)
         p = gb + o_t[:, None] * (HV * K) + o_k[None, :]
-        tl.store(w + p, tl.dot(Xb, k_t * tl.exp(g_t)).to(w.dtype.element_ty), mask=m)
         tl.store(qg + p, (q_t * scale * tl.exp(g_t)).to(qg.dtype.element_ty), mask=m)
         e_d = tl.exp(tl.where(m, g_c[None, :] - g_t, float("-inf")))
         tl.store(kd + p, (k_t * e_d).to(kd.dtype.element_ty), mask=m)
         tl.store(gc + cb + o_k, tl.exp(g_c), mask=m_k)
+        y0 = _beta_kg(k + qk, G + gb, beta + bb, r0, 0, o_k, T, H * K, HV * K, HV, K, BC)
+        y1 = _beta_kg(k + qk, G + gb, beta + bb, r0, 1, o_k, T, H * K, HV * K, HV, K, BC)
+        y2 = _beta_kg(k + qk, G + gb, beta + bb, r0, 2, o_k, T, H * K, HV * K, HV, K, BC)
+        y3 = _beta_kg(k + qk, G + gb, beta + bb, r0, 3, o_k, T, H * K, HV * K, HV, K, BC)
+        _store_rows(w + gb, r0, 0, o_k, tl.dot(x00, y0), T, HV * K, K, BC)
+        _store_rows(w + gb, r0, 1, o_k, tl.dot(x10, y0) + tl.dot(x11, y1), T, HV * K, K, BC)
+        _store_rows(w + gb, r0, 2, o_k, tl.dot(x20, y0) + tl.dot(x21, y1) + tl.dot(x22, y2),
+                    T, HV * K, K, BC)
+        _store_rows(w + gb, r0, 3, o_k, tl.dot(x30, y0) + tl.dot(x31, y1) + tl.dot(x32, y2)
+                    + tl.dot(x33, y3), T, HV * K, K, BC)
     vb = (i_b.to(tl.int64) * T * HV + i_hv) * V
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
-        m = m_t[:, None] & (o_v < V)[None, :]
-        p = vb + o_t[:, None] * (HV * V) + o_v[None, :]
-        u_t = tl.dot(Xb, tl.load(v + p, mask=m, other=0.0).to(tl.float32))
-        tl.store(u + p, u_t.to(u.dtype.element_ty), mask=m)
+        y0 = _beta_v(v + vb, beta + bb, r0, 0, o_v, T, HV * V, HV, V, BC)
+        y1 = _beta_v(v + vb, beta + bb, r0, 1, o_v, T, HV * V, HV, V, BC)
+        y2 = _beta_v(v + vb, beta + bb, r0, 2, o_v, T, HV * V, HV, V, BC)
+        y3 = _beta_v(v + vb, beta + bb, r0, 3, o_v, T, HV * V, HV, V, BC)
+        _store_rows(u + vb, r0, 0, o_v, tl.dot(x00, y0), T, HV * V, V, BC)
+        _store_rows(u + vb, r0, 1, o_v, tl.dot(x10, y0) + tl.dot(x11, y1), T, HV * V, V, BC)
+        _store_rows(u + vb, r0, 2, o_v, tl.dot(x20, y0) + tl.dot(x21, y1) + tl.dot(x22, y2),
+                    T, HV * V, V, BC)
+        _store_rows(u + vb, r0, 3, o_v, tl.dot(x30, y0) + tl.dot(x31, y1) + tl.dot(x32, y2)
+                    + tl.dot(x33, y3), T, HV * V, V, BC)
 
 
 @triton.jit
