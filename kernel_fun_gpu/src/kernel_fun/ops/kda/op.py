@@ -193,30 +193,31 @@ def warm_key(q, v, g, initial_state, output_final_state, use_gate, lower_bound, 
             use_gate and dt_bias is not None, bool(disable_recompute))
 
 
-def run(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-        use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
-        use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False,
-        lower_bound=None, disable_recompute=False, return_intermediate_states=False,
-        state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, cp_context=None,
-        use_graph=False, max_num_seqs=None, **kwargs):
-    """kernel-fun's own path for a call :func:`is_supported` accepted."""
+def run(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """kernel-fun's own path for a call :func:`is_supported` accepted (arguments as
+    chunk_kda takes them: fla's backend dispatch passes them on as the caller gave them)."""
     from kernel_fun.ops.kda._triton import ChunkKDA
 
-    A_log = kwargs.get("A_log") if use_gate_in_kernel else None
-    dt_bias = kwargs.get("dt_bias") if use_gate_in_kernel else None
+    bound = inspect.signature(is_supported).bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = dict(bound.arguments)
+    extra = a.pop("kwargs")
+    q, v, g, gate = a["q"], a["v"], a["g"], a["use_gate_in_kernel"]
+    A_log = extra.get("A_log") if gate else None
+    dt_bias = extra.get("dt_bias") if gate else None
+    scale = q.shape[-1] ** -0.5 if a["scale"] is None else a["scale"]
+    lower_bound = None if a["lower_bound"] is None else float(a["lower_bound"])
     _support.log_once(("engaged", "chunk_kda"), logging.INFO,
                       "kernel-fun chunk_kda engaged: q %s v %s %s, gate in op %s, l2norm %s",
-                      tuple(q.shape), tuple(v.shape), q.dtype, use_gate_in_kernel,
-                      use_qk_l2norm_in_kernel)
-    o, ht = ChunkKDA.apply(
-        q, k, v, g, beta, A_log, dt_bias, float(q.shape[-1] ** -0.5 if scale is None else scale),
-        initial_state, bool(output_final_state), bool(use_qk_l2norm_in_kernel),
-        bool(use_gate_in_kernel), bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval),
-        None if lower_bound is None else float(lower_bound), bool(state_v_first),
-        bool(disable_recompute),
-        warm_key(q, v, g, initial_state, output_final_state, use_gate_in_kernel, lower_bound,
-                 A_log, dt_bias, disable_recompute))
-    return o, ht
+                      tuple(q.shape), tuple(v.shape), q.dtype, gate,
+                      a["use_qk_l2norm_in_kernel"])
+    return ChunkKDA.apply(
+        q, a["k"], v, g, a["beta"], A_log, dt_bias, float(scale), a["initial_state"],
+        bool(a["output_final_state"]), bool(a["use_qk_l2norm_in_kernel"]), bool(gate),
+        bool(a["use_beta_sigmoid_in_kernel"]), bool(a["allow_neg_eigval"]), lower_bound,
+        bool(a["state_v_first"]), bool(a["disable_recompute"]),
+        warm_key(q, v, g, a["initial_state"], a["output_final_state"], gate, lower_bound,
+                 A_log, dt_bias, a["disable_recompute"]))
 
 
 @torch.compiler.disable
