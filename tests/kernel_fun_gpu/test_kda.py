@@ -227,17 +227,20 @@ class TestAgainstFlaNaive:
         assert err_ratio(rht, ht) < TOL[torch.float32]
 
     def test_a_decay_one_step_off_is_caught(self, monkeypatch):
-        """A kernel whose chunk sums of the gate stop one step short (an exclusive sum)
-        fails these comparisons: the tests can fail."""
+        """A kernel whose chunk sums of the gate stop one step short (each step misses
+        its own decay) fails these comparisons by far: measured ~0.19-0.27 relative
+        error on every output and gradient, against tolerances of 5e-5 (interpreter) and
+        5e-3 (GPU). The tests can fail."""
         real = _triton.gate_cumsum
 
         def one_step_off(g, a_log, dt_bias, lower_bound, gate):
-            G = real(g, a_log, dt_bias, lower_bound, gate)
-            return G - torch.diff(G, dim=1, prepend=torch.zeros_like(G[:, :1]))
+            return real(g, a_log, dt_bias, lower_bound, gate) - g.float()
 
         monkeypatch.setattr(_triton, "gate_cumsum", one_step_off)
         errors = _case(SHAPES[0], torch.float32, initial_state=True, output_final_state=True)
-        assert errors["o"] > 100 * TOL[torch.float32] and errors["dg"] > 100 * TOL[torch.float32]
+        assert min(errors.values()) > 20 * TOL[torch.float32], errors
+        with pytest.raises(AssertionError, match="relative RMS errors above"):
+            _check(errors, torch.float32)
 
 
 @pytest.mark.gpu
