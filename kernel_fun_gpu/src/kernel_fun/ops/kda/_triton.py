@@ -36,8 +36,6 @@ BT = 64
 #: Sub-block of the intra-chunk matrices: off-diagonal sub-blocks are matrix products
 #: through a reference row, diagonal ones are summed element by element.
 BC = 16
-#: Widest key head dimension (fla's own limit).
-MAX_K = 256
 
 
 def _pow2(n: int, least: int = 16) -> int:
