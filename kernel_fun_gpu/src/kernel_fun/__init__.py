@@ -3,6 +3,7 @@
 Importing this package is cheap: neither triton nor fla is imported until an op runs.
 
     from kernel_fun.cconv import causal_conv1d      # same contract as fla's
+    from kernel_fun.kda import chunk_kda            # same contract as fla's
     import kernel_fun
     with kernel_fun.install():                       # adopt it inside fla
         ...
