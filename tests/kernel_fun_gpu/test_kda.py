@@ -331,6 +331,14 @@ class TestGate:
         assert "g is torch.int32" in is_supported(q, k, v, g.int(), beta)[1]
         assert "is not a tensor" in is_supported(q, k, v, g, 0.5)[1]
         assert "empty dimension" in is_supported(q[:, :0], k[:, :0], v[:, :0], g[:, :0], beta[:, :0])[1]
+        # a sequence too long for the kernels' 32-bit offsets within it (meta tensors:
+        # no memory is allocated for the 2**31 elements)
+        T = 2**31 // (2 * 256) + 1
+        mq = torch.empty(1, T, 2, 16, device="meta")
+        ok, why = is_supported(mq, mq, torch.empty(1, T, 2, 16, device="meta"),
+                               torch.empty(1, T, 2, 16, device="meta"),
+                               torch.empty(1, T, 2, device="meta"))
+        assert not ok and "32-bit offsets" in why, why
 
     def test_no_gpu_without_the_interpreter_switch(self, monkeypatch):
         if DEVICE != "cpu":

@@ -139,6 +139,9 @@ def is_supported(
         return False, f"K={K}: kernel-fun (like fla) takes K <= {_MAX_K}."
     if g.shape != (B, T, HV, K) or beta.shape != (B, T, HV):
         return False, f"g {_shape(g)} or beta {_shape(beta)} is not [B, T, HV, K] / [B, T, HV]."
+    if T * HV * max(K, v.shape[3], 4 * _CHUNK) >= 2**31:
+        return False, (f"T={T} x HV={HV} rows of up to {max(K, v.shape[3], 4 * _CHUNK)} "
+                       "elements pass 32-bit offsets within one sequence; fla takes it.")
     if 0 in q.shape or 0 in v.shape:
         return False, f"an empty dimension: q {_shape(q)}, v {_shape(v)}."
     if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
