@@ -1,6 +1,8 @@
 """kernel-fun's chunk_kda against fla's, on a GPU: totals, then time per stage.
 
-Run on a CUDA machine: ``python benchmarks/bench_kda.py [--quick] [--kf020 DIR]``.
+Run on a CUDA machine: ``python benchmarks/bench_kda.py [--quick] [--kf020 DIR]
+[--launch JSON]`` (``--launch`` tries other tiles for our kernels, e.g.
+``'{"_scan_fwd_kernel": {"BV": 64, "num_warps": 4}}'``; see LAUNCH in the op's _triton.py).
 Correctness: tests/kernel_fun_gpu/test_kda.py (run with KERNEL_FUN_TEST_GPU=1 there).
 
 Cases (bf16 q, k, v; fp32 g): the production shape of the issue, B=16, T=8192,
@@ -142,6 +144,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one small case (a smoke run)")
     parser.add_argument("--kf020", default=None, help="directory holding kernel-fun 0.2.0")
     parser.add_argument("--no-stages", action="store_true", help="skip the profiled run")
+    parser.add_argument("--launch", default=None, metavar="JSON",
+                        help="other tiles for our kernels (see the module docstring)")
     parser.add_argument("--child-kf020", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dry-run", action="store_true",
                         help="no GPU: run each case's calls once, tiny, in the interpreter")
@@ -162,6 +166,11 @@ def main() -> None:
     header("chunk_kda (bf16 q/k/v, fp32 g): kernel-fun vs fla",
            ["kernel-fun-gpu", "fla-core", "triton", "torch"])
     print(f"# device {torch.cuda.get_device_name()}")
+    if args.launch:
+        from kernel_fun.ops.kda._triton import LAUNCH, set_launch
+
+        set_launch(json.loads(args.launch))
+        print(f"# launch settings: {json.dumps(LAUNCH)}")
     fla_kda = original("chunk_kda")
     cases = QUICK if args.quick else CASES
     kf020 = None

@@ -273,6 +273,22 @@ def test_bf16_against_naive_and_flas_chunk_kda(in_op):
     assert not bad, f"relative RMS errors above fla's tolerances: {bad}"
 
 
+def test_launch_settings_can_be_changed_for_tuning(monkeypatch):
+    """set_launch (and KERNEL_FUN_KDA_LAUNCH) change a kernel's tiles; the results do not
+    change; a typo is refused with the known names."""
+    monkeypatch.setattr(_triton, "LAUNCH", {k: dict(v) for k, v in _triton.LAUNCH.items()})
+    _triton.set_launch({"_scan_fwd_kernel": {"BV": 16}, "_intra_bwd_kernel": {"BK": 16}})
+    assert _triton.LAUNCH["_scan_fwd_kernel"]["BV"] == 16
+    _check(_case(SHAPES[0], torch.float32, initial_state=True, output_final_state=True),
+           torch.float32)
+    with pytest.raises(ValueError, match="no kernel '_scan_kernel' in LAUNCH"):
+        _triton.set_launch({"_scan_kernel": {"BV": 16}})
+    with pytest.raises(ValueError, match=r"takes \['BK', 'num_stages', 'num_warps'\], not \['BV'\]"):
+        _triton.set_launch({"_intra_bwd_kernel": {"BV": 16}})
+    with pytest.raises(ValueError, match="positive integers"):
+        _triton.set_launch({"_intra_bwd_kernel": {"BK": 0}})
+
+
 def test_our_reference_is_fla_naive():
     """reference_chunk_kda (ours, step by step, with the in-op options) agrees with fla's
     naive recurrence plus fla's gate reference."""

@@ -23,6 +23,8 @@ autograd Function.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 
 import torch
 import triton
@@ -683,6 +685,28 @@ LAUNCH: dict[str, dict[str, int]] = {
     "_intra_bwd_kernel": dict(BK=32, num_warps=8),
     "_gate_bwd_kernel": dict(BK=64, num_warps=4),
 }
+
+
+def set_launch(overrides: dict[str, dict[str, int]]) -> None:
+    """Change LAUNCH settings (for tuning on a GPU without editing this file), e.g.
+    ``{"_scan_fwd_kernel": {"BV": 64, "num_warps": 4}}``; also read as JSON from the
+    ``KERNEL_FUN_KDA_LAUNCH`` environment variable at import. Unknown kernels or keys
+    raise ValueError naming the known ones."""
+    for name, settings in overrides.items():
+        if name not in LAUNCH:
+            raise ValueError(f"no kernel {name!r} in LAUNCH; known: {sorted(LAUNCH)}")
+        allowed = set(LAUNCH[name]) | {"num_warps", "num_stages"}
+        bad = sorted(set(settings) - allowed)
+        if bad:
+            raise ValueError(f"{name} takes {sorted(allowed)}, not {bad}")
+        if not all(isinstance(v, int) and v > 0 for v in settings.values()):
+            raise ValueError(f"{name}: settings must be positive integers, got {settings}")
+    for name, settings in overrides.items():
+        LAUNCH[name].update(settings)
+
+
+if os.environ.get("KERNEL_FUN_KDA_LAUNCH"):
+    set_launch(json.loads(os.environ["KERNEL_FUN_KDA_LAUNCH"]))
 
 
 def _launch(kernel, grid, *args, K: int | None = None, V: int | None = None, **consts):
