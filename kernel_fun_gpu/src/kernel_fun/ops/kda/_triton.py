@@ -53,6 +53,12 @@ def _rows(base, rows, cols, stride, mask):
 
 
 @triton.jit
+def _raw(base, rows, cols, stride, mask):
+    """As _rows, in the tensor's own dtype."""
+    return tl.load(base + rows[:, None] * stride + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
 def _gate_value(x, a, lower_bound, HAS_A: tl.constexpr, LOWER: tl.constexpr):
     """The in-op gate of ``x = g + dt_bias``: ``-exp(a) softplus(x)``, or with a lower
     bound ``lb * sigmoid(exp(a) x)`` (``lb * sigmoid(x)`` without ``A_log``)."""
@@ -478,12 +484,15 @@ def _dk_bwd_kernel(q, k, G, beta, X, h, dh, dlt, dd, do, dq, dk, dG, dXp, dbp, s
         m_v = o_v < V
         mv = m_t[:, None] & m_v[None, :]
         ms = m_k[:, None] & m_v[None, :]
-        s0 = _rows(h + hb, o_k, o_v, V, ms)
-        ds = _rows(dh + hb, o_k, o_v, V, ms)
-        d_qg += tl.dot(_rows(do + vb, o_t, o_v, HV * V, mv), tl.trans(s0))
-        d_kd += tl.dot(_rows(dlt + vb, o_t, o_v, HV * V, mv), tl.trans(ds))
-        d_w -= tl.dot(_rows(dd + vb, o_t, o_v, HV * V, mv), tl.trans(s0))
-        d_gc += tl.sum(s0 * ds, 1)
+        # the products take the stored operands in their own dtype (q's: bf16 on the
+        # tensor cores), accumulating in float32
+        s0 = _raw(h + hb, o_k, o_v, V, ms)
+        ds = _raw(dh + hb, o_k, o_v, V, ms)
+        do_n = _raw(do + vb, o_t, o_v, HV * V, mv).to(s0.dtype)
+        d_qg += tl.dot(do_n, tl.trans(s0))
+        d_kd += tl.dot(_raw(dlt + vb, o_t, o_v, HV * V, mv), tl.trans(ds))
+        d_w -= tl.dot(_raw(dd + vb, o_t, o_v, HV * V, mv), tl.trans(s0))
+        d_gc += tl.sum(s0.to(tl.float32) * ds.to(tl.float32), 1)
     q_n = _rows(q + qk, o_t, o_k, H * K, mk)
     k_n = _rows(k + qk, o_t, o_k, H * K, mk)
     g_n = _rows(G + gb, o_t, o_k, HV * K, mk)
