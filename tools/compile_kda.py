@@ -84,16 +84,9 @@ def main() -> None:
     ]
     kernels = []
     for fn, flags in variants:
-        cfg = dict(kt.LAUNCH[fn.__name__])
+        cfg = kt.launch_settings(fn, K, V)
         warps = cfg.pop("num_warps", 4)
         stages = cfg.pop("num_stages", None)
-        if "BK" in cfg:
-            cfg["BK"] = min(cfg["BK"], kt._pow2(K))
-        if "BV" in cfg:
-            state = cfg.pop("STATE", 1 << 30)
-            cfg["BV"] = min(cfg["BV"], kt._pow2(V), max(16, state // kt._pow2(K)))
-        if "BK" in fn.arg_names and "BK" not in cfg:  # the scans hold all of K
-            cfg["BK"] = kt._pow2(K)
         constexprs = {n: v for n, v in every.items() if n in fn.arg_names}
         constexprs.update(cfg, **flags)
         kernels.append((fn, constexprs, warps, stages))

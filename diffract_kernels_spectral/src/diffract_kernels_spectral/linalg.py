@@ -148,24 +148,34 @@ def svd_torch(tensor: Any, device: str, top_k: int = 0) -> tuple[np.ndarray, ...
     return u.cpu().numpy(), s.cpu().numpy(), vt.cpu().numpy()
 
 
-def svals_batched_torch(matrices: Sequence[Any], device: str = "cuda") -> list[np.ndarray]:
-    """:func:`singular_values` of many matrices with torch on ``device`` in float64,
-    same shapes stacked into one batched ``torch.linalg.svdvals`` call; descending
-    float64 numpy arrays."""
+def _stacks_by_shape(matrices: Sequence[Any], device: str,
+                     what: str) -> list[tuple[list[int], Any]]:
+    """The matrices (numpy arrays or tensors; higher ranks flattened to ``[rows, -1]``)
+    grouped by shape and stacked as float64 tensors on ``device``: ``[(indices, stack)]``.
+    ``what`` names the result in the error for a non-matrix."""
     import torch
 
     mats = []
     for m in matrices:
         t = torch.as_tensor(m) if isinstance(m, np.ndarray) else m.detach()
         if t.dim() < 2:
-            raise ValueError(f"singular values need a matrix, got shape {tuple(t.shape)}")
+            raise ValueError(f"{what} needs a matrix, got shape {tuple(t.shape)}")
         mats.append(t if t.dim() == 2 else t.reshape(t.shape[0], -1))
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, t in enumerate(mats):
         groups.setdefault(tuple(t.shape), []).append(i)
-    out: list[np.ndarray | None] = [None] * len(mats)
-    for idx in groups.values():
-        stack = torch.stack([mats[i].to(device=device, dtype=torch.float64) for i in idx])
+    return [(idx, torch.stack([mats[i].to(device=device, dtype=torch.float64) for i in idx]))
+            for idx in groups.values()]
+
+
+def svals_batched_torch(matrices: Sequence[Any], device: str = "cuda") -> list[np.ndarray]:
+    """:func:`singular_values` of many matrices with torch on ``device`` in float64,
+    same shapes stacked into one batched ``torch.linalg.svdvals`` call; descending
+    float64 numpy arrays."""
+    import torch
+
+    out: list[np.ndarray | None] = [None] * len(matrices)
+    for idx, stack in _stacks_by_shape(matrices, device, "an SVD"):
         values = torch.linalg.svdvals(stack).cpu().numpy()
         for i, v in zip(idx, values, strict=True):
             out[i] = v
@@ -238,17 +248,8 @@ def esd_batched_torch(
 
     dtype = {"float32": torch.float32, "float64": torch.float64}[precision]
     out: list[np.ndarray | None] = [None] * len(matrices)
-    mats = []
-    for m in matrices:
-        t = torch.as_tensor(m) if isinstance(m, np.ndarray) else m.detach()
-        if t.dim() < 2:
-            raise ValueError(f"a spectrum needs a matrix, got shape {tuple(t.shape)}")
-        mats.append(t if t.dim() == 2 else t.reshape(t.shape[0], -1))
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i, m in enumerate(mats):
-        groups.setdefault(tuple(m.shape), []).append(i)
-    for shape, idx in groups.items():
-        batch = torch.stack([mats[i].to(device=device, dtype=torch.float64) for i in idx])
+    for idx, batch in _stacks_by_shape(matrices, device, "a spectrum"):
+        shape = tuple(batch.shape[1:])
         top = batch.abs().amax(dim=(1, 2))
         exponent = torch.frexp(top.clamp_min(torch.finfo(torch.float64).tiny))[1]
         one = torch.ones_like(top)

@@ -80,6 +80,17 @@ def log_versions() -> None:
              version("torch"), version("triton"), version("fla"))
 
 
+def signature_problems(name: str, fn: Any, expected: tuple[str, ...]) -> list[str]:
+    """How fla's ``fn`` (its ``name``) differs from the parameters kernel-fun mirrors:
+    empty when they are the same, in the same order."""
+    import inspect
+
+    params = tuple(inspect.signature(fn).parameters)
+    if params != tuple(expected):
+        return [f"fla's {name} takes {params}, kernel-fun mirrors {tuple(expected)}"]
+    return []
+
+
 def shape_key(x: Any, w: Any) -> tuple:
     """What a warm shape is keyed by: shapes, strides, dtypes and device (not the stream)."""
     return (tuple(x.shape), x.stride(), x.dtype, w.dtype, str(x.device))

@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["RECORDS", "OpRecord", "record"]
+__all__ = ["RECORDS", "OpRecord", "lazy_attributes", "record"]
 
 
 @attrs.frozen
@@ -86,3 +86,17 @@ def record(name: str) -> OpRecord:
         if r.name == name:
             return r
     raise KeyError(f"kernel-fun has no op {name!r}; it has {[r.name for r in RECORDS]}")
+
+
+def lazy_attributes(package: str, where: dict[str, str]) -> Callable[[str], Any]:
+    """An op package's module ``__getattr__``: ``name`` comes from the submodule
+    ``where[name]`` of ``package``, imported on first use (so importing the package
+    imports neither torch nor triton)."""
+
+    def __getattr__(name: str) -> Any:
+        module = where.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(f"{package}.{module}"), name)
+
+    return __getattr__

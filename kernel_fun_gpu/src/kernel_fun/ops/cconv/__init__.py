@@ -7,17 +7,11 @@ Names resolve on first use, so importing the package imports neither torch nor t
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kernel_fun.ops import lazy_attributes
 
 __all__ = ["causal_conv1d", "fla_probe", "is_supported", "reference_causal_conv1d", "warmup"]
 
 _WHERE = {"causal_conv1d": "op", "fla_probe": "op", "is_supported": "op", "warmup": "op",
           "FLA_PARAMETERS": "op", "reference_causal_conv1d": "reference"}
 
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kernel_fun.ops.cconv' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"kernel_fun.ops.cconv.{module}"), name)
+__getattr__ = lazy_attributes(__name__, _WHERE)

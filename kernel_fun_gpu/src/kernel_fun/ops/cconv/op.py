@@ -23,7 +23,6 @@ triton and fla versions are logged once.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import Sequence
@@ -162,11 +161,7 @@ def causal_conv1d(
 def fla_probe() -> list[str]:
     """Differences between the installed fla's causal_conv1d signature and the one
     kernel-fun mirrors (empty when compatible)."""
-    fn = _fla_causal_conv1d()
-    params = tuple(inspect.signature(fn).parameters)
-    if params != FLA_PARAMETERS:
-        return [f"fla's causal_conv1d takes {params}, kernel-fun mirrors {FLA_PARAMETERS}"]
-    return []
+    return _support.signature_problems("causal_conv1d", _fla_causal_conv1d(), FLA_PARAMETERS)
 
 
 def warmup(

@@ -8,17 +8,11 @@ Names resolve on first use, so importing the package imports neither torch nor t
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kernel_fun.ops import lazy_attributes
 
 __all__ = ["chunk_kda", "fla_probe", "is_supported", "reference_chunk_kda", "warmup"]
 
 _WHERE = {"chunk_kda": "op", "fla_probe": "op", "is_supported": "op", "warmup": "op",
           "FLA_PARAMETERS": "op", "reference_chunk_kda": "reference"}
 
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kernel_fun.ops.kda' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"kernel_fun.ops.kda.{module}"), name)
+__getattr__ = lazy_attributes(__name__, _WHERE)

@@ -718,17 +718,30 @@ if os.environ.get("KERNEL_FUN_KDA_LAUNCH"):
     set_launch(json.loads(os.environ["KERNEL_FUN_KDA_LAUNCH"]))
 
 
-def _launch(kernel, grid, *args, K: int | None = None, V: int | None = None, **consts):
-    """``kernel[grid](*args, **consts)`` with its LAUNCH settings (tiles clipped to the
-    head sizes; a scan's BK is all of K)."""
+def launch_settings(kernel, K: int, V: int) -> dict[str, int]:
+    """A kernel's LAUNCH settings for head sizes K and V: tiles clipped to them (at least
+    16), a V-block small enough for the state tile, BK = all of K for a kernel that holds
+    the whole state (it has BK but no BK setting), plus num_warps / num_stages."""
     cfg = dict(LAUNCH[kernel.fn.__name__])
-    for name, value in (("K", K), ("V", V)):
-        if value is not None and name in kernel.arg_names:
-            consts[name] = value
+    state = cfg.pop("STATE", None)
     if "BK" in cfg:
         cfg["BK"] = min(cfg["BK"], _pow2(K))
+    elif "BK" in kernel.arg_names:
+        cfg["BK"] = _pow2(K)
     if "BV" in cfg:
-        cfg["BV"] = min(cfg["BV"], _pow2(V), max(16, cfg.pop("STATE", 1 << 30) // _pow2(K or 1)))
+        cfg["BV"] = min(cfg["BV"], _pow2(V))
+        if state is not None:
+            cfg["BV"] = min(cfg["BV"], max(16, state // _pow2(K)))
+    return cfg
+
+
+def _launch(kernel, grid, *args, K: int, V: int = 16, **consts):
+    """``kernel[grid](*args, **consts)`` with its :func:`launch_settings` (K and V are
+    passed on to the kernels that take them)."""
+    cfg = launch_settings(kernel, K, V)
+    for name, value in (("K", K), ("V", V)):
+        if name in kernel.arg_names:
+            consts[name] = value
     grid = grid(cfg) if callable(grid) else grid
     kernel[grid](*args, **consts, **cfg)
 
@@ -773,7 +786,7 @@ def forward(q, k, v, G, beta, scale, h0, output_final_state, keep_states=False):
     _launch(_scan_fwd_kernel, lambda c: (triton.cdiv(V, c["BV"]), B * HV),
             qg, kd, gc, w, u, Aqk, h0 if h0 is not None else gc, o,
             ht if ht is not None else gc, *(kept or (o, o)), T, NT, V=V, HV=HV, K=K, BT=BT,
-            BK=_pow2(K), HAS_H0=h0 is not None, STORE_FINAL=ht is not None, OUTPUT=True,
+            HAS_H0=h0 is not None, STORE_FINAL=ht is not None, OUTPUT=True,
             SAVE=keep_states)
     return o, ht, (Aqk, Lm, X, w, u, qg, kd, gc, *kept)
 
@@ -797,29 +810,29 @@ def backward(q, k, v, G, beta, scale, h0, saved, do, dht):
         h = torch.empty(B, NT, HV, K, V, **op)
         dlt = torch.empty(B, T, HV, V, **op)
         _launch(_scan_fwd_kernel, grid_v, qg, kd, gc, w, u, Aqk, h0 if h0 is not None else gc,
-                gc, gc, h, dlt, T, NT, V=V, HV=HV, K=K, BT=BT, BK=_pow2(K),
+                gc, gc, h, dlt, T, NT, V=V, HV=HV, K=K, BT=BT,
                 HAS_H0=h0 is not None, STORE_FINAL=False, OUTPUT=False, SAVE=True)
     dh = torch.empty(B, NT, HV, K, V, **op)
     dd = torch.empty(B, T, HV, V, **op)
     dh0 = torch.empty(B, HV, K, V, **f32) if h0 is not None else None
     _launch(_scan_bwd_kernel, grid_v, qg, kd, gc, w, Aqk, do, dht if dht is not None else gc,
             dh, dd, dh0 if dh0 is not None else gc, T, NT, V=V, HV=HV, K=K, BT=BT,
-            BK=_pow2(K), HAS_DHT=dht is not None, HAS_H0=dh0 is not None)
+            HAS_DHT=dht is not None, HAS_H0=dh0 is not None)
     dv = torch.empty(B, T, HV, V, **f32)
     dAqk = torch.empty(B, T, HV, BT, **f32)
     dX = torch.empty(B, T, HV, BT, **f32)
     dbeta = torch.empty(B, T, HV, **f32)
     _launch(_dv_bwd_kernel, (NT, B * HV), v, beta, X, dlt, dd, do, dv, dAqk, dX, dbeta, T,
-            V=V, HV=HV, BT=BT)
+            K=K, V=V, HV=HV, BT=BT)
     dq, dk, dG = (torch.empty(B, T, HV, K, **f32) for _ in range(3))
-    nk = triton.cdiv(K, min(LAUNCH["_dk_bwd_kernel"]["BK"], _pow2(K)))
+    nk = triton.cdiv(K, launch_settings(_dk_bwd_kernel, K, V)["BK"])
     dXp = torch.empty(B, T, HV, nk, BT, **f32)
     dbp = torch.empty(B, T, HV, nk, **f32)
     _launch(_dk_bwd_kernel, lambda c: (NT, triton.cdiv(K, c["BK"]), B * HV), q, k, G, beta, X,
             h, dh, dlt, dd, do, dq, dk, dG, dXp, dbp, scale, T, NT, K=K, V=V, H=H, HV=HV, BT=BT)
     dL = torch.empty(B, T, HV, BT, **f32)
-    _launch(_dm_bwd_kernel, (NT, B * HV), beta, X, Lm, dX, dXp, dbp, dL, dbeta, T, HV=HV,
-            BT=BT, NK=nk)
+    _launch(_dm_bwd_kernel, (NT, B * HV), beta, X, Lm, dX, dXp, dbp, dL, dbeta, T, K=K,
+            HV=HV, BT=BT, NK=nk)
     _launch(_intra_bwd_kernel, (NT, BT // BC, B * HV), q, k, G, dAqk, dL, dq, dk, dG, scale,
             T, K=K, H=H, HV=HV, BT=BT, BC=BC)
     return dq, dk, dv, dG, dbeta, dh0
@@ -829,7 +842,7 @@ def gate_backward(dG, g, a_log, dt_bias, lower_bound, gate: bool):
     """Stage B4: ``(dg, dA_log or None)``."""
     B, T, HV, K = dG.shape
     NT = triton.cdiv(T, BT)
-    nk = triton.cdiv(K, min(LAUNCH["_gate_bwd_kernel"]["BK"], _pow2(K)))
+    nk = triton.cdiv(K, launch_settings(_gate_bwd_kernel, K, 16)["BK"])
     dg = torch.empty_like(dG)
     da = torch.zeros(B * HV * NT * nk, device=dG.device, dtype=torch.float32)
     _launch(_gate_bwd_kernel, (NT, nk, B * HV),
@@ -857,6 +870,11 @@ def _l2norm_bwd(y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor) -> torch.
     return rstd * (dy - yf * (dy * yf).sum(-1, keepdim=True))
 
 
+def _on(device: torch.device):
+    """The device's CUDA context (kernels launch on the inputs' GPU), or nothing on CPU."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 class ChunkKDA(torch.autograd.Function):
     """chunk_kda's supported box (see op.py); inputs already checked by the gate."""
 
@@ -864,7 +882,7 @@ class ChunkKDA(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
                 use_qk_l2norm, use_gate, use_beta_sigmoid, allow_neg_eigval, lower_bound,
                 state_v_first, keep_states=False, warm_key=None):
-        with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
+        with _on(q.device):
             q_in, k_in = q, k
             q_rstd = k_rstd = None
             if use_qk_l2norm:
@@ -906,7 +924,7 @@ class ChunkKDA(torch.autograd.Function):
         scale, use_qk_l2norm, use_gate, use_beta_sigmoid, allow_neg, lb, v_first = ctx.opts
         B, T, H, K = q.shape
         HV = v.shape[2]
-        with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
+        with _on(q.device):
             do = do.contiguous()
             if dht is not None:
                 dht = (dht.transpose(-1, -2) if v_first else dht).float().contiguous()

@@ -196,12 +196,16 @@ def warm_key(q, v, g, initial_state, output_final_state, use_gate, lower_bound, 
             use_gate and dt_bias is not None, bool(disable_recompute))
 
 
+#: chunk_kda's parameters (is_supported mirrors them), bound once per call by run().
+_SIGNATURE = inspect.signature(is_supported)
+
+
 def run(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """kernel-fun's own path for a call :func:`is_supported` accepted (arguments as
     chunk_kda takes them: fla's backend dispatch passes them on as the caller gave them)."""
     from kernel_fun.ops.kda._triton import ChunkKDA
 
-    bound = inspect.signature(is_supported).bind(*args, **kwargs)
+    bound = _SIGNATURE.bind(*args, **kwargs)
     bound.apply_defaults()
     a = dict(bound.arguments)
     extra = a.pop("kwargs")
@@ -255,16 +259,8 @@ def chunk_kda(
     ``[B, HV, K, V]``, or ``[B, HV, V, K]`` with ``state_v_first``, or None). Calls outside
     the supported box (module docstring) go to fla unchanged. Wrapped in
     ``torch.compiler.disable``: one graph break at the call."""
-    args = dict(
-        q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
-        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        use_gate_in_kernel=use_gate_in_kernel,
-        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
-        disable_recompute=disable_recompute, return_intermediate_states=return_intermediate_states,
-        state_v_first=state_v_first, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
-        cp_context=cp_context, use_graph=use_graph, max_num_seqs=max_num_seqs,
-    )
+    # the parameters by name, as given (locals() holds exactly them at this point)
+    args = {name: value for name, value in locals().items() if name != "kwargs"}
     ok, reason = is_supported(**args, **kwargs)
     _support.log_versions()
     if not ok:
@@ -277,10 +273,7 @@ def chunk_kda(
 def fla_probe() -> list[str]:
     """Differences between the installed fla's chunk_kda signature and the one kernel-fun
     mirrors (empty when compatible)."""
-    params = tuple(inspect.signature(_fla_chunk_kda()).parameters)
-    if params != FLA_PARAMETERS:
-        return [f"fla's chunk_kda takes {params}, kernel-fun mirrors {FLA_PARAMETERS}"]
-    return []
+    return _support.signature_problems("chunk_kda", _fla_chunk_kda(), FLA_PARAMETERS)
 
 
 def warmup(
