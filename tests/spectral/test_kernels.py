@@ -242,6 +242,19 @@ class TestBatchedSpectra:
             np.testing.assert_array_equal(rows[name]["esd"], esd_kernel(w, 1.0, device="cpu"))
 
 
+    def test_spectra_do_not_depend_on_the_blas_thread_count(self, rng):
+        """The same bits whether the caller runs BLAS on one thread or two (the batch
+        path limits it to one; a lone call would otherwise use every core)."""
+        from threadpoolctl import threadpool_limits
+
+        w = (rng.standard_normal((120, 90)) / 10).astype(np.float32)
+        with threadpool_limits(1):
+            one = (linalg.esd(w), linalg.singular_values(w), linalg.svd(w)[1])
+        with threadpool_limits(2):
+            two = (linalg.esd(w), linalg.singular_values(w), linalg.svd(w)[1])
+        for a, b in zip(one, two, strict=True):
+            np.testing.assert_array_equal(a, b)
+
 def test_esd_of_torch_parameters_matches_numpy(rng):
     """esd reads the `tensor` field: a bf16 torch model gives the spectrum of its float32
     values, the same as the numpy path and the batched torch path."""

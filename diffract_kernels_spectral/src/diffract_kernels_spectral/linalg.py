@@ -8,8 +8,10 @@ Gram matrix (``W^T W`` or ``W W^T``: their nonzero eigenvalues coincide), ascend
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -35,6 +37,39 @@ T = TypeVar("T")
 _SAFE_EXPONENT = 40
 
 _PRECISIONS = {"float32": np.float32, "float64": np.float64}
+
+
+_ONE_THREAD_LOCK = threading.Lock()
+_one_thread_users = 0
+_one_thread_limiter: Any = None
+
+
+@contextlib.contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """BLAS and LAPACK on one thread while any caller is inside (process-wide, nestable,
+    thread-safe: the first entrant sets the limit, the last one restores it).
+
+    A float32 Gram product and the eigensolver give different bits with one thread and
+    with two (the work is split differently), so every decomposition here runs on one:
+    a value must not depend on which path (batched or not, first apply or later)
+    computed it. The batch paths keep the cores busy with one solver per core.
+    """
+    global _one_thread_users, _one_thread_limiter
+    from scipy import linalg as _  # noqa: F401 - load scipy's BLAS before limiting
+    from threadpoolctl import ThreadpoolController
+
+    with _ONE_THREAD_LOCK:
+        if _one_thread_users == 0:
+            _one_thread_limiter = ThreadpoolController().limit(limits=1)
+        _one_thread_users += 1
+    try:
+        yield
+    finally:
+        with _ONE_THREAD_LOCK:
+            _one_thread_users -= 1
+            if _one_thread_users == 0:
+                _one_thread_limiter.restore_original_limits()
+                _one_thread_limiter = None
 
 
 def as_matrix(weights: np.ndarray) -> np.ndarray:
@@ -75,8 +110,10 @@ def esd(weights: np.ndarray, precision: str = "float32") -> np.ndarray:
         w = w / scale
     w = w.astype(_PRECISIONS[precision], copy=False)
     a = w if w.shape[0] <= w.shape[1] else w.T
-    gram = a @ a.T
-    values = eigh(gram, eigvals_only=True, driver="evr", check_finite=False, overwrite_a=True)
+    with one_blas_thread():
+        gram = a @ a.T
+        values = eigh(gram, eigvals_only=True, driver="evr", check_finite=False,
+                      overwrite_a=True)
     values = np.sort(values.astype(np.float64)) * scale**2
     top = float(values[-1]) if len(values) else 0.0
     values[values <= noise_floor(len(values), max(top, 0.0), precision)] = 0.0
@@ -85,7 +122,8 @@ def esd(weights: np.ndarray, precision: str = "float32") -> np.ndarray:
 
 def singular_values(weights: np.ndarray) -> np.ndarray:
     """Singular values in float64, descending, values only (no singular vectors)."""
-    return np.linalg.svd(as_matrix(weights).astype(np.float64), compute_uv=False)
+    with one_blas_thread():
+        return np.linalg.svd(as_matrix(weights).astype(np.float64), compute_uv=False)
 
 
 def svd(weights: np.ndarray, top_k: int = 0, seed: int = 0) -> tuple[np.ndarray, ...]:
@@ -97,9 +135,10 @@ def svd(weights: np.ndarray, top_k: int = 0, seed: int = 0) -> tuple[np.ndarray,
     """
     w = as_matrix(weights).astype(np.float64)
     k = min(w.shape)
-    if 0 < top_k < k / 5:
-        return randomized_svd(w, top_k, seed=seed)
-    u, s, vt = np.linalg.svd(w, full_matrices=False)
+    with one_blas_thread():
+        if 0 < top_k < k / 5:
+            return randomized_svd(w, top_k, seed=seed)
+        u, s, vt = np.linalg.svd(w, full_matrices=False)
     if 0 < top_k < k:
         return u[:, :top_k], s[:top_k], vt[:top_k]
     return u, s, vt
@@ -190,8 +229,6 @@ def parallel_map(fn: Callable[[Any], T], items: Sequence[Any]) -> list[T | Excep
     tridiagonal reduction is memory-bound and scales badly). An item whose call raises
     yields the exception instance, in place.
     """
-    from threadpoolctl import threadpool_limits
-
     def safe(item: Any) -> T | Exception:
         try:
             return fn(item)
@@ -205,7 +242,7 @@ def parallel_map(fn: Callable[[Any], T], items: Sequence[Any]) -> list[T | Excep
     workers = min(len(items), cpus)
     if workers <= 1:
         return [safe(item) for item in items]
-    with threadpool_limits(limits=1), ThreadPoolExecutor(workers) as pool:
+    with one_blas_thread(), ThreadPoolExecutor(workers) as pool:
         return list(pool.map(safe, items))
 
 
