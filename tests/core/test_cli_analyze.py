@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from diffract import Session  # noqa: E402
-from diffract.report import summarize  # noqa: E402
+from diffract_report.report import summarize  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = "pl_alpha,stable_rank,log_norm,num_spikes"
@@ -360,7 +360,7 @@ class TestCompare:
 def test_the_install_hints_name_every_field_of_each_pack():
     """The CLI's field -> distribution table (hints for packs that are not installed)
     holds exactly what each installed pack produces: it cannot drift."""
-    from diffract._cli_analyze import PACK_OF
+    from diffract_report._inputs import PACK_OF
 
     with Session() as s:
         records = s.compute.list_available_metrics(verbose=True)
@@ -391,7 +391,7 @@ class TestSummaryKnownAnswers:
         assert record["share_under_trained"] == pytest.approx(1 / 5)
 
     def test_mp_density_integrates_to_one_over_its_bulk(self):
-        from diffract.viz import mp_density
+        from diffract_report.viz import mp_density
 
         n, m = 300, 120
         rng = np.random.default_rng(0)

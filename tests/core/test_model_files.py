@@ -119,7 +119,7 @@ class TestErrors:
         (tmp_path / "x.safetensors").mkdir()
         self._refused(tmp_path / "x.safetensors", r"this is a directory, not a checkpoint file")
         (tmp_path / "empty").mkdir()
-        self._refused(tmp_path / "empty", r"directory holds none of \['model.safetensors.index.json'")
+        self._refused(tmp_path / "empty", r"not a checkpoint directory any installed format reads \(huggingface: a Hugging Face-style checkpoint directory holding model.safetensors.index.json")
 
     def test_a_pickle_that_is_not_a_plain_state_dict_names_the_global(self, tmp_path):
         """A checkpoint holding arbitrary objects names the offending global and how to
@@ -133,7 +133,7 @@ class TestErrors:
     def test_unknown_extension_and_missing_file(self, tmp_path):
         """Unsupported file types list the supported ones; a missing file says so."""
         (tmp_path / "m.ckpt").write_bytes(b"x")
-        self._refused(tmp_path / "m.ckpt", r"unsupported file type '.ckpt': use .safetensors, .pt")
+        self._refused(tmp_path / "m.ckpt", r"unsupported file type '.ckpt': use .safetensors, .pt, .pth, .bin, .npz, or a checkpoint directory .* More formats come from plugins with a diffract_model_formats hook")
         self._refused(tmp_path / "nope.safetensors", r"the file does not exist")
 
 

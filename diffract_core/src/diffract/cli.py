@@ -1,5 +1,10 @@
-"""The ``diffract`` command: ``analyze``, ``compare``, ``demo``, ``plugins``, ``kernels
-[-v]`` and ``catalog``. Exit codes: 0 done, 1 some parameters failed, 2 usage errors."""
+"""The ``diffract`` command: a host whose subcommands are records plugins yield.
+
+The core's own are ``plugins``, ``kernels [-v]`` and ``catalog``; others arrive through
+the ``diffract_commands`` hook (``analyze``, ``compare`` and ``demo`` from
+diffract-report). Only the command being run has its arguments built (so only its
+plugin's modules are imported). Exit codes: 0 done, 1 some work failed, 2 usage errors.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+#: Commands of distributions that may not be installed: what to install for each.
+COMMAND_HINTS = {"analyze": "diffract-report", "compare": "diffract-report",
+                 "demo": "diffract-report", "track": "diffract-report"}
 
-def _plugins(args: argparse.Namespace) -> int:
+
+def run_plugins(args: argparse.Namespace) -> int:
     from diffract.plugins import get_catalog
 
     catalog = get_catalog()
@@ -35,7 +44,7 @@ def _plugins(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kernels(args: argparse.Namespace) -> int:
+def run_kernels(args: argparse.Namespace) -> int:
     from diffract.plugins import get_registry
 
     registry = get_registry()
@@ -62,7 +71,7 @@ def _kernels(args: argparse.Namespace) -> int:
     return 0
 
 
-def _catalog(args: argparse.Namespace) -> int:
+def run_catalog(args: argparse.Namespace) -> int:
     from diffract.catalog import render_catalog
     from diffract.errors import InvalidArgumentError
     from diffract.plugins import make_plugin_manager
@@ -91,58 +100,65 @@ def _catalog(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from diffract.demo import run_demo
+def configure_kernels(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="fields, level, configuration")
 
-    run_demo(args.out)
-    return 0
+
+def configure_catalog(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-o", "--output", help="file to write (default: standard output)")
+    parser.add_argument("--plugins",
+                        help="comma-separated plugins to include (default: all installed)")
+
+
+def _missing(name: str, catalog: object) -> str | None:
+    """Why command ``name`` is not available, with what to do, or None (a typo)."""
+    contested = catalog.conflict_message("commands", name)  # type: ignore[attr-defined]
+    if contested is not None:
+        return f"command {contested}"
+    dist = COMMAND_HINTS.get(name)
+    if dist is None:
+        return None
+    return (f"the {name!r} command comes from the {dist} distribution, which is not installed "
+            f"(or is disabled by DIFFRACT_PLUGINS/DIFFRACT_DISABLE_PLUGINS): pip install {dist}")
+
+
+def _run(argv: list[str], chosen: str | None) -> int:
+    from diffract.plugins import get_catalog
+
+    catalog = get_catalog()
+    if chosen is not None and chosen not in catalog.commands:
+        why = _missing(chosen, catalog)
+        if why is not None:
+            print(f"diffract: error: {why}.", file=sys.stderr)
+            return 2
+    parser = argparse.ArgumentParser(
+        prog="diffract", description="Metrics on every parameter of neural-network checkpoints.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, command in sorted(catalog.commands.items()):
+        p = sub.add_parser(name, help=command.help,
+                           description=command.description or command.help)
+        if name == chosen:  # only the command being run builds its arguments
+            command.configure(p)
+            p.set_defaults(run=command.run)
+    args = parser.parse_args(argv)
+    return int(args.run(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="diffract", description="Metrics on every parameter of neural-network checkpoints."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    from diffract import _cli_analyze
-
-    a = sub.add_parser("analyze", help="per-layer metrics and a model summary of checkpoints",
-                       description="Per-layer spectral metrics of each checkpoint, a model "
-                                   "summary, and optionally files, plots and a report.")
-    _cli_analyze.configure_analyze(a)
-    a.set_defaults(run=_cli_analyze.main_analyze)
-    cmp = sub.add_parser("compare", help="how layers move between checkpoints (alignment pack)",
-                         description="Pairwise metrics per layer between checkpoints: a "
-                                     "table per metric, heat maps with --plot, the report.")
-    _cli_analyze.configure_compare(cmp)
-    cmp.set_defaults(run=_cli_analyze.main_compare)
-    p = sub.add_parser("plugins", help="installed plugins, what they register, what failed")
-    p.set_defaults(run=_plugins)
-    k = sub.add_parser("kernels", help="registered kernels")
-    k.add_argument("-v", "--verbose", action="store_true", help="fields, level, configuration")
-    k.set_defaults(run=_kernels)
-    c = sub.add_parser(
-        "catalog", help="write the metric catalog (Markdown) of the registered kernels"
-    )
-    c.add_argument("-o", "--output", help="file to write (default: standard output)")
-    c.add_argument("--plugins", help="comma-separated plugins to include (default: all installed)")
-    c.set_defaults(run=_catalog)
-    d = sub.add_parser("demo", help="train a small model, analyse and compare its "
-                                    "checkpoints, write plots and a report (CPU, < 1 min)")
-    d.add_argument("--out", default="diffract-demo",
-                   help="folder for checkpoints, plots and the report (default: %(default)s)")
-    d.set_defaults(run=_demo)
-    args = parser.parse_args(argv)
     import warnings
 
     from diffract.errors import DiffractError, DiffractWarning
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
     try:
         with warnings.catch_warnings():
             # each distinct warning of ours once; other libraries' as Python decides
             warnings.simplefilter("default", DiffractWarning)
-            return int(args.run(args))
+            return _run(argv, chosen)
     except DiffractError as exc:
-        print(f"diffract {args.command}: error: {exc}", file=sys.stderr)
+        print(f"diffract {chosen or ''}: error: {exc}".replace(" :", ":"), file=sys.stderr)
         return 2
     except BrokenPipeError:  # `diffract kernels -v | head`: the reader left; not an error
         import os

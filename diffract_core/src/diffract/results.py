@@ -36,7 +36,7 @@ from diffract.errors import (
     UnknownFormatError,
 )
 
-__all__ = ["ResultsAPI", "register_formatter"]
+__all__ = ["ResultsAPI", "plain_value", "register_formatter"]
 
 Formatter = Callable[[list[dict[str, Any]], list[str]], Any]
 _BUILTIN = ("dict", "list", "pandas", "polars", "csv", "json")
@@ -57,16 +57,16 @@ def register_formatter(name: str, fn: Formatter) -> None:
         _FORMATTERS[name] = fn
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     """A JSON-friendly form of a stored value (or of records of them): arrays and tuples
     as lists, mappings item by item, NaN and infinities as None (JSON has no such
     numbers)."""
     if hasattr(value, "tolist"):
         value = value.tolist()
     if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain_value(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain_value(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
@@ -466,12 +466,11 @@ class ResultsAPI(ScopedAPI):
                 raise DiffractError(
                     "export_format='polars' needs polars: pip install polars."
                 ) from None
-            return pl.DataFrame([{c: _plain(r.get(c)) for c in columns} for r in records],
+            return pl.DataFrame([{c: plain_value(r.get(c)) for c in columns} for r in records],
                                 schema=columns, strict=False)
         if fmt == "json":
-            text = json.dumps(
-                [{k: _plain(v) for k, v in r.items()} for r in records], indent=1, allow_nan=False
-            )
+            text = json.dumps([{k: plain_value(v) for k, v in r.items()} for r in records],
+                              indent=1, allow_nan=False)
         else:
             import csv
             import io

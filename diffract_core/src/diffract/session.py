@@ -33,7 +33,7 @@ from diffract.core.compute.registry import SESSION_PROVIDER, KernelRegistry
 from diffract.core.compute.spec import KernelOptions, KernelSpec
 from diffract.core.compute.staleness import find_stale
 from diffract.core.executors import ExecutorHandle
-from diffract.core.models import apply_overrides, read_model
+from diffract.core.models import apply_overrides, read_model, with_views
 from diffract.core.ptypes import ParameterOverrides
 from diffract.core.scope import Scope, ScopedAPI
 from diffract.core.storage.base import Batch, Store, split_contextual
@@ -431,6 +431,34 @@ def _check_model_id(model_id: Any) -> None:
         )
 
 
+def _view_rules(views: Any) -> list[tuple[Any, dict[str, Any]]]:
+    """The view rules ``views`` names, with their options, checked."""
+    if views is None:
+        return []
+    if isinstance(views, str):
+        views = [views]
+    wanted = ({name: dict(opts or {}) for name, opts in views.items()}
+              if isinstance(views, Mapping) else {name: {} for name in views})
+    from diffract.plugins import get_catalog
+
+    catalog = get_catalog()
+    out, problems = [], []
+    for name, options in wanted.items():
+        rule = catalog.views.get(name)
+        if rule is None:
+            contested = catalog.conflict_message("views", name)
+            problems.append(f"view rule {contested}" if contested else
+                            f"no view rule {name!r} is installed (installed: "
+                            f"{', '.join(sorted(catalog.views)) or 'none'})")
+            continue
+        problems += [f"view rule {name!r}: {p}" for p in
+                     (rule.check(options) if rule.check is not None else [])]
+        out.append((rule, options))
+    if problems:
+        raise InvalidArgumentError("Cannot add views: " + "; ".join(problems) + ".")
+    return out
+
+
 class ModelsAPI:
     """``session.models``: add models and look at what is there."""
 
@@ -445,9 +473,17 @@ class ModelsAPI:
         copy_weights: bool = True,
         parameter_overrides: Mapping[str, ParameterOverrides] | None = None,
         base_model_id: str | None = None,
+        views: Iterable[str] | Mapping[str, Mapping[str, Any]] | None = None,
+        format: str | None = None,
     ) -> list[str]:
         """Add a torch module, a state dict, a checkpoint file or a Hugging Face-style
         checkpoint directory under ``model_id``.
+
+        Files and directories are read by the installed model formats (the first that
+        recognises the path; ``format`` names one). ``views`` turns on view rules
+        (``["name"]``, or ``{"name": {option: value}}``): the views each splits a
+        parameter into are added as parameters ``<parameter>[<label>]``, read as slices
+        of it (see :mod:`diffract.core.views`).
 
         ``base_model_id`` (a model already added) makes this model the fine-tuning
         delta ``W - W_base`` of every parameter the base has with the same name and
@@ -470,9 +506,12 @@ class ModelsAPI:
             self._check_new(model_id)
             if base_model_id is not None:
                 self._session._check_ids([base_model_id])
-            opened = read_model(model, model_id)
+            rules = _view_rules(views)
+            opened = read_model(model, model_id, format)
             if parameter_overrides:
                 opened = apply_overrides(opened, parameter_overrides)
+            if rules:
+                opened = with_views(opened, rules)
             if base_model_id is not None:
                 opened = self._delta(opened, base_model_id)
             store.add_model(model_id, opened.infos, opened.source, opened.load, opened.raw,

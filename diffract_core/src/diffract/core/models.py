@@ -2,66 +2,55 @@
 
 :func:`read_model` turns what the user passed into an :class:`OpenedModel`: the
 floating-point parameters' metadata (:class:`ParamInfo`), the :class:`ModelSource`
-record a durable store keeps, and two lazy loaders: ``load(name)`` returns one
-parameter as numpy (float32 for half and bfloat16 weights, the stored dtype otherwise)
-and ``raw(name)`` as its source holds it (a torch tensor on its device, in its dtype, or
-a numpy array). Nothing is read or copied at ``add`` time beyond headers.
-:func:`open_source` builds the loaders again from a stored record after a reopen.
+record a durable store keeps, the model's configuration, and two lazy loaders:
+``load(name, index=None)`` returns one parameter (or the slice ``index`` of it) as numpy
+(float32 for half and bfloat16 weights, the stored dtype otherwise) and ``raw`` as its
+source holds it (a torch tensor on its device, in its dtype, or a numpy array). Nothing
+is read or copied at ``add`` time beyond headers.
 
-Sources:
-
-* a ``torch.nn.Module`` (its ``named_parameters()``) or a mapping of names to torch
-  tensors or numpy arrays (a state dict);
-* a ``.safetensors`` file (read with plain file reads: no memory map, so a read costs
-  only the tensor's own memory and a truncated file is an error, not a crash), a torch state-dict
-  file ``.pt``/``.pth``/``.bin`` (``torch.load(weights_only=True)``, memory-mapped when
-  the file is in the zip format; the legacy format is read whole, once) or ``.npz``;
-* a Hugging Face-style checkpoint directory: ``model.safetensors.index.json`` with its
-  shards, ``model.safetensors``, ``pytorch_model.bin.index.json`` with its shards, or
-  ``pytorch_model.bin``.
-
-Every problem at the file boundary is a :class:`ModelSourceError` naming the file, the
-model and what to do. Before each read a file's identity is checked, so a file
-truncated or replaced after it was added fails that parameter with what changed.
+Torch modules and mappings of names to tensors or arrays are read here; checkpoint
+files and directories by the installed model formats (:mod:`diffract.core.formats`).
+:func:`with_views` adds the views that rules split parameters into
+(:mod:`diffract.core.views`), :func:`apply_overrides` renames and retypes parameters,
+and :func:`open_source` builds the loaders again from a stored record after a reopen.
 Integer and boolean tensors (``num_batches_tracked``) are not weights and are left out.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import sys
-import threading
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 import numpy as np
 
-from diffract.core._safetensors import SafetensorsError, SafetensorsFile
 from diffract.core.ptypes import infer_type, module_types
-from diffract.core.sources import FileIdentity, ModelSource
+from diffract.core.sources import ModelSource
 from diffract.core.storage.base import ParamInfo
-from diffract.errors import EmptyModelError, ModelSourceError
+from diffract.core.views import Index, View, sliced_shape, to_slices, view_name
+from diffract.errors import EmptyModelError, InvalidArgumentError, ModelSourceError
 
-__all__ = ["OpenedModel", "open_source", "read_model"]
+__all__ = ["OpenedModel", "apply_overrides", "open_source", "read_model", "readable",
+           "to_numpy", "with_views"]
 
-Loader = Callable[[str], Any]
-
-_HF_FILES = ("model.safetensors.index.json", "model.safetensors",
-             "pytorch_model.bin.index.json", "pytorch_model.bin")
+#: ``load(name, index=None)``: a parameter, or the slice ``index`` of it.
+Loader = Callable[..., Any]
 
 
 @attrs.define
 class OpenedModel:
-    """What ``models.add`` records: parameters, the source record, the two loaders."""
+    """What ``models.add`` records: parameters, the source record, the two loaders and
+    the model's configuration (for view rules)."""
 
     infos: list[ParamInfo]
     source: ModelSource
     load: Loader = attrs.field(repr=False)
     raw: Loader = attrs.field(repr=False)
+    config: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
 
 
 # -- tensors --------------------------------------------------------------------------
@@ -71,7 +60,7 @@ def _is_torch_module(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.nn.Module)
 
 
-def _readable(t: Any) -> Any:
+def readable(t: Any) -> Any:
     """``t`` detached, or a clear error when it holds no readable dense data."""
     if t.is_meta:
         raise ModelSourceError(
@@ -92,7 +81,7 @@ def to_numpy(t: Any) -> np.ndarray:
     """A torch tensor or numpy array as numpy; half types as float32."""
     if isinstance(t, np.ndarray):
         return t.astype(np.float32) if t.dtype.itemsize < 4 else t
-    t = _readable(t)
+    t = readable(t)
     if t.dtype.is_floating_point and t.element_size() < 4:
         t = t.float()
     return t.cpu().numpy()
@@ -108,8 +97,13 @@ def _is_float(value: Any) -> bool:
     return bool(value.dtype.is_floating_point)
 
 
+def _sliced(value: Any, index: Index | None) -> Any:
+    return value if index is None else value[to_slices(index)]
+
+
 def _from_mapping(model_id: str, mapping: Mapping[str, Any], description: str,
-                  modules: Mapping[str, str] | None = None) -> OpenedModel:
+                  modules: Mapping[str, str] | None = None,
+                  config: Mapping[str, Any] | None = None) -> OpenedModel:
     torch_mod = sys.modules.get("torch")
     bad = sorted(
         str(k)
@@ -139,233 +133,76 @@ def _from_mapping(model_id: str, mapping: Mapping[str, Any], description: str,
         for name, v in kept.items()
     ]
 
-    def load(name: str) -> np.ndarray:
-        return to_numpy(kept[name])
+    def load(name: str, index: Index | None = None) -> np.ndarray:
+        return to_numpy(_sliced(kept[name], index))
 
-    def raw(name: str) -> Any:
+    def raw(name: str, index: Index | None = None) -> Any:
         value = kept[name]
-        return value if isinstance(value, np.ndarray) else _readable(value)
+        value = value if isinstance(value, np.ndarray) else readable(value)
+        return _sliced(value, index)
 
-    return OpenedModel(infos, ModelSource("memory", description=description), load, raw)
-
-
-# -- files ----------------------------------------------------------------------------
-def _file_error(model_id: str, path: Path | str, problem: str) -> ModelSourceError:
-    return ModelSourceError(f"Model {model_id!r}: {problem} ({str(path)!r}).", model_id=model_id)
+    return OpenedModel(infos, ModelSource("memory", description=description), load, raw,
+                       dict(config or {}))
 
 
-class _Reader:
-    """Reads tensors of one checkpoint file, opening it lazily, checking its identity."""
-
-    def __init__(self, identity: FileIdentity, fmt: str, model_id: str) -> None:
-        self.identity, self.fmt, self.model_id = identity, fmt, model_id
-        self._handle: Any = None
-        self._lock = threading.Lock()
-
-    def _open(self) -> Any:
-        if self._handle is None:
-            self._handle = _open_file(Path(self.identity.path), self.fmt, self.model_id)
-        return self._handle
-
-    def get(self, name: str) -> Any:
-        """The tensor as stored (torch for torch and safetensors files, else numpy)."""
-        self.identity.check(self.model_id)
-        with self._lock:
-            handle = self._open()
-        if self.fmt == "safetensors":
-            return handle.read_raw(name)
-        if self.fmt == "npz":
-            with np.load(self.identity.path, allow_pickle=False) as npz:
-                return npz[name]
-        return handle[name]
-
-    def get_numpy(self, name: str) -> np.ndarray:
-        """The tensor as numpy, half types as float32 (converted without a second copy
-        for safetensors files)."""
-        if self.fmt != "safetensors":
-            return to_numpy(self.get(name))
-        self.identity.check(self.model_id)
-        with self._lock:
-            handle = self._open()
-        return handle.read_numpy(name)
-
-
-def _open_file(path: Path, fmt: str, model_id: str) -> Any:
-    """An open checkpoint: a safetensors handle, or a mapping of names to tensors."""
-    if fmt == "safetensors":
-        try:
-            return SafetensorsFile(path)
-        except (OSError, SafetensorsError) as exc:  # a truncated or lying header
-            raise _file_error(
-                model_id, path,
-                f"not a readable safetensors file: {exc}. The file is truncated or its header "
-                "is corrupt; export it again",
-            ) from None
-    if fmt == "torch":
-        return _torch_load(path, model_id)
-    if fmt == "npz":
-        try:
-            return np.load(path, allow_pickle=False)
-        except Exception as exc:  # noqa: BLE001
-            raise _file_error(model_id, path, f"not a readable .npz file: {exc}") from None
-    raise _file_error(model_id, path, f"unknown checkpoint format {fmt!r}")  # pragma: no cover
-
-
-def _torch_load(path: Path, model_id: str) -> Mapping[str, Any]:
-    """``torch.load(weights_only=True)``: memory-mapped for zip files, whole for the
-    legacy format. Raises ModelSourceError naming what is not a plain state dict."""
-    import torch
-
+def _module_config(module: Any) -> dict[str, Any]:
+    """A Hugging Face model's ``config`` as a dict (empty for other modules)."""
+    to_dict = getattr(getattr(module, "config", None), "to_dict", None)
     try:
-        try:
-            state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as exc:
-            if "mmap" not in str(exc) and "zip" not in str(exc):
-                raise
-            state = torch.load(str(path), map_location="cpu", weights_only=True)  # legacy
-    except Exception as exc:  # noqa: BLE001 - reported with the fix, never torch's advice
-        text = str(exc)
-        found = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"global ([\w.]+)", text)
-        if found:
-            why = (f"it holds a pickled {found.group(1)}, not a plain state dict of tensors")
-        elif "weights_only" in text.lower() or "unpickl" in text.lower():
-            why = "it holds pickled objects, not a plain state dict of tensors"
-        else:
-            why = f"torch cannot read it ({type(exc).__name__}: {text.splitlines()[0][:200]})"
-        raise _file_error(
-            model_id, path,
-            f"cannot read {path.name} with torch.load(weights_only=True): {why}. Diffract never "
-            "unpickles arbitrary objects: save model.state_dict() with torch.save and add that",
-        ) from None
-    if not isinstance(state, Mapping):
-        raise _file_error(model_id, path, f"{path.name} holds a {type(state).__name__}, not a "
-                          "state dict; save model.state_dict() and add that")
-    return state
+        return dict(to_dict()) if callable(to_dict) else {}
+    except Exception:  # noqa: BLE001 - a configuration is a convenience, never an error
+        return {}
 
 
-def _file_infos(handle: Any, fmt: str, model_id: str, path: Path) -> list[tuple[str, tuple, str]]:
-    """(name, shape, dtype) of the floating-point tensors of an open checkpoint."""
-    out = []
-    if fmt == "safetensors":
-        return handle.floats()
-    if fmt == "npz":
-        for name in handle.files:
-            arr = handle[name]
-            if np.issubdtype(arr.dtype, np.floating):
-                out.append((name, tuple(arr.shape), str(arr.dtype)))
-        return out
-    torch_mod = sys.modules["torch"]
-    for name, value in handle.items():
-        if not isinstance(value, torch_mod.Tensor):
-            bad = type(value).__name__
-            nested = " (a training checkpoint: save its 'state_dict' entry)" if isinstance(
-                value, Mapping) else ""
-            raise _file_error(model_id, path, f"entry {name!r} is a {bad}, not a tensor{nested}")
-        if value.dtype.is_floating_point:
-            out.append((name, tuple(value.shape), _torch_dtype_name(value)))
-    return out
+def _from_path(model_id: str, path: Path, format: str | None) -> OpenedModel:
+    from diffract.core.formats import open_path
+
+    entries, source, load, raw, config = open_path(path, model_id, format)
+    infos = [ParamInfo(model_id, e.name, e.shape, e.dtype, infer_type(e.name, e.shape))
+             for e in entries]
+    return OpenedModel(infos, source, load, raw, config)
 
 
-def _format_of(path: Path, model_id: str) -> str:
-    suffix = path.suffix.lower()
-    if suffix == ".safetensors":
-        return "safetensors"
-    if suffix in (".pt", ".pth", ".bin"):
-        return "torch"
-    if suffix == ".npz":
-        return "npz"
-    raise _file_error(model_id, path, f"unsupported file type {suffix or '(none)'!r}: use "
-                      ".safetensors, .pt, .pth, .bin or .npz, a Hugging Face-style checkpoint "
-                      "directory, a torch module or a state dict")
+# -- renames and views ----------------------------------------------------------------
+def _renamed(loader: Loader, renamed: Mapping[str, str]) -> Loader:
+    return lambda name, index=None: loader(renamed.get(name, name), index)
 
 
-def _directory_files(root: Path, model_id: str) -> tuple[str, list[tuple[Path, list[str] | None]]]:
-    """The format and the files of a checkpoint directory: (path, names or None=all)."""
-    for marker in _HF_FILES:
-        if not (root / marker).is_file():
-            continue
-        fmt = "safetensors" if marker.startswith("model.") else "torch"
-        if not marker.endswith(".index.json"):
-            return fmt, [(root / marker, None)]
-        try:
-            weight_map = json.loads((root / marker).read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise _file_error(model_id, root / marker, f"unreadable shard index ({exc}); "
-                              "it must be JSON with a 'weight_map'") from None
-        shards: dict[str, list[str]] = {}
-        for name, shard in weight_map.items():
-            shards.setdefault(shard, []).append(name)
-        missing = sorted(s for s in shards if not (root / s).is_file())
-        if missing:
-            raise _file_error(model_id, root, f"the shard index lists {len(missing)} missing "
-                              f"shard(s): {missing[:5]}; download them or fix the index")
-        return fmt, [(root / s, names) for s, names in shards.items()]
-    raise _file_error(model_id, root, f"directory holds none of {list(_HF_FILES)}; pass a "
-                      "checkpoint file or a Hugging Face-style checkpoint directory")
+def _viewed(loader: Loader, views: Mapping[str, tuple[str, Index, bool]]) -> Loader:
+    def read(name: str, index: Index | None = None) -> Any:
+        view = views.get(name)
+        if view is None:
+            return loader(name, index)
+        parent, at, transpose = view
+        value = loader(parent, at)
+        return value.T if transpose else value
+
+    return read
 
 
-def _from_files(model_id: str, given: Path) -> OpenedModel:
-    if not given.exists():
-        raise _file_error(model_id, given, "the file does not exist")
-    if given.is_dir():
-        if given.suffix.lower() in (".safetensors", ".pt", ".pth", ".bin", ".npz"):
-            raise _file_error(model_id, given, "this is a directory, not a checkpoint file")
-        fmt, files = _directory_files(given, model_id)
-        kind = "directory"
-    else:
-        fmt, files, kind = _format_of(given, model_id), [(given, None)], "file"
-    readers: list[_Reader] = []
-    infos: list[ParamInfo] = []
-    where: dict[str, int] = {}
-    for index, (path, names) in enumerate(files):
-        identity = FileIdentity.of(path)
-        reader = _Reader(identity, fmt, model_id)
-        entries = _file_infos(reader._open(), fmt, model_id, path)
-        wanted = set(names) if names is not None else None
-        for name, shape, dtype in entries:
-            if wanted is not None and name not in wanted:
-                continue
-            if name in where:
-                raise _file_error(model_id, path, f"parameter {name!r} appears in two files")
-            where[name] = index
-            infos.append(ParamInfo(model_id, name, shape, dtype, infer_type(name, shape)))
-        readers.append(reader)
-    source = ModelSource(
-        kind=kind, format=fmt, path=str(given.resolve()),
-        files=tuple(r.identity for r in readers),
-        weight_map=tuple(where.items()) if kind == "directory" else (),
-        description=f"{fmt} {kind}",
-    )
-    load, raw = _loaders(readers, where)
-    return OpenedModel(infos, source, load, raw)
-
-
-def _loaders(readers: list[_Reader], where: Mapping[str, int]) -> tuple[Loader, Loader]:
-    def raw(name: str) -> Any:
-        value = readers[where.get(name, 0)].get(name)
-        return value if isinstance(value, np.ndarray) else _readable(value)
-
-    def load(name: str) -> np.ndarray:
-        return readers[where.get(name, 0)].get_numpy(name)
-
+def _with_source_maps(load: Loader, raw: Loader, source: ModelSource) -> tuple[Loader, Loader]:
+    if source.renames:
+        renamed = dict(source.renames)
+        load, raw = _renamed(load, renamed), _renamed(raw, renamed)
+    if source.views:
+        views = {name: (parent, index, transpose)
+                 for name, parent, index, transpose in source.views}
+        load, raw = _viewed(load, views), _viewed(raw, views)
     return load, raw
 
 
 def open_source(source: ModelSource, model_id: str) -> tuple[Loader, Loader]:
     """The loaders of a file-backed source recorded earlier (after a store reopens).
 
-    Files open lazily; each read first checks the file's identity, so a changed file
-    fails the parameter being read, with what changed.
+    The model format recorded reads the files again, lazily; each read first checks
+    the file's identity, so a changed file fails the parameter being read, with what
+    changed. Renamed parameters and views read as they did when the model was added.
     """
     if not source.is_file_backed:
         raise ValueError(f"open_source needs a file-backed source, got kind {source.kind!r}")
-    readers = [_Reader(identity, source.format or "", model_id) for identity in source.files]
-    load, raw = _loaders(readers, dict(source.weight_map))
-    if not source.renames:
-        return load, raw
-    renamed = dict(source.renames)
-    return (lambda name: load(renamed.get(name, name)),
-            lambda name: raw(renamed.get(name, name)))
+    from diffract.core.formats import reopen
+
+    return _with_source_maps(*reopen(source, model_id), source)
 
 
 def apply_overrides(opened: OpenedModel, overrides: Mapping[str, Any]) -> OpenedModel:
@@ -395,28 +232,82 @@ def apply_overrides(opened: OpenedModel, overrides: Mapping[str, Any]) -> Opened
             renamed[new] = info.name
         infos.append(attrs.evolve(info, name=new, ptype=ov.ptype or info.ptype,
                                   meta=ov.meta or info.meta))
-    final = [i.name for i in infos]
-    clashes = sorted({n for n in final if final.count(n) > 1})
-    if clashes:
-        raise ModelSourceError(f"parameter_overrides would give two parameters the name(s) "
-                               f"{clashes}.", model_id=infos[0].model_id)
+    _refuse_clashes([i.name for i in infos], "parameter_overrides would give two parameters "
+                    "the name(s)", infos[0].model_id)
     if not renamed:
         return attrs.evolve(opened, infos=infos)
-    load, raw = opened.load, opened.raw
     source = attrs.evolve(opened.source, renames=tuple(sorted(renamed.items())))
     return attrs.evolve(opened, infos=infos, source=source,
-                        load=lambda name: load(renamed.get(name, name)),
-                        raw=lambda name: raw(renamed.get(name, name)))
+                        load=_renamed(opened.load, renamed), raw=_renamed(opened.raw, renamed))
 
 
-def read_model(source: Any, model_id: str) -> OpenedModel:
+def _refuse_clashes(names: Sequence[str], what: str, model_id: str) -> None:
+    clashes = sorted(n for n, count in Counter(names).items() if count > 1)
+    if clashes:
+        raise ModelSourceError(f"{what} {clashes[:10]}.", model_id=model_id)
+
+
+def with_views(opened: OpenedModel, rules: Sequence[tuple[Any, Mapping[str, Any]]]) -> OpenedModel:
+    """The model with the views each rule (a ViewRule and its options) splits its
+    parameters into, added after their parents; the source records them."""
+    model_id = opened.infos[0].model_id
+    infos = list(opened.infos)
+    table: list[tuple[str, str, Index, bool]] = []
+    for info in opened.infos:
+        for rule, options in rules:
+            try:
+                views = list(rule.split(info, opened.config, options) or ())
+            except Exception as exc:  # noqa: BLE001 - named with the rule and parameter
+                raise ModelSourceError(
+                    f"Model {model_id!r}: view rule {rule.name!r} ({rule.provider}) failed on "
+                    f"{info.name!r} {info.shape}: {type(exc).__name__}: {exc}",
+                    model_id=model_id) from None
+            for view in views:
+                infos.append(_view_info(info, view, rule, model_id))
+                table.append((infos[-1].name, info.name, view.index, view.transpose))
+    _refuse_clashes([i.name for i in infos], "the views give two parameters the name(s)",
+                    model_id)
+    if not table:
+        return opened
+    source = attrs.evolve(opened.source, views=tuple(table))
+    views = {name: (parent, index, transpose) for name, parent, index, transpose in table}
+    return attrs.evolve(opened, infos=infos, source=source,
+                        load=_viewed(opened.load, views), raw=_viewed(opened.raw, views))
+
+
+def _view_info(info: ParamInfo, view: Any, rule: Any, model_id: str) -> ParamInfo:
+    """The ParamInfo of one view, after checking it fits its parent."""
+    if not isinstance(view, View):
+        raise ModelSourceError(
+            f"Model {model_id!r}: view rule {rule.name!r} ({rule.provider}) returned a "
+            f"{type(view).__name__} for {info.name!r}, not a View.", model_id=model_id)
+    if not view.label or any(c in view.label for c in "[]"):
+        raise ModelSourceError(
+            f"Model {model_id!r}: view rule {rule.name!r} gave {info.name!r} the label "
+            f"{view.label!r}; a label is non-empty and holds no '[' or ']'.", model_id=model_id)
+    try:
+        shape = sliced_shape(info.shape, view.index, view.transpose)
+    except ValueError as exc:
+        raise ModelSourceError(
+            f"Model {model_id!r}: view rule {rule.name!r} gave {info.name!r} {info.shape} the "
+            f"view {view.label!r}, which does not fit: {exc}.", model_id=model_id) from None
+    meta = {**dict(view.meta), "view_of": info.name, "view": view.label, "view_rule": rule.name}
+    return ParamInfo(model_id, view_name(info.name, view.label), shape, info.dtype,
+                     view.ptype or info.ptype, tuple(sorted(meta.items())))
+
+
+def read_model(source: Any, model_id: str, format: str | None = None) -> OpenedModel:
     """Parameters, source record and loaders for what ``models.add`` was given."""
+    if format is not None and not isinstance(source, (str, os.PathLike)):
+        raise InvalidArgumentError(
+            f"format={format!r} applies to checkpoint files and directories, not to a "
+            f"{type(source).__name__}.")
     if isinstance(source, (str, os.PathLike)):
-        opened = _from_files(model_id, Path(source))
+        opened = _from_path(model_id, Path(source), format)
     elif _is_torch_module(source):
         kind = f"{type(source).__module__}.{type(source).__qualname__}"
         opened = _from_mapping(model_id, dict(source.named_parameters()), f"torch module {kind}",
-                               module_types(source))
+                               module_types(source), _module_config(source))
     elif isinstance(source, Mapping):
         opened = _from_mapping(model_id, source, "state dict")
     else:
@@ -434,3 +325,4 @@ def read_model(source: Any, model_id: str) -> OpenedModel:
             model_id=model_id,
         )
     return opened
+

@@ -98,10 +98,12 @@ class ModelSource:
 
     ``kind``: ``file`` (one checkpoint), ``directory`` (a Hugging Face-style checkpoint
     directory: sharded or single-file) or ``memory`` (a torch module or a state dict).
-    ``format``: ``safetensors``, ``torch`` or ``npz`` for files; ``files`` their
+    ``format``: the name of the model format that reads the files; ``files`` their
     identities, in load order; ``path`` the file or directory as given (absolute);
     ``weight_map`` for directories: parameter name -> index into ``files``;
-    ``description`` a short human label (``"torch.nn.Sequential"``, ``"state dict"``).
+    ``description`` a short human label (``"torch.nn.Sequential"``, ``"state dict"``);
+    ``renames`` parameters renamed at add time; ``views`` the views of parameters
+    (:mod:`diffract.core.views`), so that a reopened store reads them without their rule.
     """
 
     kind: str
@@ -112,6 +114,8 @@ class ModelSource:
     description: str = ""
     #: (name in the session, name in the files) of parameters renamed at add time
     renames: tuple[tuple[str, str], ...] = ()
+    #: (view name, parent name, index, transpose) of each view
+    views: tuple[tuple[str, str, tuple[Any, ...], bool], ...] = ()
 
     @property
     def is_file_backed(self) -> bool:
@@ -127,6 +131,9 @@ class ModelSource:
         data["files"] = tuple(FileIdentity(**f) for f in data.get("files", ()))
         data["weight_map"] = tuple(tuple(pair) for pair in data.get("weight_map", ()))
         data["renames"] = tuple(tuple(pair) for pair in data.get("renames", ()))
+        data["views"] = tuple(
+            (name, parent, tuple(i if isinstance(i, int) else tuple(i) for i in index), bool(t))
+            for name, parent, index, t in data.get("views", ()))
         return cls(**data)
 
     def changed_files(self) -> list[str]:

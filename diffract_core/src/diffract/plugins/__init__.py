@@ -1,9 +1,12 @@
 """Diffract's plugin layer: the whole public surface a plugin needs.
 
 Hook specs and the marker (``hookimpl``), the records hooks yield (``KernelSpec``,
-``StorageProfile``, ``ExecutorSpec``, ``OpSpec``, ``Conventions``), what a storage profile
-implements (``Store``) and receives (``Batch``, ``Note``, ``ParamInfo``), the executor contract (an
-``ExecutorSpec`` factory receives the session's ``Config`` and its options and returns a
+``StorageProfile``, ``ExecutorSpec``, ``OpSpec``, ``Conventions``, ``ModelFormat``,
+``ViewRule``, ``Command``), what a storage profile implements (``Store``) and receives
+(``Batch``, ``Note``, ``ParamInfo``), what a model format returns (``CheckpointReader``
+listing ``TensorEntry`` records; ``read_rows`` and ``to_slices`` read a view's slice),
+what a view rule returns (``View``), the executor contract (an ``ExecutorSpec`` factory
+receives the session's ``Config`` and its options and returns a
 ``concurrent.futures.Executor``; ``InlineExecutor`` is the simplest), the built-in
 ``RamStore`` to build on, the plugin manager and the process's registry.
 ``diffract.core.*`` is internal.
@@ -14,6 +17,7 @@ and puts ``@hookimpl`` functions in that module; see docs/plugins.md.
 
 from diffract.config import Config
 from diffract.core.executors import InlineExecutor, limit_threads
+from diffract.core.formats import CheckpointReader, TensorEntry
 from diffract.core.models import open_source as open_model_source
 from diffract.core.sources import FileIdentity, ModelSource
 from diffract.core.storage.base import (
@@ -30,6 +34,7 @@ from diffract.core.storage.base import (
     storable_problem,
 )
 from diffract.core.storage.ram import RamStore
+from diffract.core.views import View, read_rows, sliced_shape, to_slices, view_name
 from diffract.errors import FieldUndefined, WeightsUnavailableError
 from diffract.plugins._manager import (
     Catalog,
@@ -46,15 +51,18 @@ from diffract.plugins._runtime import (
 )
 from diffract.plugins.hookspec import hookimpl, hookspec
 from diffract.plugins.types import (
+    Command,
     Conventions,
     Domain,
     ExecutorSpec,
     KernelOptions,
     KernelSpec,
+    ModelFormat,
     OpSpec,
     Range,
     Restriction,
     StorageProfile,
+    ViewRule,
     kernel,
 )
 
@@ -62,12 +70,15 @@ __all__ = [
     "STORABLE_TYPES",
     "Batch",
     "Catalog",
+    "CheckpointReader",
+    "Command",
     "Config",
     "Domain",
     "FieldUndefined",
     "FileIdentity",
     "InlineExecutor",
     "KernelOptions",
+    "ModelFormat",
     "ModelSource",
     "Note",
     "ParamInfo",
@@ -76,6 +87,9 @@ __all__ = [
     "Range",
     "Stamp",
     "Store",
+    "TensorEntry",
+    "View",
+    "ViewRule",
     "WeightsUnavailableError",
     "contextual_name",
     "rename_in_contextual",
@@ -98,6 +112,10 @@ __all__ = [
     "limit_threads",
     "make_plugin_manager",
     "open_model_source",
+    "read_rows",
     "reset_registry",
     "set_plugin_manager",
+    "sliced_shape",
+    "to_slices",
+    "view_name",
 ]

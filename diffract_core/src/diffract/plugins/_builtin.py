@@ -1,4 +1,5 @@
-"""The core's own plugin: the ``ram`` profile, three executors and the elementary kernels.
+"""The core's own plugin: the ``ram`` profile, three executors, the elementary kernels
+and the ``plugins``, ``kernels`` and ``catalog`` commands.
 
 Registered by :func:`~diffract.plugins.make_plugin_manager` through the same hooks as
 any third-party plugin (``builtins=True``), so an embedding tool with autoload off
@@ -11,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from diffract.plugins.hookspec import hookimpl
-from diffract.plugins.types import ExecutorSpec, KernelSpec, StorageProfile
+from diffract.plugins.types import Command, ExecutorSpec, KernelSpec, StorageProfile
 
 
 def _ram(options: Mapping[str, Any]) -> Any:
@@ -55,3 +56,14 @@ def diffract_kernels() -> Iterator[KernelSpec]:
 
     for fn in ELEMENTARY:
         yield KernelSpec.from_function(fn)
+
+
+@hookimpl
+def diffract_commands() -> Iterator[Command]:
+    from diffract import cli
+
+    yield Command("plugins", "installed plugins, what they register, what failed",
+                  lambda parser: None, cli.run_plugins)
+    yield Command("kernels", "registered kernels", cli.configure_kernels, cli.run_kernels)
+    yield Command("catalog", "write the metric catalog (Markdown) of the registered kernels",
+                  cli.configure_catalog, cli.run_catalog)

@@ -10,7 +10,8 @@ error. ``DIFFRACT_PLUGINS`` (an allow-list) and ``DIFFRACT_DISABLE_PLUGINS`` (a
 deny-list), comma-separated distribution or entry-point names, act before import.
 
 Two distributions that claim one name (a kernel, a field two kernels produce, a storage
-profile, an executor) are a conflict: neither record is used, whatever the names sort
+profile, an executor, a conventions preset, a model format, a view rule, a command) are a
+conflict: neither record is used, whatever the names sort
 like, and using the name raises an error naming both and the setting that picks one:
 ``prefer`` (``make_plugin_manager(prefer={"stable_rank": "diffract-kernels-spectral"})``,
 ``DIFFRACT_PREFER=stable_rank=diffract-kernels-spectral`` or ``[plugins] prefer`` in a
@@ -33,7 +34,16 @@ import pluggy
 
 from diffract.errors import PluginConflictError, PluginLoadError, PluginWarning
 from diffract.plugins import hookspec
-from diffract.plugins.types import Conventions, ExecutorSpec, KernelSpec, OpSpec, StorageProfile
+from diffract.plugins.types import (
+    Command,
+    Conventions,
+    ExecutorSpec,
+    KernelSpec,
+    ModelFormat,
+    OpSpec,
+    StorageProfile,
+    ViewRule,
+)
 
 __all__ = ["Catalog", "DiffractPluginManager", "PluginRecord", "make_plugin_manager"]
 
@@ -48,7 +58,14 @@ _HOOKS: tuple[tuple[str, type, str], ...] = (
     ("diffract_executors", ExecutorSpec, "executors"),
     ("diffract_ops", OpSpec, "ops"),
     ("diffract_conventions", Conventions, "conventions"),
+    ("diffract_model_formats", ModelFormat, "formats"),
+    ("diffract_param_views", ViewRule, "views"),
+    ("diffract_commands", Command, "commands"),
 )
+#: What each kind of record is called in messages.
+_WHAT = {"kernels": "kernel or field", "profiles": "storage profile", "executors": "executor",
+         "conventions": "conventions", "formats": "model format", "views": "view rule",
+         "commands": "command"}
 
 
 def _norm(name: str) -> str:
@@ -116,8 +133,9 @@ class PluginRecord:
 class Catalog:
     """Every record the plugins yielded, stamped with its provider, conflicts removed.
 
-    ``contested`` maps a kind (kernels, profiles, executors) to the names withheld
-    because plugins conflict: name -> (the claimed name, its providers).
+    ``contested`` maps a kind (kernels, profiles, executors, conventions, formats,
+    views, commands) to the names withheld because plugins conflict: name -> (the
+    claimed name, its providers).
     """
 
     kernels: tuple[KernelSpec, ...]
@@ -127,6 +145,9 @@ class Catalog:
     plugins: tuple[PluginRecord, ...]
     contested: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = attrs.field(factory=dict)
     conventions: dict[str, Conventions] = attrs.field(factory=dict)
+    formats: dict[str, ModelFormat] = attrs.field(factory=dict)
+    views: dict[str, ViewRule] = attrs.field(factory=dict)
+    commands: dict[str, Command] = attrs.field(factory=dict)
 
     def conflict_message(self, kind: str, name: str) -> str | None:
         """Why ``name`` of ``kind`` is withheld, with the setting that picks, or None."""
@@ -260,17 +281,32 @@ class DiffractPluginManager(pluggy.PluginManager):
         contested: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {}
         for record, item in offers["ops"]:
             record.provides.setdefault("ops", []).append(item.name)
-        for kind in ("kernels", "profiles", "executors", "conventions"):
+        offers["commands"] = self._reserve_builtin_commands(offers["commands"])
+        for kind in _WHAT:
             kept[kind], contested[kind] = self._settle(kind, offers[kind])
+        named = {kind: {r.name: r for r in kept[kind]} for kind in _WHAT if kind != "kernels"}
         return Catalog(
             kernels=tuple(kept["kernels"]),
-            profiles={p.name: p for p in kept["profiles"]},
-            executors={e.name: e for e in kept["executors"]},
             ops=tuple(kept["ops"]),
             plugins=tuple(self.records.values()),
             contested=contested,
-            conventions={c.name: c for c in kept["conventions"]},
+            **named,
         )
+
+    def _reserve_builtin_commands(self, offers: list[tuple[PluginRecord, Any]]) -> list:
+        """The core's own commands stay usable: a plugin's command of the same name is
+        withheld (``diffract plugins`` must work to diagnose the conflict)."""
+        builtin = {item.name for record, item in offers if record.distribution == BUILTIN}
+        kept = []
+        for record, item in offers:
+            if record.distribution != BUILTIN and item.name in builtin:
+                record.refused.append(item.name)
+                self._problem(record, f"Plugin {record.label}: command {item.name!r} is one of "
+                                      "diffract's own; the plugin's was withheld. Rename it.",
+                              conflict=True)
+                continue
+            kept.append((record, item))
+        return kept
 
     def _answer(self, record: PluginRecord, fn: Callable[[], Iterable[Any]], hook_name: str,
                 rtype: type, kind: str) -> list[Any]:
@@ -354,8 +390,7 @@ class DiffractPluginManager(pluggy.PluginManager):
             for key in _keys(kind, item):
                 if key in open_claims:
                     contested[key] = (key, open_claims[key])
-        what = {"kernels": "kernel or field", "profiles": "storage profile",
-                "executors": "executor", "conventions": "conventions"}[kind]
+        what = _WHAT[kind]
         for claimed, providers in sorted(open_claims.items()):
             for label in providers:
                 table[claimed][label].conflicts.append(f"{what} {claimed!r}")

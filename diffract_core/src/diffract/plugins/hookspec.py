@@ -12,7 +12,16 @@ from collections.abc import Iterable
 
 import pluggy
 
-from diffract.plugins.types import Conventions, ExecutorSpec, KernelSpec, OpSpec, StorageProfile
+from diffract.plugins.types import (
+    Command,
+    Conventions,
+    ExecutorSpec,
+    KernelSpec,
+    ModelFormat,
+    OpSpec,
+    StorageProfile,
+    ViewRule,
+)
 
 __all__ = ["PROJECT", "hookimpl", "hookspec"]
 
@@ -65,4 +74,37 @@ def diffract_conventions() -> Iterable[Conventions]:
     Each :class:`Conventions` sets some kernels' configuration so that results follow
     another tool's conventions; users apply one with
     ``session.compute.configure_conventions(name)`` or ``diffract analyze --conventions``.
+    """
+
+
+@hookspec
+def diffract_model_formats() -> Iterable[ModelFormat]:
+    """Readers of checkpoint files a plugin provides. Implemented by format plugins.
+
+    Each :class:`ModelFormat` names a format, says which paths it recognises (suffixes,
+    magic bytes, a directory layout) and opens one as a
+    :class:`~diffract.plugins.CheckpointReader` that lists tensors without reading them
+    and reads one, or a slice of one, on request. ``models.add(path)`` asks the formats
+    in turn; the name is recorded so that a durable store reopens the model with it.
+    """
+
+
+@hookspec
+def diffract_param_views() -> Iterable[ViewRule]:
+    """Rules that split parameters into views (heads, experts, fused parts).
+
+    Each :class:`ViewRule` is turned on by name (``models.add(..., views=["name"])``)
+    and returns, per parameter, the :class:`~diffract.plugins.View` records that become
+    parameters in their own right, read as slices of their parent.
+    """
+
+
+@hookspec
+def diffract_commands() -> Iterable[Command]:
+    """Subcommands of the ``diffract`` command a plugin provides.
+
+    Each :class:`Command` gives a name, a help line, a function that adds its arguments
+    to an ``argparse`` parser (called only when the command is used) and a function that
+    runs it and returns the exit code. The core's own ``plugins``, ``kernels`` and
+    ``catalog`` are reserved: a plugin's command of one of those names is withheld.
     """

@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor
+from pathlib import Path
 from typing import Any
 
 import attrs
 
 from diffract.core.compute.spec import Domain, KernelOptions, KernelSpec, Range, Restriction, kernel
+from diffract.core.views import View
 
 __all__ = [
+    "Command",
     "Conventions",
     "Domain",
     "ExecutorSpec",
     "KernelOptions",
     "KernelSpec",
+    "ModelFormat",
     "OpSpec",
     "Range",
     "Restriction",
     "StorageProfile",
+    "View",
+    "ViewRule",
     "kernel",
 ]
 
@@ -113,4 +120,92 @@ class OpSpec:
         default=None, eq=False, hash=False, repr=_summary
     )
     priority: int = 0
+    provider: str = "unknown"
+
+
+@attrs.frozen
+class ModelFormat:
+    """A reader for one kind of checkpoint.
+
+    ``open(path)`` returns a :class:`~diffract.plugins.CheckpointReader` (lists the
+    tensors without reading them, reads one tensor or a slice of it). A file is
+    recognised when its suffix is one of ``suffixes`` (lowercase, with the dot) or its
+    first bytes start with one of ``magic``; a directory when ``layout(path)`` is true.
+    When several formats recognise a path, the highest ``priority`` reads it (ties: the
+    first in the catalog's order, the core's then by distribution name);
+    ``models.add(path, format=name)`` picks one. The name is recorded with the
+    model, so a durable store reopens it with the same format.
+    """
+
+    name: str
+    open: Callable[[str], Any] = attrs.field(eq=False, hash=False, repr=_summary)
+    suffixes: tuple[str, ...] = attrs.field(
+        default=(), converter=lambda xs: tuple(x.lower() for x in xs))
+    magic: tuple[bytes, ...] = attrs.field(default=(), converter=tuple)
+    layout: Callable[[str], bool] | None = attrs.field(
+        default=None, eq=False, hash=False, repr=False)
+    description: str = ""
+    priority: int = 0
+    provider: str = "unknown"
+
+    def recognises(self, path: str | os.PathLike[str]) -> bool:
+        """Whether this format reads ``path`` (a file by suffix or magic bytes, a
+        directory by its layout)."""
+        p = Path(path)
+        if p.is_dir():
+            return self.layout is not None and bool(self.layout(str(p)))
+        if p.suffix.lower() in self.suffixes:
+            return True
+        if self.magic and p.is_file():
+            with p.open("rb") as fh:
+                start = fh.read(max(len(m) for m in self.magic))
+            return any(start.startswith(m) for m in self.magic)
+        return False
+
+    def describe(self) -> str:
+        """``name (.a, .b, magic, directories)``: what it recognises, for messages."""
+        kinds = [*self.suffixes, *(f"magic {m!r}" for m in self.magic)]
+        if self.layout is not None:
+            kinds.append("directories")
+        return f"{self.name} ({', '.join(kinds)})" if kinds else self.name
+
+
+@attrs.frozen
+class ViewRule:
+    """A rule that splits a parameter into named sub-matrices (heads, experts, parts).
+
+    ``split(param, config, options)`` receives a parameter's
+    :class:`~diffract.plugins.ParamInfo`, the model's configuration (``config.json`` of
+    a Hugging Face directory, else empty) and the options the user gave the rule; it
+    returns the :class:`View` records of that parameter (none: it is not split). Each
+    view becomes a parameter named ``<parameter>[<label>]`` whose weights are read as a
+    slice of the parameter. ``check(options)``, when given, returns the problems with
+    the options (phrases): ``models.add`` refuses to start on any.
+    """
+
+    name: str
+    split: Callable[[Any, Mapping[str, Any], Mapping[str, Any]], Iterable[View]] = attrs.field(
+        eq=False, hash=False, repr=_summary)
+    description: str = ""
+    check: Callable[[Mapping[str, Any]], list[str]] | None = attrs.field(
+        default=None, eq=False, hash=False, repr=False)
+    provider: str = "unknown"
+
+
+@attrs.frozen
+class Command:
+    """A subcommand of ``diffract``: ``diffract <name> ...``.
+
+    ``configure(parser)`` adds its arguments to an ``argparse`` parser and is called only
+    when the command runs (or its ``--help`` is asked), so a plugin imports its
+    command's modules there; ``run(args)`` does the work and returns the exit code
+    (0 done, 1 some work failed, 2 usage errors). ``help`` is the line ``diffract
+    --help`` shows; ``description`` the paragraph of ``diffract <name> --help``.
+    """
+
+    name: str
+    help: str
+    configure: Callable[[Any], None] = attrs.field(eq=False, hash=False, repr=_summary)
+    run: Callable[[Any], int] = attrs.field(eq=False, hash=False, repr=_summary)
+    description: str = ""
     provider: str = "unknown"

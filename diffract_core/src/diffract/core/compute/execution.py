@@ -461,6 +461,12 @@ class _StepState:
     position: tuple[int, int]
 
 
+def _whole(state: _StepState, model_id: str) -> list[str]:
+    """The stored parameters of a model, without views: what an aggregate over the whole
+    model summarises (a view is part of its parent and would count twice)."""
+    return [n for n, p in state.params[model_id].items() if p.parent is None]
+
+
 @attrs.define
 class _Chunk:
     """One chunk between preparing and committing: its units, the batch being filled,
@@ -551,7 +557,7 @@ class Runner:
             elif spec.apply_level is KernelApplyLevel.IN_MODEL:
                 (model_id,) = unit.models
                 if plevel is KernelApplyLevel.PARAMETER:
-                    names = list(state.params[model_id])
+                    names = _whole(state, model_id)
                     if field not in SOURCE_FIELDS:
                         have = self.store.present(model_id, field)
                         self._check_not_blocked(state, field, model_id, names, have)
@@ -662,7 +668,7 @@ class Runner:
                 continue
             bad = [
                 (name, note.reason)
-                for name in state.params[model_id]
+                for name in _whole(state, model_id)
                 if (note := state.notes.get((producer, (model_id,), name))) is not None
                 and note.kind == "undefined"
             ]
@@ -671,7 +677,7 @@ class Runner:
                 more = f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
                 parts.append(
                     f"input {field!r} is undefined for {len(bad)} of "
-                    f"{len(state.params[model_id])} parameters ({shown}{more})"
+                    f"{len(_whole(state, model_id))} parameters ({shown}{more})"
                 )
         return "; ".join(parts) or None
 

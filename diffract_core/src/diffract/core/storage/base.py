@@ -67,6 +67,11 @@ class ParamInfo:
         return dict(self.meta)
 
     @property
+    def parent(self) -> str | None:
+        """The parameter this one is a view of (:mod:`diffract.core.views`), or None."""
+        return self.meta_dict.get("view_of")
+
+    @property
     def numel(self) -> int:
         return math.prod(self.shape)
 

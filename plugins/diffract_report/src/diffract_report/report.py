@@ -339,7 +339,7 @@ def write_html(
         try:
             import matplotlib  # noqa: F401
 
-            from diffract import viz
+            from diffract_report import viz
         except ImportError:
             parts.append("<p class=muted>Plots left out: pip install matplotlib.</p>")
     for model_id in model_ids:

@@ -68,9 +68,9 @@ def run_demo(out: str | Path = "diffract-demo", print_fn: Any = print) -> dict[s
     """Run the demo, writing under ``out``; returns the summaries and the paths written."""
     import warnings
 
-    from diffract import report, viz
     from diffract.errors import UndefinedValuesWarning
     from diffract.session import Session
+    from diffract_report import report, viz
 
     started = time.perf_counter()
     out = Path(out)

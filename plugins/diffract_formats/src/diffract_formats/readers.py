@@ -1,0 +1,243 @@
+"""The readers: safetensors files, torch state-dict files, ``.npz`` files and Hugging
+Face-style checkpoint directories.
+
+Each lists its tensors without reading them and reads one tensor, or a slice of one (a
+view: :func:`diffract.plugins.read_rows` reads a safetensors slice by its rows, so only
+those bytes are read). Problems at the file boundary are
+:class:`~diffract.errors.ModelSourceError` naming the file and what to do; the core adds
+the model's name.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import zipfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from diffract.errors import ModelSourceError
+from diffract.plugins import CheckpointReader, TensorEntry, read_rows, to_slices
+from diffract_formats._safetensors import ITEMSIZE, SafetensorsError, SafetensorsFile
+
+__all__ = ["HF_MARKERS", "HuggingFaceReader", "NpzReader", "SafetensorsReader", "TorchReader",
+           "hf_layout"]
+
+#: Files that make a directory a Hugging Face-style checkpoint, in the order looked for.
+HF_MARKERS = ("model.safetensors.index.json", "model.safetensors",
+              "pytorch_model.bin.index.json", "pytorch_model.bin")
+
+
+def _error(path: str | Path, problem: str) -> ModelSourceError:
+    return ModelSourceError(f"{problem} ({str(path)!r})", model_id=None)
+
+
+class SafetensorsReader(CheckpointReader):
+    """A ``.safetensors`` file, read with plain file reads (see ``_safetensors``)."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            self._file = SafetensorsFile(path)
+        except (OSError, SafetensorsError) as exc:  # a truncated or lying header
+            raise _error(path, f"not a readable safetensors file: {exc}. The file is "
+                               "truncated or its header is corrupt; export it again") from None
+
+    @property
+    def files(self) -> list[str]:
+        return [self._file.path]
+
+    def entries(self) -> Iterator[TensorEntry]:
+        for name, shape, dtype in self._file.floats():
+            yield TensorEntry(name, shape, dtype)
+
+    def _rows(self, name: str, index: Any, convert: bool) -> np.ndarray:
+        dtype, shape, _, _ = self._file.entries[name]
+
+        def rows(start: int, stop: int) -> np.ndarray:
+            return self._file.rows(name, start, stop, convert=convert)
+
+        if index is None:
+            return rows(0, shape[0] if shape else 1)
+        return read_rows(shape, index, rows, itemsize=4 if convert else ITEMSIZE[dtype])
+
+    def read(self, name: str, index: Any = None) -> Any:
+        """A torch tensor when torch is loaded (bf16 kept), else numpy (bf16 as float32)."""
+        if "torch" not in sys.modules:
+            return self._rows(name, index, convert=True)
+        import torch
+
+        values = torch.from_numpy(self._rows(name, index, convert=False))
+        return values.view(torch.bfloat16) if self._file.entries[name][0] == "BF16" else values
+
+    def read_numpy(self, name: str, index: Any = None) -> np.ndarray:
+        return self._rows(name, index, convert=True)
+
+
+def _torch_load(path: str) -> Mapping[str, Any]:
+    """``torch.load(weights_only=True)``: memory-mapped for zip files, whole for the
+    legacy format. Raises ModelSourceError naming what is not a plain state dict."""
+    try:
+        import torch
+    except ImportError:
+        raise _error(path, "reading a torch file needs torch: pip install torch (or "
+                           "diffract-formats[torch])") from None
+    name = Path(path).name
+    try:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc) and "zip" not in str(exc):
+                raise
+            state = torch.load(path, map_location="cpu", weights_only=True)  # legacy
+    except Exception as exc:  # noqa: BLE001 - reported with the fix, never torch's advice
+        text = str(exc)
+        found = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"global ([\w.]+)", text)
+        if found:
+            why = f"it holds a pickled {found.group(1)}, not a plain state dict of tensors"
+        elif "weights_only" in text.lower() or "unpickl" in text.lower():
+            why = "it holds pickled objects, not a plain state dict of tensors"
+        else:
+            why = f"torch cannot read it ({type(exc).__name__}: {text.splitlines()[0][:200]})"
+        raise _error(path, f"cannot read {name} with torch.load(weights_only=True): {why}. "
+                           "Diffract never unpickles arbitrary objects: save "
+                           "model.state_dict() with torch.save and add that") from None
+    if not isinstance(state, Mapping):
+        raise _error(path, f"{name} holds a {type(state).__name__}, not a state dict; save "
+                           "model.state_dict() and add that")
+    return state
+
+
+class TorchReader(CheckpointReader):
+    """A torch state-dict file (``.pt``, ``.pth``, ``.bin``)."""
+
+    def __init__(self, path: str) -> None:
+        self._path = str(Path(path).resolve())
+        self._state = _torch_load(path)
+
+    @property
+    def files(self) -> list[str]:
+        return [self._path]
+
+    def entries(self) -> Iterator[TensorEntry]:
+        torch = sys.modules["torch"]
+        for name, value in self._state.items():
+            if not isinstance(value, torch.Tensor):
+                nested = (" (a training checkpoint: save its 'state_dict' entry)"
+                          if isinstance(value, Mapping) else "")
+                raise _error(self._path, f"entry {name!r} is a {type(value).__name__}, not a "
+                                         f"tensor{nested}")
+            yield TensorEntry(name, tuple(value.shape), str(value.dtype).removeprefix("torch."))
+
+    def read(self, name: str, index: Any = None) -> Any:
+        value = self._state[name]
+        return value if index is None else value[to_slices(index)]
+
+
+class NpzReader(CheckpointReader):
+    """A numpy ``.npz`` file (``allow_pickle=False``); shapes come from the members'
+    headers, so listing it reads no array."""
+
+    def __init__(self, path: str) -> None:
+        self._path = str(Path(path).resolve())
+        self._entries = []
+        try:
+            with zipfile.ZipFile(self._path) as archive:
+                for member in archive.namelist():
+                    if not member.endswith(".npy"):
+                        continue
+                    with archive.open(member) as fh:
+                        major, _ = np.lib.format.read_magic(fh)
+                        header = (np.lib.format.read_array_header_1_0 if major == 1
+                                  else np.lib.format.read_array_header_2_0)
+                        shape, _, dtype = header(fh)
+                    self._entries.append(TensorEntry(member[:-4], shape, str(dtype)))
+        except (OSError, ValueError, zipfile.BadZipFile) as exc:
+            raise _error(path, f"not a readable .npz file: {exc}") from None
+
+    @property
+    def files(self) -> list[str]:
+        return [self._path]
+
+    def entries(self) -> list[TensorEntry]:
+        return list(self._entries)
+
+    def read(self, name: str, index: Any = None) -> np.ndarray:
+        with np.load(self._path, allow_pickle=False) as npz:
+            value = npz[name]
+        return value if index is None else value[to_slices(index)]
+
+
+def hf_layout(path: str) -> bool:
+    """Whether ``path`` is a Hugging Face-style checkpoint directory."""
+    return any((Path(path) / marker).is_file() for marker in HF_MARKERS)
+
+
+class HuggingFaceReader(CheckpointReader):
+    """A Hugging Face-style checkpoint directory: a shard index with its shards, or one
+    ``model.safetensors`` / ``pytorch_model.bin``; ``config.json`` is its configuration."""
+
+    def __init__(self, path: str) -> None:
+        self._root = root = Path(path)
+        marker = next((m for m in HF_MARKERS if (root / m).is_file()), None)
+        if marker is None:
+            raise _error(root, f"the directory holds none of {list(HF_MARKERS)}; pass a "
+                               "checkpoint file or a Hugging Face-style checkpoint directory")
+        kind = SafetensorsReader if marker.startswith("model.") else TorchReader
+        shards: dict[str, list[str] | None] = {marker: None}
+        if marker.endswith(".index.json"):
+            shards = self._index(root / marker)
+        self._readers = [kind(str(root / shard)) for shard in shards]
+        self._wanted = [set(names) if names is not None else None for names in shards.values()]
+        self._where: dict[str, int] = {}
+
+    @staticmethod
+    def _index(path: Path) -> dict[str, list[str] | None]:
+        try:
+            weight_map = json.loads(path.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise _error(path, f"unreadable shard index ({exc}); it must be JSON with a "
+                               "'weight_map'") from None
+        shards: dict[str, list[str] | None] = {}
+        for name, shard in weight_map.items():
+            shards.setdefault(shard, []).append(name)  # type: ignore[union-attr]
+        missing = sorted(s for s in shards if not (path.parent / s).is_file())
+        if missing:
+            raise _error(path.parent, f"the shard index lists {len(missing)} missing "
+                                      f"shard(s): {missing[:5]}; download them or fix the index")
+        return shards
+
+    @property
+    def files(self) -> list[str]:
+        return [f for reader in self._readers for f in reader.files]
+
+    def entries(self) -> Iterator[TensorEntry]:
+        for i, (reader, wanted) in enumerate(zip(self._readers, self._wanted, strict=True)):
+            for entry in reader.entries():
+                if wanted is None or entry.name in wanted:
+                    self._where[entry.name] = i
+                    yield attrs.evolve(entry, file=i)
+
+    def _reader(self, name: str) -> CheckpointReader:
+        if not self._where:
+            for _ in self.entries():
+                pass
+        return self._readers[self._where[name]]
+
+    def read(self, name: str, index: Any = None) -> Any:
+        return self._reader(name).read(name, index)
+
+    def read_numpy(self, name: str, index: Any = None) -> np.ndarray:
+        return self._reader(name).read_numpy(name, index)
+
+    def config(self) -> dict[str, Any]:
+        try:
+            data = json.loads((self._root / "config.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+

@@ -1,0 +1,277 @@
+"""The command line's shared part: session arguments, checkpoints in, a session out.
+
+``analyze`` and ``compare`` take the same session arguments (presets, ``--set``, layer
+filters, storage, executor, outputs) and the same inputs (files, directories,
+``module:factory``, ``--base`` deltas, ``--lora`` adapters). Only the public API is
+used: what a user can do here they can do from Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from diffract.errors import InvalidArgumentError
+
+#: The WeightWatcher-like default set.
+DEFAULT_METRICS = ("pl_alpha", "alpha_weighted", "stable_rank", "log_norm", "spectral_norm",
+                   "mp_softrank", "num_spikes")
+
+#: Which distribution brings a field that is not installed (a hint, not a registry;
+#: tests/core/test_cli_analyze.py checks it against the installed packs).
+PACK_OF = {
+    "diffract-kernels-spectral": (
+        "ERG_gap", "alpha_weighted", "aspect_ratio", "best_fit", "detX_num", "detX_val",
+        "effective_rank", "esd", "esd_max", "esd_min", "esd_rand", "esd_rand_max",
+        "esd_rand_min", "esd_scale", "exp_concentration", "exp_ks_distance", "exp_lambda",
+        "exp_presence", "exp_scale", "exp_xmin", "greater_dim", "hard_rank",
+        "log_alpha_norm", "log_norm", "log_prod_frob_norm", "log_prod_spectral_norm",
+        "log_spectral_norm", "lower_dim", "lr_exp_R", "lr_exp_p", "lr_lognormal_R",
+        "lr_lognormal_p", "lr_tpl_R", "lr_tpl_p", "matrix_entropy", "matrix_rank",
+        "max_weights_sval", "min_weights_sval", "model_log_norm", "model_log_spectral_norm",
+        "model_pl_alpha_norm", "model_tpl_alpha_norm", "mp_bulk_max", "mp_bulk_std",
+        "mp_concentration", "mp_esd_max", "mp_esd_min", "mp_ks", "mp_num_spikes",
+        "mp_presence", "mp_soft_rank", "mp_softrank", "mp_sval_max", "nuclear_norm",
+        "num_fingers", "num_pl_spikes", "num_spikes", "pl_alpha", "pl_alpha_norm",
+        "pl_concentration", "pl_ks_distance", "pl_n_tail", "pl_presence", "pl_pvalue",
+        "pl_sigma", "pl_xmax", "pl_xmin", "rand_distance", "rank_loss", "spectral_norm",
+        "stable_rank", "svals", "tpl_alpha", "tpl_alpha_norm", "tpl_concentration",
+        "tpl_ks_distance", "tpl_lambda", "tpl_presence", "tpl_scale", "tpl_xmin",
+        "tw_esd_bound", "tw_num_spikes", "w1_rand_distance", "weak_rank_loss",
+        "weights_lsvs", "weights_rand", "weights_rsvs", "weights_std", "weights_svals",
+        "ww_maxdist", "ww_softrank",
+    ),
+    "diffract-kernels-alignment": (
+        "l_overlap", "r_overlap", "l_agreement", "r_agreement", "max_l_agreement",
+        "max_r_agreement", "avg_l_agreement", "avg_r_agreement", "avg_max_l_agreement",
+        "avg_max_r_agreement", "l_subspace_overlap", "r_subspace_overlap",
+        "l_principal_angles", "r_principal_angles", "sval_rel_change", "intruder_dimensions",
+    ),
+}
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class UsageError(InvalidArgumentError):
+    """A command-line mistake (exit code 2)."""
+
+
+# -- arguments ---------------------------------------------------------------------------
+def add_session_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--conventions", metavar="NAME",
+                   help="a kernel pack's configuration preset, applied before --set "
+                        "(the spectral pack's: csn, the default; weightwatcher)")
+    p.add_argument("--set", dest="settings", action="append", default=[],
+                   metavar="KERNEL.KEY=VALUE",
+                   help="kernel configuration, checked as configure_kernel checks it "
+                        "(repeatable; VALUE is JSON or a bare word)")
+    p.add_argument("--layers", metavar="REGEX",
+                   help="only parameters whose name matches (searched anywhere)")
+    p.add_argument("--exclude", metavar="REGEX", help="leave out parameters that match")
+    p.add_argument("--profile", choices=None, default=None,
+                   help="storage profile: ram (default) or local (with --store)")
+    p.add_argument("--store", metavar="PATH",
+                   help="a durable store (implies --profile local): an interrupted run "
+                        "resumes where it stopped")
+    p.add_argument("--executor", help="executor name (sequential, threads, processes, "
+                                      "dask with its plugin)")
+    p.add_argument("--out", metavar="DIR", help="directory for the table and summary files")
+    p.add_argument("--format", default="table", choices=("table", "csv", "json", "parquet"),
+                   help="table (terminal) or a file format (written to --out, else printed)")
+    p.add_argument("--plot", metavar="DIR", help="write ESD and depth plots (PNG) here")
+    p.add_argument("--report", metavar="FILE.html", help="write a self-contained HTML report")
+    p.add_argument("--base", metavar="PATH",
+                   help="analyse what fine-tuning changed: each PATH minus this checkpoint "
+                        "(W - W_base, parameters of the same name and shape)")
+    p.add_argument("--lora", action="store_true",
+                   help="each PATH is a PEFT LoRA adapter (directory or adapter_model "
+                        "file): analyse its updates scale * B @ A")
+    p.add_argument("--include-1d", action="store_true",
+                   help="show 1-D parameters (biases, norms) in the table")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+# -- inputs ------------------------------------------------------------------------------
+_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def _load_factory(spec: str) -> Any:
+    import importlib
+
+    module_name, _, attr = spec.partition(":")
+    sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"{spec}: cannot import module {module_name!r} ({exc}). Give a "
+                         "module importable from here (or a file path).") from None
+    finally:
+        sys.path.pop(0)
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"{spec}: module {module_name!r} has no {attr!r}.")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UsageError(f"{spec}: {attr!r} is not callable; name a function that returns "
+                         "an nn.Module.")
+    return obj()
+
+
+def model_inputs(paths: Sequence[str]) -> list[tuple[str, Any, str | None]]:
+    """(model_id, what to add, file path or None) per PATH; ids from file names."""
+    out: list[tuple[str, Any, str | None]] = []
+    taken: set[str] = set()
+    for raw in paths:
+        path = Path(raw)
+        if path.exists():
+            stem = path.name if path.is_dir() else path.stem
+            what: Any = str(path.resolve())
+            file: str | None = what
+            if stem in ("model", "pytorch_model") and path.parent.name:
+                stem = path.resolve().parent.name  # model.safetensors: use its folder
+        elif _FACTORY.match(raw):
+            stem = raw.rsplit(":", 1)[1].rsplit(".", 1)[-1]
+            what, file = _load_factory(raw), None
+        else:
+            raise UsageError(f"{raw}: no such file or directory. Give a .safetensors file, a "
+                             "checkpoint directory, a torch state-dict file, or "
+                             "module:factory.")
+        model_id = re.sub(r"[^\w.\-]+", "_", stem) or "model"
+        base, n = model_id, 2
+        while model_id in taken:
+            model_id, n = f"{base}-{n}", n + 1
+        taken.add(model_id)
+        out.append((model_id, what, file))
+    return out
+
+
+def parse_setting(text: str) -> tuple[str, str, Any]:
+    """``KERNEL.KEY=VALUE`` -> (kernel, key, value); VALUE is JSON, else a bare string."""
+    head, sep, value = text.partition("=")
+    kernel, dot, key = head.strip().rpartition(".")
+    if not sep or not dot or not kernel or not key:
+        raise UsageError(f"--set {text!r}: expected KERNEL.KEY=VALUE, e.g. "
+                         "--set power_law_fit.min_tail=5.")
+    value = value.strip()
+    lowered = {"true": True, "false": False, "none": None, "null": None}
+    if value.lower() in lowered:
+        return kernel, key, lowered[value.lower()]
+    try:
+        return kernel, key, json.loads(value)
+    except ValueError:
+        return kernel, key, value
+
+
+def _regex(text: str | None, flag: str) -> re.Pattern[str] | None:
+    if text is None:
+        return None
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise UsageError(f"{flag} {text!r} is not a regular expression: {exc}.") from None
+
+
+def check_metrics(session: Any, metrics: Sequence[str]) -> None:
+    """Every metric produced by an installed kernel (or an alias of one), or an error
+    naming the pack."""
+    known = set(session.compute.list_available_metrics()) | set(session.registry.aliases())
+    for field in metrics:
+        if field in known:
+            continue
+        pack = next((d for d, fields in PACK_OF.items() if field in fields), None)
+        if pack is not None:
+            raise UsageError(f"Metric {field!r} comes from {pack}, which is not installed: "
+                             f"pip install {pack}.")
+        from diffract.errors import UnknownFieldError
+
+        raise UnknownFieldError(field, sorted(known))
+
+
+def open_session(args: argparse.Namespace) -> Any:
+    from diffract import Session
+
+    profile = args.profile or ("local" if args.store else "ram")
+    options: dict[str, Any] = {}
+    if args.store:
+        if profile != "local":
+            raise UsageError(f"--store needs --profile local (got --profile {profile}).")
+        options["path"] = args.store
+    config: dict[str, Any] = {}
+    if not args.quiet and sys.stderr.isatty():
+        config["apply"] = {"chunk_seconds": 0.5}  # the bar moves at least twice a second
+    kwargs: dict[str, Any] = {"executor": args.executor} if args.executor else {}
+    return Session(profile=profile, config=config or None, **kwargs, **options)
+
+
+def add_models(session: Any, inputs: Sequence[tuple[str, Any, str | None]], *,
+               base: str | None = None, lora: bool = False) -> list[str]:
+    """Add each model (a delta against model ``base``, or LoRA updates), or reuse it when
+    a durable store already holds it from the same file (a resumed run)."""
+    held = {r["model_id"]: r for r in session.models.list()}
+    derived = base is not None or lora
+    for model_id, what, file in inputs:
+        if model_id in held:
+            if file is not None and held[model_id]["source"] == file:
+                continue  # resuming: the store has it, and its files are checked on read
+            if derived and model_id != base:
+                continue  # resuming a delta or LoRA model (stored as computed)
+            raise UsageError(
+                f"The store already holds a model {model_id!r} from "
+                f"{held[model_id]['source']}, not from {file or 'this factory'}. Use another "
+                "--store, or rename the file."
+            )
+        if lora:
+            session.models.add_lora(what, model_id)
+        else:
+            session.models.add(what, model_id=model_id, base_model_id=base)
+    return [m for m, _, _ in inputs]
+
+
+def add_inputs(session: Any, inputs: Sequence[tuple[str, Any, str | None]],
+               args: argparse.Namespace) -> list[str]:
+    """The command's models: as given, as deltas against ``--base`` (added first, under
+    ``<name>.base``, and not analysed), or as LoRA updates (``--lora``)."""
+    base = None
+    if args.base is not None:
+        if args.lora:
+            raise UsageError("--base and --lora do not go together: a LoRA adapter is "
+                             "already an update.")
+        ((base, base_what, base_file),) = model_inputs([args.base])
+        base = f"{base}.base"
+        add_models(session, [(base, base_what, base_file)])
+    return add_models(session, inputs, base=base, lora=args.lora)
+
+
+def scope(session: Any, model_ids: Sequence[str], args: argparse.Namespace) -> Any:
+    """The view the command works in: the models given, the parameters --layers and
+    --exclude keep."""
+    keep, drop = _regex(args.layers, "--layers"), _regex(args.exclude, "--exclude")
+    view = session.filter(model_ids=list(model_ids))
+    if keep is None and drop is None:
+        return view
+    names = sorted({
+        p.name for m in model_ids for p in session.models.params(m)
+        if (keep is None or keep.search(p.name)) and not (drop is not None and drop.search(p.name))
+    })
+    if not names:
+        raise UsageError("--layers/--exclude leave no parameter. `diffract analyze PATH "
+                         "--format csv` without them lists every name.")
+    return view.filter(param_names=names)
+
+
+def apply_settings(session: Any, settings: Sequence[str], conventions: str | None = None) -> None:
+    """The --conventions preset, then the --set values (which win), all checked."""
+    if conventions:
+        session.compute.configure_conventions(conventions)
+    grouped: dict[str, dict[str, Any]] = {}
+    for text in settings:
+        kernel, key, value = parse_setting(text)
+        grouped.setdefault(kernel, {})[key] = value
+    for kernel, values in grouped.items():
+        session.compute.configure_kernel(kernel, **values)

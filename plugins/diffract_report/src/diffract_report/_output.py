@@ -1,0 +1,217 @@
+"""The command line's output: progress, terminal tables, files, failures grouped.
+
+Terminal niceties (rich tables and progress bars) are imported only when they are shown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from diffract_report._inputs import UsageError
+from diffract_report.report import format_table, format_value
+
+
+# -- progress ----------------------------------------------------------------------------
+class ProgressBar:
+    """A rich progress bar per step that runs longer than a second, advancing per
+    committed chunk (chunks of at most ~0.5 s here, so per parameter for costly
+    kernels). Nothing at all when quiet or not on a terminal."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._bar: Any = None
+        self._tasks: dict[tuple[int, str], Any] = {}
+        self._step_started: dict[tuple[int, str], float] = {}
+        self._last = time.perf_counter()
+
+    def __enter__(self) -> ProgressBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def __call__(self, event: Any) -> None:
+        if not self.enabled:
+            return
+        key = (event.step, event.kernel)
+        now = time.perf_counter()
+        started = self._step_started.setdefault(key, self._last)
+        self._last = now
+        if key not in self._tasks:
+            if event.done >= event.total or now - started < 1.0:
+                return
+            bar = self._ensure()
+            self._tasks[key] = bar.add_task(
+                f"[{event.step}/{event.steps}] {event.kernel}", total=event.total,
+                completed=event.done)
+        self._bar.update(self._tasks[key], completed=event.done)
+
+    def _ensure(self) -> Any:
+        if self._bar is None:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                ProgressColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+            from rich.text import Text
+
+            class Rate(ProgressColumn):
+                def render(self, task: Any) -> Text:
+                    speed = task.finished_speed or task.speed
+                    return Text(" " * 8 if speed is None else f"{speed:>6.1f}/s")
+
+            self._bar = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Rate(),
+                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                redirect_stdout=False, redirect_stderr=False,
+            )
+            self._bar.start()
+        return self._bar
+
+
+# -- output ------------------------------------------------------------------------------
+def table_rows(session: Any, view: Any, model_id: str, metrics: Sequence[str],
+               include_1d: bool) -> list[list[Any]]:
+    """Rows of (parameter, shape, metric values) in the view, 1-D parameters only when
+    asked."""
+    values = view.results.export_metrics(*metrics)[model_id]
+    shapes = {p.name: p.shape for p in session.models.params(model_id)}
+    rows = []
+    for name, row in values.items():
+        shape = shapes.get(name, ())
+        if len(shape) < 2 and not include_1d:
+            continue
+        rows.append([name, "x".join(map(str, shape)), *(row.get(m) for m in metrics)])
+    return rows
+
+
+def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]],
+                console: Any | None, keys: int = 2) -> None:
+    """A table whose first ``keys`` columns name the row; on a terminal (``console``) the
+    value columns come in groups that fit its width, each group with the key columns
+    again, so nothing is squeezed into ellipses or dropped."""
+    if console is None:
+        print(title)
+        print(format_table(list(header), rows))
+        return
+    from rich import box
+    from rich.table import Table
+
+    cells = [[format_value(v) for v in r] for r in rows]
+    heads = [h.replace("_", "_\n", 1) if i >= keys and len(h) > 7 else h
+             for i, h in enumerate(header)]
+
+    def width(i: int) -> int:
+        return max([len(x) for x in heads[i].splitlines()] + [len(r[i]) for r in cells]) + 3
+
+    fixed = sum(width(i) for i in range(keys))
+    groups: list[list[int]] = [[]]
+    used = fixed
+    for i in range(keys, len(header)):
+        if groups[-1] and used + width(i) > console.width:
+            groups.append([])
+            used = fixed
+        groups[-1].append(i)
+        used += width(i)
+    for n, group in enumerate(groups):
+        table = Table(title=title if n == 0 else None, title_justify="left",
+                      header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+        for i in range(keys):
+            table.add_column(heads[i], no_wrap=True, overflow="fold")
+        for i in group:
+            table.add_column(heads[i], justify="right", no_wrap=True)
+        for r in cells:
+            table.add_row(*r[:keys], *(r[i] for i in group))
+        console.print(table)
+
+
+def terminal_console() -> Any | None:
+    try:
+        from rich.console import Console
+    except ImportError:
+        return None
+    return Console()
+
+
+def write_outputs(view: Any, metrics: Sequence[str], fmt: str, out: str | None,
+                  summaries: list[dict[str, Any]]) -> list[Path]:
+    """The metrics table in ``fmt`` (csv/json/parquet) and summary.json under ``out``;
+    without ``out``, csv/json go to standard output."""
+    written: list[Path] = []
+    if out is None:
+        if fmt == "parquet":
+            raise UsageError("--format parquet writes a file: give --out DIR.")
+        sys.stdout.write(view.results.export_metrics(*metrics, export_format=fmt))
+        return written
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    if fmt == "parquet":
+        frame = view.results.export_metrics(*metrics, export_format="pandas")
+        try:
+            frame.to_parquet(folder / "metrics.parquet")
+        except ImportError:
+            raise UsageError("--format parquet needs pyarrow: pip install pyarrow "
+                             "(or use --format csv).") from None
+        written.append(folder / "metrics.parquet")
+    else:
+        ext = "csv" if fmt == "table" else fmt
+        written.append(view.results.export_metrics(*metrics, export_format=ext,
+                                                   path=folder / f"metrics.{ext}"))
+    from diffract.results import plain_value
+
+    (folder / "summary.json").write_text(json.dumps(plain_value(summaries), indent=1,
+                                                    allow_nan=False))
+    written.append(folder / "summary.json")
+    return written
+
+
+@contextlib.contextmanager
+def outcomes_reported_by_us() -> Iterator[None]:
+    """Silence apply's warnings about failed units and undefined values: the command
+    reports both itself, grouped."""
+    import warnings
+
+    from diffract.errors import FailedUnitsWarning, UndefinedValuesWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedValuesWarning)
+        warnings.simplefilter("ignore", FailedUnitsWarning)
+        yield
+
+
+def run_apply(view: Any, metrics: Sequence[str], bar: ProgressBar) -> Any:
+    with outcomes_reported_by_us():
+        return view.compute.apply(*metrics, errors="record", progress=bar)
+
+
+_DOWNSTREAM = re.compile(r"^input '[^']+' is missing because '[^']+' failed on ")
+
+
+def tell_failures(failed: dict[tuple[str, str, str], list[str]],
+                  tell: Callable[[str], None]) -> None:
+    """Failures grouped by reason, root causes first; units that failed only because an
+    input failed upstream are counted under their kernel, not repeated."""
+    roots = {k: u for k, u in failed.items() if not _DOWNSTREAM.match(k[2])}
+    downstream: dict[str, int] = {}
+    for (_, kernel, reason), units in failed.items():
+        if _DOWNSTREAM.match(reason):
+            downstream[kernel] = downstream.get(kernel, 0) + len(units)
+    total = sum(len(u) for u in roots.values())
+    tell(f"\n{total} parameter(s) failed:")
+    for (_, kernel, reason), units in sorted(roots.items(), key=lambda kv: -len(kv[1])):
+        more = f" and {len(units) - 1} more" if len(units) > 1 else ""
+        tell(f"  {kernel} on {units[0]}{more}: {reason}")
+    if downstream:
+        tell("  and, because of them: " + ", ".join(f"{k} on {n}" for k, n in downstream.items()))

@@ -1,0 +1,158 @@
+"""``diffract compare``: how each layer moved between checkpoints (alignment pack)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from diffract_report._inputs import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    UsageError,
+    add_inputs,
+    add_session_arguments,
+    apply_settings,
+    check_metrics,
+    model_inputs,
+    open_session,
+    scope,
+)
+from diffract_report._output import (
+    ProgressBar,
+    outcomes_reported_by_us,
+    print_table,
+    tell_failures,
+    terminal_console,
+)
+from diffract_report.analyze import command_entry
+
+#: Pairwise fields shown by default: direction agreement, subspace overlap, spectrum change.
+DEFAULT_COMPARE = ("avg_max_l_agreement", "l_subspace_overlap", "sval_rel_change")
+
+
+def configure_compare(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="two or more checkpoints, in order (files, directories, "
+                        "module:factory)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--to-first", dest="pairs", action="store_const", const="first",
+                      help="compare each checkpoint with the first (a base and its "
+                           "fine-tunes)")
+    mode.add_argument("--pairs", dest="pairs", action="store_const", const="all",
+                      help="compare every pair")
+    p.set_defaults(pairs="consecutive")
+    p.add_argument("--metrics", metavar="a,b,...",
+                   help=f"pairwise fields (default: {','.join(DEFAULT_COMPARE)})")
+    add_session_arguments(p)
+
+
+def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
+    from diffract_report.report import pair_matrix
+
+    started = time.perf_counter()
+    if len(args.paths) < 2:
+        raise UsageError("compare needs at least two checkpoints.")
+    metrics = [m.strip() for m in (args.metrics or ",".join(DEFAULT_COMPARE)).split(",")
+               if m.strip()]
+    inputs = model_inputs(args.paths)
+    session = open_session(args)
+    with session:
+        check_metrics(session, metrics)
+        levels = {r["field"]: r["apply_level"]
+                  for r in session.compute.list_available_metrics(True)}
+        single = [m for m in metrics if levels.get(m) != "CROSS_MODEL"]
+        if single:
+            raise UsageError(f"{', '.join(single)}: not pairwise (CROSS_MODEL) fields; "
+                             "compare takes fields that compare two checkpoints (use "
+                             "`diffract analyze` for the others).")
+        apply_settings(session, args.settings, args.conventions)
+        model_ids = add_inputs(session, inputs, args)
+        view = scope(session, model_ids, args)
+        interactive = sys.stderr.isatty() and not args.quiet
+        try:
+            with ProgressBar(interactive) as bar, outcomes_reported_by_us():
+                # the per-checkpoint inputs (SVDs) once for all, with one bar
+                needs = sorted({f for m in metrics for f in _inputs_of(session, m)})
+                reports = [view.compute.apply(*needs, errors="record", progress=bar)] if needs \
+                    else []
+                reports += view.compute.apply_pairs(*metrics, pairs=args.pairs,
+                                                    errors="record").values()
+        except KeyboardInterrupt:
+            print("diffract compare: interrupted; rerun with --store PATH to resume.",
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
+        console = terminal_console() if sys.stdout.isatty() and args.format == "table" else None
+        sections = []
+        written: list[Path] = []
+        for field in metrics:
+            layers, pairs, matrix = pair_matrix(view, field)
+            if args.format == "table":
+                rows = [[layer, *matrix[i]] for i, layer in enumerate(layers)]
+                print_table(f"{field} (layer x pair)", ["parameter", *pairs], rows, console,
+                            keys=1)
+            if args.plot or args.report:
+                from diffract_report import viz
+
+                fig = viz.heatmap_figure(matrix, layers, pairs, field)
+                if args.plot:
+                    written.append(viz.save_png(fig, Path(args.plot) / f"compare_{field}.png"))
+                if args.report:
+                    from diffract_report.report import figure_html, html_table
+
+                    sections.append(f"<h2>{field}</h2>" + figure_html(fig) + html_table(
+                        ["parameter", *pairs], [[layer, *matrix[i]]
+                                                for i, layer in enumerate(layers)],
+                        table_id=f"compare-{field}"))
+        if args.out or args.format != "table":
+            fmt = "csv" if args.format == "table" else args.format
+            if args.out is None:
+                sys.stdout.write(view.results.export_aggregates(*metrics, export_format=fmt))
+            else:
+                folder = Path(args.out)
+                folder.mkdir(parents=True, exist_ok=True)
+                if fmt == "parquet":
+                    raise UsageError("compare writes csv or json; --format parquet is for "
+                                     "analyze.")
+                written.append(view.results.export_aggregates(
+                    *metrics, export_format=fmt, path=folder / f"compare.{fmt}"))
+        if args.report:
+            from diffract_report.report import write_html
+
+            written.append(write_html(view, args.report, metrics=[], sections=sections,
+                                      seconds=time.perf_counter() - started,
+                                      command=" ".join(["diffract", *sys.argv[1:]])))
+        tell = say if args.format == "table" else (lambda s: print(s, file=sys.stderr))
+        for path in written:
+            tell(f"wrote {path}")
+        failed: dict[tuple[str, str, str], list[str]] = {}
+        for report in reports:
+            for key, units in report.reasons("failed").items():
+                failed.setdefault(key, []).extend(units)
+        if failed:
+            tell_failures(failed, tell)
+            return EXIT_FAILED
+        tell(f"done in {time.perf_counter() - started:.1f} s")
+    return EXIT_OK
+
+
+def _inputs_of(session: Any, field: str) -> list[str]:
+    """The per-parameter fields a pairwise field is computed from (their producers run
+    on each checkpoint once, before the pairs)."""
+    producer = {f: k for k in session.compute.list_available_kernels(True)
+                for f in k["produce_fields"]}
+    out: list[str] = []
+    todo = [field]
+    while todo:
+        for f in producer[todo.pop()]["require_fields"]:
+            if f not in producer:
+                continue  # weights, shape: the model's own
+            (out if producer[f]["apply_level"] == "PARAMETER" else todo).append(f)
+    return out
+
+
+main_compare = command_entry("compare", compare)

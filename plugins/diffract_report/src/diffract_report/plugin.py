@@ -1,0 +1,62 @@
+"""Hook implementations: the ``analyze``, ``compare`` and ``demo`` commands.
+
+This module is what the entry point loads: each command's modules (and rich, matplotlib,
+torch) are imported only when that command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+
+from diffract.plugins import Command, hookimpl
+
+
+def _configure_analyze(parser: argparse.ArgumentParser) -> None:
+    from diffract_report.analyze import configure_analyze
+
+    configure_analyze(parser)
+
+
+def _run_analyze(args: argparse.Namespace) -> int:
+    from diffract_report.analyze import main_analyze
+
+    return main_analyze(args)
+
+
+def _configure_compare(parser: argparse.ArgumentParser) -> None:
+    from diffract_report.compare import configure_compare
+
+    configure_compare(parser)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from diffract_report.compare import main_compare
+
+    return main_compare(args)
+
+
+def _configure_demo(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="diffract-demo",
+                        help="folder for checkpoints, plots and the report (default: %(default)s)")
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from diffract_report.demo import run_demo
+
+    run_demo(args.out)
+    return 0
+
+
+@hookimpl
+def diffract_commands() -> Iterator[Command]:
+    yield Command("analyze", "per-layer metrics and a model summary of checkpoints",
+                  _configure_analyze, _run_analyze,
+                  "Per-layer spectral metrics of each checkpoint, a model summary, and "
+                  "optionally files, plots and a report.")
+    yield Command("compare", "how layers move between checkpoints (alignment pack)",
+                  _configure_compare, _run_compare,
+                  "Pairwise metrics per layer between checkpoints: a table per metric, heat "
+                  "maps with --plot, the report.")
+    yield Command("demo", "train a small model, analyse and compare its checkpoints, write "
+                          "plots and a report (CPU, < 1 min)", _configure_demo, _run_demo)
