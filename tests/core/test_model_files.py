@@ -155,3 +155,67 @@ class TestChangedFiles:
             assert all("changed since the model was added: its size changed" in r
                        for r in reasons.values())
             assert s.results.export_metrics("frob_norm")["other"]["w"]["frob_norm"] == 2.0
+
+
+@pytest.fixture
+def halves():
+    """A view rule registered by hand: a 2-D parameter in two halves of rows or columns
+    (option ``axis``)."""
+    from diffract.plugins import (
+        View,
+        ViewRule,
+        _runtime,
+        hookimpl,
+        make_plugin_manager,
+        set_plugin_manager,
+    )
+
+    class Halves:
+        @hookimpl
+        def diffract_param_views(self):
+            def split(param, config, options):
+                axis = options.get("axis", 0)
+                size = param.shape[axis] // 2
+                return [View(f"half={i}", (slice(i * size, (i + 1) * size),) if axis == 0
+                             else (slice(None), slice(i * size, (i + 1) * size)))
+                        for i in range(2)]
+            yield ViewRule("halves", split)
+
+    previous = _runtime._MANAGER
+    manager = make_plugin_manager()
+    manager.register_plugin(Halves(), distribution="test-halves")
+    set_plugin_manager(manager)
+    yield
+    set_plugin_manager(previous)
+
+
+class TestViewsOfFiles:
+    @pytest.mark.parametrize("axis", [0, 1], ids=["rows", "columns"])
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                             ids=["fp32", "fp16", "bf16"])
+    def test_safetensors_slices_read_only_their_rows(self, tmp_path, halves, monkeypatch, dtype,
+                                                     axis):
+        """A view of a safetensors parameter equals torch's slice (numpy and as stored),
+        and a row view reads only its rows."""
+        from diffract_formats._safetensors import SafetensorsFile
+
+        w = torch.randn(64, 48, generator=torch.Generator().manual_seed(1)).to(dtype)
+        path = tmp_path / "m.safetensors"
+        safetensors_torch.save_file({"w": w, "other": torch.ones(3, 3, dtype=dtype)}, str(path))
+        calls = []
+        rows = SafetensorsFile.rows
+        monkeypatch.setattr(SafetensorsFile, "rows", lambda self, name, a, b, **kw:
+                            calls.append((name, a, b)) or rows(self, name, a, b, **kw))
+        with Session() as s:
+            s.models.add(path, "m", views={"halves": {"axis": axis}})
+            calls.clear()
+            got = s.store.load_weights("m", "w[half=1]")
+            weights_calls = list(calls)
+            raw = s.store.load_tensor("m", "w[half=1]")
+        want = w[32:] if axis == 0 else w[:, 24:]
+        np.testing.assert_array_equal(got, want.float().numpy())
+        assert raw.dtype == dtype and torch.equal(raw, want)
+        if axis == 0:
+            assert weights_calls == [("w", 32, 64)]
+        else:
+            assert weights_calls and all(name == "w" for name, _, _ in weights_calls)

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PLUGIN_TREES = ["plugins", "examples", "tests/resources/site", "diffract_kernels_spectral/src",
+PLUGIN_TREES = ["plugins", "examples", "tests/resources/site", "tests/resources/site_hooks", "diffract_kernels_spectral/src",
                 "kernel_fun_gpu/src"]
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from diffract.core.ptypes import infer_type, module_types
 from diffract.core.sources import ModelSource
 from diffract.core.storage.base import ParamInfo
-from diffract.core.views import Index, View, sliced_shape, to_slices, view_name
+from diffract.core.views import Index, View, resolve_index, sliced_shape, to_slices, view_name
 from diffract.errors import EmptyModelError, InvalidArgumentError, ModelSourceError
 
 __all__ = ["OpenedModel", "apply_overrides", "open_source", "read_model", "readable",
@@ -264,7 +264,8 @@ def with_views(opened: OpenedModel, rules: Sequence[tuple[Any, Mapping[str, Any]
                     model_id=model_id) from None
             for view in views:
                 infos.append(_view_info(info, view, rule, model_id))
-                table.append((infos[-1].name, info.name, view.index, view.transpose))
+                index = resolve_index(view.index, info.shape)
+                table.append((infos[-1].name, info.name, index, view.transpose))
     _refuse_clashes([i.name for i in infos], "the views give two parameters the name(s)",
                     model_id)
     if not table:

@@ -4,9 +4,10 @@
 builds a :class:`Scope`; filtering a view again narrows it (every filter given must
 hold). Parameter names match:
 
-* exactly, by default (``"layer.0.weight"``);
+* exactly, by default (``"layer.0.weight"``, a view's ``"q_proj.weight[head=5]"``);
 * as a shell-style glob when they hold ``*``, ``?`` or ``[`` (``"*.attention.*"``,
-  matched against the whole name with :func:`fnmatch.fnmatchcase`);
+  matched against the whole name with :func:`fnmatch.fnmatchcase`; to match a view's
+  brackets in a glob, write them as ``[[]`` and ``[]]``, or use ``re:``);
 * as a regular expression when they start with ``re:`` (``"re:^h\\.(0|1)\\."``,
   searched anywhere in the name).
 
@@ -37,8 +38,8 @@ def _matcher(pattern: str):
     if pattern.startswith("re:"):
         rx = re.compile(pattern[3:])
         return lambda name: rx.search(name) is not None
-    if any(c in pattern for c in "*?["):
-        return lambda name: fnmatch.fnmatchcase(name, pattern)
+    if any(c in pattern for c in "*?["):  # a view's exact name matches too, brackets and all
+        return lambda name: name == pattern or fnmatch.fnmatchcase(name, pattern)
     return lambda name: name == pattern
 
 

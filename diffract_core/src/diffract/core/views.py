@@ -24,19 +24,20 @@ from typing import Any
 import attrs
 import numpy as np
 
-__all__ = ["Index", "View", "normalize_index", "read_rows", "sliced_shape", "to_slices",
-           "view_name"]
+__all__ = ["Index", "View", "normalize_index", "read_rows", "resolve_index", "sliced_shape",
+           "to_slices", "view_name"]
 
-#: Per leading axis: an integer (the axis is dropped) or ``(start, stop, step)``.
+#: Per leading axis: an integer (the axis is dropped) or ``(start, stop, step)`` (a stop
+#: of None: to the end of the axis, until :func:`resolve_index` fills it in).
 Index = tuple[Any, ...]
 
 
 def _entry(item: Any) -> int | tuple[int, int, int]:
     if isinstance(item, slice):
-        return (item.start or 0, item.stop, item.step or 1)  # type: ignore[return-value]
+        item = (item.start or 0, item.stop, item.step or 1)
     if isinstance(item, (tuple, list)):
         start, stop, *step = item
-        return (int(start), int(stop), int(step[0]) if step else 1)
+        return (int(start), None if stop is None else int(stop), int(step[0]) if step else 1)
     if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
         return int(item)
     raise TypeError(f"a view index holds integers and (start, stop[, step]), got {item!r}")
@@ -79,6 +80,12 @@ def to_slices(index: Index) -> tuple[int | slice, ...]:
     return tuple(i if isinstance(i, int) else slice(*i) for i in index)
 
 
+def resolve_index(index: Index, shape: Sequence[int]) -> Index:
+    """``index`` with every open stop (None) replaced by its axis's size."""
+    return tuple(e if isinstance(e, int) else (e[0], shape[axis] if e[1] is None else e[1], e[2])
+                 for axis, e in enumerate(index))
+
+
 def sliced_shape(shape: Sequence[int], index: Index, transpose: bool = False) -> tuple[int, ...]:
     """The shape of ``array[index]`` (transposed when asked) for an array of ``shape``;
     raises ValueError naming what does not fit."""
@@ -86,7 +93,7 @@ def sliced_shape(shape: Sequence[int], index: Index, transpose: bool = False) ->
         raise ValueError(f"index {list(index)} has {len(index)} entries for a "
                          f"{len(shape)}-D parameter")
     out = []
-    for axis, (entry, size) in enumerate(zip(index, shape, strict=False)):
+    for axis, (entry, size) in enumerate(zip(resolve_index(index, shape), shape, strict=False)):
         if isinstance(entry, int):
             if not 0 <= entry < size:
                 raise ValueError(f"index {entry} is outside axis {axis} of size {size}")
