@@ -82,11 +82,11 @@ class TestGroupedTasks:
     (GROUP_SECONDS); results, failures and timeouts stay per unit."""
 
     def test_short_units_share_tasks_and_keep_their_results(self, monkeypatch):
-        from diffract.core.compute import execution
+        from diffract.core.compute import runner
 
         tasks = []
-        original = execution._invoke_group
-        monkeypatch.setattr(execution, "_invoke_group",
+        original = runner.invoke_group
+        monkeypatch.setattr(runner, "invoke_group",
                             lambda fn, inputs, config: tasks.append(len(inputs))
                             or original(fn, inputs, config))
         model = {f"p{i}": np.full((3, 3), float(i)) for i in range(60)}

@@ -1,0 +1,426 @@
+"""The runner: a plan's steps, chunk by chunk, in this process or on the executor.
+
+See :mod:`diffract.core.compute.execution` for what becomes of every unit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import BrokenExecutor, CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
+from typing import Any
+
+import attrs
+
+from diffract.core.cache import CacheManager
+from diffract.core.compute._enums import KernelApplyLevel, KernelExecutionProtocol
+from diffract.core.compute.chunking import Chunker
+from diffract.core.compute.inputs import (
+    BlockedInput,
+    Inputs,
+    MissingInput,
+    SkippedInput,
+    StepState,
+    UnreadableInput,
+    on_gpu,
+)
+from diffract.core.compute.outcomes import ApplyReport, Progress, is_nan, normalize_outputs
+from diffract.core.compute.planner import Plan, Step, Unit
+from diffract.core.compute.registry import KernelRegistry
+from diffract.core.compute.spec import KernelSpec
+from diffract.core.compute.worker import (
+    RefError,
+    invoke,
+    invoke_batch,
+    invoke_group,
+    resolve,
+    timed,
+)
+from diffract.core.executors import ExecutorHandle, check_spawn_safe
+from diffract.core.sources import ModelSource
+from diffract.core.storage.base import Batch, Note, Provenance, Store, contextual_name
+from diffract.errors import KernelOutputError
+
+__all__ = ["Runner"]
+
+log = logging.getLogger(__name__)
+
+#: Chunks on the executor awaiting their results while the next one is submitted (more
+#: would hold more inputs than the read budget counts on: measured, a second one does
+#: not help a Dask cluster either).
+PIPELINE = 1
+
+#: Units shorter than this (seconds of one worker's time) are grouped into executor
+#: tasks of about this length: a task costs the executor a few milliseconds of its own
+#: (Dask's scheduler, on the machine's cores too), which a 10 ms fit would double.
+GROUP_SECONDS = 0.05
+#: The most units one task holds.
+GROUP_MAX = 16
+
+
+@attrs.define
+class _Chunk:
+    """One chunk between preparing and committing: its units, the batch being filled,
+    the units to run and, once submitted to the executor, their futures."""
+
+    units: Sequence[Unit]
+    batch: Batch
+    runnable: list[tuple[Unit, Any]] = attrs.field(factory=list)
+    #: unit indices (one task: several units when they are short) -> the task's future
+    futures: dict[tuple[int, ...], Future] | None = None
+    #: units per executor task (short units are grouped; see GROUP_SECONDS)
+    group: int = 1
+    #: seconds the workers spent on the chunk's tasks, as they measured them
+    busy: float = 0.0
+
+    def note(self, spec: KernelSpec, unit: Unit, kind: str, reason: str) -> None:
+        self.batch.notes.append(Note(spec.name, unit.models, unit.param, kind, reason))
+
+
+class Runner(Inputs):
+    """Runs plans against one store; see the module docstring."""
+
+    def __init__(
+        self,
+        store: Store,
+        registry: KernelRegistry,
+        cache: CacheManager,
+        threads: ThreadPoolExecutor,
+        executors: ExecutorHandle,
+        progress: Callable[[Progress], None] | None = None,
+        chunk_seconds: float = 2.0,
+        parallel_workers: int = 1,
+        batch_units: int = 1,
+        unit_timeout: float | None = None,
+        pool_min_seconds: float = 2.0,
+    ) -> None:
+        self.unit_timeout = unit_timeout
+        self.pool_min_seconds = pool_min_seconds
+        self.chunk_seconds = chunk_seconds
+        self.parallel_workers = parallel_workers
+        self.batch_units = batch_units
+        self.store = store
+        self.registry = registry
+        self.cache = cache
+        self.threads = threads
+        self.executors = executors
+        self.progress = progress
+
+    # -- outputs ----------------------------------------------------------------
+    @staticmethod
+    def _write(batch: Batch, spec: KernelSpec, unit: Unit, values: Mapping[str, Any]) -> None:
+        for field, value in values.items():
+            if spec.apply_level is KernelApplyLevel.PARAMETER:
+                batch.values[(unit.models[0], unit.param, field)] = value
+            else:
+                batch.aggregates[contextual_name(field, unit.models, unit.param)] = value
+
+    # -- running ----------------------------------------------------------------
+    def run(self, plan: Plan) -> ApplyReport:
+        report = ApplyReport(requested=plan.requested)
+        for number, step in enumerate(plan.steps, start=1):
+            self._run_step(step, (number, len(plan.steps)), report)
+        return report
+
+    def _state(self, step: Step, position: tuple[int, int]) -> StepState:
+        spec = step.kernel
+        models = {m for u in step.units for m in u.models}
+        producers = {}
+        for field in spec.require_fields:
+            producer = self.registry.producer(field)
+            if producer is not None:
+                producers[field] = (producer.name, producer.apply_level)
+        names = {name for name, _ in producers.values()}
+        notes = {n.key: n for n in self.store.notes() if n.kernel in names} if names else {}
+        return StepState(
+            spec=spec,
+            config=self.registry.effective_config(spec.name),
+            params={m: {p.name: p for p in self.store.params(m)} for m in models},
+            producers=producers,
+            notes=notes,
+            file_sources=self._file_sources(models),
+            position=position,
+        )
+
+    def _file_sources(self, models: Iterable[str]) -> dict[str, ModelSource]:
+        out = {}
+        for model_id in models:
+            try:
+                source = self.store.source(model_id)
+            except (KeyError, NotImplementedError):
+                continue
+            if source.is_file_backed:
+                out[model_id] = source
+        return out
+
+    def _run_step(self, step: Step, position: tuple[int, int], report: ApplyReport) -> None:
+        spec = step.kernel
+        if step.skipped:
+            batch = Batch(
+                notes=[Note(spec.name, u.models, u.param, "skipped", r) for u, r in step.skipped]
+            )
+            self.store.commit(batch)
+            report.notes.extend(batch.notes)
+        if not step.units:
+            return
+        state = self._state(step, position)
+        chunker = Chunker(step, self.store, self.cache.read_budget())
+        report.computed.setdefault(spec.name, 0)
+        # Chunks grow from one unit to what takes about chunk_seconds, so an interrupt
+        # (Ctrl-C, a kill) loses at most a few seconds of work whatever the kernel costs.
+        per_unit: float | None = None
+        parallel = spec.execution_protocol is KernelExecutionProtocol.PARALLEL
+        # A PARALLEL kernel goes to the executor once the work left is worth a pool
+        # (its start-up costs seconds): measured on the first chunk, run here.
+        use_pool = parallel and self.pool_min_seconds <= 0 and not self.executors.inline
+        # Parallel and batched kernels need chunks that keep every worker busy.
+        smallest = (self.parallel_workers if parallel
+                    else self.batch_units if spec.batch is not None else 1)
+        if use_pool:  # two units per worker: one running, one queued behind it
+            smallest = 2 * self.parallel_workers
+        size = smallest
+        current = chunker.take(size)
+        lazy = use_pool and self.executors.reads_files  # workers read the files themselves
+        pending = self._prefetch(state, current, lazy)
+        done = failed = 0
+        begun = last = time.perf_counter()
+        inflight: list[_Chunk] = []  # submitted to the executor, not yet committed
+
+        chunks = 0
+        undecided = parallel and not use_pool and not self.executors.inline
+        group = 1  # units per executor task, from the measured time per unit
+
+        def finished(units: int, seconds: float, failures: int, busy: float = 0.0) -> None:
+            nonlocal done, failed, per_unit, size, use_pool, lazy, chunks, undecided, group
+            done += units
+            failed += failures
+            chunks += 1
+            each = seconds / max(units, 1)
+            # The first chunk pays the kernel's one-off costs (imports, library
+            # warm-up: 0.2 s for an esd that then takes 10 ms), so the pool is judged
+            # on the second chunk's time alone; both are kept small until then.
+            per_unit = each if per_unit is None or chunks == 2 else 0.5 * (per_unit + each)
+            left = len(step.units) - done
+            if undecided and chunks >= 2:
+                undecided = False
+                if per_unit * left >= self.pool_min_seconds:
+                    use_pool = True
+                    lazy = self.executors.reads_files
+            size = max(smallest, int(self.chunk_seconds / max(per_unit, 1e-6)))
+            if undecided:
+                size = smallest
+            if use_pool:  # per_unit is wall time over the workers: keep them all busy
+                size = max(size, 2 * self.parallel_workers)
+            # one unit's time on one worker: as the workers measured it when they ran the
+            # chunk (the wall time seen here includes the executor's latency)
+            unit_seconds = (busy / max(units, 1) if busy > 0
+                            else per_unit * self.parallel_workers)
+            group = max(1, min(GROUP_MAX, int(GROUP_SECONDS / max(unit_seconds, 1e-6))))
+            if self.progress is not None:
+                rate = done / max(time.perf_counter() - begun, 1e-9)
+                self.progress(Progress(spec.name, done, len(step.units), *position,
+                                       failed=failed, rate=rate))
+
+        def finish_oldest() -> None:
+            nonlocal last
+            oldest = inflight.pop(0)
+            failures = self._finish_chunk(state, oldest, report)
+            now = time.perf_counter()
+            finished(len(oldest.units), now - last, failures, oldest.busy)
+            last = now
+
+        try:
+            while current:
+                inputs = [f.result() for f in pending]
+                following = chunker.take(size)
+                pending = self._prefetch(state, following, lazy) if following else []
+                if use_pool:
+                    # Pipelined: chunks are submitted before the earlier ones are
+                    # awaited (up to PIPELINE deep), so the workers never idle at a
+                    # chunk's end, whatever the executor's latency.
+                    chunk = self._prepare(state, current, inputs)
+                    # groups small enough that every worker gets two tasks of the chunk
+                    chunk.group = max(1, min(group, len(chunk.runnable)
+                                             // (2 * self.parallel_workers)))
+                    self._submit_chunk(state, chunk)
+                    inflight.append(chunk)
+                    if len(inflight) > PIPELINE:
+                        finish_oldest()
+                else:
+                    started = time.perf_counter()
+                    failures = self._run_chunk(state, current, inputs, report)
+                    last = time.perf_counter()
+                    finished(len(current), last - started, failures)
+                current = following
+            while inflight:
+                finish_oldest()
+        finally:
+            for future in pending:  # interrupted: do not read what nobody will use
+                future.cancel()
+
+    def _in_process(self, state: StepState, runnable: list[tuple[Unit, Any]]) -> list[Any]:
+        """Outcomes of units run here: the kernel's batch path when it has one."""
+        spec, config = state.spec, state.config
+        if spec.batch is not None and len(runnable) > 1:
+            try:
+                units = [resolve(got) for _, got in runnable]
+            except RefError:  # read them one by one: each unit fails alone
+                return [invoke(spec.function, got, config) for _, got in runnable]
+            return invoke_batch(spec, units, config)
+        return [invoke(spec.function, got, config) for _, got in runnable]
+
+    def _submit_chunk(self, state: StepState, chunk: _Chunk) -> None:
+        """Send a chunk's units to the executor (unless their inputs live on a GPU:
+        those run here when the chunk is finished)."""
+        if not chunk.runnable or any(on_gpu(got) for _, got in chunk.runnable):
+            return
+        if self.executors.spawns:
+            check_spawn_safe(state.spec.function, state.spec.name)
+        chunk.futures = self._submit(state, chunk.runnable, range(len(chunk.runnable)),
+                                     chunk.group)
+
+    def _finish_chunk(self, state: StepState, chunk: _Chunk, report: ApplyReport) -> int:
+        """Collect a chunk's outcomes and commit it; returns its failures.
+
+        A worker that dies (killed, out of memory) breaks a process pool: the pool is
+        replaced and the units it had not finished run again, one at a time, so a unit
+        that kills every worker fails alone. A unit still running ``unit_timeout``
+        seconds after the runner starts waiting for it fails, and the pool is replaced
+        so that its worker stops. Ctrl-C cancels what is queued and stops the workers;
+        committed chunks stay.
+        """
+        if chunk.futures is None:
+            outcomes = self._in_process(state, chunk.runnable)
+        else:
+            outcomes = [None] * len(chunk.runnable)
+            lost = self._wait(chunk.futures, outcomes, chunk)
+            if lost:
+                log.warning("%s: a worker died or a task ran over unit_timeout; running %d "
+                            "unit(s) again, one at a time, on a new executor",
+                            state.spec.name, len(lost))
+            for i in lost:
+                if self._wait(self._submit(state, chunk.runnable, [i]), outcomes):
+                    outcomes[i] = ("error", "its worker process died while running it, twice "
+                                            "(killed, or out of memory?); the executor was "
+                                            "replaced each time")
+        return self._complete(state, chunk, outcomes, report)
+
+    def _submit(self, state: StepState, runnable: list[tuple[Unit, Any]],
+                indices: Iterable[int], group: int = 1) -> dict[tuple[int, ...], Future]:
+        """One task per ``group`` consecutive units (one per unit when ``group`` is 1)."""
+        spec, config, handle = state.spec, state.config, self.executors
+        order = list(indices)
+        tasks = [tuple(order[k:k + group]) for k in range(0, len(order), group)]
+        return {
+            idx: (handle.get().submit(timed, invoke, spec.function, runnable[idx[0]][1],
+                                      config)
+                  if len(idx) == 1 else
+                  handle.get().submit(timed, invoke_group, spec.function,
+                                      [runnable[i][1] for i in idx], config))
+            for idx in tasks
+        }
+
+    def _wait(self, futures: dict[tuple[int, ...], Future], outcomes: list[Any],
+              chunk: _Chunk | None = None) -> list[int]:
+        """Collect outcomes; returns the units lost to a broken executor (to run again).
+        A timed-out or broken executor is replaced. A task of several units has
+        ``unit_timeout`` per unit; when it runs over, its units are lost (the caller runs
+        them again one at a time, so only the stuck one fails)."""
+        handle = self.executors
+        lost: list[int] = []
+        stop = False
+        try:
+            for idx, fut in futures.items():
+                if stop and not fut.done():
+                    lost.extend(idx)
+                    continue
+                timeout = None if stop or self.unit_timeout is None else (
+                    self.unit_timeout * len(idx))
+                try:
+                    got, seconds = fut.result(timeout=timeout)
+                    if chunk is not None:
+                        chunk.busy += seconds
+                    for i, outcome in zip(idx, got if len(idx) > 1 else [got], strict=True):
+                        outcomes[i] = outcome
+                except FuturesTimeout:
+                    if len(idx) > 1:  # which of them is stuck: run them again one by one
+                        lost.extend(idx)
+                    else:
+                        outcomes[idx[0]] = ("error", f"timed out: still running after "
+                                                     f"{self.unit_timeout:g} s (unit_timeout); "
+                                                     "its worker was stopped")
+                    stop = True
+                except (BrokenExecutor, CancelledError):
+                    lost.extend(idx)
+                    stop = True
+                except Exception as exc:  # noqa: BLE001 - pickling, a remote error...
+                    for i in idx:
+                        outcomes[i] = ("error",
+                                       f"executor failed: {type(exc).__name__}: {exc}")
+        except BaseException:  # Ctrl-C: drop the queue, stop the workers
+            handle.shutdown(cancel=True, grace=1.0)
+            raise
+        if stop:
+            handle.replace()
+        return lost
+
+    def _run_chunk(
+        self, state: StepState, chunk: Sequence[Unit], inputs: Sequence[Any],
+        report: ApplyReport,
+    ) -> int:
+        """Run one chunk here and commit it; returns how many of its units failed."""
+        prepared = self._prepare(state, chunk, inputs)
+        return self._complete(state, prepared, self._in_process(state, prepared.runnable),
+                              report)
+
+    def _prepare(self, state: StepState, chunk: Sequence[Unit], inputs: Sequence[Any]) -> _Chunk:
+        """Sort a chunk's units: notes for those that cannot run, the rest runnable."""
+        spec = state.spec
+        provenance = Provenance.of(spec.name, spec.provider, state.config)
+        prepared = _Chunk(chunk, Batch(provenance={f: provenance for f in spec.produce_fields}))
+        for unit, got in zip(chunk, inputs, strict=True):
+            if isinstance(got, MissingInput):
+                prepared.note(spec, unit, *self._why_missing(state, got))
+            elif isinstance(got, SkippedInput):
+                prepared.note(spec, unit, "skipped", str(got))
+            elif isinstance(got, (UnreadableInput, BlockedInput)):
+                prepared.note(spec, unit, "failed", str(got))
+            elif (inherited := self._inherited_undefined(state, unit)) is not None:
+                self._undefined(prepared, spec, unit, inherited)
+            else:
+                prepared.runnable.append((unit, got))
+        return prepared
+
+    def _undefined(self, chunk: _Chunk, spec: KernelSpec, unit: Unit, reason: str) -> None:
+        self._write(chunk.batch, spec, unit, {f: math.nan for f in spec.produce_fields})
+        chunk.note(spec, unit, "undefined", reason)
+
+    def _complete(self, state: StepState, chunk: _Chunk, outcomes: Sequence[Any],
+                  report: ApplyReport) -> int:
+        """Store a chunk's outcomes in one commit; returns how many units failed."""
+        spec, batch = state.spec, chunk.batch
+        for (unit, _), (status, payload) in zip(chunk.runnable, outcomes, strict=True):
+            if status == "undefined":
+                self._undefined(chunk, spec, unit, payload)
+                continue
+            if status != "ok":
+                chunk.note(spec, unit, "failed", payload)
+                continue
+            try:
+                values = normalize_outputs(spec, unit.label, payload)
+            except KernelOutputError as exc:
+                chunk.note(spec, unit, "failed", str(exc))
+                continue
+            self._write(batch, spec, unit, values)
+            parts = self._undefined_parts(state, unit)
+            if parts is not None and any(is_nan(v) for v in values.values()):
+                chunk.note(spec, unit, "undefined", parts)
+            else:
+                batch.cleared_notes.add((spec.name, unit.models, unit.param))
+            report.computed[spec.name] += 1
+        self.store.commit(batch)
+        report.notes.extend(batch.notes)
+        return sum(1 for n in batch.notes if n.kind == "failed")
