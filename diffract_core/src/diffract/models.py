@@ -1,0 +1,235 @@
+"""``session.models``: add models (files, directories, torch modules, state dicts,
+fine-tuning deltas, LoRA adapters; with views of their parameters) and look at them."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from diffract.core.models import apply_overrides, read_model, with_views
+from diffract.core.ptypes import ParameterOverrides
+from diffract.errors import (
+    DuplicateModelError,
+    InvalidArgumentError,
+    ModelError,
+    ModelWarning,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffract.session import Session
+
+__all__ = ["ModelsAPI"]
+
+
+def _check_model_id(model_id: Any) -> None:
+    if not isinstance(model_id, str) or not model_id or any(c in model_id for c in ",[]@/"):
+        raise ModelError(
+            f"model_id must be a non-empty string without ',', '[', ']', '@' or '/' (they "
+            f"delimit contextual field names and parameter ids), got {model_id!r}.",
+            model_id=str(model_id),
+        )
+
+
+def _view_rules(views: Any) -> list[tuple[Any, dict[str, Any]]]:
+    """The view rules ``views`` names, with their options, checked."""
+    if views is None:
+        return []
+    if isinstance(views, str):
+        views = [views]
+    wanted = ({name: dict(opts or {}) for name, opts in views.items()}
+              if isinstance(views, Mapping) else {name: {} for name in views})
+    from diffract.plugins import get_catalog
+
+    catalog = get_catalog()
+    out, problems = [], []
+    for name, options in wanted.items():
+        rule = catalog.views.get(name)
+        if rule is None:
+            contested = catalog.conflict_message("views", name)
+            problems.append(f"view rule {contested}" if contested else
+                            f"no view rule {name!r} is installed (installed: "
+                            f"{', '.join(sorted(catalog.views)) or 'none'})")
+            continue
+        problems += [f"view rule {name!r}: {p}" for p in
+                     (rule.check(options) if rule.check is not None else [])]
+        out.append((rule, options))
+    if problems:
+        raise InvalidArgumentError("Cannot add views: " + "; ".join(problems) + ".")
+    return out
+
+
+class ModelsAPI:
+    """``session.models``: add models and look at what is there."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def add(
+        self,
+        model: Any,
+        model_id: str,
+        *,
+        copy_weights: bool = True,
+        parameter_overrides: Mapping[str, ParameterOverrides] | None = None,
+        base_model_id: str | None = None,
+        views: Iterable[str] | Mapping[str, Mapping[str, Any]] | None = None,
+        format: str | None = None,
+    ) -> list[str]:
+        """Add a torch module, a state dict, a checkpoint file or a Hugging Face-style
+        checkpoint directory under ``model_id``.
+
+        Files and directories are read by the installed model formats (the first that
+        recognises the path; ``format`` names one). ``views`` turns on view rules
+        (``["name"]``, or ``{"name": {option: value}}``): the views each splits a
+        parameter into are added as parameters ``<parameter>[<label>]``, read as slices
+        of it (see :mod:`diffract.core.views`).
+
+        ``base_model_id`` (a model already added) makes this model the fine-tuning
+        delta ``W - W_base`` of every parameter the base has with the same name and
+        shape (after ``parameter_overrides``); the others are left out, with a
+        :class:`~diffract.errors.ModelWarning` naming them.
+
+        Returns the names of the parameters recorded (floating-point ones only). A
+        durable profile copies the weights of an in-memory model so that it can read
+        them after a reopen; ``copy_weights=False`` opts out (fields that need the
+        weights are then skipped after a reopen, with that reason). Files are never
+        copied: they are read again, after checking they did not change.
+        ``parameter_overrides`` maps a parameter's name to a
+        :class:`~diffract.ParameterOverrides`: a new name, a type, metadata.
+        Raises DuplicateModelError, EmptyModelError or ModelSourceError; on any error
+        nothing is added.
+        """
+        _check_model_id(model_id)
+        store = self._session.store
+        with self._session._lock:
+            self._check_new(model_id)
+            if base_model_id is not None:
+                self._session._check_ids([base_model_id])
+            rules = _view_rules(views)
+            opened = read_model(model, model_id, format)
+            if parameter_overrides:
+                opened = apply_overrides(opened, parameter_overrides)
+            if rules:
+                opened = with_views(opened, rules)
+            if base_model_id is not None:
+                opened = self._delta(opened, base_model_id)
+            store.add_model(model_id, opened.infos, opened.source, opened.load, opened.raw,
+                            copy_weights=copy_weights)
+        return [i.name for i in opened.infos]
+
+    def _check_new(self, model_id: str) -> None:
+        if model_id in self._session.store.model_ids():
+            raise DuplicateModelError(
+                f"Model id {model_id!r} is already in this session. Choose another "
+                "model_id, or open a new session to replace it.",
+                model_id=model_id,
+            )
+
+    def _delta(self, opened: Any, base_model_id: str) -> Any:
+        from diffract.core.derived import delta_model
+
+        store = self._session.store
+        opened, left_out = delta_model(
+            opened, base_model_id, store.params(base_model_id),
+            lambda name: store.load_weights(base_model_id, name),
+            lambda name: store.load_tensor(base_model_id, name))
+        if left_out:
+            warnings.warn(ModelWarning(
+                f"{len(left_out)} parameter(s) of {opened.infos[0].model_id!r} have no "
+                f"parameter of the same name and shape in base {base_model_id!r} and are "
+                f"left out of the delta: {left_out[:5]}{' ...' if len(left_out) > 5 else ''}"
+            ), stacklevel=3)
+        return opened
+
+    def add_lora(
+        self,
+        adapter: Any,
+        model_id: str,
+        *,
+        scale: float | None = None,
+        copy_weights: bool = True,
+    ) -> list[str]:
+        """Add the effective weight updates ``scale * B @ A`` of a LoRA adapter as a
+        model: one parameter ``<module>.weight`` per adapted module. ``adapter``: a PEFT
+        state dict, an ``adapter_model.safetensors``/``.bin`` file or the adapter's
+        directory. ``scale`` defaults to ``lora_alpha / r`` from the directory's
+        ``adapter_config.json`` (``lora_alpha / sqrt(r)`` with rsLoRA), else 1. Returns
+        the parameter names."""
+        from diffract.core.derived import lora_model
+
+        _check_model_id(model_id)
+        store = self._session.store
+        with self._session._lock:
+            self._check_new(model_id)
+            opened = lora_model(adapter, model_id, scale=scale)
+            store.add_model(model_id, opened.infos, opened.source, opened.load, opened.raw,
+                            copy_weights=copy_weights)
+        return [i.name for i in opened.infos]
+
+    @property
+    def model_ids(self) -> list[str]:
+        """Every model id, in the order they were added (as ``session.model_ids``)."""
+        return self._session.store.model_ids()
+
+    def params(self, model_id: str) -> list[Any]:
+        """ParamInfo records (name, shape, dtype, ptype, meta) of one model."""
+        self._session._check_ids([model_id])
+        return self._session.store.params(model_id)
+
+    def list(self) -> list[dict[str, Any]]:
+        """One record per model: id, number of parameters and of their elements, the
+        parameter types present, and where its weights come from."""
+        store = self._session.store
+        out = []
+        for model_id in store.model_ids():
+            params = store.params(model_id)
+            try:
+                source = store.source(model_id)
+                where = source.path or source.description or source.kind
+            except (KeyError, NotImplementedError):
+                where = "?"
+            out.append({
+                "model_id": model_id,
+                "params": len(params),
+                "numel": sum(p.numel for p in params),
+                "ptypes": sorted({p.ptype for p in params}),
+                "source": where,
+            })
+        return out
+
+    def rename(self, old: str, new: str) -> None:
+        """Give model ``old`` the id ``new``: its parameters, fields, notes and every
+        aggregate that names it follow (contextual names are rewritten)."""
+        session = self._session
+        session._check_ids([old])
+        _check_model_id(new)
+        with session._lock:
+            if new in session.store.model_ids():
+                raise DuplicateModelError(
+                    f"Cannot rename {old!r} to {new!r}: a model {new!r} is already in this "
+                    "session. Erase or rename that one first.", model_id=new)
+            session.store.rename_model(old, new)
+
+    def erase(self, *model_ids: str, erase_all: bool = False) -> None:
+        """Remove models (every model with ``erase_all``), their fields and notes, and
+        every aggregate that involves them (pairs included). Their files, if any, are
+        not touched."""
+        session = self._session
+        if erase_all:
+            if model_ids:
+                raise InvalidArgumentError("models.erase() takes model ids or erase_all=True, "
+                                           "not both.")
+            model_ids = tuple(session.store.model_ids())
+        elif not model_ids:
+            raise InvalidArgumentError("models.erase() needs model ids (or erase_all=True).")
+        session._check_ids(list(model_ids))
+        with session._lock:
+            for model_id in model_ids:
+                session.store.erase_model(model_id)
+
+    def __len__(self) -> int:
+        return len(self._session.store.model_ids())
+
+    def __contains__(self, model_id: object) -> bool:
+        return model_id in self._session.store.model_ids()
