@@ -541,7 +541,7 @@ class TestBatchedBootstrap:
 
     @pytest.mark.parametrize("case", ["pareto", "esd", "alpha_max", "min_tail"])
     def test_same_p_as_one_by_one(self, monkeypatch, case):
-        from diffract_kernels_spectral import fitting
+        from diffract_kernels_spectral import fitting, significance
 
         r = np.random.default_rng(7)
         x = (np.concatenate([r.uniform(0.2, 1.0, 200), pareto(r, 400, 2.6)])
@@ -550,9 +550,9 @@ class TestBatchedBootstrap:
         kwargs = {"alpha_max": 3.0} if case == "alpha_max" else (
             {"min_tail": 250} if case == "min_tail" else {})
         fit = fit_power_law(x, fit_method="diffract", **kwargs)
-        monkeypatch.setattr(fitting, "_REPLICATE_BATCH", 16)  # several batches
+        monkeypatch.setattr(significance, "_REPLICATE_BATCH", 16)  # several batches
         batched = power_law_pvalue(x, fit=fit, n_replicates=40, seed=3, **kwargs)
-        monkeypatch.setattr(fitting, "PVALUE_TAICHI_POINTS", 10**9)
+        monkeypatch.setattr(significance, "PVALUE_TAICHI_POINTS", 10**9)
         monkeypatch.setattr(fitting, "DENSE_MAX_POINTS", 0)  # one by one, pruned search
         single = power_law_pvalue(x, fit=fit, n_replicates=40, seed=3, **kwargs)
         assert batched == single and batched.replicates == 40

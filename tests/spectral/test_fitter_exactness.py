@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from diffract_kernels_spectral import _taichi, fit_power_law, fitting
-from diffract_kernels_spectral.fitting import _REFINE_ABOVE, _SEEDS
+from diffract_kernels_spectral._search import _REFINE_ABOVE, _SEEDS
 from tests.spectral.conftest import count_candidates, exhaustive, heavy_esd, needs_taichi, pareto
 
 pytestmark = needs_taichi

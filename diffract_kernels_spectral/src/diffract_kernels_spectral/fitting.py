@@ -41,11 +41,23 @@ import numpy as np
 
 from diffract_kernels_spectral import _taichi
 from diffract_kernels_spectral._records import (
-    Comparison,
     ExponentialFit,
     PowerLawFit,
-    PValue,
     TruncatedPowerLawFit,
+)
+from diffract_kernels_spectral._search import (
+    _alphas,
+    _dense_ks,
+    _exact_fit,
+    _ks,
+    _ks_power_law,
+    _prepare,
+    _search,
+    _search_dense,
+    _smallest_winner,
+    _starts,
+    _too_few,
+    candidate_range,
 )
 from diffract_kernels_spectral.errors import FitArgumentError, FitError
 
@@ -62,16 +74,6 @@ __all__ = [
 
 #: Below this many points, "auto" uses the powerlaw library (see the module docstring).
 MIN_POINTS_ACCELERATED = 100
-#: Candidates scanned exactly first (smallest upper bounds) to set the pruning threshold.
-_SEEDS = 8
-#: Grid of the exact scan's first pass (see ``ks_exact``).
-_EXACT_STRIDE = 16
-#: Grid of the first bounds pass, as a multiple of sqrt(n); later passes are 4x finer.
-_COARSE = 1.0
-#: Bounds passes repeat while more candidates than this survive.
-_REFINE_ABOVE = 256
-#: Finest bounds pass (below it the exact scan is as cheap).
-_MIN_BOUND_STRIDE = 8
 _METHODS = ("auto", "diffract", "powerlaw")
 #: Up to this many points, while Taichi is not running, the exact search is one dense
 #: numpy pass over every (candidate, tail point) pair: it saves Taichi's start-up (about
@@ -79,96 +81,6 @@ _METHODS = ("auto", "diffract", "powerlaw")
 #: 384 / 768 / 1024 points against the warm pruned search's ~1.1 ms (this VM), so a
 #: fresh process fitting a few hundred spectra is faster without Taichi.
 DENSE_MAX_POINTS = 1024
-
-#: Above this many points a bootstrap p-value starts Taichi (about 1 s, once per
-#: process) for its replicates: at 768 points a replicate then costs ~1 ms instead of the
-#: dense scan's ~3 ms, so 100 replicates pay for the start-up on the first layer or two.
-PVALUE_TAICHI_POINTS = 256
-#: Elements of one block of the dense pass (bounds its memory: 8 MiB per array).
-_DENSE_BLOCK = 1 << 20
-
-
-# -- data ---------------------------------------------------------------------------
-def _prepare(data: Any, xmax: float | None = None) -> np.ndarray:
-    x = np.asarray(data, dtype=np.float64)
-    if x.ndim != 1:
-        raise FitArgumentError(
-            f"data must be 1-D, got shape {x.shape}. Pass a spectrum (a vector)."
-        )
-    if not np.isfinite(x).all():
-        bad = int((~np.isfinite(x)).sum())
-        raise FitError(f"data contain {bad} NaN or Inf value(s); drop them before fitting.")
-    if xmax is not None:
-        x = x[x <= xmax]
-    return np.sort(x[x > 0])
-
-
-def _starts(x: np.ndarray, min_tail: int) -> np.ndarray:
-    """First sorted index of each candidate xmin (see the module docstring)."""
-    n = len(x)
-    distinct = np.flatnonzero(np.r_[True, x[1:] != x[:-1]])[:-1]
-    return distinct[(n - distinct) >= min_tail].astype(np.int32)
-
-
-def candidate_range(
-    data: Any, *, min_tail: int = 50, xmax: float | None = None
-) -> tuple[float, float]:
-    """The ``xmin=(lo, hi)`` range that makes ``powerlaw.Fit`` search exactly our candidates.
-
-    powerlaw searches the distinct values in ``[lo, hi)`` except the last one, so ``hi``
-    is the second distinct value above our largest candidate.
-    """
-    x = _prepare(data, xmax)
-    starts = _starts(x, min_tail)
-    if len(starts) == 0:
-        raise FitError(_too_few(x, min_tail))
-    distinct = np.unique(x)
-    top = np.searchsorted(distinct, x[starts[-1]])
-    if top + 2 >= len(distinct):
-        return float(x[starts[0]]), float(np.nextafter(distinct[-1], np.inf))
-    return float(x[starts[0]]), float(distinct[top + 2])
-
-
-def _too_few(x: np.ndarray, min_tail: int) -> str:
-    distinct = len(np.unique(x))
-    if len(x) < min_tail:
-        return (f"only {len(x)} positive point(s), fewer than min_tail={min_tail}: no tail can "
-                "be fitted reliably")
-    if distinct < 2:
-        return "all points are equal: a power law cannot be fitted"
-    return (f"no xmin candidate leaves a tail of at least min_tail={min_tail} points "
-            f"({len(x)} points, {distinct} distinct)")
-
-
-def _alphas(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    # Logs relative to the maximum keep the suffix sums small (no large cancellation).
-    rel = np.log(x) - math.log(x[-1])
-    suffix = np.cumsum(rel[::-1])[::-1]
-    m = len(x) - starts
-    return 1.0 + m / (suffix[starts] - m * rel[starts])
-
-
-def _exact_fit(x: np.ndarray, start: int) -> tuple[float, float]:
-    """alpha and D for the tail starting at sorted index ``start`` (numpy, exact)."""
-    tail = x[start:]
-    xmin = tail[0]
-    alpha = 1.0 + len(tail) / np.sum(np.log(tail / xmin))
-    return float(alpha), _ks_power_law(tail, xmin, alpha)
-
-
-def _left_ecdf(tail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct tail values and the fraction of the tail strictly below each."""
-    values, first = np.unique(tail, return_index=True)
-    return values, first / len(tail)
-
-
-def _ks(tail: np.ndarray, cdf: Any) -> float:
-    values, below = _left_ecdf(tail)
-    return float(np.max(np.abs(cdf(values) - below)))
-
-
-def _ks_power_law(tail: np.ndarray, xmin: float, alpha: float) -> float:
-    return _ks(tail, lambda u: 1.0 - (u / xmin) ** (1.0 - alpha))
 
 
 # -- method selection ------------------------------------------------------------------
@@ -199,157 +111,6 @@ def resolve_fit_method(fit_method: str, n_points: int) -> str:
 
 
 # -- power law -------------------------------------------------------------------------
-def _search(x: np.ndarray, starts: np.ndarray) -> tuple[int, int]:
-    """Index (into ``starts``) of the minimum-KS candidate of one data set, by the bounded
-    Taichi search (:func:`_search_many`); returns (best index, candidates scanned
-    exactly)."""
-    (best,), scanned = _search_many([x], [starts])
-    return best, scanned
-
-
-def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[list[int], int]:
-    """Per data set (sorted, positive), the index into its ``starts`` of the minimum-KS
-    candidate, by the bounded Taichi search, every data set in the same kernel launches
-    (bootstrap replicates: one set of launches for all of them).
-
-    1. Exact distances of a few evenly spread candidates per set give its threshold
-       ``best``.
-    2. A coarse pass (every ``sqrt(n)``-th tail point) bounds each other candidate's
-       distance from below and above; a candidate whose lower bound exceeds its set's
-       ``best`` is dropped (its scan stops there). The candidates with the smallest
-       upper bounds are scanned exactly, which can only lower ``best``.
-    3. Every survivor is scanned exactly (interval-skipping scan, see ``ks_exact``),
-       stopping once it exceeds its set's ``best``. The minimum is exact: nothing dropped
-       could have been smaller.
-
-    Returns (best index per set, candidates scanned exactly in all).
-    """
-    k = _taichi.kernels()
-    offsets = np.cumsum([0] + [len(x) for x in xs])
-    logx = np.log(np.concatenate(xs))
-    first = np.concatenate([np.searchsorted(x, x, side="left") + o
-                            for x, o in zip(xs, offsets, strict=False)]).astype(np.int32)
-    # Candidates of every set in one list; a fixed shuffle per set spreads the long
-    # tails (the early candidates) over the threads.
-    orders = [np.random.default_rng(len(st)).permutation(len(st)) for st in starts_list]
-    cand_set = np.concatenate([np.full(len(st), i) for i, st in enumerate(starts_list)])
-    local = np.concatenate([st[o] for st, o in zip(starts_list, orders, strict=True)])
-    glob = (local + offsets[cand_set]).astype(np.int32)
-    ends = offsets[cand_set + 1].astype(np.int32)
-    alphas = np.concatenate([_alphas(x, st[o]) for x, st, o in
-                             zip(xs, starts_list, orders, strict=True)])
-    cbase = np.cumsum([0] + [len(st) for st in starts_list])
-    dist = np.full(len(glob), np.inf)
-    best = np.full(len(xs), np.inf)
-    fine = _EXACT_STRIDE
-
-    def exact(idx: np.ndarray) -> None:
-        if not len(idx):
-            return
-        out = np.empty(len(idx))
-        k.ks_exact(logx, first, np.ascontiguousarray(glob[idx]),
-                   np.ascontiguousarray(ends[idx]), np.ascontiguousarray(alphas[idx]),
-                   fine, np.ascontiguousarray(best[cand_set[idx]]), out)
-        dist[idx] = out
-        np.minimum.at(best, cand_set[idx], out)
-
-    # 1. small sets are scanned whole; the others get probes
-    first_pass, alive = [], []
-    for i, st in enumerate(starts_list):
-        count = len(st)
-        ids = np.arange(cbase[i], cbase[i + 1])
-        if count <= 4 * _SEEDS:
-            first_pass.append(ids)
-            continue
-        probe = ids[np.argsort(orders[i])[np.linspace(0, count - 1, _SEEDS).astype(int)]]
-        first_pass.append(probe)
-        alive.append(np.setdiff1d(ids, probe))
-    exact(np.concatenate(first_pass))
-    scanned = sum(len(p) for p in first_pass)
-    alive_all = np.concatenate(alive) if alive else np.empty(0, dtype=np.int64)
-    # 2. bounds passes while a set has many survivors (all sets here have one size n
-    # per replicate batch; the stride follows each set's n)
-    n_of = np.diff(offsets)
-    stride = np.maximum(4, (np.sqrt(n_of) * _COARSE).astype(int))
-    while len(alive_all):
-        counts = np.bincount(cand_set[alive_all], minlength=len(xs))
-        refine = (counts > _REFINE_ABOVE) & (stride >= _MIN_BOUND_STRIDE)
-        sel = alive_all[refine[cand_set[alive_all]]]
-        if not len(sel):
-            break
-        lower, upper = np.empty(len(sel)), np.empty(len(sel))
-        for st_val in np.unique(stride[cand_set[sel]]):
-            part = np.flatnonzero(stride[cand_set[sel]] == st_val)
-            lo, hi = np.empty(len(part)), np.empty(len(part))
-            ids = sel[part]
-            k.ks_bounds(logx, first, np.ascontiguousarray(glob[ids]),
-                        np.ascontiguousarray(ends[ids]), np.ascontiguousarray(alphas[ids]),
-                        int(st_val), np.ascontiguousarray(best[cand_set[ids]]), lo, hi)
-            lower[part], upper[part] = lo, hi
-        seeds = []
-        for i in np.unique(cand_set[sel]):
-            mine = np.flatnonzero(cand_set[sel] == i)
-            seeds.append(sel[mine[np.argsort(upper[mine], kind="stable")[:_SEEDS]]])
-        seeds = np.concatenate(seeds)
-        exact(seeds)
-        scanned += len(seeds)
-        # The coarse pass multiplies by 1/m where the exact pass divides: allow rounding.
-        kept = sel[lower - 1e-12 <= best[cand_set[sel]]]
-        untouched = alive_all[~refine[cand_set[alive_all]]]
-        alive_all = np.setdiff1d(np.concatenate([kept, untouched]), seeds)
-        stride = np.where(refine, stride // 4, stride)
-    # 3. every survivor, exactly
-    exact(alive_all)
-    scanned += len(alive_all)
-    winners = [_smallest_winner(orders[i], dist[cbase[i]:cbase[i + 1]])
-               for i in range(len(xs))]
-    return winners, scanned
-
-
-def _dense_ks(x: np.ndarray, starts: np.ndarray, cdf: Any) -> np.ndarray:
-    """KS distance of every candidate, against every tail point at once (numpy, in
-    blocks of candidates). ``cdf(block, cols)`` is the fitted CDF of the candidates
-    ``starts[block]`` at the points ``x[cols]``; the distance is ``max |T(u) - A(u)|``
-    over the distinct tail values, ``A(u)`` the fraction of the tail strictly below
-    ``u`` (the pruned search's definition)."""
-    n = len(x)
-    first = np.searchsorted(x, x, side="left")
-    # Only each distinct value's first occurrence counts (A is taken just below u).
-    cols = np.flatnonzero(first == np.arange(n))
-    below = first[cols].astype(np.float64)
-    dist = np.empty(len(starts))
-    rows = max(1, _DENSE_BLOCK // max(len(cols), 1))
-    for lo in range(0, len(starts), rows):
-        block = slice(lo, lo + rows)
-        s = starts[block].astype(np.int64)
-        m = (n - s).astype(np.float64)[:, None]
-        gap = np.abs(cdf(block, cols) - (below[None, :] - s[:, None]) / m)
-        gap[cols[None, :] < s[:, None]] = 0.0  # points below the candidate's xmin
-        dist[block] = gap.max(axis=1)
-    return dist
-
-
-def _search_dense(x: np.ndarray, starts: np.ndarray) -> int:
-    """Index (into ``starts``) of the minimum-KS power-law candidate by the dense scan
-    (for small data, see DENSE_MAX_POINTS): the same distances as the pruned search."""
-    alphas = _alphas(x, starts)
-    logx = np.log(x)
-
-    def cdf(block: slice, cols: np.ndarray) -> np.ndarray:
-        return -np.expm1((1.0 - alphas[block, None])
-                         * (logx[cols][None, :] - logx[starts[block]][:, None]))
-
-    dist = _dense_ks(x, starts, cdf)
-    return _smallest_winner(np.arange(len(dist)), dist)
-
-
-def _smallest_winner(order: np.ndarray, dist: np.ndarray) -> int:
-    """The candidate of smallest distance; exact ties go to the smallest xmin (as in an
-    ordered scan), whatever order the shuffle put them in."""
-    winners = np.flatnonzero(dist == dist.min())
-    return int(order[winners].min())
-
-
 def _fit_diffract(x: np.ndarray, min_tail: int, alpha_max: float | None = None) -> PowerLawFit:
     starts = _starts(x, min_tail)
     if len(starts) == 0:
@@ -667,175 +428,8 @@ def fit_exponential(
     return ExponentialFit(lam, float(xmin), d, ll, len(tail), method)
 
 
-def _pl_pointwise(tail: np.ndarray, xmin: float, alpha: float) -> np.ndarray:
-    return math.log(alpha - 1.0) - math.log(xmin) - alpha * np.log(tail / xmin)
-
-
-def _lognormal_pointwise(tail: np.ndarray, xmin: float) -> np.ndarray:
-    from scipy.optimize import minimize
-    from scipy.special import log_ndtr
-
-    logs = np.log(tail)
-
-    def pointwise(mu: float, sigma: float) -> np.ndarray:
-        z = (logs - mu) / sigma
-        log_q = log_ndtr(-(math.log(xmin) - mu) / sigma)  # P(X >= xmin)
-        return -logs - math.log(sigma) - 0.5 * math.log(2 * math.pi) - 0.5 * z * z - log_q
-
-    def negll(p: np.ndarray) -> float:
-        value = float(np.sum(pointwise(p[0], math.exp(p[1]))))
-        return -value if math.isfinite(value) else 1e300
-
-    start = [float(np.mean(logs)), math.log(max(float(np.std(logs)), 1e-3))]
-    res = minimize(negll, x0=start, method="L-BFGS-B",
-                   bounds=[(float(logs.min()) - 50.0, float(logs.max()) + 50.0), (-10.0, 5.0)])
-    return pointwise(float(res.x[0]), math.exp(float(res.x[1])))
-
-
-def compare_distributions(
-    data: Any, *, xmin: float, alpha: float | None = None, xmax: float | None = None
-) -> dict[str, Comparison]:
-    """Likelihood-ratio tests of the power law against the truncated power law (nested:
-    Wilks, ``p = chi2_1.sf(2|R|)``), the exponential and the lognormal (non-nested: Vuong,
-    ``p = erfc(|R| / (sqrt(2 n) s))``, ``s`` the standard deviation of the pointwise
-    log-likelihood ratios), all on the tail ``x >= xmin``. ``R > 0`` favours the power law.
-
-    Each alternative is fitted by maximum likelihood on the tail. The lognormal's
-    maximum may lie at infinity (its limit is a power law); then the limit is used: a
-    lognormal is never reported worse than the power law it can become, so on power-law
-    data ``R`` against it is 0 with ``p = 1`` (no evidence either way), where optimisers
-    that stop on the ridge would report an arbitrary small positive ``R``.
-    """
-    from scipy.special import erfc
-    from scipy.stats import chi2
-
-    tail = _tail(data, xmin, xmax)
-    m = len(tail)
-    mle = 1.0 + m / float(np.sum(np.log(tail / xmin)))
-    if alpha is None:
-        alpha = mle
-    ll_pl = _pl_pointwise(tail, xmin, alpha)
-    t_alpha, t_lam, _ = _tpl_mle(tail, xmin)
-    lam = 1.0 / float(np.mean(tail - xmin))
-    # The truncated lognormal tends to a power law as mu -> -inf and sigma -> inf (with
-    # -mu / sigma^2 = alpha - 1): on power-law-like data its likelihood has no finite
-    # maximum, only that limit, and optimisers stop anywhere along the ridge. Its
-    # supremum is therefore at least the fitted power law's likelihood: use that limit
-    # whenever no finite lognormal beats it (then R = 0 for alpha at the MLE, p = 1).
-    ll_logn = _lognormal_pointwise(tail, xmin)
-    ll_limit = _pl_pointwise(tail, xmin, mle)
-    if float(np.sum(ll_logn)) < float(np.sum(ll_limit)):
-        ll_logn = ll_limit
-    alternatives = {
-        "truncated_power_law": (_tpl_pointwise(tail, xmin, t_alpha, t_lam), True),
-        "exponential": (math.log(lam) - lam * (tail - xmin), False),
-        "lognormal": (ll_logn, False),
-    }
-    out = {}
-    for name, (ll_alt, nested) in alternatives.items():
-        diff = ll_pl - ll_alt
-        r = float(np.sum(diff))
-        if nested:
-            p = float(chi2.sf(2.0 * abs(r), 1))
-        else:
-            s = float(np.std(diff))
-            p = float(erfc(abs(r) / (math.sqrt(2.0 * m) * s))) if s > 0 else 1.0
-        out[name] = Comparison(name, r, p, nested)
-    return out
-
-
-# -- bootstrap -------------------------------------------------------------------------------
-def power_law_pvalue(
-    data: Any,
-    *,
-    fit: PowerLawFit | None = None,
-    n_replicates: int = 100,
-    seed: int = 0,
-    fit_method: str = "auto",
-    min_tail: int = 50,
-    xmax: float | None = None,
-    xmin: str = "search",
-    alpha_max: float | None = None,
-) -> PValue:
-    """Goodness-of-fit p-value of the power-law fit by the CSN semi-parametric bootstrap.
-
-    Each replicate draws ``n`` points: with probability ``n_tail / n`` from the fitted
-    power law above xmin, otherwise uniformly from the data below xmin; it is refitted
-    with the same method and candidate rule (``xmin="search"``, CSN), or with xmin held
-    at the fitted one (``xmin="fixed"``: the original Diffract's shortcut, tens of times
-    faster and biased towards high p, since a replicate's own best xmin would fit it
-    better), and counts when its KS distance is at least the observed one. ``p`` is NaN
-    (with a reason) when the fitted tail has fewer than 50 points. Reproducible for a
-    seed; its standard error is about ``sqrt(p (1 - p) / n_replicates)``.
-    """
-    if n_replicates < 1:
-        raise FitArgumentError(f"n_replicates must be at least 1, got {n_replicates}.")
-    if xmin not in ("search", "fixed"):
-        raise FitArgumentError(f"xmin must be 'search' or 'fixed', got {xmin!r}.")
-    x = _prepare(data, xmax)
-    if fit is None:
-        fit = fit_power_law(x, fit_method=fit_method, min_tail=min_tail, alpha_max=alpha_max)
-    if fit.n_tail < 50:
-        return PValue(math.nan, fit.ks_distance, 0, seed)
-    method = resolve_fit_method(fit_method, len(x))
-    batched = (method == "diffract" and xmin == "search" and len(x) > PVALUE_TAICHI_POINTS
-               and _taichi.available())
-    rng = np.random.default_rng(seed)
-    body = x[x < fit.xmin]
-    n = len(x)
-    replicates = []
-    for _ in range(n_replicates):
-        k = int(rng.binomial(n, fit.n_tail / n)) if len(body) else n
-        replicates.append(np.concatenate([
-            fit.xmin * (1.0 - rng.random(k)) ** (-1.0 / (fit.alpha - 1.0)),
-            rng.choice(body, n - k) if n - k else np.empty(0),
-        ]))
-    if batched:
-        distances = _replicate_distances(replicates, min_tail, alpha_max)
-    else:
-        distances = []
-        for synthetic in replicates:
-            try:
-                if xmin == "fixed":
-                    refit = _fit_at(np.sort(synthetic), fit.xmin, method)
-                else:
-                    refit = fit_power_law(synthetic, fit_method=method, min_tail=min_tail,
-                                          alpha_max=alpha_max)
-            except FitError:
-                continue
-            distances.append(refit.ks_distance)
-    done = len(distances)
-    hits = sum(d >= fit.ks_distance for d in distances)
-    p = hits / done if done else math.nan
-    return PValue(p, fit.ks_distance, done, seed)
-
-
-#: Replicates whose searches share one set of Taichi launches.
-_REPLICATE_BATCH = 64
-
-
-def _replicate_distances(replicates: list[np.ndarray], min_tail: int,
-                         alpha_max: float | None) -> list[float]:
-    """The KS distance of each replicate's best power-law fit (the full CSN search, as
-    ``fit_power_law`` does it), the replicates' searches batched into shared Taichi
-    launches (the per-launch cost, not the scan, dominated one replicate's fit);
-    replicates with no candidate are left out."""
-    out: list[float] = []
-    for lo in range(0, len(replicates), _REPLICATE_BATCH):
-        xs, starts_list = [], []
-        for synthetic in replicates[lo:lo + _REPLICATE_BATCH]:
-            x = _prepare(synthetic)
-            if len(x) < min_tail:
-                continue
-            starts = _starts(x, min_tail)
-            if alpha_max is not None and len(starts):
-                starts = starts[_alphas(x, starts) <= alpha_max]
-            if len(starts):
-                xs.append(x)
-                starts_list.append(starts)
-        if not xs:
-            continue
-        winners, _ = _search_many(xs, starts_list)
-        for x, starts, best in zip(xs, starts_list, winners, strict=True):
-            out.append(_exact_fit(x, int(starts[best]))[1])
-    return out
+# The tests built on the fits; imported last (they use the fits above).
+from diffract_kernels_spectral.significance import (  # noqa: E402
+    compare_distributions,
+    power_law_pvalue,
+)

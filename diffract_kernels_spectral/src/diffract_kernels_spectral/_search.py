@@ -1,0 +1,262 @@
+"""The exact xmin search of the power-law fit: candidates, their exponents and KS
+distances, the bounded Taichi search and the dense numpy pass (see
+:mod:`diffract_kernels_spectral.fitting` for the method and its guarantees)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from diffract_kernels_spectral import _taichi
+from diffract_kernels_spectral.errors import FitArgumentError, FitError
+
+__all__ = ["candidate_range"]
+
+#: Candidates scanned exactly first (smallest upper bounds) to set the pruning threshold.
+_SEEDS = 8
+#: Grid of the exact scan's first pass (see ``ks_exact``).
+_EXACT_STRIDE = 16
+#: Grid of the first bounds pass, as a multiple of sqrt(n); later passes are 4x finer.
+_COARSE = 1.0
+#: Bounds passes repeat while more candidates than this survive.
+_REFINE_ABOVE = 256
+#: Finest bounds pass (below it the exact scan is as cheap).
+_MIN_BOUND_STRIDE = 8
+#: Elements of one block of the dense pass (bounds its memory: 8 MiB per array).
+_DENSE_BLOCK = 1 << 20
+
+
+# -- data ---------------------------------------------------------------------------
+def _prepare(data: Any, xmax: float | None = None) -> np.ndarray:
+    x = np.asarray(data, dtype=np.float64)
+    if x.ndim != 1:
+        raise FitArgumentError(
+            f"data must be 1-D, got shape {x.shape}. Pass a spectrum (a vector)."
+        )
+    if not np.isfinite(x).all():
+        bad = int((~np.isfinite(x)).sum())
+        raise FitError(f"data contain {bad} NaN or Inf value(s); drop them before fitting.")
+    if xmax is not None:
+        x = x[x <= xmax]
+    return np.sort(x[x > 0])
+
+
+def _starts(x: np.ndarray, min_tail: int) -> np.ndarray:
+    """First sorted index of each candidate xmin (see the module docstring)."""
+    n = len(x)
+    distinct = np.flatnonzero(np.r_[True, x[1:] != x[:-1]])[:-1]
+    return distinct[(n - distinct) >= min_tail].astype(np.int32)
+
+
+def candidate_range(
+    data: Any, *, min_tail: int = 50, xmax: float | None = None
+) -> tuple[float, float]:
+    """The ``xmin=(lo, hi)`` range that makes ``powerlaw.Fit`` search exactly our candidates.
+
+    powerlaw searches the distinct values in ``[lo, hi)`` except the last one, so ``hi``
+    is the second distinct value above our largest candidate.
+    """
+    x = _prepare(data, xmax)
+    starts = _starts(x, min_tail)
+    if len(starts) == 0:
+        raise FitError(_too_few(x, min_tail))
+    distinct = np.unique(x)
+    top = np.searchsorted(distinct, x[starts[-1]])
+    if top + 2 >= len(distinct):
+        return float(x[starts[0]]), float(np.nextafter(distinct[-1], np.inf))
+    return float(x[starts[0]]), float(distinct[top + 2])
+
+
+def _too_few(x: np.ndarray, min_tail: int) -> str:
+    distinct = len(np.unique(x))
+    if len(x) < min_tail:
+        return (f"only {len(x)} positive point(s), fewer than min_tail={min_tail}: no tail can "
+                "be fitted reliably")
+    if distinct < 2:
+        return "all points are equal: a power law cannot be fitted"
+    return (f"no xmin candidate leaves a tail of at least min_tail={min_tail} points "
+            f"({len(x)} points, {distinct} distinct)")
+
+
+def _alphas(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    # Logs relative to the maximum keep the suffix sums small (no large cancellation).
+    rel = np.log(x) - math.log(x[-1])
+    suffix = np.cumsum(rel[::-1])[::-1]
+    m = len(x) - starts
+    return 1.0 + m / (suffix[starts] - m * rel[starts])
+
+
+def _exact_fit(x: np.ndarray, start: int) -> tuple[float, float]:
+    """alpha and D for the tail starting at sorted index ``start`` (numpy, exact)."""
+    tail = x[start:]
+    xmin = tail[0]
+    alpha = 1.0 + len(tail) / np.sum(np.log(tail / xmin))
+    return float(alpha), _ks_power_law(tail, xmin, alpha)
+
+
+def _left_ecdf(tail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct tail values and the fraction of the tail strictly below each."""
+    values, first = np.unique(tail, return_index=True)
+    return values, first / len(tail)
+
+
+def _ks(tail: np.ndarray, cdf: Any) -> float:
+    values, below = _left_ecdf(tail)
+    return float(np.max(np.abs(cdf(values) - below)))
+
+
+def _ks_power_law(tail: np.ndarray, xmin: float, alpha: float) -> float:
+    return _ks(tail, lambda u: 1.0 - (u / xmin) ** (1.0 - alpha))
+
+
+def _search(x: np.ndarray, starts: np.ndarray) -> tuple[int, int]:
+    """Index (into ``starts``) of the minimum-KS candidate of one data set, by the bounded
+    Taichi search (:func:`_search_many`); returns (best index, candidates scanned
+    exactly)."""
+    (best,), scanned = _search_many([x], [starts])
+    return best, scanned
+
+
+def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[list[int], int]:
+    """Per data set (sorted, positive), the index into its ``starts`` of the minimum-KS
+    candidate, by the bounded Taichi search, every data set in the same kernel launches
+    (bootstrap replicates: one set of launches for all of them).
+
+    1. Exact distances of a few evenly spread candidates per set give its threshold
+       ``best``.
+    2. A coarse pass (every ``sqrt(n)``-th tail point) bounds each other candidate's
+       distance from below and above; a candidate whose lower bound exceeds its set's
+       ``best`` is dropped (its scan stops there). The candidates with the smallest
+       upper bounds are scanned exactly, which can only lower ``best``.
+    3. Every survivor is scanned exactly (interval-skipping scan, see ``ks_exact``),
+       stopping once it exceeds its set's ``best``. The minimum is exact: nothing dropped
+       could have been smaller.
+
+    Returns (best index per set, candidates scanned exactly in all).
+    """
+    k = _taichi.kernels()
+    offsets = np.cumsum([0] + [len(x) for x in xs])
+    logx = np.log(np.concatenate(xs))
+    first = np.concatenate([np.searchsorted(x, x, side="left") + o
+                            for x, o in zip(xs, offsets, strict=False)]).astype(np.int32)
+    # Candidates of every set in one list; a fixed shuffle per set spreads the long
+    # tails (the early candidates) over the threads.
+    orders = [np.random.default_rng(len(st)).permutation(len(st)) for st in starts_list]
+    cand_set = np.concatenate([np.full(len(st), i) for i, st in enumerate(starts_list)])
+    local = np.concatenate([st[o] for st, o in zip(starts_list, orders, strict=True)])
+    glob = (local + offsets[cand_set]).astype(np.int32)
+    ends = offsets[cand_set + 1].astype(np.int32)
+    alphas = np.concatenate([_alphas(x, st[o]) for x, st, o in
+                             zip(xs, starts_list, orders, strict=True)])
+    cbase = np.cumsum([0] + [len(st) for st in starts_list])
+    dist = np.full(len(glob), np.inf)
+    best = np.full(len(xs), np.inf)
+    fine = _EXACT_STRIDE
+
+    def exact(idx: np.ndarray) -> None:
+        if not len(idx):
+            return
+        out = np.empty(len(idx))
+        k.ks_exact(logx, first, np.ascontiguousarray(glob[idx]),
+                   np.ascontiguousarray(ends[idx]), np.ascontiguousarray(alphas[idx]),
+                   fine, np.ascontiguousarray(best[cand_set[idx]]), out)
+        dist[idx] = out
+        np.minimum.at(best, cand_set[idx], out)
+
+    # 1. small sets are scanned whole; the others get probes
+    first_pass, alive = [], []
+    for i, st in enumerate(starts_list):
+        count = len(st)
+        ids = np.arange(cbase[i], cbase[i + 1])
+        if count <= 4 * _SEEDS:
+            first_pass.append(ids)
+            continue
+        probe = ids[np.argsort(orders[i])[np.linspace(0, count - 1, _SEEDS).astype(int)]]
+        first_pass.append(probe)
+        alive.append(np.setdiff1d(ids, probe))
+    exact(np.concatenate(first_pass))
+    scanned = sum(len(p) for p in first_pass)
+    alive_all = np.concatenate(alive) if alive else np.empty(0, dtype=np.int64)
+    # 2. bounds passes while a set has many survivors (all sets here have one size n
+    # per replicate batch; the stride follows each set's n)
+    n_of = np.diff(offsets)
+    stride = np.maximum(4, (np.sqrt(n_of) * _COARSE).astype(int))
+    while len(alive_all):
+        counts = np.bincount(cand_set[alive_all], minlength=len(xs))
+        refine = (counts > _REFINE_ABOVE) & (stride >= _MIN_BOUND_STRIDE)
+        sel = alive_all[refine[cand_set[alive_all]]]
+        if not len(sel):
+            break
+        lower, upper = np.empty(len(sel)), np.empty(len(sel))
+        for st_val in np.unique(stride[cand_set[sel]]):
+            part = np.flatnonzero(stride[cand_set[sel]] == st_val)
+            lo, hi = np.empty(len(part)), np.empty(len(part))
+            ids = sel[part]
+            k.ks_bounds(logx, first, np.ascontiguousarray(glob[ids]),
+                        np.ascontiguousarray(ends[ids]), np.ascontiguousarray(alphas[ids]),
+                        int(st_val), np.ascontiguousarray(best[cand_set[ids]]), lo, hi)
+            lower[part], upper[part] = lo, hi
+        seeds = []
+        for i in np.unique(cand_set[sel]):
+            mine = np.flatnonzero(cand_set[sel] == i)
+            seeds.append(sel[mine[np.argsort(upper[mine], kind="stable")[:_SEEDS]]])
+        seeds = np.concatenate(seeds)
+        exact(seeds)
+        scanned += len(seeds)
+        # The coarse pass multiplies by 1/m where the exact pass divides: allow rounding.
+        kept = sel[lower - 1e-12 <= best[cand_set[sel]]]
+        untouched = alive_all[~refine[cand_set[alive_all]]]
+        alive_all = np.setdiff1d(np.concatenate([kept, untouched]), seeds)
+        stride = np.where(refine, stride // 4, stride)
+    # 3. every survivor, exactly
+    exact(alive_all)
+    scanned += len(alive_all)
+    winners = [_smallest_winner(orders[i], dist[cbase[i]:cbase[i + 1]])
+               for i in range(len(xs))]
+    return winners, scanned
+
+
+def _dense_ks(x: np.ndarray, starts: np.ndarray, cdf: Any) -> np.ndarray:
+    """KS distance of every candidate, against every tail point at once (numpy, in
+    blocks of candidates). ``cdf(block, cols)`` is the fitted CDF of the candidates
+    ``starts[block]`` at the points ``x[cols]``; the distance is ``max |T(u) - A(u)|``
+    over the distinct tail values, ``A(u)`` the fraction of the tail strictly below
+    ``u`` (the pruned search's definition)."""
+    n = len(x)
+    first = np.searchsorted(x, x, side="left")
+    # Only each distinct value's first occurrence counts (A is taken just below u).
+    cols = np.flatnonzero(first == np.arange(n))
+    below = first[cols].astype(np.float64)
+    dist = np.empty(len(starts))
+    rows = max(1, _DENSE_BLOCK // max(len(cols), 1))
+    for lo in range(0, len(starts), rows):
+        block = slice(lo, lo + rows)
+        s = starts[block].astype(np.int64)
+        m = (n - s).astype(np.float64)[:, None]
+        gap = np.abs(cdf(block, cols) - (below[None, :] - s[:, None]) / m)
+        gap[cols[None, :] < s[:, None]] = 0.0  # points below the candidate's xmin
+        dist[block] = gap.max(axis=1)
+    return dist
+
+
+def _search_dense(x: np.ndarray, starts: np.ndarray) -> int:
+    """Index (into ``starts``) of the minimum-KS power-law candidate by the dense scan
+    (for small data, see DENSE_MAX_POINTS): the same distances as the pruned search."""
+    alphas = _alphas(x, starts)
+    logx = np.log(x)
+
+    def cdf(block: slice, cols: np.ndarray) -> np.ndarray:
+        return -np.expm1((1.0 - alphas[block, None])
+                         * (logx[cols][None, :] - logx[starts[block]][:, None]))
+
+    dist = _dense_ks(x, starts, cdf)
+    return _smallest_winner(np.arange(len(dist)), dist)
+
+
+def _smallest_winner(order: np.ndarray, dist: np.ndarray) -> int:
+    """The candidate of smallest distance; exact ties go to the smallest xmin (as in an
+    ordered scan), whatever order the shuffle put them in."""
+    winners = np.flatnonzero(dist == dist.min())
+    return int(order[winners].min())
