@@ -253,7 +253,7 @@ class TestBadStoreInput:
         everything committed before; freed, apply resumes."""
         import builtins
 
-        from diffract_storage_local import store as store_module
+        from diffract_storage_local import _directory as store_module  # writes the arrays
 
         with Session(profile="local", path=tmp_path / "st", config={"apply": {"chunk_seconds": 1e-6}}) as s:
             s.models.add(_model(rng), model_id="m")

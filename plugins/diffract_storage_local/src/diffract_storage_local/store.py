@@ -25,15 +25,10 @@ then raise :class:`~diffract.errors.StorageError`; the store is never left half-
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import sqlite3
 import sys
-import threading
-import uuid
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,16 +47,10 @@ from diffract.plugins import (
     rename_in_contextual,
     split_contextual,
 )
-from diffract_storage_local import _codec, _schema
+from diffract_storage_local._directory import DB_NAME, StoreDirectory
 
-try:  # advisory file locks (POSIX); elsewhere orphan clean-up is skipped
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
+__all__ = ["DB_NAME", "LocalStore"]
 
-__all__ = ["LocalStore"]
-
-DB_NAME = "store.sqlite"
 _VALUE_COLUMNS = "kind, inum, num, blob, file"
 
 
@@ -94,229 +83,10 @@ def _restore(array: np.ndarray, dtype: str, *, as_tensor: bool) -> Any:
     return array.astype(np.float32) if array.dtype.itemsize < 4 else array
 
 
-class LocalStore(Store):
+class LocalStore(StoreDirectory, Store):
     """A durable store in a directory; see the module docstring."""
 
     durable = True
-
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, timeout: float = 30.0,
-                 sync: str = "normal") -> None:
-        if sync not in ("normal", "full"):
-            raise StorageError(f"sync must be 'normal' or 'full', got {sync!r}.")
-        self.root = Path(path if path is not None else ".diffract").expanduser().resolve()
-        self.timeout = float(timeout)
-        self.sync = sync
-        self._lock = threading.RLock()
-        self._db: sqlite3.Connection | None = None
-        self._lockfile: Any = None
-        self._loaders: dict[str, tuple[Callable[[str], Any], Callable[[str], Any]]] = {}
-        self._params: dict[str, list[ParamInfo]] = {}
-        self._open()
-
-    # -- opening and closing ----------------------------------------------------------
-    def _check_directory(self) -> None:
-        root = self.root
-        if root.exists() and not root.is_dir():
-            raise StorageError(
-                f"{str(root)!r} is a file, not a Diffract store directory. Pass a directory "
-                "(new or holding a store) as path=."
-            )
-        if root.is_dir() and not (root / DB_NAME).exists():
-            others = [p.name for p in root.iterdir() if p.name not in (".lock", "arrays")]
-            if others:
-                raise StorageError(
-                    f"{str(root)!r} is not a Diffract store (it has no {DB_NAME} but holds "
-                    f"{sorted(others)[:5]}). Choose a new or empty directory for the store."
-                )
-        try:
-            (root / "arrays").mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StorageError(
-                f"Cannot create the store at {str(root)!r}: {exc.strerror or exc}. Choose a "
-                "writable location (path=...)."
-            ) from None
-
-    def _connect(self) -> sqlite3.Connection:
-        try:
-            db = sqlite3.connect(self.root / DB_NAME, timeout=self.timeout,
-                                 isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute(f"PRAGMA synchronous={'FULL' if self.sync == 'full' else 'NORMAL'}")
-            db.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
-        except sqlite3.DatabaseError as exc:
-            raise StorageError(self._db_problem(exc)) from None
-        return db
-
-    def _db_problem(self, exc: Exception) -> str:
-        text = str(exc)
-        if "not a database" in text or "malformed" in text:
-            return (f"{str(self.root / DB_NAME)!r} is corrupt or not a Diffract store "
-                    f"({text}). Restore it from a copy, or move it away and start a new store.")
-        if "readonly" in text or "read-only" in text or "unable to open" in text:
-            return (f"Cannot write the store at {str(self.root)!r} ({text}). Check the "
-                    "directory's permissions, or choose a writable location.")
-        if "locked" in text or "busy" in text:
-            return (f"The store at {str(self.root)!r} is locked by another writer for more "
-                    f"than {self.timeout:g} s ({text}). Wait for it to finish, or open the "
-                    "store with a longer timeout=.")
-        return f"The store at {str(self.root)!r} failed: {text}."
-
-    def _open(self) -> None:
-        self._check_directory()
-        self._take_file_lock()
-        db = self._connect()
-        try:
-            try:
-                current = _schema.version_of(db)
-            except sqlite3.DatabaseError as exc:
-                raise StorageError(self._db_problem(exc)) from None
-            if current == _schema.SCHEMA_VERSION:  # the usual case: no write lock needed
-                self._db = db
-                self._clean_orphans()
-                return
-            with self._transaction(db):
-                version = _schema.version_of(db)
-                if version is None:
-                    tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-                    if tables:
-                        raise StorageError(
-                            f"{str(self.root / DB_NAME)!r} is an SQLite database but not a "
-                            "Diffract store. Choose another directory."
-                        )
-                    _schema.create(db)
-                elif version > _schema.SCHEMA_VERSION:
-                    raise StorageError(
-                        f"The store at {str(self.root)!r} was written by a newer "
-                        f"diffract-storage-local (schema {version}; this one reads up to "
-                        f"{_schema.SCHEMA_VERSION}). Upgrade: pip install -U "
-                        "diffract-storage-local."
-                    )
-                elif version < _schema.SCHEMA_VERSION:
-                    _schema.migrate(db, version)
-        except BaseException:
-            db.close()
-            self._release_file_lock()
-            raise
-        self._db = db
-        self._clean_orphans()
-
-    def _take_file_lock(self) -> None:
-        if fcntl is None:
-            return
-        self._lockfile = open(self.root / ".lock", "a+b")  # noqa: SIM115 - held while open
-        try:
-            fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            self._exclusive = True
-        except OSError:
-            self._exclusive = False
-            fcntl.flock(self._lockfile, fcntl.LOCK_SH)
-
-    def _release_file_lock(self) -> None:
-        if self._lockfile is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(self._lockfile, fcntl.LOCK_UN)
-            self._lockfile.close()
-            self._lockfile = None
-
-    def _clean_orphans(self) -> None:
-        """Delete array files no row names (a crash between writing them and the commit);
-        only when no other process has the store open (they may be mid-commit)."""
-        if self._lockfile is None or not getattr(self, "_exclusive", False):
-            return
-        referenced = set()
-        for table in ("field_values", "aggregates", "weights"):
-            referenced.update(r[0] for r in self.db.execute(
-                f"SELECT file FROM {table} WHERE file IS NOT NULL"))  # noqa: S608 - fixed names
-        for path in (self.root / "arrays").rglob("*"):
-            if path.is_file() and str(path.relative_to(self.root)) not in referenced:
-                with contextlib.suppress(OSError):
-                    path.unlink()
-        fcntl.flock(self._lockfile, fcntl.LOCK_SH)  # others may open it now
-        self._exclusive = False
-
-    @property
-    def db(self) -> sqlite3.Connection:
-        with self._lock:
-            if self._db is None:  # closed, then used again: reopen
-                self._open()
-            return self._db  # type: ignore[return-value]
-
-    def close(self) -> None:
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
-            self._release_file_lock()
-
-    @contextlib.contextmanager
-    def _transaction(self, db: sqlite3.Connection | None = None):
-        db = db if db is not None else self.db
-        try:
-            db.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            raise StorageError(self._db_problem(exc)) from None
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        try:
-            db.execute("COMMIT")
-        except sqlite3.OperationalError as exc:
-            with contextlib.suppress(sqlite3.Error):
-                db.execute("ROLLBACK")
-            raise StorageError(self._db_problem(exc)) from None
-
-    def __repr__(self) -> str:
-        return f"LocalStore({str(self.root)!r})"
-
-    # -- array files --------------------------------------------------------------------
-    def _write_file(self, enc: _codec.Encoded, suffix: str) -> str:
-        name = uuid.uuid4().hex
-        rel = Path("arrays") / name[:2] / f"{name}{suffix}"
-        target = self.root / rel
-        target.parent.mkdir(exist_ok=True)
-        tmp = target.with_name(f".{name}.tmp")
-        try:
-            with open(tmp, "wb") as fh:
-                enc.write(fh)
-                if self.sync == "full":
-                    fh.flush()
-                    os.fsync(fh.fileno())
-            os.replace(tmp, target)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise StorageError(
-                f"Cannot write an array into the store at {str(self.root)!r}: "
-                f"{exc.strerror or exc}. Free some disk space or choose another location; "
-                "nothing of this chunk was stored."
-            ) from None
-        return str(rel)
-
-    def _encode(self, value: Any, written: list[str]) -> tuple[Any, ...]:
-        enc = _codec.encode(value)
-        path = None
-        if enc.to_file:
-            path = self._write_file(enc, ".npz" if enc.kind == "T" else ".npy")
-            written.append(path)
-        return enc.kind, enc.inum, enc.num, enc.blob, path, enc.nbytes
-
-    def _unlink(self, files: Iterable[str | None]) -> None:
-        for rel in files:
-            if rel:
-                with contextlib.suppress(OSError):
-                    (self.root / rel).unlink()
-
-    def _decode(self, row: Sequence[Any], what: str) -> Any:
-        kind, inum, num, blob, file = row
-        try:
-            return _codec.decode(kind, inum, num, blob, str(self.root / file) if file else None)
-        except (OSError, ValueError) as exc:
-            raise StorageError(
-                f"Stored {what} cannot be read from {str(self.root)!r}: {exc}. Erase the "
-                "field and apply again to recompute it."
-            ) from None
 
     # -- models ---------------------------------------------------------------------------
     def add_model(self, model_id: str, params: Sequence[ParamInfo], source: ModelSource,
