@@ -14,23 +14,11 @@ from diffract.errors import InvalidArgumentError, MergeConflictError
 __all__ = ["merge_into"]
 
 
-def merge_into(session: Any, other: Any, on_conflict: str = "raise") -> dict:
-    """What :meth:`diffract.Session.merge` does (see there)."""
-    from diffract.session import Session
-    from diffract.session_view import SessionView
-
+def merge_into(session: Any, src: Store, models: Sequence[str], on_conflict: str) -> dict:
+    """Merge ``models`` of store ``src`` into ``session`` (see :meth:`diffract.Session.merge`)."""
     if on_conflict not in ("raise", "keep", "theirs"):
         raise InvalidArgumentError(
             f"on_conflict must be 'raise', 'keep' or 'theirs', got {on_conflict!r}.")
-    if isinstance(other, Session):
-        src, models = other.store, other.store.model_ids()
-    elif isinstance(other, SessionView):
-        src, models = other.session.store, other.model_ids
-    elif isinstance(other, Store):
-        src, models = other, other.model_ids()
-    else:
-        raise InvalidArgumentError(
-            f"merge takes a Session, a SessionView or a Store, got {type(other).__name__}.")
     with session._lock:
         plan = _merge_plan(session.store, src, models)
         if plan.conflicts and on_conflict == "raise":

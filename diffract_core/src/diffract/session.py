@@ -33,6 +33,7 @@ from diffract.errors import (
     ConfigError,
     DiffractError,
     ExecutorError,
+    InvalidArgumentError,
     ModelError,
     ScopeValidationError,
     StorageError,
@@ -179,7 +180,16 @@ class Session:
         """
         from diffract.merge import merge_into
 
-        return merge_into(self, other, on_conflict)
+        if isinstance(other, Session):
+            src, models = other.store, other.store.model_ids()
+        elif isinstance(other, SessionView):
+            src, models = other.session.store, other.model_ids
+        elif isinstance(other, Store):
+            src, models = other, other.model_ids()
+        else:
+            raise InvalidArgumentError(
+                f"merge takes a Session, a SessionView or a Store, got {type(other).__name__}.")
+        return merge_into(self, src, models, on_conflict)
 
     # -- scope ------------------------------------------------------------------
     @property

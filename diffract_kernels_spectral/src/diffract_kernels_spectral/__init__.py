@@ -15,12 +15,11 @@ from diffract_kernels_spectral._records import (
 from diffract_kernels_spectral.errors import FitArgumentError, FitError, FitUnavailableError
 from diffract_kernels_spectral.fitting import (
     candidate_range,
-    compare_distributions,
     fit_exponential,
     fit_power_law,
     fit_truncated_power_law,
-    power_law_pvalue,
 )
+from diffract_kernels_spectral.significance import compare_distributions, power_law_pvalue
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,6 @@
 """Fitting heavy-tailed distributions to 1-D data (spectra): power law, truncated power
-law, exponential; likelihood-ratio comparisons; the CSN bootstrap p-value.
+law, exponential (likelihood-ratio comparisons and the CSN bootstrap p-value are in
+:mod:`~diffract_kernels_spectral.significance`).
 
 Conventions (shared with the powerlaw library, so results are comparable):
 
@@ -64,11 +65,9 @@ from diffract_kernels_spectral.errors import FitArgumentError, FitError
 __all__ = [
     "MIN_POINTS_ACCELERATED",
     "candidate_range",
-    "compare_distributions",
     "fit_exponential",
     "fit_power_law",
     "fit_truncated_power_law",
-    "power_law_pvalue",
     "resolve_fit_method",
 ]
 
@@ -427,9 +426,3 @@ def fit_exponential(
     d = _ks(tail, lambda u: 1.0 - np.exp(-lam * (u - xmin)))
     return ExponentialFit(lam, float(xmin), d, ll, len(tail), method)
 
-
-# The tests built on the fits; imported last (they use the fits above).
-from diffract_kernels_spectral.significance import (  # noqa: E402
-    compare_distributions,
-    power_law_pvalue,
-)

@@ -15,11 +15,9 @@ from diffract import FieldUndefined, KernelApplyLevel, Range, kernel
 from diffract_kernels_spectral import linalg
 from diffract_kernels_spectral.errors import FitArgumentError, FitError
 from diffract_kernels_spectral.fitting import (
-    compare_distributions,
     fit_exponential,
     fit_power_law,
     fit_truncated_power_law,
-    power_law_pvalue,
 )
 from diffract_kernels_spectral.kernels import (
     PARALLEL,
@@ -30,6 +28,7 @@ from diffract_kernels_spectral.kernels import (
     _positive,
     _positive_part,
 )
+from diffract_kernels_spectral.significance import compare_distributions, power_law_pvalue
 
 __all__ = ["ALL"]
 

@@ -1,0 +1,164 @@
+"""Sizes and import circles of every distribution: does the core stay small?
+
+Checks, and prints what it measures:
+
+* the core distribution (``diffract_core/``) holds at most ``CORE_MAX_LINES`` lines of
+  Python (every line, as ``wc -l`` counts them);
+* no module of any distribution is longer than ``MODULE_MAX_LINES`` (the Triton kernel
+  modules of kernel_fun excepted: a kernel and its launch code stay together);
+* no distribution has an import circle: the graph of its modules' module-level imports
+  (``TYPE_CHECKING`` blocks left out) has no cycle. Imports inside functions are left
+  out on purpose: they are how a module looks up what the plugin layer registered at run
+  time (the core finds its format readers through the catalog that lists them), which is
+  a dependency on a running system, not on another module's import.
+
+    python tools/sizes.py            # exit 1 when a limit is exceeded or a circle found
+
+tests/test_sizes.py runs it in CI.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CORE_MAX_LINES = 6500
+MODULE_MAX_LINES = 600
+#: Modules exempt from MODULE_MAX_LINES (relative to ROOT).
+EXEMPT = ("kernel_fun_gpu/src/kernel_fun/ops/*/_triton.py",)
+
+
+def distributions() -> dict[str, Path]:
+    """Distribution folder (relative) -> its source root (the folder holding packages)."""
+    out = {}
+    for pyproject in sorted(ROOT.glob("**/pyproject.toml")):
+        folder = pyproject.parent
+        if folder == ROOT or ".venv" in folder.parts or "site-packages" in folder.parts:
+            continue
+        src = folder / "src"
+        out[str(folder.relative_to(ROOT))] = src if src.is_dir() else folder
+    return out
+
+
+def modules(src: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every module under ``src``."""
+    out = {}
+    for path in sorted(src.rglob("*.py")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        if parts:
+            out[".".join(parts)] = path
+    return out
+
+
+def _type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """The modules of ``known`` that module ``name`` imports."""
+    found: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def visit(node: ast.AST) -> None:
+        if _type_checking(node) or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return  # imports inside functions run later, when the modules are loaded
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            # ``from package import module`` depends on the module, not on the package's
+            # __init__ (which may re-export its modules: that is no circle)
+            subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known]
+            targets = subs if len(subs) == len(node.names) else [base, *subs]
+        for target in targets:
+            while target and target not in known:  # a name inside a module: the module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), filename=str(path)))
+    return found
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    sys.setrecursionlimit(10_000)
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return out
+
+
+def check() -> list[str]:
+    """Every problem found (empty: within the limits), printing the measurements."""
+    problems = []
+    from fnmatch import fnmatch
+
+    for folder, src in distributions().items():
+        mods = modules(src)
+        lines = {n: len(p.read_text().splitlines()) for n, p in mods.items()}
+        total = sum(lines.values())
+        print(f"{folder}: {len(mods)} modules, {total} lines, longest "
+              f"{max(lines.values(), default=0)}")
+        if folder == "diffract_core" and total > CORE_MAX_LINES:
+            problems.append(f"{folder}: {total} lines of Python, more than {CORE_MAX_LINES}")
+        for n, count in lines.items():
+            rel = str(mods[n].relative_to(ROOT))
+            if count > MODULE_MAX_LINES and not any(fnmatch(rel, e) for e in EXEMPT):
+                problems.append(f"{rel}: {count} lines, more than {MODULE_MAX_LINES}")
+        graph = {n: imports(p, n, set(mods)) for n, p in mods.items()}
+        for group in circles(graph):
+            problems.append(f"{folder}: import circle among {', '.join(group)}")
+    return problems
+
+
+def main() -> int:
+    problems = check()
+    for problem in problems:
+        print(f"sizes: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
