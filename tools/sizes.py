@@ -2,8 +2,10 @@
 
 Checks, and prints what it measures:
 
-* the core distribution (``diffract_core/``) holds at most ``CORE_MAX_LINES`` lines of
-  Python (every line, as ``wc -l`` counts them);
+* the core distribution (``diffract_core/``) holds at most ``CORE_MAX_CODE`` lines of
+  code (lines that are not blank, not comments and not docstrings) and at most
+  ``CORE_MAX_LINES`` lines in all (as ``wc -l`` counts them): the first is the size the
+  core is held to, the second keeps its documentation from growing unnoticed;
 * no module of any distribution is longer than ``MODULE_MAX_LINES`` (the Triton kernel
   modules of kernel_fun excepted: a kernel and its launch code stay together);
 * no distribution has an import circle: the graph of its modules' module-level imports
@@ -24,10 +26,25 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE_MAX_LINES = 6500
+CORE_MAX_CODE = 6500
+CORE_MAX_LINES = 8300
 MODULE_MAX_LINES = 600
 #: Modules exempt from MODULE_MAX_LINES (relative to ROOT).
 EXEMPT = ("kernel_fun_gpu/src/kernel_fun/ops/*/_triton.py",)
+
+
+def code_lines(source: str) -> int:
+    """Lines that are not blank, not comments and not docstrings."""
+    docstrings: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            docstrings.update(range(body[0].lineno, body[0].end_lineno + 1))
+    return sum(1 for number, line in enumerate(source.splitlines(), 1)
+               if line.strip() and not line.strip().startswith("#") and number not in docstrings)
 
 
 def distributions() -> dict[str, Path]:
@@ -137,12 +154,15 @@ def check() -> list[str]:
 
     for folder, src in distributions().items():
         mods = modules(src)
-        lines = {n: len(p.read_text().splitlines()) for n, p in mods.items()}
-        total = sum(lines.values())
-        print(f"{folder}: {len(mods)} modules, {total} lines, longest "
+        texts = {n: p.read_text() for n, p in mods.items()}
+        lines = {n: len(t.splitlines()) for n, t in texts.items()}
+        total, code = sum(lines.values()), sum(code_lines(t) for t in texts.values())
+        print(f"{folder}: {len(mods)} modules, {total} lines ({code} of code), longest "
               f"{max(lines.values(), default=0)}")
+        if folder == "diffract_core" and code > CORE_MAX_CODE:
+            problems.append(f"{folder}: {code} lines of code, more than {CORE_MAX_CODE}")
         if folder == "diffract_core" and total > CORE_MAX_LINES:
-            problems.append(f"{folder}: {total} lines of Python, more than {CORE_MAX_LINES}")
+            problems.append(f"{folder}: {total} lines in all, more than {CORE_MAX_LINES}")
         for n, count in lines.items():
             rel = str(mods[n].relative_to(ROOT))
             if count > MODULE_MAX_LINES and not any(fnmatch(rel, e) for e in EXEMPT):

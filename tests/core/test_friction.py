@@ -206,6 +206,48 @@ class TestPluginGuide:
                 sys.modules.pop(name, None)
 
 
+    def test_the_guides_format_view_rule_and_command_work(self, tmp_path, rng, capsys):
+        """docs/plugins.md's three examples of the new hooks, registered next to every
+        installed plugin: the format reads a directory of .npy files, the view rule's
+        heads are the slices numpy gives, the command is listed and runs."""
+        from diffract.cli import main
+        from diffract.plugins import make_plugin_manager, set_plugin_manager
+
+        blocks = _code_blocks(ROOT / "docs" / "plugins.md", "python")
+        pm = make_plugin_manager(strict=True)
+        for name in ("my_formats", "my_views", "my_commands"):
+            source = next(b for b in blocks if b.startswith(f"# {name}/plugin.py"))
+            module = types.ModuleType(f"{name}.plugin")
+            exec(compile(source, f"{name}/plugin.py", "exec"), module.__dict__)
+            pm.register_plugin(module, distribution=name.replace("_", "-"), version="0.1.0")
+        q, v = rng.standard_normal((16, 8)), rng.standard_normal((4, 8))
+        (tmp_path / "ckpt").mkdir()
+        np.save(tmp_path / "ckpt" / "attn.q_proj.weight.npy", q)
+        np.save(tmp_path / "ckpt" / "attn.v_proj.weight.npy", v)
+        previous = set_plugin_manager(pm)
+        try:
+            assert not any(pm.catalog().contested.values())
+            with Session() as s:
+                names = s.models.add(tmp_path / "ckpt", "m", views={"q-heads": {"heads": 4}})
+                assert s.store.source("m").format == "npy-directory"
+                assert names == ["attn.q_proj.weight", "attn.v_proj.weight",
+                                 *(f"attn.q_proj.weight[head={h}]" for h in range(4))]
+                s.compute.apply("frob_norm")
+                rows = s.results.export_metrics("frob_norm")["m"]
+            for h in range(4):
+                assert rows[f"attn.q_proj.weight[head={h}]"]["frob_norm"] == pytest.approx(
+                    np.linalg.norm(q[4 * h:4 * (h + 1)]), rel=1e-12)
+            capsys.readouterr()
+            with pytest.raises(SystemExit):
+                main(["--help"])
+            assert "norms" in capsys.readouterr().out
+            assert main(["norms", str(tmp_path / "ckpt")]) == 0
+            out = capsys.readouterr().out
+            assert f"attn.v_proj.weight\t{np.linalg.norm(v):.6g}" in out
+        finally:
+            set_plugin_manager(previous)
+
+
 def test_kernels_verbose_survives_a_closed_pipe():
     """`diffract kernels -v | head -1`: no BrokenPipeError traceback."""
     run = subprocess.run(f"{sys.executable} -m diffract.cli kernels -v | head -1",
