@@ -22,6 +22,7 @@ import attrs
 import numpy as np
 
 from diffract.core.sources import FileIdentity, ModelSource
+from diffract.core.tensors import readable, to_numpy
 from diffract.core.views import Index
 from diffract.errors import ModelSourceError
 
@@ -72,8 +73,6 @@ class CheckpointReader(abc.ABC):
 
     def read_numpy(self, name: str, index: Index | None = None) -> np.ndarray:
         """The tensor (or slice) as numpy, half types as float32."""
-        from diffract.core.models import to_numpy
-
         return to_numpy(self.read(name, index))
 
     def config(self) -> Mapping[str, Any]:
@@ -161,8 +160,6 @@ class _Reading:
         return self._open(name).read_numpy(name, index)
 
     def raw(self, name: str, index: Index | None = None) -> Any:
-        from diffract.core.models import readable
-
         value = self._open(name).read(name, index)
         return value if isinstance(value, np.ndarray) else readable(value)
 

@@ -31,11 +31,11 @@ import numpy as np
 from diffract.core.ptypes import infer_type, module_types
 from diffract.core.sources import ModelSource
 from diffract.core.storage.base import ParamInfo
+from diffract.core.tensors import readable, to_numpy
 from diffract.core.views import Index, View, resolve_index, sliced_shape, to_slices, view_name
 from diffract.errors import EmptyModelError, InvalidArgumentError, ModelSourceError
 
-__all__ = ["OpenedModel", "apply_overrides", "open_source", "read_model", "readable",
-           "to_numpy", "with_views"]
+__all__ = ["OpenedModel", "apply_overrides", "open_source", "read_model", "with_views"]
 
 #: ``load(name, index=None)``: a parameter, or the slice ``index`` of it.
 Loader = Callable[..., Any]
@@ -58,33 +58,6 @@ def _is_torch_module(obj: Any) -> bool:
     # No torch import here: if torch is not loaded, obj cannot be a torch module.
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(obj, torch.nn.Module)
-
-
-def readable(t: Any) -> Any:
-    """``t`` detached, or a clear error when it holds no readable dense data."""
-    if t.is_meta:
-        raise ModelSourceError(
-            "the parameter is on the meta device and has no data; load real weights into "
-            "the model (load_state_dict, to_empty + init) before analysing it",
-            model_id=None,
-        )
-    if t.layout is not sys.modules["torch"].strided:
-        raise ModelSourceError(
-            f"the parameter is a {t.layout} tensor; add the dense weights instead "
-            "(tensor.to_dense())",
-            model_id=None,
-        )
-    return t.detach()
-
-
-def to_numpy(t: Any) -> np.ndarray:
-    """A torch tensor or numpy array as numpy; half types as float32."""
-    if isinstance(t, np.ndarray):
-        return t.astype(np.float32) if t.dtype.itemsize < 4 else t
-    t = readable(t)
-    if t.dtype.is_floating_point and t.element_size() < 4:
-        t = t.float()
-    return t.cpu().numpy()
 
 
 def _torch_dtype_name(t: Any) -> str:
