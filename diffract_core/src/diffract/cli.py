@@ -11,6 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from diffract.plugins import Catalog
 
 #: Commands of distributions that may not be installed: what to install for each.
 COMMAND_HINTS = {"analyze": "diffract-report", "compare": "diffract-report",
@@ -111,9 +115,9 @@ def configure_catalog(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated plugins to include (default: all installed)")
 
 
-def _missing(name: str, catalog: object) -> str | None:
+def _missing(name: str, catalog: Catalog) -> str | None:
     """Why command ``name`` is not available, with what to do, or None (a typo)."""
-    contested = catalog.conflict_message("commands", name)  # type: ignore[attr-defined]
+    contested = catalog.conflict_message("commands", name)
     if contested is not None:
         return f"command {contested}"
     dist = COMMAND_HINTS.get(name)
@@ -158,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             warnings.simplefilter("default", DiffractWarning)
             return _run(argv, chosen)
     except DiffractError as exc:
-        print(f"diffract {chosen or ''}: error: {exc}".replace(" :", ":"), file=sys.stderr)
+        print(f"{'diffract ' + chosen if chosen else 'diffract'}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `diffract kernels -v | head`: the reader left; not an error
         import os
