@@ -160,20 +160,29 @@ class TestInterrupt:
 
 
 UNGUARDED = textwrap.dedent("""
+    import os
+
     import numpy as np
     from diffract import KernelExecutionProtocol, Session
-    from tests.resources.kernels import squared_sum
+    from tests.resources.kernels import squared_sum, worker_pid
 
+    with open(os.environ["SIDE_EFFECT"], "a") as fh:
+        fh.write("ran\\n")  # the script's top level: must run exactly once
     config = {"parallel": {"executor": "processes", "pool_min_seconds": 0,
                            "process_pool": {"max_workers": 2}}}
     with Session(config=config) as s:
-        s.compute.kernel(name="t_sq", execution_protocol=KernelExecutionProtocol.PARALLEL)(squared_sum)
-        s.models.add({"w": np.ones((2, 2)), "v": np.ones((3, 3))}, model_id="m")
-        s.compute.apply("t_sq")
-        print("ok", s.results.export_metrics("t_sq")["m"]["v"]["t_sq"])
+        for name, fn in (("t_sq", squared_sum), ("t_pid", worker_pid)):
+            s.compute.kernel(name=name, execution_protocol=KernelExecutionProtocol.PARALLEL)(fn)
+        s.models.add({f"p{i}": np.full((3, 3), float(i)) for i in range(8)}, model_id="m")
+        s.compute.apply("t_sq", "t_pid")
+        rows = s.results.export_metrics("t_sq", "t_pid")["m"]
+    print("values", [rows[f"p{i}"]["t_sq"] for i in range(8)])
+    print("in workers", any(r["t_pid"] != os.getpid() for r in rows.values()))
 """)
 
-STDIN_KERNEL = textwrap.dedent("""
+MAIN_KERNEL = textwrap.dedent("""
+    import os
+
     import numpy as np
     from diffract import KernelExecutionProtocol, Session
 
@@ -185,42 +194,66 @@ STDIN_KERNEL = textwrap.dedent("""
         s.compute.kernel(execution_protocol=KernelExecutionProtocol.PARALLEL)(t_local)
         s.models.add({"w": np.ones((2, 2))}, model_id="m")
         s.compute.apply("t_local")
+        print("values", s.results.export_metrics("t_local")["m"]["w"]["t_local"])
 """)
+
+#: What the sequential executor stores for UNGUARDED's model.
+EXPECTED = f"values {[9.0 * i * i for i in range(8)]}"
 
 
 class TestSpawnSafety:
-    def _run(self, *args, stdin=None, cwd=ROOT):
-        return subprocess.run([sys.executable, *args], input=stdin, capture_output=True,
-                              text=True, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                              timeout=120)
+    """A program that cannot use spawned workers (no guard, standard input, a kernel in
+    a main program without a file) gets the same values in this process, said once."""
 
-    def test_a_script_without_the_main_guard_is_told_what_to_do(self, tmp_path):
-        """Without the guard, apply raises naming the script and the two fixes; with it
-        (or with the threads executor) the same work runs."""
+    def _run(self, *args, stdin=None, cwd=ROOT, side=None):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "SIDE_EFFECT": str(side or os.devnull)}
+        return subprocess.run([sys.executable, *args], input=stdin, capture_output=True,
+                              text=True, cwd=cwd, env=env, timeout=180)
+
+    @pytest.mark.parametrize("how", ["script", "stdin", "-c"])
+    def test_a_program_without_a_guard_runs_once_with_the_pools_values(self, tmp_path, how):
+        """A guard-less script, the same code on standard input or with -c, the pool
+        forced: exit 0, the sequential executor's values, the top level ran once."""
+        side = tmp_path / "side.txt"
         script = tmp_path / "unguarded.py"
         script.write_text(UNGUARDED)
-        run = self._run(str(script))
-        assert run.returncode != 0
-        assert ("'unguarded.py', which has no 'if __name__ == \"__main__\":' guard" in run.stderr
-                and 'executor = "threads"' in run.stderr), run.stderr
-        guarded = tmp_path / "guarded.py"
-        body = UNGUARDED.split("config = ", 1)
-        guarded.write_text(body[0] + "if __name__ == '__main__':\n" + textwrap.indent(
-            "config = " + body[1], "    "))
-        run = self._run(str(guarded))
-        assert run.returncode == 0 and run.stdout.strip() == "ok 9.0", run.stderr
-        threads = tmp_path / "threads.py"
-        threads.write_text(UNGUARDED.replace('"executor": "processes"', '"executor": "threads"'))
-        assert self._run(str(threads)).stdout.strip() == "ok 9.0"
+        args = {"script": [str(script)], "stdin": ["-"], "-c": ["-c", UNGUARDED]}[how]
+        run = self._run(*args, stdin=UNGUARDED if how == "stdin" else None, side=side)
+        assert run.returncode == 0, run.stderr
+        assert EXPECTED in run.stdout
+        assert side.read_text() == "ran\n"
+        told = [line for line in run.stderr.splitlines() if "ExecutorWarning" in line]
+        if how == "-c":  # no file to re-run: the pool is used, nothing to tell
+            assert "in workers True" in run.stdout and told == []
+        else:
+            assert "in workers False" in run.stdout and len(told) == 1, run.stderr
+            assert "PARALLEL kernels run in this process" in told[0]
+            assert ("has no 'if __name__ == \"__main__\":' guard" if how == "script"
+                    else "read from standard input") in told[0]
 
-    def test_a_kernel_from_standard_input_is_refused_with_the_fix(self):
-        """A PARALLEL kernel defined in code read from stdin cannot reach spawned workers."""
-        run = self._run("-", stdin=STDIN_KERNEL)
-        assert run.returncode != 0
-        assert ("Kernel 't_local' is PARALLEL but this program was read from standard input"
-                in run.stderr), run.stderr
-        run = self._run("-c", STDIN_KERNEL)
-        assert "Kernel 't_local' is PARALLEL but defined in code given with -c" in run.stderr
+    def test_a_guarded_script_keeps_the_pool(self, tmp_path):
+        """With the guard, the work goes to the worker processes, the top level runs once."""
+        side = tmp_path / "side.txt"
+        body = UNGUARDED.split("with open(", 1)
+        guarded = tmp_path / "guarded.py"
+        guarded.write_text(body[0] + "if __name__ == '__main__':\n" + textwrap.indent(
+            "with open(" + body[1], "    "))
+        run = self._run(str(guarded), side=side)
+        assert run.returncode == 0, run.stderr
+        assert EXPECTED in run.stdout and "in workers True" in run.stdout
+        assert side.read_text() == "ran\n" and "ExecutorWarning" not in run.stderr
+
+    @pytest.mark.parametrize("how", ["stdin", "-c"])
+    def test_a_kernel_of_a_main_program_without_a_file_runs_here(self, how):
+        """A PARALLEL kernel defined in code read from stdin or given with -c cannot reach
+        workers: it runs here, with its value, and the reason is said once."""
+        args = ["-"] if how == "stdin" else ["-c", MAIN_KERNEL]
+        run = self._run(*args, stdin=MAIN_KERNEL if how == "stdin" else None)
+        assert run.returncode == 0, run.stderr
+        assert "values 4.0" in run.stdout
+        assert run.stderr.count("ExecutorWarning") == 1, run.stderr
+        assert ("read from standard input" if how == "stdin"
+                else "kernel 't_local' is defined in a main program with no file") in run.stderr
 
 
 class TestOptions:

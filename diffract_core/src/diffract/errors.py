@@ -37,7 +37,7 @@ standard way catches these too)::
     │       └── WeightsUnavailableError    weights not kept across a reopen (units skipped)
     ├── MergeConflictError (ValueError)    session.merge met values that differ (.conflicts)
     ├── StorageError                       a storage profile failed or was misused
-    ├── ExecutorError                      an executor cannot run (bad options, unsafe spawn)
+    ├── ExecutorError                      an executor cannot run (bad options)
     ├── PluginError                        .distribution, .version
     │   ├── PluginLoadError                (strict mode) a plugin failed to import or answer
     │   └── PluginConflictError            (strict mode) two plugins provide one name
@@ -72,6 +72,7 @@ __all__ = [
     "DuplicateModelError",
     "EmptyModelError",
     "ExecutorError",
+    "ExecutorWarning",
     "FieldError",
     "FieldUndefined",
     "InvalidArgumentError",
@@ -483,6 +484,11 @@ class UndefinedValuesWarning(DiffractWarning):
 
 class PartialOutputWarning(DiffractWarning):
     """A requested field is absent but its kernel's sibling outputs are present."""
+
+
+class ExecutorWarning(DiffractWarning):
+    """The executor could not be used as configured and the work ran another way (in
+    this process); the values are the same, the message says how to use it."""
 
 
 class ModelWarning(DiffractWarning):

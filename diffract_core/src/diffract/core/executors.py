@@ -27,12 +27,11 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
-from diffract.errors import ExecutorError
-
 __all__ = [
     "ExecutorHandle",
     "InlineExecutor",
     "check_process_options",
+    "spawn_problem",
     "limit_threads",
     "process_executor",
     "sequential_executor",
@@ -129,40 +128,44 @@ def _has_main_guard(path: str) -> bool:
     return False
 
 
-def check_spawn_safe(function: Callable[..., Any], kernel: str) -> None:
-    """Raise :class:`ExecutorError` when spawned workers cannot run ``function``: a
-    kernel defined in a script read from standard input or ``-c`` (workers cannot
-    import it), or any PARALLEL run started from the top level of a script without an
-    ``if __name__ == "__main__":`` guard (each worker would run the script again)."""
+def spawn_problem(function: Callable[..., Any]) -> str | None:
+    """Why spawned worker processes cannot run ``function`` for this program (a phrase
+    that ends with the fix), or None when they can.
+
+    They cannot when the program was read from standard input (a worker starts by
+    running the main program's file, and there is none), when the kernel is defined in
+    a main program that has no file of its own (``-c``, a notebook cell, an interactive
+    session: workers cannot import it), or when the apply was started by a script
+    without an ``if __name__ == "__main__":`` guard (every worker would run the script
+    again). A worker never starts workers of its own.
+    """
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    fix = ('Put the code in a script file (with an \'if __name__ == "__main__":\' guard), '
-           'or set [parallel] executor = "threads" (or Session(executor="threads")); see '
-           'docs/plugins.md, "PARALLEL kernels".')
+    if multiprocessing.parent_process() is not None:
+        return "this is a worker process; to use a pool, start it from the main program"
     if path is not None and not os.path.exists(path):  # python - < script: "<stdin>"
-        raise ExecutorError(
-            f"Kernel {kernel!r} is PARALLEL but this program was read from standard input "
-            f"({path}), which spawned worker processes cannot start from. {fix}"
-        )
-    if getattr(function, "__module__", None) == "__main__" and path is None:
-        raise ExecutorError(
-            f"Kernel {kernel!r} is PARALLEL but defined in code given with -c, which "
-            f"spawned worker processes cannot import. {fix}"
-        )
-    if path is None or multiprocessing.parent_process() is not None:
-        return
+        return (f"this program was read from standard input ({path}), which spawned workers "
+                "cannot start from; to use the pool, save it as a script with an "
+                "'if __name__ == \"__main__\":' guard")
+    code = getattr(function, "__code__", None)
+    if getattr(function, "__module__", None) == "__main__" and (
+            path is None or code is None
+            or os.path.abspath(code.co_filename) != os.path.abspath(path)):
+        name = getattr(function, "__qualname__", repr(function))
+        return (f"kernel {name!r} is defined in a main program with no file of its own (code "
+                "given with -c, a notebook, an interactive session), which workers cannot "
+                "import; to use the pool, define it in an importable module")
+    if path is None:
+        return None
     from_top_level = any(
         f.f_globals.get("__name__") == "__main__" and f.f_code.co_name == "<module>"
         for f in _frames()
     )
     if from_top_level and not _has_main_guard(path):
-        raise ExecutorError(
-            f"Kernel {kernel!r} is PARALLEL and this apply runs at the top level of "
-            f"{os.path.basename(path)!r}, which has no 'if __name__ == \"__main__\":' guard: "
-            "every spawned worker would run the script again. Put the script's work under "
-            'that guard, or set [parallel] executor = "threads" (or '
-            'Session(executor="threads")); see docs/plugins.md, "PARALLEL kernels".'
-        )
+        return (f"{os.path.basename(path)!r} has no 'if __name__ == \"__main__\":' guard, so "
+                "every worker would run the script again; to use the pool, put the script's "
+                "work under that guard")
+    return None
 
 
 def _frames():

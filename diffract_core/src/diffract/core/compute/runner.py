@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import BrokenExecutor, CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
@@ -39,14 +40,17 @@ from diffract.core.compute.worker import (
     resolve,
     timed,
 )
-from diffract.core.executors import ExecutorHandle, check_spawn_safe
+from diffract.core.executors import ExecutorHandle, spawn_problem
 from diffract.core.sources import ModelSource
 from diffract.core.storage.base import Batch, Note, Provenance, Store, contextual_name
-from diffract.errors import KernelOutputError
+from diffract.errors import ExecutorWarning, KernelOutputError
 
 __all__ = ["Runner"]
 
 log = logging.getLogger(__name__)
+
+#: Reasons already told (once per process): why the pool could not be used.
+_TOLD: set[str] = set()
 
 #: Chunks on the executor awaiting their results while the next one is submitted (more
 #: would hold more inputs than the read budget counts on: measured, a second one does
@@ -175,7 +179,9 @@ class Runner(Inputs):
         parallel = spec.execution_protocol is KernelExecutionProtocol.PARALLEL
         # A PARALLEL kernel goes to the executor once the work left is worth a pool
         # (its start-up costs seconds): measured on the first chunk, run here.
-        use_pool = parallel and self.pool_min_seconds <= 0 and not self.executors.inline
+        in_process = parallel and self._pool_unusable(spec)
+        use_pool = (parallel and self.pool_min_seconds <= 0 and not self.executors.inline
+                    and not in_process)
         # Parallel and batched kernels need chunks that keep every worker busy.
         smallest = (self.parallel_workers if parallel
                     else self.batch_units if spec.batch is not None else 1)
@@ -190,7 +196,7 @@ class Runner(Inputs):
         inflight: list[_Chunk] = []  # submitted to the executor, not yet committed
 
         chunks = 0
-        undecided = parallel and not use_pool and not self.executors.inline
+        undecided = parallel and not use_pool and not self.executors.inline and not in_process
         group = 1  # units per executor task, from the measured time per unit
 
         def finished(units: int, seconds: float, failures: int, busy: float = 0.0) -> None:
@@ -261,6 +267,18 @@ class Runner(Inputs):
             for future in pending:  # interrupted: do not read what nobody will use
                 future.cancel()
 
+    def _pool_unusable(self, spec: KernelSpec) -> bool:
+        """Whether this program cannot use the executor's spawned workers for ``spec``
+        (then the step runs here, with the same values), said once per reason."""
+        problem = spawn_problem(spec.function) if self.executors.spawns else None
+        if problem is not None and problem not in _TOLD:
+            _TOLD.add(problem)
+            warnings.warn(ExecutorWarning(
+                f"PARALLEL kernels run in this process, not on the {self.executors.name!r} "
+                f"executor's worker processes: {problem}. The values are the same."),
+                stacklevel=2)
+        return problem is not None
+
     def _in_process(self, state: StepState, runnable: list[tuple[Unit, Any]]) -> list[Any]:
         """Outcomes of units run here: the kernel's batch path when it has one."""
         spec, config = state.spec, state.config
@@ -277,8 +295,6 @@ class Runner(Inputs):
         those run here when the chunk is finished)."""
         if not chunk.runnable or any(on_gpu(got) for _, got in chunk.runnable):
             return
-        if self.executors.spawns:
-            check_spawn_safe(state.spec.function, state.spec.name)
         chunk.futures = self._submit(state, chunk.runnable, range(len(chunk.runnable)),
                                      chunk.group)
 
