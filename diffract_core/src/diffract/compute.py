@@ -216,6 +216,18 @@ class ComputeAPI(ScopedAPI):
 
         return {n: c.description for n, c in sorted(get_catalog().conventions.items())}
 
+    def conventions_in_effect(self) -> list[str]:
+        """The conventions presets whose every setting the kernels run with now (a
+        preset is in effect after ``configure_conventions``, or when its settings are
+        the defaults); empty when the configuration matches none."""
+        from diffract.plugins import get_catalog
+
+        registry = self._session.registry
+        return [name for name, preset in sorted(get_catalog().conventions.items())
+                if all(k in registry and all(registry.effective_config(k).get(key) == value
+                                             for key, value in values.items())
+                       for k, values in preset.settings.items())]
+
     def kernel_config(self, name: str) -> dict[str, Any]:
         """The configuration kernel ``name`` runs with now (defaults overlaid)."""
         return self._session.registry.effective_config(name)

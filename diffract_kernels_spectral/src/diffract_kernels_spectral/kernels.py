@@ -267,6 +267,13 @@ def stable_rank(esd: np.ndarray) -> float:
     return float(np.sum(values) / values[-1])
 
 
+@kernel(aliases={"norm": "squared_frob_norm"})
+def squared_frob_norm(esd: np.ndarray) -> float:
+    """``sum_i lambda_i = ||W||_F^2``: WeightWatcher's ``norm`` (the square of our
+    ``frob_norm``, hence its own name)."""
+    return float(np.sum(_positive_part(esd)))
+
+
 @kernel
 def log_norm(esd: np.ndarray) -> float:
     """``log10(sum_i lambda_i) = log10(||W||_F^2)``."""
@@ -283,7 +290,7 @@ def hard_rank(svals: np.ndarray, *, rtol: Annotated[float, Range(ge=0.0, lt=1.0)
     return int(np.sum(s > rtol * s[0]))
 
 
-@kernel
+@kernel(aliases={"entropy": "matrix_entropy"})
 def matrix_entropy(esd: np.ndarray) -> float:
     """Normalised spectral entropy ``-sum_i p_i ln p_i / ln k`` with ``p_i = lambda_i /
     sum_j lambda_j`` (1 for a flat spectrum, 0 for rank one; 0 ln 0 = 0)."""
@@ -312,19 +319,19 @@ def marchenko_pastur(esd: np.ndarray, shape: tuple[int, ...]) -> tuple[float, fl
 
 
 # -- sizes, singular values, spectrum ends ------------------------------------------------
-@kernel(restrictions=_MATRIX)
+@kernel(restrictions=_MATRIX, aliases={"N": "greater_dim"})
 def greater_dim(shape: tuple[int, ...]) -> int:
     """``N = max(rows, cols)`` of the matrix view (reads no weights)."""
     return max(_dims(shape))
 
 
-@kernel(restrictions=_MATRIX)
+@kernel(restrictions=_MATRIX, aliases={"M": "lower_dim", "num_evals": "lower_dim"})
 def lower_dim(shape: tuple[int, ...]) -> int:
     """``M = k = min(rows, cols)`` of the matrix view (reads no weights)."""
     return min(_dims(shape))
 
 
-@kernel
+@kernel(aliases={"Q": "aspect_ratio"})
 def aspect_ratio(greater_dim: int, lower_dim: int) -> float:
     """``Q = N / M >= 1``."""
     if lower_dim <= 0:
@@ -348,7 +355,8 @@ def _ends(values: np.ndarray, what: str) -> tuple[float, float]:
 
 
 @kernel(produce_fields=("max_weights_sval", "min_weights_sval"),
-        aliases={"l2_norm": "max_weights_sval"})
+        aliases={"l2_norm": "max_weights_sval", "sv_max": "max_weights_sval",
+                 "sv_min": "min_weights_sval"})
 def sval_extremes(svals: np.ndarray) -> tuple[float, float]:
     """``max_weights_sval = sigma_max`` (alias ``l2_norm``: the spectral norm ``||W||_2``,
     not squared; ``spectral_norm`` is ``sigma_max^2 c``), ``min_weights_sval =
@@ -375,7 +383,7 @@ def effective_rank(svals: np.ndarray) -> float:
     return float(math.exp(-np.sum(p * np.log(p))))
 
 
-@kernel(produce_fields=("esd_max", "esd_min"))
+@kernel(produce_fields=("esd_max", "esd_min"), aliases={"lambda_max": "esd_max"})
 def esd_extremes(esd: np.ndarray) -> tuple[float, float]:
     """``esd_max = lambda_max``, ``esd_min = lambda_min`` (eigenvalues below the float32
     noise floor are 0 in ``esd``, so ``esd_min`` is 0 for a matrix that is rank
@@ -386,6 +394,6 @@ def esd_extremes(esd: np.ndarray) -> tuple[float, float]:
 
 ALL = (
     svd, esd, esd_scale, svals, spectral_norm, log_spectral_norm, stable_rank, log_norm,
-    hard_rank, matrix_entropy, marchenko_pastur, greater_dim, lower_dim, aspect_ratio,
-    weights_std, sval_extremes, nuclear_norm, effective_rank, esd_extremes,
+    hard_rank, matrix_entropy, marchenko_pastur, squared_frob_norm, greater_dim, lower_dim,
+    aspect_ratio, weights_std, sval_extremes, nuclear_norm, effective_rank, esd_extremes,
 )

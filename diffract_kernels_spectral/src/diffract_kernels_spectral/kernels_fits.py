@@ -38,7 +38,8 @@ IN_MODEL = KernelApplyLevel.IN_MODEL
 # -- fits ------------------------------------------------------------------------------------
 @kernel(
     produce_fields=("pl_alpha", "pl_xmin", "pl_xmax", "pl_ks_distance", "pl_sigma", "pl_n_tail"),
-    aliases={"pl_esd_xmin": "pl_xmin", "pl_ks": "pl_ks_distance"},
+    aliases={"pl_esd_xmin": "pl_xmin", "pl_ks": "pl_ks_distance", "alpha": "pl_alpha",
+             "xmin": "pl_xmin", "xmax": "pl_xmax", "D": "pl_ks_distance", "sigma": "pl_sigma"},
     execution_protocol=PARALLEL,
 )
 def power_law_fit(
@@ -111,6 +112,25 @@ def alpha_weighted(pl_alpha: float, spectral_norm: float) -> float:
     if not spectral_norm > 0:
         raise FieldUndefined("alpha_weighted is undefined for an all-zero matrix")
     return float(pl_alpha * math.log10(spectral_norm))
+
+
+@kernel(produce_fields=("warning",))
+def training_warning(
+    pl_alpha: float,
+    *,
+    over_trained: Annotated[float, Range(gt=1.0)] = 2.0,
+    under_trained: Annotated[float, Range(gt=1.0)] = 6.0,
+) -> str:
+    """WeightWatcher's per-layer flag: ``warning = "over-trained"`` when ``pl_alpha <
+    over_trained`` (2), ``"under-trained"`` when ``pl_alpha > under_trained`` (6), else
+    ``""`` (the thresholds of WeightWatcher 0.7.7; an undefined alpha leaves it
+    undefined)."""
+    if over_trained >= under_trained:
+        raise FitArgumentError(f"over_trained ({over_trained}) must be below under_trained "
+                               f"({under_trained}).")
+    if pl_alpha < over_trained:
+        return "over-trained"
+    return "under-trained" if pl_alpha > under_trained else ""
 
 
 @kernel
@@ -372,8 +392,8 @@ def model_log_norm(svals: tuple[np.ndarray, ...]) -> float:
 
 
 ALL = (
-    power_law_fit, alpha_weighted, log_alpha_norm, truncated_power_law_fit, exponential_fit,
-    distribution_comparison, pl_pvalue, pl_concentration, tpl_concentration,
+    power_law_fit, alpha_weighted, training_warning, log_alpha_norm, truncated_power_law_fit,
+    exponential_fit, distribution_comparison, pl_pvalue, pl_concentration, tpl_concentration,
     exp_concentration, pl_presence, tpl_presence, exp_presence, tpl_scale, exp_scale,
     num_fingers, pl_alpha_norm, tpl_alpha_norm, model_pl_alpha_norm, model_tpl_alpha_norm,
     log_prod_spectral_norm, model_log_spectral_norm, log_prod_frob_norm, model_log_norm,

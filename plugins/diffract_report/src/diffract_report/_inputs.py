@@ -21,7 +21,7 @@ from diffract.errors import InvalidArgumentError
 
 #: The WeightWatcher-like default set.
 DEFAULT_METRICS = ("pl_alpha", "alpha_weighted", "stable_rank", "log_norm", "spectral_norm",
-                   "mp_softrank", "num_spikes")
+                   "mp_softrank", "num_spikes", "warning")
 
 #: Which distribution brings a field that is not installed (a hint, not a registry;
 #: tests/core/test_cli_analyze.py checks it against the installed packs).
@@ -41,9 +41,10 @@ PACK_OF = {
         "num_fingers", "num_pl_spikes", "num_spikes", "pl_alpha", "pl_alpha_norm",
         "pl_concentration", "pl_ks_distance", "pl_n_tail", "pl_presence", "pl_pvalue",
         "pl_sigma", "pl_xmax", "pl_xmin", "rand_distance", "rank_loss", "spectral_norm",
+        "squared_frob_norm",
         "stable_rank", "svals", "tpl_alpha", "tpl_alpha_norm", "tpl_concentration",
         "tpl_ks_distance", "tpl_lambda", "tpl_presence", "tpl_scale", "tpl_xmin",
-        "tw_esd_bound", "tw_num_spikes", "w1_rand_distance", "weak_rank_loss",
+        "tw_esd_bound", "tw_num_spikes", "w1_rand_distance", "warning", "weak_rank_loss",
         "weights_lsvs", "weights_rand", "weights_rsvs", "weights_std", "weights_svals",
         "ww_maxdist", "ww_softrank",
     ),

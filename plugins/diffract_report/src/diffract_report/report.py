@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ALPHA_OVER_TRAINED", "ALPHA_UNDER_TRAINED", "format_table", "format_value",
-           "pair_matrix", "summarize", "write_html"]
+__all__ = ["ALPHA_OVER_TRAINED", "ALPHA_UNDER_TRAINED", "conventions_line", "format_table",
+           "format_value", "pair_matrix", "summarize", "write_html"]
 
 #: WeightWatcher's reading of a layer's power-law exponent: below 2 the layer is likely
 #: over-trained (over-fit to its data), above 6 under-trained; 2-6 is the well-trained band.
@@ -60,7 +60,8 @@ def summarize(
     and above 6 (likely under-trained), the layers where it is ``undefined`` (stored as
     NaN) or ``failed``, and their reasons grouped (``undefined_reasons``: reason ->
     count; reasons that differ only in their numbers are one group, shown by its first
-    reason).
+    reason), and ``conventions``: the presets in effect (``configure_conventions``),
+    comma-separated, or ``"custom"`` when the configuration matches none.
 
     Works in a view (``session.filter(...)``) on the parameters in scope. Fields that
     are not stored give None, not an error.
@@ -76,6 +77,9 @@ def summarize(
     if alpha in known:
         producer = next((r["kernel"] for r in session.compute.list_available_metrics(True)
                          if r["field"] == alpha), None)
+    presets = session.compute.list_conventions()
+    effect = session.compute.conventions_in_effect()
+    conventions = ", ".join(effect) if effect else ("custom" if presets else "")
     out = []
     for model_id in ids:
         if model_id not in in_scope:
@@ -112,6 +116,7 @@ def summarize(
             "undefined": len(alphas) - count,  # stored as NaN, reasons recorded
             "failed": failed,
             "undefined_reasons": {shown[g]: c for g, c in reasons.most_common()},
+            "conventions": conventions,
         })
     return out
 
@@ -134,6 +139,9 @@ def summary_lines(record: Mapping[str, Any]) -> list[str]:
         f"{pct(record['share_over_trained'])} of layers; alpha > {ALPHA_UNDER_TRAINED:g} "
         f"(likely under-trained): {pct(record['share_under_trained'])}",
     ]
+    line = conventions_line(record.get("conventions", ""))
+    if line:
+        lines.append(f"  {line}")
     if record["undefined"] or record["failed"]:
         lines.append(f"  no alpha for {record['undefined'] + record['failed']} layer(s):")
         for reason, count in list(record["undefined_reasons"].items())[:5]:
@@ -142,6 +150,16 @@ def summary_lines(record: Mapping[str, Any]) -> list[str]:
         if more > 0:
             lines.append(f"    ... {more} more reason(s): results.export_notes() lists each")
     return lines
+
+
+def conventions_line(conventions: str) -> str:
+    """One line naming the conventions in effect and, unless they are WeightWatcher's,
+    how to get its numbers (empty when no pack provides presets)."""
+    if not conventions:
+        return ""
+    if "weightwatcher" in conventions.split(", "):
+        return f"conventions: {conventions} (WeightWatcher 0.7.7's numbers)"
+    return f"conventions: {conventions}; WeightWatcher's numbers: --conventions weightwatcher"
 
 
 def pair_matrix(session: Any, field: str) -> tuple[list[str], list[str], Any]:
@@ -240,16 +258,17 @@ def _sort_key(value: Any) -> str:
 
 
 def html_table(header: list[str], rows: list[list[Any]], *, sortable: bool = True,
-               table_id: str | None = None) -> str:
+               table_id: str | None = None, flagged: Sequence[bool] = ()) -> str:
     """An HTML table whose cells carry their exact value in ``data-v`` (what sorting
-    uses, and what a reader of the file can parse)."""
+    uses, and what a reader of the file can parse); rows ``flagged`` are highlighted
+    (class ``bad``)."""
     attrs = (' class="sortable"' if sortable else "") + (f' id="{_esc(table_id)}"'
                                                           if table_id else "")
     out = [f"<table{attrs}><thead><tr>"]
     out += [f"<th>{_esc(h)}</th>" for h in header]
     out.append("</tr></thead><tbody>")
-    for row in rows:
-        out.append("<tr>")
+    for i, row in enumerate(rows):
+        out.append("<tr class=bad>" if i < len(flagged) and flagged[i] else "<tr>")
         for value in row:
             shown, key = format_value(value), _sort_key(value)
             out.append(f'<td data-v="{_esc(key)}">{_esc(shown)}</td>')
@@ -334,6 +353,11 @@ def write_html(
         parts.append(f"<p class=muted>WeightWatcher's reading: alpha below "
                      f"{ALPHA_OVER_TRAINED:g} suggests an over-trained layer, above "
                      f"{ALPHA_UNDER_TRAINED:g} an under-trained one.</p>")
+        line = conventions_line(next(iter(summaries.values()))["conventions"])
+        if line:
+            python = ("" if "WeightWatcher 0.7.7" in line else
+                      " (in Python: session.compute.configure_conventions('weightwatcher'))")
+            parts.append(f"<p id=conventions>{_esc(line + python)}</p>")
     viz = None
     if plots:
         try:
@@ -354,9 +378,11 @@ def write_html(
         rows = [[name, "x".join(map(str, shapes.get(name, ()))),
                  *(row.get(f) if np.ndim(row.get(f, 0)) == 0 else None for f in fields)]
                 for name, row in table.get(model_id, {}).items()]
+        flagged = [bool(row.get("warning")) and isinstance(row.get("warning"), str)
+                   for row in table.get(model_id, {}).values()]
         parts.append("<div class=scroll>" + html_table(["parameter", "shape", *fields], rows,
-                                                       table_id=f"metrics-{model_id}")
-                     + "</div>")
+                                                       table_id=f"metrics-{model_id}",
+                                                       flagged=flagged) + "</div>")
         if viz is not None:
             depth = viz.depth_fields(session, model_id)
             if depth:
