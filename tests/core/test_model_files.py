@@ -219,3 +219,68 @@ class TestViewsOfFiles:
             assert weights_calls == [("w", 32, 64)]
         else:
             assert weights_calls and all(name == "w" for name, _, _ in weights_calls)
+
+
+class TestTrainingCheckpoints:
+    def _save(self, path, **entries):
+        torch.save(entries, path)
+        return path
+
+    def test_the_one_state_dict_of_a_training_checkpoint_is_read_and_named(self, tmp_path):
+        """{"model": state_dict, "optimizer": ..., "step": ...}: the state dict is read,
+        with a warning naming its entry."""
+        from diffract.errors import ModelWarning
+
+        state = _state()
+        path = self._save(tmp_path / "ck.pt", model=state, step=7,
+                          optimizer={"state": {0: {"exp_avg": torch.ones(3)}}})
+        with Session() as s:
+            with pytest.warns(ModelWarning, match=r"ck.pt is a training checkpoint: its state "
+                                                  r"dict is entry 'model'"):
+                s.models.add(path, model_id="m")
+            assert _norms(s, "m") == pytest.approx(_expected(state), rel=1e-6)
+
+    def test_several_state_dicts_need_a_key_which_a_reopen_keeps(self, tmp_path):
+        """model and ema: refused with both names; key= picks one, also after a reopen of
+        the durable store; a key that holds no state dict is named; formats without the
+        option refuse it."""
+        state, ema = _state(), {k: v * 2 for k, v in _state().items()}
+        path = self._save(tmp_path / "two.pt", model=state, ema=ema)
+        with Session() as s:
+            with pytest.raises(ModelSourceError, match=r"two.pt is a training checkpoint with "
+                                                       r"several state dicts: \['ema', 'model'\]; "
+                                                       r"choose one with key=NAME"):
+                s.models.add(path, model_id="m")
+            with pytest.raises(ModelSourceError, match=r"two.pt has no entry 'opt' holding a "
+                                                       r"state dict; the entries that do: "
+                                                       r"\['ema', 'model'\]"):
+                s.models.add(path, model_id="m", key="opt")
+        store = tmp_path / "store"
+        with Session(profile="local", path=store) as s:
+            s.models.add(path, model_id="m", key="ema")
+        with Session(profile="local", path=store) as s:
+            assert _norms(s, "m") == pytest.approx(_expected(ema), rel=1e-6)
+        other = tmp_path / "m.npz"
+        np.savez(other, w=np.ones((2, 2)))
+        with Session() as s, pytest.raises(ModelSourceError,
+                                           match=r"model format 'npz' \(diffract-formats .*\) "
+                                                 r"takes no option\(s\) \['key'\]"):
+            s.models.add(other, model_id="m", key="model")
+
+    def test_the_command_line_takes_key(self, tmp_path):
+        """diffract analyze --key ema reads that state dict."""
+        import os
+        import subprocess
+        import sys
+
+        path = self._save(tmp_path / "two.pt", model=_state(), ema=_state())
+        env = {k: v for k, v in os.environ.items() if k != "DIFFRACT_STRICT_PLUGINS"}
+        run = subprocess.run([sys.executable, "-m", "diffract.cli", "analyze", str(path),
+                              "--key", "ema", "--metrics", "frob_norm", "--format", "json"],
+                             capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        assert {r["param"] for r in json.loads(run.stdout)} == {"emb.weight", "layer.weight",
+                                                                "layer.bias"}
+        bad = subprocess.run([sys.executable, "-m", "diffract.cli", "analyze", str(path)],
+                             capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert bad.returncode == 2 and "several state dicts: ['ema', 'model']" in bad.stderr

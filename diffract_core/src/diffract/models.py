@@ -75,6 +75,8 @@ class ModelsAPI:
         base_model_id: str | None = None,
         views: Iterable[str] | Mapping[str, Mapping[str, Any]] | None = None,
         format: str | None = None,
+        key: str | None = None,
+        format_options: Mapping[str, Any] | None = None,
     ) -> list[str]:
         """Add a torch module, a state dict, a checkpoint file or a Hugging Face-style
         checkpoint directory under ``model_id``.
@@ -83,7 +85,10 @@ class ModelsAPI:
         recognises the path; ``format`` names one). ``views`` turns on view rules
         (``["name"]``, or ``{"name": {option: value}}``): the views each splits a
         parameter into are added as parameters ``<parameter>[<label>]``, read as slices
-        of it (see :mod:`diffract.core.views`).
+        of it (see :mod:`diffract.core.views`). ``format_options`` go to the format's
+        reader and are recorded with the model; ``key`` is the torch format's: the entry
+        of a training checkpoint (``{"model": state_dict, "optimizer": ...}``) that holds
+        the state dict, when several could.
 
         ``base_model_id`` (a model already added) makes this model the fine-tuning
         delta ``W - W_base`` of every parameter the base has with the same name and
@@ -107,7 +112,8 @@ class ModelsAPI:
             if base_model_id is not None:
                 self._session._check_ids([base_model_id])
             rules = _view_rules(views)
-            opened = read_model(model, model_id, format)
+            options = {**(format_options or {}), **({"key": key} if key is not None else {})}
+            opened = read_model(model, model_id, format, options)
             if parameter_overrides:
                 opened = apply_overrides(opened, parameter_overrides)
             if rules:

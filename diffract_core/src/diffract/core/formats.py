@@ -13,6 +13,7 @@ parameter with what changed, instead of returning other weights or crashing.
 from __future__ import annotations
 
 import abc
+import inspect
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -142,10 +143,10 @@ class _Reading:
     """A reader opened lazily (again after a reopen), checking file identities first."""
 
     def __init__(self, fmt: Any, path: str, identities: Sequence[FileIdentity],
-                 where: Mapping[str, int], model_id: str,
+                 where: Mapping[str, int], model_id: str, options: Mapping[str, Any],
                  reader: CheckpointReader | None = None) -> None:
         self.fmt, self.path, self.identities = fmt, path, identities
-        self.where, self.model_id = where, model_id
+        self.where, self.model_id, self.options = where, model_id, options
         self._reader = reader
         self._lock = threading.Lock()
 
@@ -153,7 +154,7 @@ class _Reading:
         self.identities[self.where.get(name, 0)].check(self.model_id)
         with self._lock:
             if self._reader is None:
-                self._reader = _open(self.fmt, Path(self.path), self.model_id)
+                self._reader = _open(self.fmt, Path(self.path), self.model_id, self.options)
             return self._reader
 
     def load(self, name: str, index: Index | None = None) -> np.ndarray:
@@ -177,9 +178,18 @@ def _named(model_id: str, call: Callable[[], Any]) -> Any:
                                model_id=model_id) from None
 
 
-def _open(fmt: Any, path: Path, model_id: str) -> CheckpointReader:
-    """``fmt.open(path)``; what goes wrong is a ModelSourceError naming the model."""
-    reader = _named(model_id, lambda: fmt.open(str(path)))
+def _open(fmt: Any, path: Path, model_id: str, options: Mapping[str, Any]) -> CheckpointReader:
+    """``fmt.open(path, **options)``; what goes wrong is a ModelSourceError naming the
+    model (an option the format does not take, too)."""
+    try:
+        inspect.signature(fmt.open).bind(str(path), **options)
+    except TypeError:
+        raise ModelSourceError(
+            f"Model {model_id!r}: model format {fmt.name!r} ({fmt.provider}) takes no "
+            f"option(s) {sorted(options)}.", model_id=model_id) from None
+    except ValueError:  # no signature to check (a builtin): let the call decide
+        pass
+    reader = _named(model_id, lambda: fmt.open(str(path), **options))
     if not isinstance(reader, CheckpointReader):
         raise ModelSourceError(
             f"Model {model_id!r}: model format {fmt.name!r} ({fmt.provider}) returned a "
@@ -188,13 +198,15 @@ def _open(fmt: Any, path: Path, model_id: str) -> CheckpointReader:
     return reader
 
 
-def open_path(path: Path, model_id: str, format: str | None = None
+def open_path(path: Path, model_id: str, format: str | None = None,
+              options: Mapping[str, Any] | None = None,
               ) -> tuple[list[TensorEntry], ModelSource, Callable, Callable, Mapping[str, Any]]:
-    """Open a checkpoint file or directory: its floating-point tensors, the source
-    record, the two loaders (``load(name, index=None)`` numpy, ``raw`` as stored) and
-    the model's configuration."""
+    """Open a checkpoint file or directory (``options`` go to the format's reader and are
+    recorded): its floating-point tensors, the source record, the two loaders
+    (``load(name, index=None)`` numpy, ``raw`` as stored) and the model's configuration."""
     fmt = find_format(path, model_id, format)
-    reader = _open(fmt, path, model_id)
+    options = dict(options or {})
+    reader = _open(fmt, path, model_id, options)
     files = [FileIdentity.of(f) for f in reader.files]
     kept, where = [], {}
     for entry in _named(model_id, lambda: list(reader.entries())):
@@ -208,8 +220,10 @@ def open_path(path: Path, model_id: str, format: str | None = None
         kind="directory" if path.is_dir() else "file", format=fmt.name,
         path=str(path.resolve()), files=tuple(files),
         weight_map=tuple((e.name, e.file) for e in kept) if len(files) > 1 else (),
-        description=f"{fmt.name} {'directory' if path.is_dir() else 'file'}")
-    reading = _Reading(fmt, str(path), files, dict(source.weight_map), model_id, reader)
+        description=f"{fmt.name} {'directory' if path.is_dir() else 'file'}",
+        format_options=tuple(sorted(options.items())))
+    reading = _Reading(fmt, str(path), files, dict(source.weight_map), model_id, options,
+                       reader)
     return kept, source, reading.load, reading.raw, dict(reader.config())
 
 
@@ -227,5 +241,5 @@ def reopen(source: ModelSource, model_id: str) -> tuple[Callable, Callable]:
             f"Install the plugin that provides it (the common ones: pip install "
             f"{FORMATS_DISTRIBUTION}).", model_id=model_id)
     reading = _Reading(formats[name], source.path or "", source.files, dict(source.weight_map),
-                       model_id)
+                       model_id, dict(source.format_options))
     return reading.load, reading.raw

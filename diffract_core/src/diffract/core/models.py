@@ -127,10 +127,11 @@ def _module_config(module: Any) -> dict[str, Any]:
         return {}
 
 
-def _from_path(model_id: str, path: Path, format: str | None) -> OpenedModel:
+def _from_path(model_id: str, path: Path, format: str | None,
+               options: Mapping[str, Any] | None) -> OpenedModel:
     from diffract.core.formats import open_path
 
-    entries, source, load, raw, config = open_path(path, model_id, format)
+    entries, source, load, raw, config = open_path(path, model_id, format, options)
     infos = [ParamInfo(model_id, e.name, e.shape, e.dtype, infer_type(e.name, e.shape))
              for e in entries]
     return OpenedModel(infos, source, load, raw, config)
@@ -270,14 +271,17 @@ def _view_info(info: ParamInfo, view: Any, rule: Any, model_id: str) -> ParamInf
                      view.ptype or info.ptype, tuple(sorted(meta.items())))
 
 
-def read_model(source: Any, model_id: str, format: str | None = None) -> OpenedModel:
-    """Parameters, source record and loaders for what ``models.add`` was given."""
-    if format is not None and not isinstance(source, (str, os.PathLike)):
+def read_model(source: Any, model_id: str, format: str | None = None,
+               format_options: Mapping[str, Any] | None = None) -> OpenedModel:
+    """Parameters, source record and loaders for what ``models.add`` was given
+    (``format`` and ``format_options`` for a checkpoint file or directory)."""
+    if (format is not None or format_options) and not isinstance(source, (str, os.PathLike)):
+        given = f"format={format!r}" if format is not None else f"{sorted(format_options)}"
         raise InvalidArgumentError(
-            f"format={format!r} applies to checkpoint files and directories, not to a "
+            f"{given} applies to checkpoint files and directories, not to a "
             f"{type(source).__name__}.")
     if isinstance(source, (str, os.PathLike)):
-        opened = _from_path(model_id, Path(source), format)
+        opened = _from_path(model_id, Path(source), format, format_options)
     elif _is_torch_module(source):
         kind = f"{type(source).__module__}.{type(source).__qualname__}"
         opened = _from_mapping(model_id, dict(source.named_parameters()), f"torch module {kind}",

@@ -114,6 +114,8 @@ class ModelSource:
     description: str = ""
     #: (name in the session, name in the files) of parameters renamed at add time
     renames: tuple[tuple[str, str], ...] = ()
+    #: what the format's reader was opened with (``models.add(..., key=)``), JSON values
+    format_options: tuple[tuple[str, Any], ...] = ()
     #: (view name, parent name, index, transpose) of each view
     views: tuple[tuple[str, str, tuple[Any, ...], bool], ...] = ()
 
@@ -131,6 +133,7 @@ class ModelSource:
         data["files"] = tuple(FileIdentity(**f) for f in data.get("files", ()))
         data["weight_map"] = tuple(tuple(pair) for pair in data.get("weight_map", ()))
         data["renames"] = tuple(tuple(pair) for pair in data.get("renames", ()))
+        data["format_options"] = tuple(tuple(pair) for pair in data.get("format_options", ()))
         data["views"] = tuple(
             (name, parent, tuple(i if isinstance(i, int) else tuple(i) for i in index), bool(t))
             for name, parent, index, t in data.get("views", ()))

@@ -12,14 +12,28 @@ from typing import Any
 from diffract.plugins import ModelFormat, hookimpl
 
 
-def _open(kind: str) -> Any:
-    def open_(path: str) -> Any:
-        from diffract_formats import readers
+def _safetensors(path: str) -> Any:
+    from diffract_formats.readers import SafetensorsReader
 
-        return getattr(readers, kind)(path)
+    return SafetensorsReader(path)
 
-    open_.__qualname__ = f"open_{kind}"
-    return open_
+
+def _torch(path: str, key: str | None = None) -> Any:
+    from diffract_formats.readers import TorchReader
+
+    return TorchReader(path, key)
+
+
+def _npz(path: str) -> Any:
+    from diffract_formats.readers import NpzReader
+
+    return NpzReader(path)
+
+
+def _huggingface(path: str) -> Any:
+    from diffract_formats.readers import HuggingFaceReader
+
+    return HuggingFaceReader(path)
 
 
 def _hf_layout(path: str) -> bool:
@@ -30,15 +44,16 @@ def _hf_layout(path: str) -> bool:
 
 @hookimpl
 def diffract_model_formats() -> Iterator[ModelFormat]:
-    yield ModelFormat("safetensors", _open("SafetensorsReader"), suffixes=(".safetensors",),
+    yield ModelFormat("safetensors", _safetensors, suffixes=(".safetensors",),
                       description="safetensors files, read with plain file reads (no memory "
                                   "map); a slice reads only its bytes.")
-    yield ModelFormat("torch", _open("TorchReader"), suffixes=(".pt", ".pth", ".bin"),
-                      description="torch state-dict files, torch.load(weights_only=True), "
+    yield ModelFormat("torch", _torch, suffixes=(".pt", ".pth", ".bin"),
+                      description="torch state-dict files and training checkpoints holding "
+                                  "one (option key), torch.load(weights_only=True), "
                                   "memory-mapped when zip (needs torch).")
-    yield ModelFormat("npz", _open("NpzReader"), suffixes=(".npz",),
+    yield ModelFormat("npz", _npz, suffixes=(".npz",),
                       description="numpy .npz files (allow_pickle=False).")
-    yield ModelFormat("huggingface", _open("HuggingFaceReader"), layout=_hf_layout,
+    yield ModelFormat("huggingface", _huggingface, layout=_hf_layout,
                       description="a Hugging Face-style checkpoint directory holding "
                                   "model.safetensors.index.json and its shards, "
                                   "model.safetensors, pytorch_model.bin.index.json and its "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import warnings
 import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from diffract.errors import ModelSourceError
+from diffract.errors import ModelSourceError, ModelWarning
 from diffract.plugins import CheckpointReader, TensorEntry, read_rows, to_slices
 from diffract_formats._safetensors import ITEMSIZE, SafetensorsError, SafetensorsFile
 
@@ -112,12 +113,45 @@ def _torch_load(path: str) -> Mapping[str, Any]:
     return state
 
 
-class TorchReader(CheckpointReader):
-    """A torch state-dict file (``.pt``, ``.pth``, ``.bin``)."""
+def _tensors_only(value: Any) -> bool:
+    torch = sys.modules["torch"]
+    return (isinstance(value, Mapping) and len(value) > 0
+            and all(isinstance(v, torch.Tensor) for v in value.values()))
 
-    def __init__(self, path: str) -> None:
+
+def _state_dict(state: Mapping[str, Any], path: str, key: str | None) -> Mapping[str, Any]:
+    """The state dict of a torch file: the file's mapping itself, or, in a training
+    checkpoint (``{"model": state_dict, "optimizer": ..., "step": ...}``), the one entry
+    that is a mapping of tensors (``key`` picks one when several are)."""
+    name = Path(path).name
+    candidates = sorted(str(k) for k, v in state.items() if _tensors_only(v))
+    if key is not None:
+        if key not in state or not _tensors_only(state[key]):
+            raise _error(path, f"{name} has no entry {key!r} holding a state dict; the "
+                               f"entries that do: {candidates or 'none'}")
+        return state[key]
+    if all(not isinstance(v, Mapping) for v in state.values()):
+        return state  # a plain state dict (entries that are no tensors are named later)
+    if len(candidates) == 1:
+        warnings.warn(ModelWarning(
+            f"{name} is a training checkpoint: its state dict is entry {candidates[0]!r} "
+            f"(entries {sorted(map(str, state))}); pass key= (diffract analyze --key) to "
+            "read another"), stacklevel=4)
+        return state[candidates[0]]
+    if len(candidates) > 1:
+        raise _error(path, f"{name} is a training checkpoint with several state dicts: "
+                           f"{candidates}; choose one with key=NAME (models.add(..., key=...), "
+                           "diffract analyze --key NAME)")
+    return state
+
+
+class TorchReader(CheckpointReader):
+    """A torch state-dict file (``.pt``, ``.pth``, ``.bin``), or a training checkpoint
+    holding one (``key`` names its entry when there are several)."""
+
+    def __init__(self, path: str, key: str | None = None) -> None:
         self._path = str(Path(path).resolve())
-        self._state = _torch_load(path)
+        self._state = _state_dict(_torch_load(path), path, key)
 
     @property
     def files(self) -> list[str]:

@@ -90,6 +90,9 @@ def add_session_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base", metavar="PATH",
                    help="analyse what fine-tuning changed: each PATH minus this checkpoint "
                         "(W - W_base, parameters of the same name and shape)")
+    p.add_argument("--key", metavar="NAME",
+                   help="the entry of a torch training checkpoint that holds the state dict "
+                        "(when several do: 'model', 'ema'...)")
     p.add_argument("--lora", action="store_true",
                    help="each PATH is a PEFT LoRA adapter (directory or adapter_model "
                         "file): analyse its updates scale * B @ A")
@@ -211,7 +214,7 @@ def open_session(args: argparse.Namespace) -> Any:
 
 
 def add_models(session: Any, inputs: Sequence[tuple[str, Any, str | None]], *,
-               base: str | None = None, lora: bool = False) -> list[str]:
+               base: str | None = None, lora: bool = False, key: str | None = None) -> list[str]:
     """Add each model (a delta against model ``base``, or LoRA updates), or reuse it when
     a durable store already holds it from the same file (a resumed run)."""
     held = {r["model_id"]: r for r in session.models.list()}
@@ -230,7 +233,8 @@ def add_models(session: Any, inputs: Sequence[tuple[str, Any, str | None]], *,
         if lora:
             session.models.add_lora(what, model_id)
         else:
-            session.models.add(what, model_id=model_id, base_model_id=base)
+            session.models.add(what, model_id=model_id, base_model_id=base,
+                               key=key if file is not None else None)
     return [m for m, _, _ in inputs]
 
 
@@ -245,8 +249,8 @@ def add_inputs(session: Any, inputs: Sequence[tuple[str, Any, str | None]],
                              "already an update.")
         ((base, base_what, base_file),) = model_inputs([args.base])
         base = f"{base}.base"
-        add_models(session, [(base, base_what, base_file)])
-    return add_models(session, inputs, base=base, lora=args.lora)
+        add_models(session, [(base, base_what, base_file)], key=args.key)
+    return add_models(session, inputs, base=base, lora=args.lora, key=args.key)
 
 
 def scope(session: Any, model_ids: Sequence[str], args: argparse.Namespace) -> Any:
