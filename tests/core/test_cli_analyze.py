@@ -357,6 +357,80 @@ class TestCompare:
         assert run.returncode == 2 and "not pairwise (CROSS_MODEL)" in run.stderr
 
 
+    def test_checkpoints_sharing_no_parameter_name_are_a_usage_error(self, tmp_path):
+        """Two models of different architectures: exit 2 with both names' beginnings."""
+        a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+        safetensors_torch.save_file({"enc.w": torch.randn(20, 10)}, str(a))
+        safetensors_torch.save_file({"dec.w": torch.randn(20, 10)}, str(b))
+        run = _cli("compare", str(a), str(b), cwd=tmp_path)
+        assert run.returncode == 2
+        assert "'a' and 'b' share no parameter name, so there is nothing to compare" in run.stderr
+
+
+class TestFirstHourFriction:
+    def test_version_and_every_command_described(self, tmp_path):
+        """diffract --version; --help gives a line per subcommand."""
+        run = _cli("--version", cwd=tmp_path)
+        assert run.returncode == 0 and run.stdout.strip().startswith("diffract (diffract-core) ")
+        listing = _cli("--help", cwd=tmp_path).stdout
+        for command in ("analyze", "compare", "demo", "plugins", "kernels", "catalog"):
+            line = next(x for x in listing.splitlines() if x.strip().startswith(command + " "))
+            assert len(line.split()) > 2, line  # a description follows the name
+
+    def test_hints_point_at_the_command_line_and_the_installed_presets(self, model_file,
+                                                                       tmp_path):
+        """Unknown names name `diffract kernels`; --conventions lists the presets."""
+        run = _cli("analyze", str(model_file), "--metrics", "pl_alpah", cwd=tmp_path)
+        assert run.returncode == 2 and "`diffract kernels -v` shows which kernel" in run.stderr
+        run = _cli("analyze", str(model_file), "--set", "powerlaw_fit.min_tail=3", cwd=tmp_path)
+        assert "List them with `diffract kernels -v`" in run.stderr
+        run = _cli("analyze", str(model_file), "--conventions", "ww", cwd=tmp_path)
+        assert "`diffract analyze --help` (in Python: session.compute.list_conventions())" \
+            in run.stderr
+        helptext = " ".join(_cli("analyze", "--help", cwd=tmp_path).stdout.split())
+        assert "installed: csn (the default), diffract-0.3, weightwatcher;" in helptext
+
+    @pytest.mark.parametrize("columns", [80, 200])
+    def test_the_terminal_table_and_summary_fit_without_breaking_words(self, columns):
+        """At 200 columns every header stays whole; at 80 the columns come in groups that
+        fit, and summary lines wrap between words."""
+        import io
+
+        from rich.console import Console
+
+        from diffract_report._output import print_table, wrapped
+
+        header = ["parameter", "shape", "pl_alpha", "alpha_weighted", "stable_rank",
+                  "log_norm", "spectral_norm", "mp_softrank", "num_spikes", "warning"]
+        rows = [[f"encoder.layer.{i}.attention.self.query.weight", "384x384", 3.1, 4.2, 26.9,
+                 3.1, 46.8, 0.95, 12, "over-trained"] for i in range(3)]
+        out = io.StringIO()
+        print_table("m: 3 layers", header, rows, Console(file=out, width=columns))
+        lines = out.getvalue().splitlines()
+        assert all(len(line) <= columns for line in lines)
+        if columns == 200:
+            assert all(h in out.getvalue() for h in header) and "alpha_\n" not in out.getvalue()
+        summary = ["  alpha < 2 (likely over-trained): 0% of layers; alpha > 6 (likely "
+                   "under-trained): 0%", "  conventions: csn; WeightWatcher's numbers: "
+                   "--conventions weightwatcher"]
+        shown = wrapped(summary, columns)
+        assert all(len(line) <= columns for line in shown)
+        assert " ".join(" ".join(shown).split()) == " ".join(" ".join(summary).split())
+
+    def test_the_undefined_values_warning_names_what_exists(self):
+        """The warning says where the grouped reasons are: the returned report's summary()."""
+        from diffract.errors import UndefinedValuesWarning
+
+        with Session() as s:
+            s.models.add({"w": np.full((60, 40), np.nan)}, model_id="m")
+            with pytest.warns(UndefinedValuesWarning, match=r"the ApplyReport that apply\(\) "
+                                                            r"returns groups them \(its "
+                                                            r"\.summary\(\)\)") as caught:
+                report = s.compute.apply("pl_alpha")
+        assert "undefined: 2 unit(s), 2 distinct reason(s)" in report.summary()
+        assert len(caught) == 1
+
+
 def test_the_install_hints_name_every_field_of_each_pack():
     """The CLI's field -> distribution table (hints for packs that are not installed)
     holds exactly what each installed pack produces: it cannot drift."""

@@ -136,8 +136,12 @@ def _run(argv: list[str], chosen: str | None) -> int:
         if why is not None:
             print(f"diffract: error: {why}.", file=sys.stderr)
             return 2
+    from diffract import __version__
+
     parser = argparse.ArgumentParser(
         prog="diffract", description="Metrics on every parameter of neural-network checkpoints.")
+    parser.add_argument("--version", action="version",
+                        version=f"diffract (diffract-core) {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, command in sorted(catalog.commands.items()):
         p = sub.add_parser(name, help=command.help,

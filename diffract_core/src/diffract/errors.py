@@ -187,7 +187,8 @@ class UnknownKernelError(KernelError, UnknownNameError):
         super().__init__(
             f"Unknown kernel {kernel!r}.{lead} "
             f"Known kernels: {_listing(known)}. "
-            "List them with session.compute.list_available_kernels().",
+            "List them with `diffract kernels -v` (in Python: "
+            "session.compute.list_available_kernels()).",
             kernel=kernel,
         )
         self.name = kernel
@@ -253,8 +254,10 @@ class UnknownFieldError(FieldError, UnknownNameError):
         lead = f" {hint}" if hint else did_you_mean(field, known)
         super().__init__(
             f"Unknown field {field!r} {action}.{lead} "
-            f"Known fields: {_listing(known)}. Install the kernel pack that produces it, "
-            "or register a kernel with @session.compute.kernel().",
+            f"Known fields: {_listing(known)}. `diffract kernels -v` shows which kernel "
+            "produces each (in Python: session.compute.list_available_metrics(True)); install "
+            "the kernel pack that produces it, or register a kernel with "
+            "@session.compute.kernel().",
             field=field,
         )
         self.name = field
@@ -410,8 +413,9 @@ class UnknownConventionsError(UnknownNameError):
     def __init__(self, name: str, known: Iterable[str]) -> None:
         super().__init__(_unknown(
             "conventions", name, list(known),
-            "Known: {known}; compute.list_conventions() describes them. Kernel packs "
-            "provide them (see `diffract plugins`)."))
+            "Known: {known}; `diffract analyze --help` (in Python: "
+            "session.compute.list_conventions()) describes them. Kernel packs provide them "
+            "(see `diffract plugins`)."))
         self.conventions = self.name = name
 
 

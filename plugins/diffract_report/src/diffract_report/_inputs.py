@@ -64,10 +64,24 @@ class UsageError(InvalidArgumentError):
 
 
 # -- arguments ---------------------------------------------------------------------------
+def _presets() -> str:
+    """The installed conventions presets, the one the defaults follow marked."""
+    from diffract.plugins import get_catalog, get_registry
+
+    registry = get_registry()
+    names = []
+    for name, preset in sorted(get_catalog().conventions.items()):
+        default = all(k in registry and all(registry.get(k).config_defaults.get(key) == value
+                                            for key, value in values.items())
+                      for k, values in preset.settings.items())
+        names.append(f"{name} (the default)" if default else name)
+    return ", ".join(names) or "none"
+
+
 def add_session_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conventions", metavar="NAME",
                    help="a kernel pack's configuration preset, applied before --set "
-                        "(the spectral pack's: csn, the default; weightwatcher)")
+                        f"(installed: {_presets()}; docs/spectral.md describes them)")
     p.add_argument("--set", dest="settings", action="append", default=[],
                    metavar="KERNEL.KEY=VALUE",
                    help="kernel configuration, checked as configure_kernel checks it "

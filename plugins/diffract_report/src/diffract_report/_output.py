@@ -110,11 +110,14 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
     from rich.table import Table
 
     cells = [[format_value(v) for v in r] for r in rows]
-    heads = [h.replace("_", "_\n", 1) if i >= keys and len(h) > 7 else h
-             for i, h in enumerate(header)]
+    heads = list(header)
 
     def width(i: int) -> int:
         return max([len(x) for x in heads[i].splitlines()] + [len(r[i]) for r in cells]) + 3
+
+    if sum(width(i) for i in range(len(heads))) > console.width:  # break long names at "_"
+        heads = [h.replace("_", "_\n", 1) if i >= keys and len(h) > 7 else h
+                 for i, h in enumerate(header)]
 
     fixed = sum(width(i) for i in range(keys))
     groups: list[list[int]] = [[]]
@@ -135,6 +138,21 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
         for r in cells:
             table.add_row(*r[:keys], *(r[i] for i in group))
         console.print(table)
+
+
+def wrapped(lines: Sequence[str], width: int | None) -> list[str]:
+    """Lines wrapped at ``width`` between words (continuations indented under their
+    line's text); as they are when ``width`` is None (not a terminal)."""
+    if width is None:
+        return list(lines)
+    import textwrap
+
+    out = []
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip()))
+        out += textwrap.wrap(line, width, subsequent_indent=indent + "  ",
+                             break_long_words=False, break_on_hyphens=False) or [""]
+    return out
 
 
 def terminal_console() -> Any | None:

@@ -29,6 +29,7 @@ from diffract_report._output import (
     table_rows,
     tell_failures,
     terminal_console,
+    wrapped,
     write_outputs,
 )
 
@@ -80,7 +81,8 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
             for record in summaries:
                 if record["layers"]:  # alpha was asked for
                     say("")
-                    for line in summary_lines(record):
+                    for line in wrapped(summary_lines(record),
+                                        console.width if console is not None else None):
                         say(line)
         written = []
         if args.out or not to_terminal:

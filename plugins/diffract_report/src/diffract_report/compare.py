@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,7 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                              "`diffract analyze` for the others).")
         apply_settings(session, args.settings, args.conventions)
         model_ids = add_inputs(session, inputs, args)
+        _refuse_disjoint(session, model_ids)
         view = scope(session, model_ids, args)
         interactive = sys.stderr.isatty() and not args.quiet
         try:
@@ -138,6 +140,20 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
             return EXIT_FAILED
         tell(f"done in {time.perf_counter() - started:.1f} s")
     return EXIT_OK
+
+
+def _refuse_disjoint(session: Any, model_ids: Sequence[str]) -> None:
+    """A usage error when two checkpoints to compare share no parameter name (nothing
+    could be compared: different architectures, or names that differ by a prefix)."""
+    names = {m: {p.name for p in session.models.params(m)} for m in model_ids}
+    for first, other in itertools.combinations(model_ids, 2):
+        if not names[first] & names[other]:
+            a, b = sorted(names[first])[:3], sorted(names[other])[:3]
+            raise UsageError(
+                f"{first!r} and {other!r} share no parameter name, so there is nothing to "
+                f"compare ({first}: {', '.join(a)}...; {other}: {', '.join(b)}...). Compare "
+                "checkpoints of one architecture; a prefix that differs (model. / module.) "
+                "can be renamed with models.add(..., parameter_overrides=...).")
 
 
 def _inputs_of(session: Any, field: str) -> list[str]:
