@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from diffract_report._inputs import UsageError
-from diffract_report.report import format_table, format_value
+from diffract_report.summary import format_table, format_value
 
 
 # -- progress ----------------------------------------------------------------------------

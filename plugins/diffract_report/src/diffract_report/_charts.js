@@ -1,0 +1,206 @@
+/* Diffract report: sortable tables and SVG charts drawn in the browser from the data the
+   report embeds (no library, no network). A chart is an element with data-chart='{spec}';
+   every chart is drawn when the page loads (about a millisecond each), so a screenshot or
+   a printout holds them all.
+   spec: {w, h, title, panels: [{title, xlabel, ylabel, xlog, ylog, cats, ylim,
+          series: [{kind: points|line|bars|vline|hband, x, y, x0, x1, y0, y1, color, label,
+                    dash, names}]}]}  (panels side by side; cats: category labels of x) */
+(function () {
+  "use strict";
+  var NS = "http://www.w3.org/2000/svg";
+
+  function el(tag, attrs, parent, text) {
+    var e = document.createElementNS(NS, tag);
+    for (var k in attrs) e.setAttribute(k, attrs[k]);
+    if (text !== undefined) e.textContent = text;
+    if (parent) parent.appendChild(e);
+    return e;
+  }
+
+  function fmt(v) {
+    if (v === 0) return "0";
+    var a = Math.abs(v);
+    if (a >= 1e4 || a < 1e-3) return v.toExponential(0).replace("e+", "e");
+    return String(Number(v.toPrecision(3)));
+  }
+
+  function linearTicks(lo, hi, count, whole) {
+    var span = hi - lo || Math.abs(hi) || 1, raw = span / count;
+    var step = Math.pow(10, Math.floor(Math.log10(raw)));
+    var err = raw / step;
+    step *= err >= 7.5 ? 10 : err >= 3.5 ? 5 : err >= 1.5 ? 2 : 1;
+    if (whole) step = Math.max(1, Math.round(step));
+    var out = [];
+    for (var t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) {
+      out.push(Math.abs(t) < step * 1e-9 ? 0 : t);
+    }
+    return out;
+  }
+
+  function logTicks(lo, hi) {
+    var out = [], a = Math.floor(Math.log10(lo)), b = Math.ceil(Math.log10(hi));
+    var each = b - a <= 2 ? [1, 2, 5] : [1];
+    for (var e = a; e <= b; e++) {
+      each.forEach(function (m) {
+        var t = m * Math.pow(10, e);
+        if (t >= lo * 0.999 && t <= hi * 1.001) out.push(t);
+      });
+    }
+    return out;
+  }
+
+  function extent(panel, axis) {
+    var lo = Infinity, hi = -Infinity, log = panel[axis + "log"];
+    panel.series.forEach(function (s) {
+      var vals = [];
+      if (axis === "x") vals = s.kind === "bars" ? s.x0.concat(s.x1) : (s.x || []);
+      else if (s.kind === "bars") vals = s.y.concat([0]);
+      else if (s.kind === "hband") vals = [s.y0, s.y1];
+      else if (s.kind !== "vline") vals = s.y || [];
+      if (axis === "x" && s.kind === "vline") vals = [s.x];
+      vals.forEach(function (v) {
+        if (v === null || !isFinite(v) || (log && v <= 0)) return;
+        if (v < lo) lo = v;
+        if (v > hi) hi = v;
+      });
+    });
+    if (axis === "y" && panel.ylim) {
+      if (panel.ylim[0] !== null) lo = Math.min(lo, panel.ylim[0]);
+      if (panel.ylim[1] !== null) hi = Math.max(hi, panel.ylim[1]);
+    }
+    if (!isFinite(lo)) return [log ? 1 : 0, log ? 10 : 1];
+    if (lo === hi) return log ? [lo / 2, hi * 2] : [lo - 1, hi + 1];
+    if (log) return [lo / Math.pow(hi / lo, 0.04), hi * Math.pow(hi / lo, 0.04)];
+    var pad = (hi - lo) * 0.05;
+    return [lo - pad, hi + pad];
+  }
+
+  function scale(domain, range, log) {
+    var d0 = log ? Math.log10(domain[0]) : domain[0];
+    var d1 = log ? Math.log10(domain[1]) : domain[1];
+    return function (v) {
+      var x = log ? Math.log10(v) : v;
+      return range[0] + (x - d0) / (d1 - d0) * (range[1] - range[0]);
+    };
+  }
+
+  function panel(svg, p, left, top, width, height) {
+    var cats = p.cats, longest = 0;
+    (cats || []).forEach(function (c) { longest = Math.max(longest, Math.min(c.length, 24)); });
+    var m = {l: 58, r: 12, t: 22, b: cats ? 26 + 5.8 * longest : 40};
+    var x0 = left + m.l, x1 = left + width - m.r, y0 = top + height - m.b, y1 = top + m.t;
+    var xd = cats ? [-0.5, cats.length - 0.5] : extent(p, "x"), yd = extent(p, "y");
+    var X = scale(xd, [x0, x1], p.xlog && !cats), Y = scale(yd, [y0, y1], p.ylog);
+    var g = el("g", {}, svg);
+    el("text", {x: (x0 + x1) / 2, y: top + 14, "text-anchor": "middle", "class": "ct"}, g,
+       p.title || "");
+    var yt = p.ylog ? logTicks(yd[0], yd[1]) : linearTicks(yd[0], yd[1], 5, p.ywhole);
+    yt.forEach(function (t) {
+      var y = Y(t);
+      el("line", {x1: x0, x2: x1, y1: y, y2: y, "class": "grid"}, g);
+      el("text", {x: x0 - 5, y: y + 4, "text-anchor": "end", "class": "tick"}, g, fmt(t));
+    });
+    if (cats) {
+      var every = Math.max(1, Math.ceil(cats.length / 40));
+      cats.forEach(function (c, i) {
+        if (i % every) return;
+        var x = X(i) + 3, lab = el("text", {x: x, y: y0 + 8, "class": "tick",
+          transform: "rotate(-90 " + x + " " + (y0 + 8) + ")", "text-anchor": "end"}, g,
+          c.length > 24 ? "\u2026" + c.slice(-23) : c);
+        el("title", {}, lab, c);
+      });
+    } else {
+      var xt = p.xlog ? logTicks(xd[0], xd[1]) : linearTicks(xd[0], xd[1], 6, p.xwhole);
+      xt.forEach(function (t) {
+        var x = X(t);
+        el("line", {x1: x, x2: x, y1: y0, y2: y1, "class": "grid"}, g);
+        el("text", {x: x, y: y0 + 15, "text-anchor": "middle", "class": "tick"}, g, fmt(t));
+      });
+    }
+    el("rect", {x: x0, y: y1, width: x1 - x0, height: y0 - y1, "class": "frame"}, g);
+    el("text", {x: (x0 + x1) / 2, y: top + height - 4, "text-anchor": "middle",
+                "class": "label"}, g, cats ? "" : p.xlabel || "");
+    el("text", {x: left + 14, y: (y0 + y1) / 2, "text-anchor": "middle", "class": "label",
+                transform: "rotate(-90 " + (left + 14) + " " + (y0 + y1) / 2 + ")"}, g,
+       p.ylabel || "");
+    var clip = "c" + Math.random().toString(36).slice(2);
+    el("rect", {x: x0, y: y1, width: x1 - x0, height: y0 - y1},
+       el("clipPath", {id: clip}, el("defs", {}, g)));
+    var body = el("g", {"clip-path": "url(#" + clip + ")"}, g), legend = [];
+    p.series.forEach(function (s) {
+      var color = s.color || "#1f77b4", xs = s.x || [], pts;
+      if (s.kind === "hband") {
+        el("rect", {x: x0, width: x1 - x0, y: Y(s.y1), height: Y(s.y0) - Y(s.y1),
+                    fill: color, "fill-opacity": 0.09}, body);
+      } else if (s.kind === "vline") {
+        el("line", {x1: X(s.x), x2: X(s.x), y1: y0, y2: y1, stroke: color,
+                    "stroke-dasharray": s.dash || "5,4", "stroke-width": 1.3}, body);
+      } else if (s.kind === "bars") {
+        s.y.forEach(function (v, i) {
+          var a = X(s.x0[i]), b = X(s.x1[i]);
+          el("rect", {x: a, width: Math.max(b - a - 0.5, 0.5), y: Y(v), height: y0 - Y(v),
+                      fill: color, "fill-opacity": 0.55}, body);
+        });
+      } else {
+        pts = [];
+        xs.forEach(function (x, i) {
+          var y = s.y[i];
+          if (y === null || !isFinite(y) || (p.ylog && y <= 0)) return;
+          pts.push([cats ? X(i) : X(x), Y(y), i]);
+        });
+        if (s.kind === "line") {
+          el("polyline", {points: pts.map(function (q) { return q[0] + "," + q[1]; }).join(" "),
+                          fill: "none", stroke: color, "stroke-width": s.width || 1.8,
+                          "stroke-opacity": s.opacity || 1,
+                          "stroke-dasharray": s.dash || ""}, body);
+        }
+        if (s.kind === "points" || s.marks) {
+          pts.forEach(function (q) {
+            var c = el("circle", {cx: q[0], cy: q[1], r: s.kind === "points" ? 3 : 2.4,
+                                  fill: color}, body);
+            var name = s.names ? s.names[q[2]] + ": " : "";
+            el("title", {}, c, name + fmt(s.y[q[2]]));
+          });
+        }
+      }
+      if (s.label) legend.push([s.label, color, s.kind]);
+    });
+    legend.forEach(function (item, i) {
+      var y = y1 + 12 + 15 * i, x = x1 - 8;
+      el("text", {x: x - 22, y: y + 4, "text-anchor": "end", "class": "tick"}, g, item[0]);
+      el("line", {x1: x - 18, x2: x, y1: y, y2: y, stroke: item[1], "stroke-width": 3,
+                  "stroke-dasharray": item[2] === "vline" ? "4,3" : ""}, g);
+    });
+  }
+
+  function draw(box) {
+    var spec = JSON.parse(box.getAttribute("data-chart")), n = spec.panels.length;
+    var w = spec.w || 520 * n, h = spec.h || 300;
+    var svg = el("svg", {viewBox: "0 0 " + w + " " + h, width: w, height: h,
+                         role: "img", "aria-label": spec.title || "chart"});
+    spec.panels.forEach(function (p, i) { panel(svg, p, i * w / n, 0, w / n, h); });
+    box.appendChild(svg);
+  }
+
+  function sortable(t) {
+    t.querySelectorAll("th").forEach(function (th, i) {
+      th.addEventListener("click", function () {
+        var asc = !th.classList.contains("asc");
+        t.querySelectorAll("th").forEach(function (h) { h.classList.remove("asc", "desc"); });
+        th.classList.add(asc ? "asc" : "desc");
+        var rows = Array.from(t.tBodies[0].rows);
+        rows.sort(function (a, b) {
+          var x = a.cells[i].dataset.v, y = b.cells[i].dataset.v;
+          var p = parseFloat(x), q = parseFloat(y);
+          if (!isNaN(p) && !isNaN(q)) return asc ? p - q : q - p;
+          if (isNaN(p) !== isNaN(q)) return isNaN(p) ? 1 : -1;
+          return asc ? String(x).localeCompare(y) : String(y).localeCompare(x);
+        });
+        rows.forEach(function (r) { t.tBodies[0].appendChild(r); });
+      });
+    });
+  }
+
+  document.querySelectorAll("table.sortable").forEach(sortable);
+  document.querySelectorAll("[data-chart]").forEach(draw);
+})();

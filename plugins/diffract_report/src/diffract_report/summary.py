@@ -1,0 +1,205 @@
+"""Readings of a session's results a person looks at: per-model summaries (the
+WeightWatcher-style reading of alpha), their lines on a terminal, tables as text.
+
+``summarize(session)`` is what ``diffract analyze`` prints under its table. It only
+reads results: run ``compute.apply`` first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ALPHA_OVER_TRAINED", "ALPHA_UNDER_TRAINED", "conventions_line", "format_table",
+           "format_value", "pair_matrix", "summarize", "summary_lines"]
+
+#: WeightWatcher's reading of a layer's power-law exponent: below 2 the layer is likely
+#: over-trained (over-fit to its data), above 6 under-trained; 2-6 is the well-trained band.
+ALPHA_OVER_TRAINED = 2.0
+ALPHA_UNDER_TRAINED = 6.0
+
+
+def _number(value: Any) -> float | None:
+    if value is None or np.ndim(value) != 0:
+        return None
+    return float(value)
+
+
+def _reason_key(reason: str) -> str:
+    """A reason without its numbers, so that 'weights hold 3 NaN' and 'weights hold 5
+    NaN' count as one kind of trouble."""
+    out, digits = [], False
+    for ch in reason:
+        if ch.isdigit():
+            if not digits:
+                out.append("N")
+            digits = True
+        else:
+            digits = False
+            out.append(ch)
+    return "".join(out)
+
+
+def summarize(
+    session: Any,
+    model_ids: Iterable[str] | None = None,
+    *,
+    alpha: str = "pl_alpha",
+    weighted: str = "alpha_weighted",
+) -> list[dict[str, Any]]:
+    """One record per model: ``layers`` where ``alpha`` was computed or attempted
+    (stored, or failed), its mean and median over the layers where it is defined, the
+    mean of ``weighted``, the share of layers with alpha below 2 (likely over-trained)
+    and above 6 (likely under-trained), the layers where it is ``undefined`` (stored as
+    NaN) or ``failed``, and their reasons grouped (``undefined_reasons``: reason ->
+    count; reasons that differ only in their numbers are one group, shown by its first
+    reason), and ``conventions``: the presets in effect (``configure_conventions``),
+    comma-separated, or ``"custom"`` when the configuration matches none.
+
+    Works in a view (``session.filter(...)``) on the parameters in scope. Fields that
+    are not stored give None, not an error.
+    """
+    results = session.results
+    in_scope = list(session.model_ids)
+    ids = list(model_ids) if model_ids is not None else in_scope
+    known = set(session.compute.list_available_metrics())
+    fields = [f for f in (alpha, weighted) if f in known]
+    table = results.export_metrics(*fields) if fields else {}
+    notes = [n for n in results.export_notes() if n["kind"] in ("undefined", "failed")]
+    producer = None
+    if alpha in known:
+        producer = next((r["kernel"] for r in session.compute.list_available_metrics(True)
+                         if r["field"] == alpha), None)
+    presets = session.compute.list_conventions()
+    effect = session.compute.conventions_in_effect()
+    conventions = ", ".join(effect) if effect else ("custom" if presets else "")
+    out = []
+    for model_id in ids:
+        if model_id not in in_scope:
+            continue
+        rows = table.get(model_id, {})
+        alphas = [_number(r.get(alpha)) for r in rows.values() if alpha in r]
+        defined = np.array([a for a in alphas if a is not None and math.isfinite(a)])
+        weights = [_number(r.get(weighted)) for r in rows.values() if weighted in r]
+        weights_ok = [w for w in weights if w is not None and math.isfinite(w)]
+        prefix = f"{model_id}/"
+        reasons: Counter[str] = Counter()
+        shown: dict[str, str] = {}  # group -> its first reason, numbers kept
+        failed = 0
+        for n in notes:
+            if n["kernel"] != producer or not n["unit"].startswith(prefix):
+                continue
+            if n["kind"] == "failed":
+                failed += 1
+            group = _reason_key(n["reason"])
+            shown.setdefault(group, n["reason"])
+            reasons[group] += 1
+        count = len(defined)
+        out.append({
+            "model_id": model_id,
+            "layers": len(alphas) + failed,
+            "alpha_defined": count,
+            "alpha_mean": float(defined.mean()) if count else math.nan,
+            "alpha_median": float(np.median(defined)) if count else math.nan,
+            "alpha_weighted_mean": float(np.mean(weights_ok)) if weights_ok else math.nan,
+            "share_over_trained": float((defined < ALPHA_OVER_TRAINED).mean()) if count
+            else math.nan,
+            "share_under_trained": float((defined > ALPHA_UNDER_TRAINED).mean()) if count
+            else math.nan,
+            "undefined": len(alphas) - count,  # stored as NaN, reasons recorded
+            "failed": failed,
+            "undefined_reasons": {shown[g]: c for g, c in reasons.most_common()},
+            "conventions": conventions,
+        })
+    return out
+
+
+def summary_lines(record: Mapping[str, Any]) -> list[str]:
+    """A summary record as the few lines ``diffract analyze`` prints."""
+
+    def pct(x: float) -> str:
+        return "-" if math.isnan(x) else f"{100 * x:.0f}%"
+
+    def num(x: float) -> str:
+        return "-" if math.isnan(x) else f"{x:.3f}"
+
+    lines = [
+        f"{record['model_id']}: alpha defined on {record['alpha_defined']} of "
+        f"{record['layers']} layers",
+        f"  alpha mean {num(record['alpha_mean'])}, median {num(record['alpha_median'])}; "
+        f"alpha_weighted mean {num(record['alpha_weighted_mean'])}",
+        f"  alpha < {ALPHA_OVER_TRAINED:g} (likely over-trained): "
+        f"{pct(record['share_over_trained'])} of layers; alpha > {ALPHA_UNDER_TRAINED:g} "
+        f"(likely under-trained): {pct(record['share_under_trained'])}",
+    ]
+    line = conventions_line(record.get("conventions", ""))
+    if line:
+        lines.append(f"  {line}")
+    if record["undefined"] or record["failed"]:
+        lines.append(f"  no alpha for {record['undefined'] + record['failed']} layer(s):")
+        for reason, count in list(record["undefined_reasons"].items())[:5]:
+            lines.append(f"    {count} x {reason}")
+        more = len(record["undefined_reasons"]) - 5
+        if more > 0:
+            lines.append(f"    ... {more} more reason(s): results.export_notes() lists each")
+    return lines
+
+
+def conventions_line(conventions: str) -> str:
+    """One line naming the conventions in effect and, unless they are WeightWatcher's,
+    how to get its numbers (empty when no pack provides presets)."""
+    if not conventions:
+        return ""
+    if "weightwatcher" in conventions.split(", "):
+        return f"conventions: {conventions} (WeightWatcher 0.7.7's numbers)"
+    return f"conventions: {conventions}; WeightWatcher's numbers: --conventions weightwatcher"
+
+
+def pair_matrix(session: Any, field: str) -> tuple[list[str], list[str], Any]:
+    """(layers, pair labels ``"a -> b"``, matrix layer x pair; NaN where a pair has no
+    value) of one stored pairwise (CROSS_MODEL) scalar field."""
+    records = session.results.export_aggregates(field, export_format="list")
+    layers: list[str] = []
+    pairs: list[str] = []
+    cells: dict[tuple[str, str], float] = {}
+    for r in records:
+        if r["field"] != field or r["param"] is None or np.ndim(r["value"]) != 0:
+            continue
+        label = r["models"].replace(",", " -> ")
+        if r["param"] not in layers:
+            layers.append(r["param"])
+        if label not in pairs:
+            pairs.append(label)
+        cells[(r["param"], label)] = float(r["value"])
+    matrix = np.full((len(layers), len(pairs)), np.nan)
+    for (layer, label), value in cells.items():
+        matrix[layers.index(layer), pairs.index(label)] = value
+    return layers, pairs, matrix
+
+
+def format_value(value: Any) -> str:
+    """A value as a table shows it: 4 significant digits, whole numbers (below 1e6) as
+    integers, NaN as ``nan``, None (not stored) as empty."""
+    if value is None:
+        return ""
+    if np.ndim(value) == 0 and isinstance(value, (int, float, np.number, bool)):
+        if isinstance(value, (bool, np.bool_)):
+            return str(bool(value))
+        v = float(value)
+        if math.isnan(v):
+            return "nan"
+        return f"{int(v)}" if v.is_integer() and abs(v) < 1e6 else f"{v:.4g}"
+    return str(value)
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain-text table with aligned columns (values through :func:`format_value`)."""
+    cells = [list(header)] + [[format_value(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
