@@ -6,9 +6,12 @@ Run: ``./dev bench cli`` (``--repeats N``, ``--path FILE`` for another checkpoin
 ``--mp-fit`` to also time WeightWatcher with ``mp_fit=True``, the setting that gives it
 mp_softrank and num_spikes, which ours computes by default).
 
-Each run is a fresh interpreter (imports, start-up and printing included), the two tools
-alternate, and the table prints medians and the ratio. Both read the same file. Agreement
-of the numbers is not this script's job (tests/spectral); it prints the mean alpha of
+Each run is a fresh interpreter (imports, start-up and printing included), the tools
+alternate, and the table prints medians and the ratio. Ours runs three ways: the
+analysis alone, with ``--report`` (the HTML report with every layer's ESD chart), and with
+``--report --plot`` (also a PNG per layer); the report's cost is printed against the
+analysis time (the target: the report adds at most 2x the analysis). All read the same
+file. Agreement of the numbers is not this script's job (tests/spectral); it prints the mean alpha of
 each so a large difference is seen (our default min_tail=50 differs from
 WeightWatcher's on 384-point spectra: issue 14's conventions).
 """
@@ -19,6 +22,7 @@ import argparse
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -70,12 +74,18 @@ def main() -> None:
         have_ww = False
         print("# weightwatcher is not installed: pip install weightwatcher (ours only)")
     ours_cmd = [sys.executable, "-m", "diffract.cli", "analyze", str(path), "--quiet"]
+    scratch = Path(tempfile.mkdtemp(prefix="bench-cli-"))
+    variants = {"diffract analyze": ours_cmd,
+                "  + --report": [*ours_cmd, "--report", str(scratch / "r.html")],
+                "  + --report --plot": [*ours_cmd, "--report", str(scratch / "r.html"),
+                                        "--plot", str(scratch / "plots")]}
     peers = [("weightwatcher", "0")] + ([("weightwatcher mp_fit", "1")] if args.mp_fit else [])
-    times: dict[str, list[float]] = {"diffract analyze": []}
+    times: dict[str, list[float]] = {name: [] for name in variants}
     outputs: dict[str, str] = {}
     for _ in range(args.repeats):
-        seconds, outputs["diffract analyze"] = timed(ours_cmd)
-        times["diffract analyze"].append(seconds)
+        for name, cmd in variants.items():
+            seconds, outputs[name] = timed(cmd)
+            times[name].append(seconds)
         if have_ww:
             for name, mp in peers:
                 seconds, outputs[name] = timed([sys.executable, "-c", WW, str(path), mp])
@@ -87,7 +97,13 @@ def main() -> None:
         rows.append([name, f"{med:.2f}", f"{min(values):.2f}-{max(values):.2f}",
                      "1.00" if name == "diffract analyze" else f"{med / ours:.2f}"])
     table(["tool", "median s", "range s", "time / ours"], rows)
+    for name in ("  + --report", "  + --report --plot"):
+        extra = statistics.median(times[name]) - ours
+        print(f"# {name.strip()} adds {extra:.2f} s: {extra / ours:.2f}x the analysis "
+              "(target for the report: at most 2x)")
     for name, text in outputs.items():
+        if name.startswith("  "):
+            continue
         line = next((x.strip() for x in text.splitlines() if "alpha mean" in x), "")
         print(f"# {name}: {line}")
 

@@ -120,7 +120,7 @@ class TestContent:
         assert f"m.safetensors {digest}" in text
 
     def test_layer_names_on_axes_lose_their_common_prefix(self):
-        from diffract_report._html import _short_names
+        from diffract_report.viz import short_names as _short_names
 
         names = ["encoder.layer.0.attn.q.weight", "encoder.layer.0.mlp.weight",
                  "encoder.layer.1.attn.q.weight"]
@@ -131,6 +131,18 @@ class TestContent:
         at a width that fits 1280 pixels."""
         text = report.read_text()
         assert "<th>alpha_<wbr>weighted</th>" in text and "max-width:1220px" in text
+
+
+def test_the_png_plots_report_their_progress(rng, tmp_path):
+    """--plot's files: one progress call per ESD plot, ending at the total."""
+    pytest.importorskip("matplotlib")
+    from diffract_report.viz import plot_model
+
+    calls = []
+    with _session(rng) as s:
+        written = plot_model(s, "m", tmp_path, lambda done, total: calls.append((done, total)))
+        s.registry.reset_configuration()
+    assert calls == [(i, 4) for i in range(1, 5)] and len(written) == 5  # 4 ESDs + depth
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None,

@@ -30,7 +30,7 @@ from diffract_report.summary import (
     format_value,
     summarize,
 )
-from diffract_report.viz import DEPTH_FIELDS, ESD_FIELDS, mp_density
+from diffract_report.viz import DEPTH_FIELDS, ESD_FIELDS, mp_density, short_names
 
 __all__ = ["figure_html", "html_table", "write_html"]
 
@@ -175,22 +175,10 @@ def esd_chart(row: dict[str, Any], shape: Sequence[int] | None) -> dict[str, Any
          "ylabel": "density"}]}
 
 
-def _short_names(names: Sequence[str]) -> list[str]:
-    """Layer names without their common prefix and a trailing ``.weight``."""
-    if not names:
-        return []
-    prefix = names[0]
-    for name in names[1:]:
-        while not name.startswith(prefix):
-            prefix = prefix[:-1]
-    prefix = prefix[: prefix.rfind(".") + 1] if "." in prefix else ""
-    return [re.sub(r"\.weight$", "", n[len(prefix):]) or n for n in names]
-
-
 def depth_charts(names: Sequence[str], rows: dict[str, dict[str, Any]],
                  fields: Sequence[str]) -> list[dict[str, Any]]:
     """One chart per field: its value per layer, in model order, layers named."""
-    cats = _short_names(names)
+    cats = short_names(names)
     charts = []
     for field in fields:
         ys = [rows.get(n, {}).get(field) for n in names]

@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 
 from diffract_report._inputs import (
     DEFAULT_METRICS,
@@ -90,8 +91,12 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
         if args.plot:
             from diffract_report.viz import plot_model
 
-            for model_id in model_ids:
-                written += plot_model(view, model_id, args.plot)
+            with ProgressBar(interactive) as bar:
+                for number, model_id in enumerate(model_ids, start=1):
+                    written += plot_model(view, model_id, args.plot, lambda done, total, n=(
+                        number, model_id): bar(SimpleNamespace(
+                            step=n[0], steps=len(model_ids), kernel=f"ESD plots of {n[1]}",
+                            done=done, total=total)))
         if args.report:
             from diffract_report.report import write_html
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import numpy as np
 from diffract.errors import DiffractError, InvalidArgumentError
 
 __all__ = ["depth_fields", "depth_figure", "esd_figure", "esd_figures", "esd_rows",
-           "heatmap_figure", "plot_depth", "plot_esd", "plot_model", "save_png"]
+           "heatmap_figure", "plot_depth", "plot_esd", "plot_model", "save_png", "short_names"]
 
 #: Fields drawn against depth when present.
 DEPTH_FIELDS = ("pl_alpha", "stable_rank")
@@ -112,11 +112,17 @@ def _draw_esd(model_id: str, param: str, fits: dict[str, Any], shape: Any) -> An
         log_ax.axvline(xmin, color="tab:red", ls="--", lw=1, label=f"xmin={xmin:.3g}")
     log_ax.set_xlabel("eigenvalue of W^T W")
     log_ax.set_ylabel("density")
-    log_ax.set_title("log-log ESD")
+    log_ax.set_title("log-log ESD", y=1.0)  # a set y skips the title's collision search
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    for axis in (log_ax.xaxis, log_ax.yaxis):  # minor ticks and mathtext labels (10^k) cost
+        axis.set_minor_locator(NullLocator())  # more than the rest of the figure
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     log_ax.legend(fontsize=8)
     # linear: histogram and the Marchenko-Pastur bulk of a random matrix like it
-    lin_ax.hist(esd, bins=max(10, min(80, esd.size // 3)), density=True, color="tab:blue",
-                alpha=0.6, label="ESD")
+    counts, edges = np.histogram(esd, bins=max(10, min(80, esd.size // 3)))
+    lin_ax.stairs(counts / (esd.size * np.diff(edges)), edges, fill=True, color="tab:blue",
+                  alpha=0.6, label="ESD")  # one artist, not a patch per bin
     if shape is not None and len(shape) >= 2:
         n, m = int(shape[0]), int(np.prod(shape[1:]))
         x = np.linspace(lo, hi, 400)
@@ -126,10 +132,11 @@ def _draw_esd(model_id: str, param: str, fits: dict[str, Any], shape: Any) -> An
         if edge is not None and math.isfinite(edge):
             lin_ax.axvline(edge, color="tab:orange", ls="--", lw=1, label="bulk edge")
     lin_ax.set_xlabel("eigenvalue of W^T W")
-    lin_ax.set_title("linear ESD")
+    lin_ax.set_title("linear ESD", y=1.0)
     lin_ax.legend(fontsize=8)
     fig.suptitle(f"{model_id} / {param}", fontsize=10)
-    fig.tight_layout()
+    # fixed margins: tight_layout drew every figure twice more to measure its labels
+    fig.subplots_adjust(left=0.08, right=0.985, bottom=0.13, top=0.87, wspace=0.2)
     return fig
 
 
@@ -153,11 +160,25 @@ def depth_figure(session: Any, model_id: str,
         if field == "pl_alpha":
             ax.axhspan(2, 6, color="tab:green", alpha=0.08, label="2 <= alpha <= 6")
             ax.legend(fontsize=8, loc="upper right")
-    axes[-1].xaxis.get_major_locator().set_params(integer=True)
-    axes[-1].set_xlabel("parameter index (model order, matrices only)")
+    for ax in axes:
+        ax.set_xticks(range(len(order)), labels=short_names(order) if ax is axes[-1] else [],
+                      rotation=90, fontsize=7)
+    axes[-1].set_xlabel("layer (model order, matrices only)")
     fig.suptitle(f"{model_id}: metrics against depth", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def short_names(names: Sequence[str]) -> list[str]:
+    """Layer names without their common prefix and a trailing ``.weight``."""
+    if not names:
+        return []
+    prefix = names[0]
+    for name in names[1:]:
+        while not name.startswith(prefix):
+            prefix = prefix[:-1]
+    prefix = prefix[: prefix.rfind(".") + 1] if "." in prefix else ""
+    return [re.sub(r"\.weight$", "", n[len(prefix):]) or n for n in names]
 
 
 def heatmap_figure(matrix: Any, rows: Sequence[str], cols: Sequence[str], title: str) -> Any:
@@ -179,7 +200,7 @@ def save_png(fig: Any, path: str | Path) -> Path:
     """Write ``fig`` as a PNG (folders made as needed); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
+    fig.savefig(path, format="png", pil_kwargs={"compress_level": 1})
     return path
 
 
@@ -214,13 +235,18 @@ def esd_figures(session: Any, model_id: str) -> Iterator[tuple[str, Any]]:
             yield param, _draw_esd(model_id, param, row, shapes.get(param))
 
 
-def plot_model(session: Any, model_id: str, directory: str | Path) -> list[Path]:
+def plot_model(session: Any, model_id: str, directory: str | Path,
+               progress: Callable[[int, int], None] | None = None) -> list[Path]:
     """Every layer's ESD (where ``esd`` is stored) and the depth plot, as PNGs under
-    ``directory/model_id/``; returns the paths written. Computes nothing: what is not
-    stored is not drawn."""
+    ``directory/model_id/``; returns the paths written. ``progress(done, total)`` is
+    called after each ESD plot. Computes nothing: what is not stored is not drawn."""
     folder = Path(directory) / _file_name(model_id)
-    written = [save_png(fig, folder / f"esd_{_file_name(param)}.png")
-               for param, fig in esd_figures(session, model_id)]
+    total = len(esd_rows(session, model_id))
+    written = []
+    for param, fig in esd_figures(session, model_id):
+        written.append(save_png(fig, folder / f"esd_{_file_name(param)}.png"))
+        if progress is not None:
+            progress(len(written), total)
     depth = depth_fields(session, model_id)
     if depth:
         written.append(plot_depth(session, model_id, folder / "depth.png", depth))
