@@ -11,9 +11,9 @@ alternate, and the table prints medians and the ratio. Ours runs three ways: the
 analysis alone, with ``--report`` (the HTML report with every layer's ESD chart), and with
 ``--report --plot`` (also a PNG per layer); the report's cost is printed against the
 analysis time (the target: the report adds at most 2x the analysis). All read the same
-file. Agreement of the numbers is not this script's job (tests/spectral); it prints the mean alpha of
-each so a large difference is seen (our default min_tail=50 differs from
-WeightWatcher's on 384-point spectra: issue 14's conventions).
+file. Agreement of the numbers is not this script's job (tests/spectral); it prints the
+mean alpha of each so a large difference is seen (our default min_tail=50 differs from
+WeightWatcher's on 384-point spectra: the conventions presets).
 """
 
 from __future__ import annotations
