@@ -423,9 +423,9 @@ class TestFirstHourFriction:
 
         with Session() as s:
             s.models.add({"w": np.full((60, 40), np.nan)}, model_id="m")
-            with pytest.warns(UndefinedValuesWarning, match=r"the ApplyReport that apply\(\) "
-                                                            r"returns groups them \(its "
-                                                            r"\.summary\(\)\)") as caught:
+            with pytest.warns(UndefinedValuesWarning, match=r"apply\(\) returns an ApplyReport, "
+                                                            r"and report\.summary\(\) groups "
+                                                            r"them") as caught:
                 report = s.compute.apply("pl_alpha")
         assert "undefined: 2 unit(s), 2 distinct reason(s)" in report.summary()
         assert len(caught) == 1

@@ -113,8 +113,8 @@ class ComputeAPI(ScopedAPI):
             groups = len({(n.kernel, n.reason) for n in new_undefined})
             warnings.warn(UndefinedValuesWarning(
                 f"{len(new_undefined)} value(s) came out undefined (NaN) for {groups} "
-                "reason(s); the ApplyReport that apply() returns groups them (its "
-                ".summary()), session.results.export_notes() lists each."), stacklevel=2)
+                "reason(s): apply() returns an ApplyReport, and report.summary() groups "
+                "them; session.results.export_notes() lists each."), stacklevel=2)
         return report
 
     def apply_pairs(
