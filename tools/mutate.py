@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ["diffract_core/src", "diffract_kernels_spectral/src", "kernel_fun_gpu/src",
            "diffract_kernels_alignment/src", *(f"plugins/{p}/src" for p in (
-               "diffract_storage_local", "diffract_formats", "diffract_report",
+               "diffract_storage_local", "diffract_formats", "diffract_report", "diffract_views",
                "diffract_executor_dask")), "."]
 
 SPECTRAL = "diffract_kernels_spectral/src/diffract_kernels_spectral/"

@@ -31,18 +31,24 @@ def _check_model_id(model_id: Any) -> None:
         )
 
 
-def _view_rules(views: Any) -> list[tuple[Any, dict[str, Any]]]:
-    """The view rules ``views`` names, with their options, checked."""
+def _view_rules(views: Any, shared: Mapping[str, Any] | None = None
+                ) -> list[tuple[Any, dict[str, Any]]]:
+    """The view rules ``views`` names with their options (their own, and those of
+    ``shared`` that they take), checked: unknown rules, options no chosen rule takes, and
+    values a rule refuses."""
     if views is None:
+        if shared:
+            raise InvalidArgumentError("view_options were given without views=[...].")
         return []
     if isinstance(views, str):
-        views = [views]
+        views = [v.strip() for v in views.split(",") if v.strip()]
     wanted = ({name: dict(opts or {}) for name, opts in views.items()}
               if isinstance(views, Mapping) else {name: {} for name in views})
     from diffract.plugins import get_catalog
 
     catalog = get_catalog()
-    out, problems = [], []
+    shared = dict(shared or {})
+    out, problems, used = [], [], set()
     for name, options in wanted.items():
         rule = catalog.views.get(name)
         if rule is None:
@@ -51,9 +57,17 @@ def _view_rules(views: Any) -> list[tuple[Any, dict[str, Any]]]:
                             f"no view rule {name!r} is installed (installed: "
                             f"{', '.join(sorted(catalog.views)) or 'none'})")
             continue
+        mine = {k: v for k, v in shared.items() if k in rule.options}
+        used.update(mine)
+        options = {**mine, **options}
         problems += [f"view rule {name!r}: {p}" for p in
                      (rule.check(options) if rule.check is not None else [])]
         out.append((rule, options))
+    unused = sorted(set(shared) - used)
+    if unused and not problems:
+        takes = {rule.name: list(rule.options) for rule, _ in out}
+        problems.append(f"view_options {unused} are taken by none of the rules (their "
+                        f"options: {takes})")
     if problems:
         raise InvalidArgumentError("Cannot add views: " + "; ".join(problems) + ".")
     return out
@@ -74,6 +88,7 @@ class ModelsAPI:
         parameter_overrides: Mapping[str, ParameterOverrides] | None = None,
         base_model_id: str | None = None,
         views: Iterable[str] | Mapping[str, Mapping[str, Any]] | None = None,
+        view_options: Mapping[str, Any] | None = None,
         format: str | None = None,
         key: str | None = None,
         format_options: Mapping[str, Any] | None = None,
@@ -83,12 +98,14 @@ class ModelsAPI:
 
         Files and directories are read by the installed model formats (the first that
         recognises the path; ``format`` names one). ``views`` turns on view rules
-        (``["name"]``, or ``{"name": {option: value}}``): the views each splits a
-        parameter into are added as parameters ``<parameter>[<label>]``, read as slices
-        of it (see :mod:`diffract.core.views`). ``format_options`` go to the format's
-        reader and are recorded with the model; ``key`` is the torch format's: the entry
-        of a training checkpoint (``{"model": state_dict, "optimizer": ...}``) that holds
-        the state dict, when several could.
+        (``["heads", "experts"]``, ``"heads,experts"``, or ``{"name": {option: value}}``)
+        and ``view_options`` gives each rule the options it takes: the views each splits
+        a parameter into are added as parameters ``<parameter>[<label>]``, read as slices
+        of it (see :mod:`diffract.core.views`). A rule that splits no parameter of the
+        model is an error (with its reason), not a silent no-op. ``format_options`` go to
+        the format's reader and are recorded with the model; ``key`` is the torch
+        format's: the entry of a training checkpoint (``{"model": state_dict,
+        "optimizer": ...}``) that holds the state dict, when several could.
 
         ``base_model_id`` (a model already added) makes this model the fine-tuning
         delta ``W - W_base`` of every parameter the base has with the same name and
@@ -111,7 +128,7 @@ class ModelsAPI:
             self._check_new(model_id)
             if base_model_id is not None:
                 self._session._check_ids([base_model_id])
-            rules = _view_rules(views)
+            rules = _view_rules(views, view_options)
             options = {**(format_options or {}), **({"key": key} if key is not None else {})}
             opened = read_model(model, model_id, format, options)
             if parameter_overrides:

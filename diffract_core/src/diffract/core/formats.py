@@ -78,7 +78,8 @@ class CheckpointReader(abc.ABC):
 
     def config(self) -> Mapping[str, Any]:
         """The model's configuration (``config.json`` of a Hugging Face directory), for
-        view rules; empty by default."""
+        view rules; empty by default. Raise ModelSourceError when it exists but cannot be
+        read (called only when a view rule needs it)."""
         return {}
 
 
@@ -203,7 +204,9 @@ def open_path(path: Path, model_id: str, format: str | None = None,
               ) -> tuple[list[TensorEntry], ModelSource, Callable, Callable, Mapping[str, Any]]:
     """Open a checkpoint file or directory (``options`` go to the format's reader and are
     recorded): its floating-point tensors, the source record, the two loaders
-    (``load(name, index=None)`` numpy, ``raw`` as stored) and the model's configuration."""
+    (``load(name, index=None)`` numpy, ``raw`` as stored) and a function returning the
+    model's configuration (read only if a view rule asks: a broken ``config.json`` does
+    not stop a model read without views)."""
     fmt = find_format(path, model_id, format)
     options = dict(options or {})
     reader = _open(fmt, path, model_id, options)
@@ -224,7 +227,8 @@ def open_path(path: Path, model_id: str, format: str | None = None,
         format_options=tuple(sorted(options.items())))
     reading = _Reading(fmt, str(path), files, dict(source.weight_map), model_id, options,
                        reader)
-    return kept, source, reading.load, reading.raw, dict(reader.config())
+    return kept, source, reading.load, reading.raw, lambda: dict(
+        _named(model_id, reader.config))
 
 
 def reopen(source: ModelSource, model_id: str) -> tuple[Callable, Callable]:

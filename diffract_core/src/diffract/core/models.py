@@ -44,13 +44,13 @@ Loader = Callable[..., Any]
 @attrs.define
 class OpenedModel:
     """What ``models.add`` records: parameters, the source record, the two loaders and
-    the model's configuration (for view rules)."""
+    the model's configuration (for view rules; read when a rule first asks)."""
 
     infos: list[ParamInfo]
     source: ModelSource
     load: Loader = attrs.field(repr=False)
     raw: Loader = attrs.field(repr=False)
-    config: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
+    config: Callable[[], Mapping[str, Any]] = attrs.field(default=dict, repr=False)
 
 
 # -- tensors --------------------------------------------------------------------------
@@ -114,8 +114,9 @@ def _from_mapping(model_id: str, mapping: Mapping[str, Any], description: str,
         value = value if isinstance(value, np.ndarray) else readable(value)
         return _sliced(value, index)
 
+    config = dict(config or {})
     return OpenedModel(infos, ModelSource("memory", description=description), load, raw,
-                       dict(config or {}))
+                       lambda: config)
 
 
 def _module_config(module: Any) -> dict[str, Any]:
@@ -227,19 +228,31 @@ def with_views(opened: OpenedModel, rules: Sequence[tuple[Any, Mapping[str, Any]
     model_id = opened.infos[0].model_id
     infos = list(opened.infos)
     table: list[tuple[str, str, Index, bool]] = []
+    config = opened.config() if rules else {}
+    split: dict[str, int] = {rule.name: 0 for rule, _ in rules}
     for info in opened.infos:
         for rule, options in rules:
             try:
-                views = list(rule.split(info, opened.config, options) or ())
+                views = list(rule.split(info, config, options) or ())
             except Exception as exc:  # noqa: BLE001 - named with the rule and parameter
                 raise ModelSourceError(
                     f"Model {model_id!r}: view rule {rule.name!r} ({rule.provider}) failed on "
                     f"{info.name!r} {info.shape}: {type(exc).__name__}: {exc}",
                     model_id=model_id) from None
+            split[rule.name] += bool(views)
             for view in views:
                 infos.append(_view_info(info, view, rule, model_id))
                 index = resolve_index(view.index, info.shape)
                 table.append((infos[-1].name, info.name, index, view.transpose))
+    idle = [rule for rule, _ in rules if not split[rule.name]]
+    if idle:
+        names = [i.name for i in opened.infos]
+        raise ModelSourceError(
+            f"Model {model_id!r}: view rule(s) {[r.name for r in idle]} split none of its "
+            f"{len(names)} parameters ({'; '.join(f'{r.name}: {r.description}' for r in idle)}"
+            f"). Its parameters include {names[:4]}. Drop the rule for this model, or give "
+            "the options that make it apply (a name pattern, the geometry).",
+            model_id=model_id)
     _refuse_clashes([i.name for i in infos], "the views give two parameters the name(s)",
                     model_id)
     if not table:

@@ -6,8 +6,8 @@ hold). Parameter names match:
 
 * exactly, by default (``"layer.0.weight"``, a view's ``"q_proj.weight[head=5]"``);
 * as a shell-style glob when they hold ``*``, ``?`` or ``[`` (``"*.attention.*"``,
-  matched against the whole name with :func:`fnmatch.fnmatchcase`; to match a view's
-  brackets in a glob, write them as ``[[]`` and ``[]]``, or use ``re:``);
+  matched against the whole name with :func:`fnmatch.fnmatchcase`; a bracketed group
+  holding ``=`` is a view's label, so ``"*[head=*]"`` matches every head view);
 * as a regular expression when they start with ``re:`` (``"re:^h\\.(0|1)\\."``,
   searched anywhere in the name).
 
@@ -39,7 +39,9 @@ def _matcher(pattern: str):
         rx = re.compile(pattern[3:])
         return lambda name: rx.search(name) is not None
     if any(c in pattern for c in "*?["):  # a view's exact name matches too, brackets and all
-        return lambda name: name == pattern or fnmatch.fnmatchcase(name, pattern)
+        # a bracketed group holding "=" is a view's label, not a character class
+        glob = re.sub(r"\[([^\]]*=[^\]]*)\]", lambda m: f"[[]{m.group(1)}[]]", pattern)
+        return lambda name: name == pattern or fnmatch.fnmatchcase(name, glob)
     return lambda name: name == pattern
 
 

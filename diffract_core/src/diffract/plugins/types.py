@@ -179,8 +179,11 @@ class ViewRule:
     a Hugging Face directory, else empty) and the options the user gave the rule; it
     returns the :class:`View` records of that parameter (none: it is not split). Each
     view becomes a parameter named ``<parameter>[<label>]`` whose weights are read as a
-    slice of the parameter. ``check(options)``, when given, returns the problems with
-    the options (phrases): ``models.add`` refuses to start on any.
+    slice of the parameter. ``options`` names the options it takes (``models.add(...,
+    view_options=)`` gives each rule its own); ``check(options)``, when given, returns the
+    problems with their values (phrases): ``models.add`` refuses to start on any. A
+    rule raises :class:`ValueError` for a parameter it recognises but cannot split (the
+    message names the shapes and the option to fix); nothing is then added.
     """
 
     name: str
@@ -189,6 +192,7 @@ class ViewRule:
     description: str = ""
     check: Callable[[Mapping[str, Any]], list[str]] | None = attrs.field(
         default=None, eq=False, hash=False, repr=False)
+    options: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     provider: str = "unknown"
 
 

@@ -269,9 +269,16 @@ class HuggingFaceReader(CheckpointReader):
         return self._reader(name).read_numpy(name, index)
 
     def config(self) -> dict[str, Any]:
-        try:
-            data = json.loads((self._root / "config.json").read_text())
-        except (OSError, ValueError):
+        path = self._root / "config.json"
+        if not path.is_file():
             return {}
-        return data if isinstance(data, dict) else {}
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise _error(path, f"config.json cannot be read as JSON ({exc}); fix it, or give "
+                               "the geometry as view options") from None
+        if not isinstance(data, dict):
+            raise _error(path, "config.json holds no JSON object; fix it, or give the "
+                               "geometry as view options")
+        return data
 

@@ -1,0 +1,245 @@
+"""The view rules of LLM-shaped models, as plain functions ``split(param, config,
+options) -> [View]``.
+
+Head geometry comes from the options (``heads``, ``kv_heads``, ``head_dim``) or the
+model's ``config.json`` (``num_attention_heads`` / ``n_head``, ``num_key_value_heads``,
+``head_dim`` or ``hidden_size / heads``). Parameters are recognised by name:
+
+* separate projections, split by output rows: ``q_proj``/``query``/``wq`` (``heads``
+  blocks), ``k_proj``/``key``/``wk`` and ``v_proj``/``value``/``wv`` (``kv_heads`` blocks:
+  grouped-query attention);
+* output projections, split by input columns: ``o_proj``, ``out_proj``, ``wo``,
+  ``attention.output.dense`` (BERT), ``attn.c_proj`` (GPT-2), ``self_attention.dense`` /
+  ``attention.dense`` (Falcon, GPT-NeoX), ``self_attn.dense`` (Phi-2);
+* fused QKV: ``attn.c_attn`` (GPT-2's Conv1D, stored ``[in, out]``: each slice is
+  transposed to ``[out, in]``), ``qkv_proj``/``Wqkv`` (q, then k, then v) and
+  ``query_key_value`` (per key-value group: its query heads, then k, then v, as GPT-NeoX
+  and Falcon lay it out; ``qkv_layout="blocks"`` for q|k|v);
+* ``patterns`` (``{"q": regex, "k": ..., "v": ..., "o": ..., "qkv": ...}``) for others,
+  ``transposed=True`` for weights stored ``[in, out]``.
+
+A rule raises ValueError, naming the shapes and the option to fix, for a parameter it
+recognises but whose shape does not fit the geometry; the core turns that into a
+ModelSourceError naming the parameter, and nothing is added.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from diffract.plugins import View
+
+__all__ = ["HEAD_OPTIONS", "check", "conv", "experts", "geometry", "heads", "kind_of", "qkv"]
+
+#: Name patterns of each kind of attention weight (searched in the parameter's name).
+KINDS = {
+    "q": r"(^|\.)(q_proj|query|wq)\.weight$",
+    "k": r"(^|\.)(k_proj|key|wk)\.weight$",
+    "v": r"(^|\.)(v_proj|value|wv)\.weight$",
+    "o": r"(^|\.)(o_proj|out_proj|wo|attention\.output\.dense|attn\.c_proj|"
+         r"self_attention\.dense|attention\.dense|self_attn\.dense)\.weight$",
+    "qkv": r"(^|\.)(attn\.c_attn|qkv_proj|Wqkv|query_key_value)\.weight$",
+}
+#: Parameters stored ``[in, out]`` (GPT-2's Conv1D).
+_TRANSPOSED = r"(^|\.)attn\.(c_attn|c_proj)\.weight$"
+#: Options of the head geometry (shared by ``heads`` and ``qkv``).
+HEAD_OPTIONS = ("heads", "kv_heads", "head_dim", "patterns", "transposed", "qkv_layout")
+_EXPERT_COUNT = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def check(options: Mapping[str, Any]) -> list[str]:
+    """Problems with option values (the core checks the names)."""
+    problems = []
+    for key in ("heads", "kv_heads", "head_dim", "experts"):
+        value = options.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 1):
+            problems.append(f"{key} must be a positive integer, got {value!r}")
+    layout = options.get("qkv_layout")
+    if layout not in (None, "blocks", "grouped"):
+        problems.append(f"qkv_layout must be 'blocks' or 'grouped', got {layout!r}")
+    if options.get("expert_layout") not in (None, "out_in", "in_out"):
+        problems.append(f"expert_layout must be 'out_in' or 'in_out', got "
+                        f"{options['expert_layout']!r}")
+    patterns = options.get("patterns", {})
+    if not isinstance(patterns, Mapping) or not set(patterns) <= set(KINDS):
+        problems.append(f"patterns maps kinds {sorted(KINDS)} to regular expressions, got "
+                        f"{patterns!r}")
+    else:
+        for kind, rx in patterns.items():
+            try:
+                re.compile(rx)
+            except (re.error, TypeError) as exc:
+                problems.append(f"patterns[{kind!r}] is not a regular expression: {exc}")
+    return problems
+
+
+def kind_of(name: str, options: Mapping[str, Any]) -> str | None:
+    """Which attention weight a parameter is (q, k, v, o, qkv), by its name."""
+    for kind, default in KINDS.items():
+        if re.search(options.get("patterns", {}).get(kind, default), name):
+            return kind
+    return None
+
+
+def geometry(config: Mapping[str, Any], options: Mapping[str, Any],
+             name: str) -> tuple[int, int, int]:
+    """(heads, kv_heads, head_dim) from the options, else the configuration."""
+    heads = options.get("heads") or config.get("num_attention_heads") or config.get(
+        "n_head") or config.get("num_heads")
+    if not heads:
+        raise ValueError(f"{name} is an attention weight, but the head count is unknown: the "
+                         "model has no configuration with num_attention_heads; pass "
+                         "view_options={'heads': N} (and kv_heads, head_dim)")
+    kv = (options.get("kv_heads") or config.get("num_key_value_heads")
+          or config.get("num_kv_heads") or config.get("n_head_kv")
+          or (1 if config.get("multi_query") else heads))
+    hidden = config.get("hidden_size") or config.get("n_embd") or config.get("d_model")
+    dim = options.get("head_dim") or config.get("head_dim") or (
+        hidden // heads if hidden else None)
+    if heads % kv:
+        raise ValueError(f"num_key_value_heads ({kv}) does not divide num_attention_heads "
+                         f"({heads}); fix the configuration or pass view_options kv_heads")
+    return int(heads), int(kv), int(dim) if dim else 0
+
+
+def _fits(name: str, size: int, want: int, what: str, shape: tuple[int, ...]) -> None:
+    if size != want:
+        raise ValueError(f"{name} {shape}: {what} is {size}, not the {want} the head geometry "
+                         "gives; pass view_options heads, kv_heads and head_dim that fit")
+
+
+def _dim(name: str, size: int, blocks: int, dim: int, shape: tuple[int, ...]) -> int:
+    """The head size: given, or ``size / blocks`` when that divides."""
+    if dim:
+        return dim
+    if size % blocks:
+        raise ValueError(f"{name} {shape}: {size} does not divide into {blocks} heads; pass "
+                         "view_options head_dim (or heads) that fit")
+    return size // blocks
+
+
+def _slice(axis: int, start: int, stop: int, transposed: bool) -> tuple[Any, ...]:
+    """The index selecting ``[start, stop)`` along output rows (axis 0) or input columns
+    (axis 1) of an ``[out, in]`` matrix, or of one stored ``[in, out]``."""
+    axis = 1 - axis if transposed else axis
+    return (slice(start, stop),) if axis == 0 else (slice(None), slice(start, stop))
+
+
+def _fused_rows(kind_layout: str, heads: int, kv: int, dim: int) -> dict[str, list[int]]:
+    """Start row of every head of each part in a fused QKV matrix."""
+    if kind_layout == "blocks":
+        return {"q": [h * dim for h in range(heads)],
+                "k": [(heads + g) * dim for g in range(kv)],
+                "v": [(heads + kv + g) * dim for g in range(kv)]}
+    per = heads // kv  # grouped: per key-value group, its query heads, then k, then v
+    return {"q": [(g * (per + 2) + i) * dim for g in range(kv) for i in range(per)],
+            "k": [(g * (per + 2) + per) * dim for g in range(kv)],
+            "v": [(g * (per + 2) + per + 1) * dim for g in range(kv)]}
+
+
+def _layout(name: str, config: Mapping[str, Any], options: Mapping[str, Any]) -> str:
+    if options.get("qkv_layout"):
+        return options["qkv_layout"]
+    if "query_key_value" in name and not (config.get("multi_query")
+                                          and not config.get("new_decoder_architecture")):
+        return "grouped"
+    return "blocks"
+
+
+def heads(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> list[View]:
+    """Attention weights per head (see the module docstring)."""
+    name, shape = param.name, tuple(param.shape)
+    kind = kind_of(name, options)
+    if kind is None or len(shape) != 2:
+        return []
+    transposed = bool(options.get("transposed", re.search(_TRANSPOSED, name)))
+    out_size, in_size = (shape[1], shape[0]) if transposed else shape
+    n_heads, kv, dim = geometry(config, options, name)
+    if kind == "o":
+        dim = _dim(name, in_size, n_heads, dim, shape)
+        _fits(name, in_size, n_heads * dim, "its input size", shape)
+        return [View(f"head={h}", _slice(1, h * dim, (h + 1) * dim, transposed), transposed)
+                for h in range(n_heads)]
+    if kind == "qkv":
+        dim = _dim(name, out_size, n_heads + 2 * kv, dim, shape)
+        _fits(name, out_size, (n_heads + 2 * kv) * dim, "its output size", shape)
+        starts = _fused_rows(_layout(name, config, options), n_heads, kv, dim)
+        return [View(f"part={part},head={h}", _slice(0, s, s + dim, transposed), transposed)
+                for part, rows in starts.items() for h, s in enumerate(rows)]
+    count = n_heads if kind == "q" else kv
+    dim = _dim(name, out_size, count, dim, shape)
+    _fits(name, out_size, count * dim, "its output size", shape)
+    return [View(f"head={h}", _slice(0, h * dim, (h + 1) * dim, transposed), transposed)
+            for h in range(count)]
+
+
+def qkv(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> list[View]:
+    """A fused QKV matrix in its q, k, v parts; ``gate_up_proj`` in gate and up."""
+    name, shape = param.name, tuple(param.shape)
+    if len(shape) != 2:
+        return []
+    transposed = bool(options.get("transposed", re.search(_TRANSPOSED, name)))
+    out_size = shape[1] if transposed else shape[0]
+    if re.search(r"(^|\.)gate_up_proj\.weight$", name):
+        if out_size % 2:
+            raise ValueError(f"{name} {shape}: {out_size} rows do not split into gate and up")
+        half = out_size // 2
+        return [View("part=gate", _slice(0, 0, half, transposed), transposed),
+                View("part=up", _slice(0, half, out_size, transposed), transposed)]
+    if kind_of(name, options) != "qkv":
+        return []
+    if options.get("heads") or config.get("num_attention_heads") or config.get("n_head"):
+        n_heads, kv, dim = geometry(config, options, name)
+        dim = _dim(name, out_size, n_heads + 2 * kv, dim, shape)
+    else:  # no geometry: equal thirds (multi-head attention)
+        n_heads = kv = dim = 1
+        if out_size % 3:
+            raise ValueError(f"{name} {shape}: {out_size} does not split into three equal "
+                             "parts; pass view_options heads and kv_heads")
+        dim = out_size // 3
+    _fits(name, out_size, (n_heads + 2 * kv) * dim, "its output size", shape)
+    if _layout(name, config, options) == "grouped" and n_heads > 1:
+        raise ValueError(f"{name}: in the grouped layout the rows of q are not contiguous; "
+                         "use the heads rule (it splits per head), or qkv_layout='blocks' if "
+                         "this matrix is q|k|v")
+    q, k = n_heads * dim, kv * dim
+    return [View("part=q", _slice(0, 0, q, transposed), transposed),
+            View("part=k", _slice(0, q, q + k, transposed), transposed),
+            View("part=v", _slice(0, q + k, q + 2 * k, transposed), transposed)]
+
+
+def _expert_named(name: str) -> bool:
+    return re.search(r"expert", name, re.IGNORECASE) is not None
+
+
+def experts(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> list[View]:
+    """A 3-D tensor ``[E, out, in]`` (``expert_layout="in_out"``: ``[E, in, out]``) in its
+    E matrices: one whose name says expert, or any 3-D tensor of a model whose
+    configuration (or ``experts=``) declares experts; other 3-D tensors (convolutions)
+    are left to the ``conv`` rule."""
+    shape = tuple(param.shape)
+    declared = options.get("experts") or next(
+        (config[k] for k in _EXPERT_COUNT if config.get(k)), None)
+    if len(shape) != 3 or not (_expert_named(param.name) or declared is not None):
+        return []
+    if declared is not None and shape[0] != declared:
+        raise ValueError(f"{param.name} {shape}: its first dimension is {shape[0]}, not the "
+                         f"{declared} experts the configuration declares; pass view_options "
+                         "experts (or check that the tensor is [E, out, in])")
+    transposed = options.get("expert_layout") == "in_out"
+    return [View(f"expert={e}", (e,), transposed) for e in range(shape[0])]
+
+
+def conv(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> list[View]:
+    """A convolution ``[out, in, kh, kw]`` per spatial position (``[out, in]`` each, as
+    WeightWatcher analyses convolutions); ``[out, in, k]`` of a conv-typed parameter too."""
+    shape = tuple(param.shape)
+    if len(shape) == 4:
+        return [View(f"pos={i},{j}", (slice(None), slice(None), i, j))
+                for i in range(shape[2]) for j in range(shape[3])]
+    if len(shape) == 3 and param.ptype == "conv" and not _expert_named(param.name):
+        return [View(f"pos={i}", (slice(None), slice(None), i)) for i in range(shape[2])]
+    return []
