@@ -84,7 +84,54 @@
     };
   }
 
+  function colour(t) {  /* 0..1 -> a viridis-like ramp */
+    var stops = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+    var x = Math.max(0, Math.min(1, t)) * (stops.length - 1), i = Math.min(3, Math.floor(x));
+    var f = x - i, a = stops[i], b = stops[i + 1];
+    return "rgb(" + a.map(function (v, k) { return Math.round(v + f * (b[k] - v)); }) + ")";
+  }
+
+  function heat(svg, p, left, top, width, height) {
+    var rows = p.heat.rows, cols = p.heat.cols, z = p.heat.z, lo = Infinity, hi = -Infinity;
+    z.forEach(function (r) { r.forEach(function (v) {
+      if (v !== null && isFinite(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); } }); });
+    var longest = 0;
+    rows.forEach(function (r) { longest = Math.max(longest, Math.min(r.length, 40)); });
+    var x0 = left + 10 + 5.6 * longest, x1 = left + width - 70, y0 = top + 24;
+    var ch = Math.max(4, Math.min(18, (height - 60) / rows.length)), y1 = y0 + ch * rows.length;
+    var cw = (x1 - x0) / cols.length, g = el("g", {}, svg);
+    el("text", {x: (x0 + x1) / 2, y: top + 14, "text-anchor": "middle", "class": "ct"}, g,
+       p.title || "");
+    z.forEach(function (r, i) {
+      var label = rows[i].length > 40 ? "\u2026" + rows[i].slice(-39) : rows[i];
+      if (ch >= 8) el("text", {x: x0 - 4, y: y0 + ch * (i + 0.7), "text-anchor": "end",
+                               "class": "tick"}, g, label);
+      r.forEach(function (v, j) {
+        var ok = v !== null && isFinite(v);
+        var cell = el("rect", {x: x0 + cw * j, y: y0 + ch * i, width: cw + 0.3,
+          height: ch + 0.3, fill: ok ? colour(hi > lo ? (v - lo) / (hi - lo) : 0.5) : "#eee"},
+          g);
+        el("title", {}, cell, rows[i] + " [" + (p.heat.axis || "head") + "=" + cols[j] +
+           "]: " + (ok ? fmt(v) : "none"));
+      });
+    });
+    var every = Math.max(1, Math.ceil(cols.length / 32));
+    cols.forEach(function (c, j) {
+      if (j % every === 0) el("text", {x: x0 + cw * (j + 0.5), y: y1 + 12,
+        "text-anchor": "middle", "class": "tick"}, g, String(c));
+    });
+    el("text", {x: (x0 + x1) / 2, y: y1 + 28, "text-anchor": "middle", "class": "label"}, g,
+       p.xlabel || "");
+    for (var k = 0; k < 20; k++) {
+      el("rect", {x: x1 + 16, y: y0 + (y1 - y0) * (19 - k) / 20, width: 12,
+                  height: (y1 - y0) / 20 + 0.5, fill: colour(k / 19)}, g);
+    }
+    el("text", {x: x1 + 32, y: y0 + 8, "class": "tick"}, g, isFinite(hi) ? fmt(hi) : "");
+    el("text", {x: x1 + 32, y: y1, "class": "tick"}, g, isFinite(lo) ? fmt(lo) : "");
+  }
+
   function panel(svg, p, left, top, width, height) {
+    if (p.heat) return heat(svg, p, left, top, width, height);
     var cats = p.cats, longest = 0;
     (cats || []).forEach(function (c) { longest = Math.max(longest, Math.min(c.length, 24)); });
     var m = {l: 58, r: 12, t: 22, b: cats ? 26 + 5.8 * longest : 40};

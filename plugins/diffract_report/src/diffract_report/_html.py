@@ -301,20 +301,25 @@ def _model_section(session: Any, root: Any, model_id: str, number: int, table: d
     wanted = [f for f in (*ESD_FIELDS, *DEPTH_FIELDS) if f in known] if plots else []
     extra = session.results.export_metrics(*wanted, include_arrays=True).get(model_id, {}) \
         if wanted else {}
-    matrices = [n for n in table.get(model_id, {}) if len(params[n].shape) >= 2]
+    matrices = [n for n in table.get(model_id, {})
+                if len(params[n].shape) >= 2 and params[n].parent is None]
     charts = [_chart(spec) for spec in depth_charts(
         matrices, extra, [f for f in DEPTH_FIELDS if any(f in extra.get(n, {})
                                                           for n in matrices)])]
-    histogram = alpha_histogram([float(r["pl_alpha"]) for r in extra.values()
-                                 if isinstance(r.get("pl_alpha"), (int, float))])
+    histogram = alpha_histogram([float(r["pl_alpha"]) for name, r in extra.items()
+                                 if isinstance(r.get("pl_alpha"), (int, float))
+                                 and name in params and params[name].parent is None])
     if histogram is not None:
         charts.insert(1, _chart(histogram))
     if charts:
         parts.append("<div class=charts>" + "".join(charts) + "</div>")
     esd = {name: esd_chart(row, params[name].shape) for name, row in extra.items()
-           if name in params and "esd" in row}
+           if name in params and "esd" in row and params[name].parent is None}
     anchors = {name: f"esd-{number}-{i}" for i, name in enumerate(n for n in esd if esd[n])}
-    rows_in = table.get(model_id, {})
+    rows_in = {name: row for name, row in table.get(model_id, {}).items()
+               if name not in params or params[name].parent is None}
+    if plots and any(p.parent for p in params.values()):
+        parts += _view_parts(session, model_id, fields)
     rows = [[name, "x".join(map(str, params[name].shape)),
              *(row.get(f) if np.ndim(row.get(f, 0)) == 0 else None for f in fields)]
             for name, row in rows_in.items()]
@@ -326,6 +331,48 @@ def _model_section(session: Any, root: Any, model_id: str, number: int, table: d
     if anchors:
         parts.append(f"<h3>ESD of each layer ({len(anchors)})</h3>")
         parts += [_chart(esd[name], name, anchor) for name, anchor in anchors.items()]
+    return parts
+
+
+def _view_parts(session: Any, model_id: str, fields: Sequence[str]) -> list[str]:
+    """A model's views: a parameter x head heat map per field (alpha, stable rank when
+    stored), a parameter x expert table, and each field over each parameter's views."""
+    from diffract_report.views import head_grid, view_summary
+
+    parts = ["<h3>Views</h3>"]
+    known = set(session.compute.list_available_metrics())
+    for field in [f for f in ("pl_alpha", "stable_rank") if f in known]:
+        rows, heads, matrix = head_grid(session, model_id, field)
+        if rows:
+            parts.append(_chart({"w": 1040, "h": int(min(1400, 70 + 14 * len(rows))),
+                                 "panels": [{"title": f"{field} per head", "xlabel": "head",
+                                             "heat": {"rows": rows, "cols": heads,
+                                                      "z": [_num(r) for r in matrix]}}]}))
+    scalar = [f for f in fields if f not in ("warning", "esd")]
+    experts: dict[str, dict[int, Any]] = {}
+    params = session.session.models.params(model_id) if hasattr(session, "session") else \
+        session.models.params(model_id)
+    values = session.results.export_metrics(*scalar[:1]).get(model_id, {}) if scalar else {}
+    for p in params:
+        label = p.meta_dict.get("view", "")
+        if p.parent is not None and label.startswith("expert="):
+            experts.setdefault(p.parent, {})[int(label[7:])] = values.get(p.name, {}).get(
+                scalar[0]) if scalar else None
+    if experts:
+        count = max(len(v) for v in experts.values())
+        parts.append(f"<h4>{_esc(scalar[0] if scalar else '')} per expert</h4>"
+                     "<div class=scroll>" + html_table(
+                         ["parameter", *map(str, range(count))],
+                         [[parent, *(row.get(e) for e in range(count))]
+                          for parent, row in experts.items()], table_id=f"experts-{model_id}")
+                     + "</div>")
+    for field in scalar[:2]:
+        summary = view_summary(session, model_id, field)
+        if summary:
+            parts.append(f"<h4>{_esc(field)} over each parameter's views</h4><div class=scroll>"
+                         + html_table(["parameter", "views", "mean", "median", "min", "max"],
+                                      [list(r.values()) for r in summary],
+                                      table_id=f"views-{model_id}-{field}") + "</div>")
     return parts
 
 

@@ -104,6 +104,14 @@ def add_session_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base", metavar="PATH",
                    help="analyse what fine-tuning changed: each PATH minus this checkpoint "
                         "(W - W_base, parameters of the same name and shape)")
+    p.add_argument("--views", metavar="RULE,...",
+                   help="split parameters into views analysed on their own: heads, qkv, "
+                        "experts, conv (diffract-views; `diffract plugins` lists the rules)")
+    p.add_argument("--view-option", dest="view_options", action="append", default=[],
+                   metavar="KEY=VALUE",
+                   help="an option of the view rules (repeatable; heads=12, kv_heads=4, "
+                        "head_dim=64, experts=8...; VALUE is JSON or a bare word); the "
+                        "geometry comes from config.json when there is one")
     p.add_argument("--key", metavar="NAME",
                    help="the entry of a torch training checkpoint that holds the state dict "
                         "(when several do: 'model', 'ema'...)")
@@ -227,8 +235,27 @@ def open_session(args: argparse.Namespace) -> Any:
     return Session(profile=profile, config=config or None, **kwargs, **options)
 
 
+def view_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """``views`` and ``view_options`` for models.add from --views and --view-option."""
+    if not args.views:
+        if args.view_options:
+            raise UsageError("--view-option needs --views.")
+        return {}
+    options = {}
+    for text in args.view_options:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--view-option {text!r}: expected KEY=VALUE (heads=12).")
+        try:
+            options[key.strip()] = json.loads(value)
+        except ValueError:
+            options[key.strip()] = value
+    return {"views": args.views, "view_options": options}
+
+
 def add_models(session: Any, inputs: Sequence[tuple[str, Any, str | None]], *,
-               base: str | None = None, lora: bool = False, key: str | None = None) -> list[str]:
+               base: str | None = None, lora: bool = False, key: str | None = None,
+               views: dict[str, Any] | None = None) -> list[str]:
     """Add each model (a delta against model ``base``, or LoRA updates), or reuse it when
     a durable store already holds it from the same file (a resumed run)."""
     held = {r["model_id"]: r for r in session.models.list()}
@@ -248,7 +275,7 @@ def add_models(session: Any, inputs: Sequence[tuple[str, Any, str | None]], *,
             session.models.add_lora(what, model_id)
         else:
             session.models.add(what, model_id=model_id, base_model_id=base,
-                               key=key if file is not None else None)
+                               key=key if file is not None else None, **(views or {}))
     return [m for m, _, _ in inputs]
 
 
@@ -263,8 +290,10 @@ def add_inputs(session: Any, inputs: Sequence[tuple[str, Any, str | None]],
                              "already an update.")
         ((base, base_what, base_file),) = model_inputs([args.base])
         base = f"{base}.base"
-        add_models(session, [(base, base_what, base_file)], key=args.key)
-    return add_models(session, inputs, base=base, lora=args.lora, key=args.key)
+        add_models(session, [(base, base_what, base_file)], key=args.key,
+                   views=view_arguments(args))
+    return add_models(session, inputs, base=base, lora=args.lora, key=args.key,
+                      views=view_arguments(args))
 
 
 def scope(session: Any, model_ids: Sequence[str], args: argparse.Namespace) -> Any:

@@ -85,16 +85,36 @@ class ProgressBar:
 def table_rows(session: Any, view: Any, model_id: str, metrics: Sequence[str],
                include_1d: bool) -> list[list[Any]]:
     """Rows of (parameter, shape, metric values) in the view, 1-D parameters only when
-    asked."""
+    asked; parameter views are summarised apart (see :func:`view_tables`)."""
     values = view.results.export_metrics(*metrics)[model_id]
-    shapes = {p.name: p.shape for p in session.models.params(model_id)}
+    params = {p.name: p for p in session.models.params(model_id)}
     rows = []
     for name, row in values.items():
-        shape = shapes.get(name, ())
-        if len(shape) < 2 and not include_1d:
+        shape = params[name].shape if name in params else ()
+        if (len(shape) < 2 and not include_1d) or (name in params and params[name].parent):
             continue
         rows.append([name, "x".join(map(str, shape)), *(row.get(m) for m in metrics)])
     return rows
+
+
+def view_tables(session: Any, view: Any, model_id: str, metrics: Sequence[str],
+                console: Any | None, say: Callable[[str], None]) -> None:
+    """When the model has views: what each rule split, and the first scalar metric
+    summarised over each parameter's views (the export formats list every view)."""
+    from diffract_report.views import split_lines, view_summary
+
+    lines = split_lines(session, model_id)
+    if not lines:
+        return
+    for line in lines:
+        say(line)
+    field = next((m for m in metrics if m != "warning"), None)
+    rows = [[r["parameter"], r["views"], r["mean"], r["median"], r["min"], r["max"]]
+            for r in view_summary(view, model_id, field)] if field else []
+    if rows:
+        print_table(f"{model_id}: {field} over each parameter's views",
+                    ["parameter", "views", "mean", "median", "min", "max"], rows, console,
+                    keys=1)
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]],

@@ -30,6 +30,7 @@ from diffract_report._output import (
     table_rows,
     tell_failures,
     terminal_console,
+    view_tables,
     wrapped,
     write_outputs,
 )
@@ -79,6 +80,7 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
             for model_id in model_ids:
                 rows = table_rows(session, view, model_id, metrics, args.include_1d)
                 print_table(f"{model_id}: {len(rows)} layers", header, rows, console)
+                view_tables(session, view, model_id, metrics, console, say)
             for record in summaries:
                 if record["layers"]:  # alpha was asked for
                     say("")

@@ -34,6 +34,10 @@ from diffract_report.analyze import command_entry
 
 #: Pairwise fields shown by default: direction agreement, subspace overlap, spectrum change.
 DEFAULT_COMPARE = ("avg_max_l_agreement", "l_subspace_overlap", "sval_rel_change")
+#: What views (heads) are ranked by: 1 - the overlap of their top singular subspaces.
+RANK_BY = "l_subspace_overlap"
+#: Heads shown at each end of the ranking in the terminal (CSV and report hold all).
+SHOWN = 10
 
 
 def configure_compare(p: argparse.ArgumentParser) -> None:
@@ -58,8 +62,11 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
     started = time.perf_counter()
     if len(args.paths) < 2:
         raise UsageError("compare needs at least two checkpoints.")
-    metrics = [m.strip() for m in (args.metrics or ",".join(DEFAULT_COMPARE)).split(",")
+    defaults = (*DEFAULT_COMPARE, *(("intruder_dimensions",) if args.views else ()))
+    metrics = [m.strip() for m in (args.metrics or ",".join(defaults)).split(",")
                if m.strip()]
+    if args.views and RANK_BY not in metrics:  # the ranking of views reads it
+        metrics.append(RANK_BY)
     inputs = model_inputs(args.paths)
     session = open_session(args)
     with session:
@@ -82,8 +89,9 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                 needs = sorted({f for m in metrics for f in _inputs_of(session, m)})
                 reports = [view.compute.apply(*needs, errors="record", progress=bar)] if needs \
                     else []
-                reports += view.compute.apply_pairs(*metrics, pairs=args.pairs,
-                                                    errors="record").values()
+                by_pair = view.compute.apply_pairs(*metrics, pairs=args.pairs,
+                                                   errors="record")
+                reports += by_pair.values()
         except KeyboardInterrupt:
             print("diffract compare: interrupted; rerun with --store PATH to resume.",
                   file=sys.stderr)
@@ -91,8 +99,11 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
         console = terminal_console() if sys.stdout.isatty() and args.format == "table" else None
         sections = []
         written: list[Path] = []
+        views = {p.name for m in model_ids for p in session.models.params(m) if p.parent}
         for field in metrics:
             layers, pairs, matrix = pair_matrix(view, field)
+            keep = [i for i, layer in enumerate(layers) if layer not in views]
+            layers, matrix = [layers[i] for i in keep], matrix[keep]
             if args.format == "table":
                 rows = [[layer, *matrix[i]] for i, layer in enumerate(layers)]
                 print_table(f"{field} (layer x pair)", ["parameter", *pairs], rows, console,
@@ -122,6 +133,8 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                                      "analyze.")
                 written.append(view.results.export_aggregates(
                     *metrics, export_format=fmt, path=folder / f"compare.{fmt}"))
+        if views:
+            written += _ranked_views(view, list(by_pair), metrics, args, console, say, sections)
         if args.report:
             from diffract_report.report import write_html
 
@@ -140,6 +153,46 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
             return EXIT_FAILED
         tell(f"done in {time.perf_counter() - started:.1f} s")
     return EXIT_OK
+
+
+def _ranked_views(view: Any, pairs: Sequence[tuple[str, str]], metrics: Sequence[str],
+                  args: argparse.Namespace, console: Any, say: Callable[[str], None],
+                  sections: list[str]) -> list[Path]:
+    """Per compared pair, the head views ranked by change (1 - l_subspace_overlap), most
+    and least changed in the terminal, all of them in heads.csv (--out) and the report."""
+    import csv
+
+    from diffract_report.views import rank_heads
+
+    written: list[Path] = []
+    fields = [m for m in metrics if m != RANK_BY]
+    header = ["head", f"change (1 - {RANK_BY})", RANK_BY, *fields]
+    every = []
+    for a, b in pairs:
+        ranked = rank_heads(view, (a, b), fields, by=RANK_BY)
+        if not ranked:
+            continue
+        rows = [[r["head"], r["change"], r[RANK_BY], *(r.get(f) for f in fields)]
+                for r in ranked]
+        every += [[f"{a} -> {b}", *row] for row in rows]
+        if args.format == "table":
+            shown = rows if len(rows) <= 2 * SHOWN else rows[:SHOWN] + rows[-SHOWN:]
+            title = (f"heads ranked by change, {a} -> {b}" + (
+                f" ({SHOWN} most and {SHOWN} least changed of {len(rows)})"
+                if len(rows) > 2 * SHOWN else ""))
+            print_table(title, header, shown, console, keys=1)
+        if args.report:
+            from diffract_report.report import html_table
+
+            sections.append(f"<h2>Heads ranked by change, {a} &rarr; {b}</h2>"
+                            + html_table(header, rows, table_id=f"heads-{a}-{b}"))
+    if args.out and every:
+        path = Path(args.out) / "heads.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as fh:
+            csv.writer(fh).writerows([["pair", *header], *every])
+        written.append(path)
+    return written
 
 
 def _refuse_disjoint(session: Any, model_ids: Sequence[str]) -> None:

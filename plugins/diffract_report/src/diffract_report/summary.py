@@ -51,7 +51,8 @@ def summarize(
     alpha: str = "pl_alpha",
     weighted: str = "alpha_weighted",
 ) -> list[dict[str, Any]]:
-    """One record per model: ``layers`` where ``alpha`` was computed or attempted
+    """One record per model (its stored parameters: views of them are left out):
+    ``layers`` where ``alpha`` was computed or attempted
     (stored, or failed), its mean and median over the layers where it is defined, the
     mean of ``weighted``, the share of layers with alpha below 2 (likely over-trained)
     and above 6 (likely under-trained), the layers where it is ``undefined`` (stored as
@@ -77,11 +78,13 @@ def summarize(
     presets = session.compute.list_conventions()
     effect = session.compute.conventions_in_effect()
     conventions = ", ".join(effect) if effect else ("custom" if presets else "")
+    root = getattr(session, "session", session)
     out = []
     for model_id in ids:
         if model_id not in in_scope:
             continue
-        rows = table.get(model_id, {})
+        views = {p.name for p in root.models.params(model_id) if p.parent is not None}
+        rows = {k: v for k, v in table.get(model_id, {}).items() if k not in views}
         alphas = [_number(r.get(alpha)) for r in rows.values() if alpha in r]
         defined = np.array([a for a in alphas if a is not None and math.isfinite(a)])
         weights = [_number(r.get(weighted)) for r in rows.values() if weighted in r]
@@ -91,7 +94,8 @@ def summarize(
         shown: dict[str, str] = {}  # group -> its first reason, numbers kept
         failed = 0
         for n in notes:
-            if n["kernel"] != producer or not n["unit"].startswith(prefix):
+            if (n["kernel"] != producer or not n["unit"].startswith(prefix)
+                    or n["unit"][len(prefix):] in views):
                 continue
             if n["kind"] == "failed":
                 failed += 1

@@ -1,0 +1,113 @@
+"""Readings of parameter views (heads, experts...): what each rule split, a field
+summarised over each parameter's views, heads ranked by how much they moved.
+
+Views are parameters named ``<parent>[<label>]`` with metadata ``view_of`` and ``view``
+(diffract-views adds them); everything here reads stored results only.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["head_grid", "rank_heads", "split_lines", "view_summary"]
+
+
+def _params(session: Any, model_id: str) -> list[Any]:
+    return getattr(session, "session", session).models.params(model_id)
+
+
+def split_lines(session: Any, model_id: str) -> list[str]:
+    """One line per view rule: how many parameters it split, and their names with the
+    layer numbers folded (``model.layers.*.self_attn.q_proj.weight``)."""
+    params = _params(session, model_id)
+    stored = [p for p in params if p.parent is None]
+    by_rule: dict[str, dict[str, int]] = {}
+    for p in params:
+        if p.parent is not None:
+            rule = p.meta_dict.get("view_rule", "?")
+            by_rule.setdefault(rule, {}).setdefault(p.parent, 0)
+            by_rule[rule][p.parent] += 1
+    lines = []
+    for rule, parents in sorted(by_rule.items()):
+        shapes = sorted({re.sub(r"\.\d+\.", ".*.", name) for name in parents})
+        lines.append(f"{model_id}: {rule} split {len(parents)} of {len(stored)} parameters "
+                     f"into {sum(parents.values())} views ({', '.join(shapes[:6])}"
+                     f"{', ...' if len(shapes) > 6 else ''})")
+    return lines
+
+
+def view_summary(session: Any, model_id: str, field: str) -> list[dict[str, Any]]:
+    """Per parameter with views: how many hold a number in ``field``, and its mean,
+    median, min and max over them (NaN where none does)."""
+    rows = session.results.export_metrics(field).get(model_id, {})
+    groups: dict[str, list[float]] = {}
+    for p in _params(session, model_id):
+        if p.parent is None:
+            continue
+        value = rows.get(p.name, {}).get(field)
+        groups.setdefault(p.parent, [])
+        if isinstance(value, (int, float, np.number)) and math.isfinite(value):
+            groups[p.parent].append(float(value))
+    out = []
+    for parent, values in groups.items():
+        v = np.asarray(values)
+        stats = ((float(v.mean()), float(np.median(v)), float(v.min()), float(v.max()))
+                 if v.size else (math.nan,) * 4)
+        out.append(dict(zip(("parameter", "views", "mean", "median", "min", "max"),
+                            (parent, len(v), *stats), strict=True)))
+    return out
+
+
+def _head(label: str) -> int | None:
+    found = re.search(r"(?:^|,)head=(\d+)$", label)
+    return int(found.group(1)) if found else None
+
+
+def head_grid(session: Any, model_id: str, field: str) -> tuple[list[str], list[int], Any]:
+    """(parameters, head numbers, matrix parameter x head of ``field``; NaN where a
+    head has none) over the head views; fused parts are rows of their own
+    (``c_attn.weight[part=q]``)."""
+    rows = session.results.export_metrics(field).get(model_id, {})
+    cells: dict[tuple[str, int], float] = {}
+    order: list[str] = []
+    for p in _params(session, model_id):
+        label = p.meta_dict.get("view", "")
+        head = _head(label)
+        if p.parent is None or head is None:
+            continue
+        part = re.search(r"part=(\w+)", label)
+        row = f"{p.parent}[part={part.group(1)}]" if part else p.parent
+        if row not in order:
+            order.append(row)
+        value = rows.get(p.name, {}).get(field)
+        cells[(row, head)] = float(value) if isinstance(value, (int, float)) else math.nan
+    heads = sorted({h for _, h in cells})
+    matrix = np.full((len(order), len(heads)), np.nan)
+    for (row, head), value in cells.items():
+        matrix[order.index(row), heads.index(head)] = value
+    return order, heads, matrix
+
+
+def rank_heads(session: Any, pair: Sequence[str], fields: Sequence[str],
+               by: str = "l_subspace_overlap") -> list[dict[str, Any]]:
+    """The head views of a compared pair, most changed first: ranked by ``1 - by``
+    (the share of the head's top singular subspace that moved), with ``fields`` beside
+    it. Heads without ``by`` are left out."""
+    a, b = pair
+    wanted = list(dict.fromkeys([by, *fields]))
+    records = session.results.export_aggregates(*wanted, export_format="list")
+    table: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if r["models"] == f"{a},{b}" and r["param"] and "[" in r["param"] \
+                and _head(r["param"].rsplit("[", 1)[1].rstrip("]")) is not None \
+                and np.ndim(r["value"]) == 0:
+            table.setdefault(r["param"], {})[r["field"]] = float(r["value"])
+    ranked = [{"head": name, "change": 1.0 - values[by], **values}
+              for name, values in table.items()
+              if by in values and math.isfinite(values[by])]
+    return sorted(ranked, key=lambda r: -r["change"])

@@ -1,0 +1,109 @@
+"""--views on the command line: analyze splits and summarises, compare ranks heads by how
+much they moved, the report draws them; a rule that applies to nothing exits 2."""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("diffract_views")
+pytest.importorskip("diffract_kernels_alignment")
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+CONFIG = {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64}
+
+
+def _cli(*args, cwd):
+    env = {k: v for k, v in os.environ.items() if k != "DIFFRACT_STRICT_PLUGINS"}
+    return subprocess.run([sys.executable, "-m", "diffract.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def _save(root, state):
+    root.mkdir()
+    safetensors_torch.save_file({k: torch.tensor(v, dtype=torch.float32) for k, v in
+                                 state.items()}, str(root / "model.safetensors"))
+    (root / "config.json").write_text(json.dumps(CONFIG))
+    return root
+
+
+@pytest.fixture
+def pair(tmp_path):
+    """Two checkpoints of a 2-layer model; in the second, head 2 of layer 1's q_proj is
+    rotated (its rows mixed by an orthogonal matrix), nothing else changes."""
+    rng = np.random.default_rng(3)
+    state = {}
+    for layer in range(2):
+        a = f"model.layers.{layer}.self_attn."
+        state[a + "q_proj.weight"] = rng.standard_t(3, (64, 64))
+        state[a + "k_proj.weight"] = rng.standard_t(3, (32, 64))
+        state[a + "v_proj.weight"] = rng.standard_t(3, (32, 64))
+        state[a + "o_proj.weight"] = rng.standard_t(3, (64, 64))
+    tuned = dict(state)
+    q = state["model.layers.1.self_attn.q_proj.weight"].copy()
+    rotation, _ = np.linalg.qr(rng.standard_normal((16, 16)))
+    q[32:48] = rotation @ q[32:48]
+    tuned["model.layers.1.self_attn.q_proj.weight"] = q
+    return _save(tmp_path / "base", state), _save(tmp_path / "tuned", tuned)
+
+
+def test_compare_ranks_the_moved_head_first(pair, tmp_path):
+    """The rotated head tops the ranking (terminal and heads.csv); the unchanged heads
+    have an overlap of 1."""
+    base, tuned = pair
+    run = _cli("compare", str(base), str(tuned), "--views", "heads", "--out",
+               str(tmp_path / "out"), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "heads ranked by change, base -> tuned" in run.stdout
+    rows = list(csv.DictReader((tmp_path / "out" / "heads.csv").open()))
+    assert len(rows) == 2 * (4 + 2 + 2 + 4)
+    assert rows[0]["head"] == "model.layers.1.self_attn.q_proj.weight[head=2]"
+    assert float(rows[0]["change (1 - l_subspace_overlap)"]) > 0.3
+    assert all(float(r["l_subspace_overlap"]) == pytest.approx(1.0, abs=1e-9) for r in rows[1:])
+    assert "intruder_dimensions" in rows[0]
+
+
+def test_analyze_splits_summarises_and_reports_views(pair, tmp_path):
+    """The table lists the parameters; a line says what the rule split; a table gives
+    the field over each parameter's views; JSON holds every view with its parent; the
+    report draws the heads as a heat map and keeps views out of the layer table."""
+    base, _ = pair
+    run = _cli("analyze", str(base), "--views", "heads", "--metrics", "stable_rank",
+               "--report", str(tmp_path / "r.html"), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert ("base: heads split 8 of 8 parameters into 24 views "
+            "(model.layers.*.self_attn.k_proj.weight") in run.stdout
+    assert "base: stable_rank over each parameter's views" in run.stdout
+    dump = _cli("analyze", str(base), "--views", "heads", "--metrics", "stable_rank",
+                "--format", "json", cwd=tmp_path)
+    records = {r["param"]: r for r in json.loads(dump.stdout)}
+    assert len(records) == 8 + 24
+    assert records["model.layers.0.self_attn.o_proj.weight[head=3]"]["meta.view_of"] == \
+        "model.layers.0.self_attn.o_proj.weight"
+    text = (tmp_path / "r.html").read_text()
+    charts = [json.loads(html.unescape(m)) for m in
+              re.findall(r"<div class=chart data-chart='([^']*)'", text)]
+    grid = next(c for c in charts if c["panels"][0].get("title") == "stable_rank per head")
+    assert len(grid["panels"][0]["heat"]["rows"]) == 8 and grid["panels"][0]["heat"]["cols"] \
+        == [0, 1, 2, 3]
+    table = re.search(r'<table[^>]* id="metrics-base">(.*?)</table>', text).group(1)
+    assert "[head=" not in table
+
+
+def test_a_rule_that_applies_to_nothing_exits_2(tmp_path):
+    """--views experts on a model without 3-D tensors: the rule and why, exit 2."""
+    root = _save(tmp_path / "m", {"a.weight": np.ones((4, 4))})
+    run = _cli("analyze", str(root), "--views", "experts", cwd=tmp_path)
+    assert run.returncode == 2
+    assert "view rule(s) ['experts'] split none of its 1 parameters" in run.stderr
+    bad = _cli("analyze", str(root), "--views", "heads", "--view-option", "heads", cwd=tmp_path)
+    assert bad.returncode == 2 and "expected KEY=VALUE" in bad.stderr
