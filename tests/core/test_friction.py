@@ -230,8 +230,9 @@ class TestPluginGuide:
             with Session() as s:
                 names = s.models.add(tmp_path / "ckpt", "m", views={"q-heads": {"heads": 4}})
                 assert s.store.source("m").format == "npy-directory"
-                assert names == ["attn.q_proj.weight", "attn.v_proj.weight",
-                                 *(f"attn.q_proj.weight[head={h}]" for h in range(4))]
+                assert names == ["attn.q_proj.weight",
+                                 *(f"attn.q_proj.weight[head={h}]" for h in range(4)),
+                                 "attn.v_proj.weight"]
                 s.compute.apply("frob_norm")
                 rows = s.results.export_metrics("frob_norm")["m"]
             for h in range(4):

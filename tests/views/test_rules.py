@@ -230,3 +230,26 @@ def test_views_filter_by_label_and_survive_a_reopen(rng, tmp_path):
         s.compute.apply("stable_rank")
         rows = s.results.export_metrics("stable_rank")["m"]
         assert len(rows) == 25 and f"{ATTN}v_proj.weight[head=1]" in rows
+
+
+def test_a_parameter_and_its_views_read_the_file_once(rng, tmp_path, monkeypatch):
+    """Analysing the parameters and their head views reads each tensor's rows once (one
+    I/O thread: the order is deterministic); stale() and provenance() take a view's id."""
+    from diffract_formats._safetensors import SafetensorsFile
+
+    root = _checkpoint(tmp_path, _llama(rng), LLAMA)
+    calls = []
+    rows = SafetensorsFile.rows
+    monkeypatch.setattr(SafetensorsFile, "rows", lambda self, name, a, b, **kw:
+                        calls.append((name, a, b)) or rows(self, name, a, b, **kw))
+    config = {"parallel": {"thread_pool": {"max_workers": 1}}}
+    with Session(config=config) as s:
+        s.models.add(root, "m", views=["heads"])
+        calls.clear()
+        s.compute.apply("frob_norm")
+        names = [name for name, _, _ in calls]
+        assert sorted(names) == sorted(set(names)) and len(names) == 5  # each tensor once
+        head = f"{ATTN}k_proj.weight[head=1]"
+        prov = s.results.provenance("frob_norm", "m", head)
+        assert prov["kernel"] == "frob_norm"
+        assert s.results.stale("frob_norm") == []

@@ -32,7 +32,16 @@ from diffract.core.ptypes import infer_type, module_types
 from diffract.core.sources import ModelSource
 from diffract.core.storage.base import ParamInfo
 from diffract.core.tensors import readable, to_numpy
-from diffract.core.views import Index, View, resolve_index, sliced_shape, to_slices, view_name
+from diffract.core.views import (
+    RECENT_BYTES,
+    Index,
+    Recent,
+    View,
+    resolve_index,
+    sliced_shape,
+    to_slices,
+    view_name,
+)
 from diffract.errors import EmptyModelError, InvalidArgumentError, ModelSourceError
 
 __all__ = ["OpenedModel", "apply_overrides", "open_source", "read_model", "with_views"]
@@ -144,12 +153,23 @@ def _renamed(loader: Loader, renamed: Mapping[str, str]) -> Loader:
 
 
 def _viewed(loader: Loader, views: Mapping[str, tuple[str, Index, bool]]) -> Loader:
+    """``loader`` that also reads views: a parent just read whole is kept (up to
+    ``RECENT_BYTES``) and its views sliced from it; otherwise a view reads its slice. With
+    the views listed right after their parent, analysing a parameter and its views reads
+    the parameter once."""
+    parents = {parent for parent, _, _ in views.values()}
+    recent = Recent(RECENT_BYTES)
+
     def read(name: str, index: Index | None = None) -> Any:
         view = views.get(name)
         if view is None:
-            return loader(name, index)
+            value = loader(name, index)
+            if index is None and name in parents:
+                recent.put(name, value)
+            return value
         parent, at, transpose = view
-        value = loader(parent, at)
+        whole = recent.get(parent)
+        value = whole[to_slices(at)] if whole is not None else loader(parent, at)
         return value.T if transpose else value
 
     return read
@@ -224,13 +244,15 @@ def _refuse_clashes(names: Sequence[str], what: str, model_id: str) -> None:
 
 def with_views(opened: OpenedModel, rules: Sequence[tuple[Any, Mapping[str, Any]]]) -> OpenedModel:
     """The model with the views each rule (a ViewRule and its options) splits its
-    parameters into, added after their parents; the source records them."""
+    parameters into, each parameter followed by its views (so that one chunk reads a
+    parameter and its views together); the source records them."""
     model_id = opened.infos[0].model_id
-    infos = list(opened.infos)
+    infos: list[ParamInfo] = []  # each parameter, then its views
     table: list[tuple[str, str, Index, bool]] = []
     config = opened.config() if rules else {}
     split: dict[str, int] = {rule.name: 0 for rule, _ in rules}
     for info in opened.infos:
+        infos.append(info)
         for rule, options in rules:
             try:
                 views = list(rule.split(info, config, options) or ())

@@ -24,8 +24,11 @@ from typing import Any
 import attrs
 import numpy as np
 
-__all__ = ["Index", "View", "normalize_index", "read_rows", "resolve_index", "sliced_shape",
-           "to_slices", "view_name"]
+__all__ = ["RECENT_BYTES", "Index", "Recent", "View", "normalize_index", "read_rows",
+           "resolve_index", "sliced_shape", "to_slices", "view_name"]
+
+#: Bytes of recently read parents kept for slicing their views (per loader).
+RECENT_BYTES = 1 << 28
 
 #: Per leading axis: an integer (the axis is dropped) or ``(start, stop, step)`` (a stop
 #: of None: to the end of the axis, until :func:`resolve_index` fills it in).
@@ -141,3 +144,39 @@ def read_rows(
         chunk = rows(first, min(first + block, stop))
         parts.append(chunk[(slice(None, None, step), *rest)])
     return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
+def _nbytes(value: Any) -> int:
+    size = getattr(value, "nbytes", None)
+    if isinstance(size, int):
+        return size
+    return int(value.element_size() * value.numel())  # a torch tensor
+
+
+class Recent:
+    """The last parents read whole, up to ``max_bytes`` (least recently used dropped
+    first); thread-safe."""
+
+    def __init__(self, max_bytes: int) -> None:
+        import threading
+        from collections import OrderedDict
+
+        self.max_bytes, self._lock = max_bytes, threading.Lock()
+        self._items: OrderedDict[str, Any] = OrderedDict()
+
+    def put(self, name: str, value: Any) -> None:
+        size = _nbytes(value)
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            self._items[name] = value
+            self._items.move_to_end(name)
+            while sum(_nbytes(v) for v in self._items.values()) > self.max_bytes:
+                self._items.popitem(last=False)
+
+    def get(self, name: str) -> Any:
+        with self._lock:
+            value = self._items.get(name)
+            if value is not None:
+                self._items.move_to_end(name)
+            return value

@@ -1,0 +1,177 @@
+"""A 1B-scale LLM checkpoint on this machine: OLMo-2-1B's shapes, bf16, sharded.
+
+Builds (once, cached under ``--dir``) a synthetic checkpoint with OLMo-2-1B's geometry:
+16 layers, hidden 2048, 16 heads of 128, MLP 8192, vocabulary 100,352; safetensors
+shards with an index and a ``config.json``; random weights with heavy-tailed spectra
+(Gaussian matrices whose columns are scaled by Pareto factors). Then, each in a fresh
+process, times ``diffract analyze`` with the default metrics, with ``--views heads``, and
+on a 2-worker Dask LocalCluster, printing per run: wall time, core-seconds per matrix
+against the numpy floor (the esd kernel's method, float32 Gram + eigh on one core, timed
+here on each shape), peak RSS and bytes read (``/proc/self/io`` rchar). WeightWatcher's
+analyze() runs on the same checkpoint when it is installed and ``--ww`` is given (it holds
+the whole model in memory as float32).
+
+    python benchmarks/bench_llm.py [--dir /tmp/diffract-olmo2-1b] [--ww]
+
+Correctness is tested on small shapes: tests/views (views equal numpy slices, fields on a
+view equal the field on the slice), tests/executors (Dask equals sequential).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import header, table  # noqa: E402
+
+LAYERS, HIDDEN, HEADS, MLP, VOCAB = 16, 2048, 16, 8192, 100352
+CONFIG = {"model_type": "olmo2", "num_hidden_layers": LAYERS, "hidden_size": HIDDEN,
+          "num_attention_heads": HEADS, "num_key_value_heads": HEADS,
+          "intermediate_size": MLP, "vocab_size": VOCAB}
+
+RUN = """
+import json, os, resource, sys, time
+start = time.perf_counter()
+from diffract.cli import main
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    io = dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())
+    usage = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(json.dumps({"code": code, "wall": time.perf_counter() - start,
+                      "cpu": sum(u.ru_utime + u.ru_stime for u in usage),
+                      "rss_mib": max(u.ru_maxrss for u in usage) / 1024,
+                      "read_mib": int(io["rchar"]) / 2**20}), file=sys.stderr)
+"""
+
+
+WW = """
+import glob, json, logging, resource, sys, time, warnings
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+start = time.perf_counter()
+import weightwatcher as ww
+from safetensors.torch import load_file
+state = {}
+for file in sorted(glob.glob(sys.argv[1] + "/*.safetensors")):
+    state.update({k: v.float() for k, v in load_file(file).items()})
+ww.WeightWatcher(model=state).analyze()
+print(json.dumps({"wall": time.perf_counter() - start,
+                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def shapes() -> dict[str, tuple[int, int]]:
+    out = {"model.embed_tokens.weight": (VOCAB, HIDDEN), "lm_head.weight": (VOCAB, HIDDEN)}
+    for i in range(LAYERS):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        out.update({a + "q_proj.weight": (HIDDEN, HIDDEN), a + "k_proj.weight": (HIDDEN, HIDDEN),
+                    a + "v_proj.weight": (HIDDEN, HIDDEN), a + "o_proj.weight": (HIDDEN, HIDDEN),
+                    m + "gate_proj.weight": (MLP, HIDDEN), m + "up_proj.weight": (MLP, HIDDEN),
+                    m + "down_proj.weight": (HIDDEN, MLP)})
+    return out
+
+
+def build(root: Path) -> None:
+    """The checkpoint: one shard per 4 layers, embeddings in the first and last."""
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    if (root / "model.safetensors.index.json").exists():
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    names = list(shapes().items())
+    shards = [names[:1] + names[2:30], names[30:58], names[58:86], names[86:] + names[1:2]]
+    weight_map = {}
+    for k, shard in enumerate(shards):
+        file = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {}
+        for name, (rows, cols) in shard:
+            scale = (1 + rng.pareto(2.5, cols)).astype(np.float32) / np.sqrt(cols)
+            w = rng.standard_normal((rows, cols), dtype=np.float32) * scale
+            tensors[name] = torch.from_numpy(w).to(torch.bfloat16)
+            weight_map[name] = file
+        save_file(tensors, str(root / file))
+    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (root / "config.json").write_text(json.dumps(CONFIG))
+
+
+def floor() -> dict[tuple[int, int], float]:
+    """Seconds of the esd kernel's method (float32 Gram + eigh) on one core, per shape."""
+    import numpy as np
+    from threadpoolctl import threadpool_limits
+
+    from diffract_kernels_spectral.linalg import esd
+
+    out = {}
+    rng = np.random.default_rng(1)
+    with threadpool_limits(1):
+        for shape in sorted(set(shapes().values()) | {(128, HIDDEN), (HIDDEN, 128)}):
+            w = rng.standard_normal(shape, dtype=np.float32)
+            esd(w)
+            start = time.perf_counter()
+            esd(w)
+            out[shape] = time.perf_counter() - start
+    return out
+
+
+def run(args: list[str]) -> dict:
+    done = subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True, text=True)
+    stats = json.loads(done.stderr.strip().splitlines()[-1])
+    if stats["code"] not in (0, 1):
+        sys.exit(f"bench_llm: {' '.join(args)} failed:\n{done.stderr[-2000:]}")
+    return stats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/diffract-olmo2-1b"))
+    parser.add_argument("--ww", action="store_true", help="also time WeightWatcher")
+    args = parser.parse_args()
+    header("OLMo-2-1B-shaped checkpoint (bf16, 4 shards): diffract analyze from process start",
+           ["diffract-core", "diffract-kernels-spectral", "diffract-views",
+            "diffract-executor-dask", "numpy"])
+    build(args.dir)
+    disk = sum(f.stat().st_size for f in args.dir.glob("*.safetensors")) / 2**20
+    per_shape = floor()
+    matrices = shapes()
+    floor_s = sum(per_shape[s] for s in matrices.values())
+    views = 4 * HEADS * LAYERS
+    views_floor = floor_s + LAYERS * HEADS * (3 * per_shape[(128, HIDDEN)]
+                                              + per_shape[(HIDDEN, 128)])
+    print(f"# {len(matrices)} matrices, {disk:.0f} MiB on disk; numpy floor on one core: "
+          f"{floor_s:.1f} s ({floor_s / len(matrices):.2f} s a matrix); with {views} head "
+          f"views {views_floor:.1f} s")
+    base = ["analyze", str(args.dir), "--quiet", "--format", "csv", "--out"]
+    # in this process (one solver per core on threads): rchar counts every byte read
+    runs = {"default metrics": (base + ["/tmp/bench-llm-a", "--executor", "sequential"],
+                                len(matrices), floor_s),
+            "--views heads": (base + ["/tmp/bench-llm-b", "--executor", "sequential",
+                                      "--views", "heads"], len(matrices) + views, views_floor),
+            "dask, 2 workers": (base + ["/tmp/bench-llm-c", "--executor", "dask"],
+                                len(matrices), floor_s),
+            "processes, 2 workers": (base + ["/tmp/bench-llm-d", "--executor", "processes"],
+                                     len(matrices), floor_s)}
+    rows = []
+    for name, (argv, units, ideal) in runs.items():
+        stats = run(argv)
+        rows.append([name, f"{stats['wall']:.1f}", f"{stats['cpu'] / units:.3f}",
+                     f"{stats['cpu'] / ideal:.2f}x", f"{stats['rss_mib']:.0f}",
+                     f"{stats['read_mib']:.0f}"])
+        print(f"# {name}: {stats}", flush=True)
+    table(["run", "wall s", "core-s / matrix", "cpu / floor", "peak RSS MiB", "read MiB"], rows)
+    if args.ww:
+        done = subprocess.run([sys.executable, "-c", WW, str(args.dir)], capture_output=True,
+                              text=True)
+        print("# weightwatcher: " + (done.stdout.strip().splitlines()[-1] if done.stdout
+                                     else done.stderr[-500:]))
+
+
+if __name__ == "__main__":
+    main()
