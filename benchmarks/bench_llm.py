@@ -11,7 +11,7 @@ here on each shape), peak RSS and bytes read (``/proc/self/io`` rchar). WeightWa
 analyze() runs on the same checkpoint when it is installed and ``--ww`` is given (it holds
 the whole model in memory as float32).
 
-    python benchmarks/bench_llm.py [--dir /tmp/diffract-olmo2-1b] [--ww]
+    python benchmarks/bench_llm.py [--dir /tmp/diffract-olmo2-1b] [--ww] [--only views]
 
 Correctness is tested on small shapes: tests/views (views equal numpy slices, fields on a
 view equal the field on the slice), tests/executors (Dask equals sequential).
@@ -133,6 +133,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", type=Path, default=Path("/tmp/diffract-olmo2-1b"))
     parser.add_argument("--ww", action="store_true", help="also time WeightWatcher")
+    parser.add_argument("--only", help="run only the runs whose name holds this text")
     args = parser.parse_args()
     header("OLMo-2-1B-shaped checkpoint (bf16, 4 shards): diffract analyze from process start",
            ["diffract-core", "diffract-kernels-spectral", "diffract-views",
@@ -160,6 +161,8 @@ def main() -> None:
                                      len(matrices), floor_s)}
     rows = []
     for name, (argv, units, ideal) in runs.items():
+        if args.only and args.only not in name:
+            continue
         stats = run(argv)
         rows.append([name, f"{stats['wall']:.1f}", f"{stats['cpu'] / units:.3f}",
                      f"{stats['cpu'] / ideal:.2f}x", f"{stats['rss_mib']:.0f}",

@@ -234,7 +234,8 @@ def test_views_filter_by_label_and_survive_a_reopen(rng, tmp_path):
 
 def test_a_parameter_and_its_views_read_the_file_once(rng, tmp_path, monkeypatch):
     """Analysing the parameters and their head views reads each tensor's rows once (one
-    I/O thread: the order is deterministic); stale() and provenance() take a view's id."""
+    I/O thread, so that the order is fixed: on several, a view that starts before its
+    parent's read may read its own slice); stale() and provenance() take a view's id."""
     from diffract_formats._safetensors import SafetensorsFile
 
     root = _checkpoint(tmp_path, _llama(rng), LLAMA)

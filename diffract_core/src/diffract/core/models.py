@@ -153,20 +153,20 @@ def _renamed(loader: Loader, renamed: Mapping[str, str]) -> Loader:
 
 
 def _viewed(loader: Loader, views: Mapping[str, tuple[str, Index, bool]]) -> Loader:
-    """``loader`` that also reads views: a parent just read whole is kept (up to
-    ``RECENT_BYTES``) and its views sliced from it; otherwise a view reads its slice. With
-    the views listed right after their parent, analysing a parameter and its views reads
-    the parameter once."""
+    """``loader`` that also reads views. A parent read whole (for its own unit) is kept,
+    up to ``RECENT_BYTES`` of recent parents, and its views are sliced from it (a view
+    asking while its parent is being read waits for that read); a view whose parent is
+    not kept reads only its slice. With the views listed right after their parent, a
+    chunk that analyses a parameter and its views reads the parameter once."""
     parents = {parent for parent, _, _ in views.values()}
     recent = Recent(RECENT_BYTES)
 
     def read(name: str, index: Index | None = None) -> Any:
         view = views.get(name)
         if view is None:
-            value = loader(name, index)
             if index is None and name in parents:
-                recent.put(name, value)
-            return value
+                return recent.load(name, lambda: loader(name, None))
+            return loader(name, index)
         parent, at, transpose = view
         whole = recent.get(parent)
         value = whole[to_slices(at)] if whole is not None else loader(parent, at)

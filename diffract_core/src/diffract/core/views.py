@@ -154,8 +154,10 @@ def _nbytes(value: Any) -> int:
 
 
 class Recent:
-    """The last parents read whole, up to ``max_bytes`` (least recently used dropped
-    first); thread-safe."""
+    """Parents read whole, the most recent up to ``max_bytes`` (least recently used
+    dropped first). ``load(name, read)`` returns the kept value or reads it once (other
+    threads loading or getting the name meanwhile wait for that read); ``get(name)``
+    returns a kept value or None. A value larger than ``max_bytes`` is not kept."""
 
     def __init__(self, max_bytes: int) -> None:
         import threading
@@ -163,20 +165,39 @@ class Recent:
 
         self.max_bytes, self._lock = max_bytes, threading.Lock()
         self._items: OrderedDict[str, Any] = OrderedDict()
-
-    def put(self, name: str, value: Any) -> None:
-        size = _nbytes(value)
-        if size > self.max_bytes:
-            return
-        with self._lock:
-            self._items[name] = value
-            self._items.move_to_end(name)
-            while sum(_nbytes(v) for v in self._items.values()) > self.max_bytes:
-                self._items.popitem(last=False)
+        self._reading: dict[str, threading.Lock] = {}
 
     def get(self, name: str) -> Any:
+        """The kept value (waiting for it while it is being read), or None."""
         with self._lock:
-            value = self._items.get(name)
-            if value is not None:
+            if name in self._items:
                 self._items.move_to_end(name)
+                return self._items[name]
+            gate = self._reading.get(name)
+        if gate is None:
+            return None
+        with gate:  # being read: wait for it
+            with self._lock:
+                return self._items.get(name)
+
+    def load(self, name: str, read: Any) -> Any:
+        import threading
+
+        with self._lock:
+            if name in self._items:
+                self._items.move_to_end(name)
+                return self._items[name]
+            gate = self._reading.setdefault(name, threading.Lock())
+        with gate:  # one read per name; the others wait for it
+            with self._lock:
+                if name in self._items:
+                    return self._items[name]
+            value = read()
+            with self._lock:
+                self._reading.pop(name, None)
+                if _nbytes(value) > self.max_bytes:
+                    return value
+                self._items[name] = value
+                while sum(_nbytes(v) for v in self._items.values()) > self.max_bytes:
+                    self._items.popitem(last=False)
             return value
