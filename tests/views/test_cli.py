@@ -107,3 +107,16 @@ def test_a_rule_that_applies_to_nothing_exits_2(tmp_path):
     assert "view rule(s) ['experts'] split none of its 1 parameters" in run.stderr
     bad = _cli("analyze", str(root), "--views", "heads", "--view-option", "heads", cwd=tmp_path)
     assert bad.returncode == 2 and "expected KEY=VALUE" in bad.stderr
+
+
+def test_the_report_tables_experts(tmp_path):
+    """An MoE model's report: a parameter x expert table of the first metric."""
+    rng = np.random.default_rng(0)
+    root = _save(tmp_path / "moe", {"mlp.experts.down_proj": rng.standard_t(3, (3, 40, 30)),
+                                    "attn.weight": rng.standard_normal((40, 30))})
+    run = _cli("analyze", str(root), "--views", "experts", "--metrics", "stable_rank",
+               "--report", str(tmp_path / "r.html"), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    text = (tmp_path / "r.html").read_text()
+    table = re.search(r'<table[^>]* id="experts-moe">(.*?)</table>', text).group(1)
+    assert "<th>0</th><th>1</th><th>2</th>" in table and "mlp.experts.down_proj" in table
