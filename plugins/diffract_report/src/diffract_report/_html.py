@@ -350,8 +350,7 @@ def _view_parts(session: Any, model_id: str, fields: Sequence[str]) -> list[str]
                                                       "z": [_num(r) for r in matrix]}}]}))
     scalar = [f for f in fields if f not in ("warning", "esd")]
     experts: dict[str, dict[int, Any]] = {}
-    params = session.session.models.params(model_id) if hasattr(session, "session") else \
-        session.models.params(model_id)
+    params = getattr(session, "session", session).models.params(model_id)
     values = session.results.export_metrics(*scalar[:1]).get(model_id, {}) if scalar else {}
     for p in params:
         label = p.meta_dict.get("view", "")
