@@ -128,11 +128,12 @@ class ComputeAPI(ScopedAPI):
 
         ``pairs``: ``"all"`` (every pair, in model order), ``"first"`` (the first model
         against each other one: a base and its fine-tunes, checkpoint 0 and the rest),
-        ``"consecutive"`` (each model with the next) or explicit ``(a, b)`` tuples.
+        ``"consecutive"`` (each model with the next) or explicit ``(a, b)`` tuples; the
+        order is by training step where the models have one (``models.ordered()``).
         Returns one :class:`ApplyReport` per pair. Failures of every pair are reported
         together at the end (``ApplyError``; ``errors="record"`` only warns).
         """
-        ids = self._scope_ids()
+        ids = self._session.models.ordered(self._scope_ids())
         if pairs == "all":
             chosen = list(itertools.combinations(ids, 2))
         elif pairs == "first":

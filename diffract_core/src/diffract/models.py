@@ -3,6 +3,7 @@ fine-tuning deltas, LoRA adapters; with views of their parameters) and look at t
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -92,6 +93,11 @@ class ModelsAPI:
         format: str | None = None,
         key: str | None = None,
         format_options: Mapping[str, Any] | None = None,
+        step: float | None = None,
+        tokens: int | None = None,
+        epoch: float | None = None,
+        label: str | None = None,
+        step_from: str | None = None,
     ) -> list[str]:
         """Add a torch module, a state dict, a checkpoint file or a Hugging Face-style
         checkpoint directory under ``model_id``.
@@ -106,6 +112,13 @@ class ModelsAPI:
         the format's reader and are recorded with the model; ``key`` is the torch
         format's: the entry of a training checkpoint (``{"model": state_dict,
         "optimizer": ...}``) that holds the state dict, when several could.
+
+        ``step`` (and ``tokens``, ``epoch``, ``label``) place the checkpoint in its
+        training run; by default the step comes from a ``trainer_state.json`` beside the
+        weights, else from the path or the id (``step-1000``, ``checkpoint-1000``,
+        ``global_step1000``, ``iter_0001000``, ``epoch_05``...), or from ``step_from`` (a
+        regex with one group). Models are ordered by step (``models.ordered()``; see
+        :mod:`diffract.core.steps`).
 
         ``base_model_id`` (a model already added) makes this model the fine-tuning
         delta ``W - W_base`` of every parameter the base has with the same name and
@@ -137,9 +150,45 @@ class ModelsAPI:
                 opened = with_views(opened, rules)
             if base_model_id is not None:
                 opened = self._delta(opened, base_model_id)
+            opened = self._with_step(opened, model, model_id, dict(
+                step=step, tokens=tokens, epoch=epoch, label=label), step_from)
             store.add_model(model_id, opened.infos, opened.source, opened.load, opened.raw,
                             copy_weights=copy_weights)
         return [i.name for i in opened.infos]
+
+    def _with_step(self, opened: Any, given: Any, model_id: str, record: dict[str, Any],
+                   step_from: str | None) -> Any:
+        """The model's source with its step record."""
+        import attrs
+
+        from diffract.core.steps import read_step
+
+        try:
+            found = read_step(given if isinstance(given, (str, os.PathLike)) else None,
+                              model_id, record, step_from)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"Model {model_id!r}: {exc}.") from None
+        return attrs.evolve(opened, source=attrs.evolve(
+            opened.source, step_info=tuple(sorted(found.items()))))
+
+    def steps(self) -> dict[str, dict[str, Any]]:
+        """model_id -> its step record (``step``, ``tokens``, ``epoch``, ``label``: what
+        is known), for every model."""
+        store = self._session.store
+        out = {}
+        for model_id in store.model_ids():
+            try:
+                out[model_id] = dict(store.source(model_id).step_info)
+            except (KeyError, NotImplementedError):
+                out[model_id] = {}
+        return out
+
+    def ordered(self, model_ids: Iterable[str] | None = None) -> list[str]:
+        """Model ids by step (those without one after, in the order added)."""
+        from diffract.core.steps import order
+
+        ids = list(model_ids) if model_ids is not None else self.model_ids
+        return order(ids, self.steps())
 
     def _check_new(self, model_id: str) -> None:
         if model_id in self._session.store.model_ids():
@@ -218,6 +267,7 @@ class ModelsAPI:
                 "numel": sum(p.numel for p in params),
                 "ptypes": sorted({p.ptype for p in params}),
                 "source": where,
+                "step": dict(source.step_info).get("step") if where != "?" else None,
             })
         return out
 

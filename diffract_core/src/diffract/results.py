@@ -147,7 +147,8 @@ class ResultsAPI(ScopedAPI):
         field (array fields such as ``esd`` or ``svals`` too with ``include_arrays``).
 
         ``dict``: ``{model_id: {param: {field: value}}}``; tabular formats: one row per
-        (model_id, param) with its ptype, ``meta.<key>`` columns and one column per field
+        (model_id, param) with its training step (when models have one), its ptype,
+        ``meta.<key>`` columns and one column per field
         (absent where not stored); ``csv``/``json``: written to ``path`` when given,
         returned as text otherwise.
         """
@@ -159,12 +160,17 @@ class ResultsAPI(ScopedAPI):
                 table[row["model_id"]][row["param"]] = row["values"]
             return table
         meta_keys = sorted({k for row in rows for k in row["meta"]})
+        steps = {m: s.get("step") for m, s in self._session.models.steps().items()}
+        stepped = any(steps.get(r["model_id"]) is not None for r in rows)
         records = [
-            {"model_id": r["model_id"], "param": r["param"], "ptype": r["ptype"],
+            {"model_id": r["model_id"], **({"step": steps.get(r["model_id"])} if stepped
+                                            else {}),
+             "param": r["param"], "ptype": r["ptype"],
              **{f"meta.{k}": r["meta"].get(k) for k in meta_keys}, **r["values"]}
             for r in rows
         ]
-        columns = ["model_id", "param", "ptype", *(f"meta.{k}" for k in meta_keys), *names]
+        columns = ["model_id", *(["step"] if stepped else []), "param", "ptype",
+                   *(f"meta.{k}" for k in meta_keys), *names]
         return self._emit(records, columns, export_format, path)
 
     def to_pandas(self, *fields: str, include_arrays: bool = False) -> Any:

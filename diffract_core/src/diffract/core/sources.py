@@ -116,6 +116,8 @@ class ModelSource:
     renames: tuple[tuple[str, str], ...] = ()
     #: what the format's reader was opened with (``models.add(..., key=)``), JSON values
     format_options: tuple[tuple[str, Any], ...] = ()
+    #: the checkpoint's place in training (step, tokens, epoch, label; see core.steps)
+    step_info: tuple[tuple[str, Any], ...] = ()
     #: (view name, parent name, index, transpose) of each view
     views: tuple[tuple[str, str, tuple[Any, ...], bool], ...] = ()
 
@@ -134,6 +136,7 @@ class ModelSource:
         data["weight_map"] = tuple(tuple(pair) for pair in data.get("weight_map", ()))
         data["renames"] = tuple(tuple(pair) for pair in data.get("renames", ()))
         data["format_options"] = tuple(tuple(pair) for pair in data.get("format_options", ()))
+        data["step_info"] = tuple(tuple(pair) for pair in data.get("step_info", ()))
         data["views"] = tuple(
             (name, parent, tuple(i if isinstance(i, int) else tuple(i) for i in index), bool(t))
             for name, parent, index, t in data.get("views", ()))

@@ -394,7 +394,7 @@ def write_html(
     (extra HTML fragments); and the run's provenance: versions, kernel configuration,
     inputs with their files' header hashes, time taken, ``command``. Returns the path."""
     root = getattr(session, "session", session)
-    model_ids = list(session.model_ids)
+    model_ids = root.models.ordered(session.model_ids)
     table = session.results.export_metrics(*(metrics or ()))
     fields = list(metrics) if metrics else sorted(
         {f for rows in table.values() for row in rows.values() for f in row})

@@ -112,6 +112,10 @@ def add_session_arguments(p: argparse.ArgumentParser) -> None:
                    help="an option of the view rules (repeatable; heads=12, kv_heads=4, "
                         "head_dim=64, experts=8...; VALUE is JSON or a bare word); the "
                         "geometry comes from config.json when there is one")
+    p.add_argument("--step-from", metavar="REGEX",
+                   help="the training step of each PATH: a regular expression with one group "
+                        "searched in the path (default: trainer_state.json, else names such "
+                        "as step-1000, checkpoint-1000, global_step1000, iter_0001000)")
     p.add_argument("--key", metavar="NAME",
                    help="the entry of a torch training checkpoint that holds the state dict "
                         "(when several do: 'model', 'ema'...)")
@@ -255,7 +259,8 @@ def view_arguments(args: argparse.Namespace) -> dict[str, Any]:
 
 def add_models(session: Any, inputs: Sequence[tuple[str, Any, str | None]], *,
                base: str | None = None, lora: bool = False, key: str | None = None,
-               views: dict[str, Any] | None = None) -> list[str]:
+               views: dict[str, Any] | None = None, step_from: str | None = None
+               ) -> list[str]:
     """Add each model (a delta against model ``base``, or LoRA updates), or reuse it when
     a durable store already holds it from the same file (a resumed run)."""
     held = {r["model_id"]: r for r in session.models.list()}
@@ -275,7 +280,8 @@ def add_models(session: Any, inputs: Sequence[tuple[str, Any, str | None]], *,
             session.models.add_lora(what, model_id)
         else:
             session.models.add(what, model_id=model_id, base_model_id=base,
-                               key=key if file is not None else None, **(views or {}))
+                               key=key if file is not None else None, step_from=step_from,
+                               **(views or {}))
     return [m for m, _, _ in inputs]
 
 
@@ -292,8 +298,9 @@ def add_inputs(session: Any, inputs: Sequence[tuple[str, Any, str | None]],
         base = f"{base}.base"
         add_models(session, [(base, base_what, base_file)], key=args.key,
                    views=view_arguments(args))
-    return add_models(session, inputs, base=base, lora=args.lora, key=args.key,
-                      views=view_arguments(args))
+    added = add_models(session, inputs, base=base, lora=args.lora, key=args.key,
+                       views=view_arguments(args), step_from=args.step_from)
+    return session.models.ordered(added)  # by training step where there is one
 
 
 def scope(session: Any, model_ids: Sequence[str], args: argparse.Namespace) -> Any:
