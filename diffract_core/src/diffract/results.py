@@ -178,6 +178,15 @@ class ResultsAPI(ScopedAPI):
         return self.export_metrics(*fields, export_format="pandas",
                                    include_arrays=include_arrays)
 
+    def trajectory(self, field: str, by: str = "param") -> Any:
+        """``field`` over training (pandas): one row per model in scope, by step (the
+        index is the step when every model has one), one column per parameter
+        (``by="param"``), per view (``"view"``) or per parameter type (``"ptype"``: the
+        mean over its parameters). See :mod:`diffract.trajectory`."""
+        from diffract.trajectory import trajectory
+
+        return trajectory(self, self._canonical(field), by)
+
     # -- aggregates -------------------------------------------------------------------
     def _aggregate_items(self, fields: tuple[str, ...]) -> dict[str, Any]:
         store = self._session.store

@@ -16,6 +16,7 @@ import io
 import json
 import math
 import re
+import warnings
 from collections.abc import Iterable, Sequence
 from importlib import metadata, resources
 from pathlib import Path
@@ -233,7 +234,10 @@ def checkpoints_chart(model_ids: Sequence[str], table: dict[str, Any]) -> dict[s
             grid[i, j] = value if isinstance(value, (int, float)) else np.nan
         series.append({"kind": "line", "x": x, "y": _num(grid[i]), "color": BLUE,
                        "width": 1, "opacity": 0.25})
-    with np.errstate(all="ignore"):
+    if not np.isfinite(grid).any():
+        return None
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a checkpoint with no alpha
         mean = np.nanmean(np.where(np.isfinite(grid), grid, np.nan), axis=0)
     series.append({"kind": "line", "marks": True, "x": x, "y": _num(mean), "color": RED,
                    "width": 3, "label": "mean over layers", "names": list(model_ids)})
@@ -384,15 +388,19 @@ def write_html(
     command: str | None = None,
     plots: bool = True,
     sections: Sequence[str] = (),
+    lead: Sequence[str] = (),
+    detail: Sequence[str] | None = None,
 ) -> Path:
     """One self-contained HTML file (styles, script, data and charts inline; opens
     offline): a table of contents; the summary (with the conventions in effect, and
     alpha per checkpoint when there are several); per model its charts (metrics by
     layer, the alpha histogram), the sortable per-layer table of ``metrics`` (every
     stored scalar field when None; flagged layers highlighted, each row linking to its
-    ESD plot) and every layer's ESD (when ``plots`` and ``esd`` is stored); ``sections``
-    (extra HTML fragments); and the run's provenance: versions, kernel configuration,
-    inputs with their files' header hashes, time taken, ``command``. Returns the path."""
+    ESD plot) and every layer's ESD (when ``plots`` and ``esd`` is stored), for the
+    models of ``detail`` (all when None); ``lead`` (HTML fragments after the summary) and
+    ``sections`` (after the models); and the run's provenance: versions, kernel
+    configuration, inputs with their files' header hashes, time taken, ``command``.
+    Returns the path."""
     root = getattr(session, "session", session)
     model_ids = root.models.ordered(session.model_ids)
     table = session.results.export_metrics(*(metrics or ()))
@@ -426,9 +434,11 @@ def write_html(
             if plots and "pl_alpha" in session.compute.list_available_metrics() else None
         if trend is not None:
             parts.append(_chart(trend, "alpha of every layer across the models, in order"))
+    parts += lead
     for number, model_id in enumerate(model_ids):
-        parts += _model_section(session, root, model_id, number, table, fields,
-                                summaries.get(model_id), plots)
+        if detail is None or model_id in detail:
+            parts += _model_section(session, root, model_id, number, table, fields,
+                                    summaries.get(model_id), plots)
     counter = iter(range(1_000_000))
     parts += [re.sub(r"<h2>", lambda _: f"<h2 id='section-{next(counter)}'>", s)
               for s in sections]

@@ -36,6 +36,19 @@ def _run_compare(args: argparse.Namespace) -> int:
     return main_compare(args)
 
 
+def _configure_track(parser: argparse.ArgumentParser) -> None:
+    from diffract_report.track import configure_track
+
+    configure_track(parser)
+
+
+def _run_track(args: argparse.Namespace) -> int:
+    from diffract_report.analyze import command_entry
+    from diffract_report.track import track
+
+    return command_entry("track", track)(args)
+
+
 def _configure_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="diffract-demo",
                         help="folder for checkpoints, plots and the report (default: %(default)s)")
@@ -58,5 +71,11 @@ def diffract_commands() -> Iterator[Command]:
                   _configure_compare, _run_compare,
                   "Pairwise metrics per layer between checkpoints: a table per metric, heat "
                   "maps with --plot, the report.")
+    yield Command("track", "add a training run's new checkpoints to a store, incrementally",
+                  _configure_track, _run_track,
+                  "Tracks the checkpoints of a training run in a durable store: adds the new "
+                  "ones, computes their metrics and their alignment with the previous and "
+                  "first checkpoints, and prints which layers moved most and any sudden "
+                  "change; --watch keeps polling.")
     yield Command("demo", "train a small model, analyse and compare its checkpoints, write "
                           "plots and a report (CPU, < 1 min)", _configure_demo, _run_demo)

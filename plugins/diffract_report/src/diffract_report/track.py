@@ -1,0 +1,295 @@
+"""``diffract track``: the checkpoints of a training run, incrementally, into a store.
+
+Every checkpoint the paths name (files or Hugging Face-style directories, a folder of
+them, or a glob) that the store lacks is added, in step order; one already there and
+unchanged is skipped, one changed on disk is refused with what changed. The chosen
+metrics are computed where they are absent (so only for new checkpoints), and the
+alignment of each checkpoint with its predecessor and with the first (``--against``),
+from each checkpoint's SVD, computed once. The command prints, per metric, the layers
+that moved most over the last interval and over the whole run, and sudden changes (a
+change beyond ``--mad`` median absolute deviations of that layer's own history);
+``--watch SECONDS`` keeps polling for new checkpoints until interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from diffract_report._inputs import (
+    DEFAULT_METRICS,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    UsageError,
+    add_session_arguments,
+    apply_settings,
+    check_metrics,
+    model_inputs,
+    open_session,
+    view_arguments,
+)
+from diffract_report._output import ProgressBar, outcomes_reported_by_us, tell_failures
+
+__all__ = ["changes", "checkpoints", "configure_track", "sudden", "track"]
+
+#: Pairwise fields of the alignment with the predecessor and the first checkpoint.
+ALIGNMENT = ("l_subspace_overlap", "avg_max_l_agreement", "sval_rel_change")
+#: Layers shown per metric for each of "last interval" and "whole run".
+TOP = 5
+#: Changes of a layer's history needed (besides the one judged) to flag a sudden one.
+MIN_HISTORY = 4
+
+
+def configure_track(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="DIR_OR_GLOB",
+                   help="checkpoints: files or checkpoint directories, a folder holding "
+                        "them, or a glob ('runs/a/checkpoint-*')")
+    p.add_argument("--metrics", metavar="a,b,...",
+                   help=f"per-layer fields (default: {','.join(DEFAULT_METRICS)})")
+    p.add_argument("--against", default="previous,first", metavar="previous,first",
+                   help="alignment of each checkpoint with its predecessor and/or the first "
+                        "(needs diffract-kernels-alignment; 'none' skips it)")
+    p.add_argument("--mad", type=float, default=10.0, metavar="K",
+                   help="flag a change beyond K median absolute deviations of that layer's "
+                        "own history (default: %(default)s)")
+    p.add_argument("--watch", type=float, metavar="SECONDS",
+                   help="poll for new checkpoints every SECONDS until interrupted")
+    add_session_arguments(p)
+    p.set_defaults(profile="local")
+
+
+def _is_checkpoint(path: Path) -> bool:
+    from diffract.plugins import get_catalog
+
+    return any(f.recognises(path) for f in get_catalog().formats.values())
+
+
+def checkpoints(patterns: Sequence[str]) -> list[str]:
+    """The checkpoint paths: each pattern a glob, a checkpoint, or a folder of them."""
+    out: list[str] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if any(c in pattern for c in "*?[") else (
+            [pattern] if Path(pattern).exists() else [])
+        if not matches:
+            raise UsageError(f"{pattern}: matches no checkpoint (no such file, directory or "
+                             "glob match).")
+        for match in map(Path, matches):
+            if _is_checkpoint(match):
+                out.append(str(match))
+            elif match.is_dir():
+                inside = sorted(str(p) for p in match.iterdir() if _is_checkpoint(p))
+                if not inside:
+                    raise UsageError(f"{match}: a folder holding no checkpoint a model format "
+                                     "reads.")
+                out += inside
+    return list(dict.fromkeys(out))
+
+
+def changes(frame: Any) -> tuple[Any, Any]:
+    """(last interval's change, the whole run's change) per column of a trajectory."""
+    if len(frame) < 2:
+        return frame.iloc[:0].sum(), frame.iloc[:0].sum()
+    return frame.iloc[-1] - frame.iloc[-2], frame.iloc[-1] - frame.iloc[0]
+
+
+def sudden(frame: Any, k: float) -> list[tuple[Any, str, float, float]]:
+    """(step, column, change, its size in median absolute deviations) for each change of
+    a column beyond ``k`` MADs of that column's other changes (its own history, the
+    change itself left out so an event does not hide itself); columns with at least
+    :data:`MIN_HISTORY` other changes. The MAD has a floor of 1e-6 of the column's
+    typical value, so float noise on a flat series is not an event. Largest first."""
+    out = []
+    for column in frame.columns:
+        series = frame[column].to_numpy(dtype=float)
+        diffs = np.diff(series)
+        finite = np.isfinite(diffs)
+        if finite.sum() - 1 < MIN_HISTORY:
+            continue
+        floor = 1e-6 * (np.nanmedian(np.abs(series)) or 1.0)
+        for i in np.flatnonzero(finite):
+            others = np.delete(diffs, i)
+            others = others[np.isfinite(others)]
+            centre = np.median(others)
+            mad = max(float(np.median(np.abs(others - centre))), floor)
+            size = abs(diffs[i] - centre) / mad
+            if size > k:
+                out.append((frame.index[i + 1], str(column), float(diffs[i]), float(size)))
+    return sorted(out, key=lambda r: -r[3])
+
+
+def _pairs(ids: Sequence[str], against: set[str]) -> list[tuple[str, str]]:
+    pairs = []
+    for i, model_id in enumerate(ids[1:], start=1):
+        if "previous" in against:
+            pairs.append((ids[i - 1], model_id))
+        if "first" in against and i > 1:
+            pairs.append((ids[0], model_id))
+    return pairs
+
+
+def _add_new(session: Any, paths: Sequence[str], args: argparse.Namespace,
+             say: Callable[[str], None]) -> list[str]:
+    """Add the checkpoints the store lacks (step order); refuse changed ones, two with
+    one step; returns the ids added."""
+    held = {r["model_id"]: r for r in session.models.list()}
+    new = []
+    for model_id, what, _file in model_inputs(paths):
+        if model_id in held:
+            changed = session.store.source(model_id).changed_files()
+            if changed:
+                raise UsageError(f"checkpoint {model_id!r} changed on disk since it was "
+                                 f"tracked: {'; '.join(changed)}. Track it under another "
+                                 "name, or start another --store.")
+            continue
+        session.models.add(what, model_id=model_id, key=args.key, step_from=args.step_from,
+                           **view_arguments(args))
+        new.append(model_id)
+    steps = session.models.steps()
+    seen: dict[Any, str] = {}
+    for model_id in session.models.ordered():
+        step = steps[model_id].get("step")
+        if step is None:
+            session.models.erase(*new)
+            raise UsageError(f"checkpoint {model_id!r} has no step in its name or a "
+                             "trainer_state.json; give --step-from REGEX.")
+        if step in seen:
+            session.models.erase(*new)
+            raise UsageError(f"checkpoints {seen[step]!r} and {model_id!r} both have step "
+                             f"{step}; tell them apart with --step-from REGEX.")
+        seen[step] = model_id
+    if new:
+        say(f"added {len(new)} checkpoint(s): {', '.join(session.models.ordered(new))}")
+    return new
+
+
+def _mads(size: float) -> str:
+    return f"{size:.0f}" if size < 1000 else ">1000"
+
+
+def _movers(session: Any, metrics: Sequence[str], k: float, say: Callable[[str], None]) -> None:
+    """Per metric the layers that moved most over the last interval and the whole run;
+    then the sudden changes of every metric, largest first."""
+    flagged = []
+    for field in metrics:
+        if field in ("warning",):
+            continue
+        frame = session.results.trajectory(field)
+        if frame.empty or len(frame) < 2:
+            continue
+        last, whole = changes(frame)
+        steps = list(frame.index)
+        parts = []
+        for label, delta in ((f"{steps[-2]} -> {steps[-1]}", last),
+                             (f"{steps[0]} -> {steps[-1]}", whole)):
+            moved = delta.dropna()
+            top = moved[moved != 0].abs().sort_values(ascending=False).index[:TOP]
+            listed = ", ".join(f"{name} {delta[name]:+.3g}" for name in top)
+            parts.append(f"{label}: " + (listed or ("no change" if len(moved) else
+                                                    "undefined")))
+        say(f"{field} moved most  " + "  |  ".join(parts))
+        flagged += [(size, field, step, column, change)
+                    for step, column, change, size in sudden(frame, k)]
+    if flagged:
+        flagged.sort(key=lambda r: -r[0])
+        say(f"sudden changes (beyond {k:g} median absolute deviations of the layer's own "
+            f"history), {len(flagged)} in all:")
+        for size, field, step, column, change in flagged[:2 * TOP]:
+            say(f"  step {step}  {column}  {field} {change:+.3g}  ({_mads(size)} MADs)")
+
+
+def _alike(session: Any, ids: Sequence[str], say: Callable[[str], None]) -> list[str]:
+    """The checkpoints whose parameters (names and shapes) are the first's; each other
+    one is said once, with what differs: it is analysed alone, outside the pairs."""
+    def shapes(model_id: str) -> dict[str, tuple[int, ...]]:
+        return {p.name: tuple(p.shape) for p in session.models.params(model_id)
+                if p.parent is None}
+
+    if not ids:
+        return []
+    run = shapes(ids[0])
+    alike = [ids[0]]
+    for model_id in ids[1:]:
+        own = shapes(model_id)
+        if own == run:
+            alike.append(model_id)
+            continue
+        missing, extra = sorted(run.keys() - own.keys()), sorted(own.keys() - run.keys())
+        reshaped = sorted(n for n in run.keys() & own.keys() if run[n] != own[n])
+        what = [f"{len(x)} {label} ({', '.join(x[:3])}{', ...' if len(x) > 3 else ''})"
+                for x, label in ((missing, "missing"), (extra, "extra"),
+                                 (reshaped, "of another shape")) if x]
+        say(f"{model_id}: its parameters differ from the run's ({ids[0]}): "
+            f"{'; '.join(what)}; analysed alone, its alignment pairs skipped.")
+    return alike
+
+
+def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: argparse.Namespace,
+           say: Callable[[str], None]) -> list[Any]:
+    """Add what is new, compute what is absent; returns the apply reports."""
+    _add_new(session, checkpoints(paths), args, say)
+    ids = _alike(session, session.models.ordered(), say)
+    interactive = sys.stderr.isatty() and not args.quiet
+    against = {a.strip() for a in args.against.split(",") if a.strip()} - {"none"}
+    known = set(session.compute.list_available_metrics())
+    fields = [f for f in ALIGNMENT if f in known] if against else []
+    stale = session.results.stale(*metrics, *fields)
+    if stale:
+        kernels = sorted({r["kernel"] for r in stale})
+        say(f"{len(stale)} stored result(s) of {', '.join(kernels)} were computed with "
+            "another configuration than this one: recomputing them (and what depends on "
+            "them), as apply(..., recompute='stale') does.")
+    with ProgressBar(interactive) as bar, outcomes_reported_by_us():
+        reports = [session.compute.apply(*metrics, errors="record", progress=bar,
+                                         recompute="stale")]
+        if fields and len(ids) > 1:
+            reports += session.compute.apply_pairs(*fields, pairs=_pairs(ids, against),
+                                                   errors="record",
+                                                   recompute="stale").values()
+    return reports
+
+
+def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
+    started = time.perf_counter()
+    if args.store is None:
+        raise UsageError("track keeps the run in a durable store: give --store PATH.")
+    bad = {a.strip() for a in args.against.split(",")} - {"previous", "first", "none", ""}
+    if bad:
+        raise UsageError(f"--against takes previous, first or none, got {sorted(bad)}.")
+    metrics = [m.strip() for m in (args.metrics or ",".join(DEFAULT_METRICS)).split(",")
+               if m.strip()]
+    session = open_session(args)
+    with session:
+        check_metrics(session, metrics)
+        apply_settings(session, args.settings, args.conventions)
+        try:
+            while True:
+                reports = _round(session, args.paths, metrics, args, say)
+                _movers(session, metrics, args.mad, say)
+                if args.report:
+                    from diffract_report.trajectory_report import write_track_report
+
+                    say(f"wrote {write_track_report(session, args.report, metrics, args.mad)}")
+                if args.watch is None:
+                    break
+                time.sleep(args.watch)
+        except KeyboardInterrupt:
+            print("diffract track: interrupted; the store holds every committed result: run "
+                  "the same command to go on.", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        failed: dict[tuple[str, str, str], list[str]] = {}
+        for report in reports:
+            for key, units in report.reasons("failed").items():
+                failed.setdefault(key, []).extend(units)
+        if failed:
+            tell_failures(failed, say)
+            return EXIT_FAILED
+    say(f"done in {time.perf_counter() - started:.1f} s")
+    return EXIT_OK

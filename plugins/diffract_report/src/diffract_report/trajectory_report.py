@@ -1,0 +1,123 @@
+"""The report of a tracked training run: every metric over the steps.
+
+Per metric a layers x steps heat map and its mean by layer type per step; the alignment
+of each checkpoint with its predecessor and with the first (mean over the layers); the
+movers (per interval, the layer whose metric changed most); the sudden changes (beyond
+k median absolute deviations of that layer's own history); head views as heads x steps
+when the run was tracked with ``--views heads``. The latest checkpoint gets the full
+per-layer sections of :func:`diffract_report.report.write_html`, of which this is a part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from diffract_report._html import BLUE, GREEN, ORANGE, RED, _chart, _esc, _num, html_table
+from diffract_report.track import sudden
+
+__all__ = ["track_sections", "write_track_report"]
+
+_COLOURS = (BLUE, ORANGE, GREEN, RED, "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+
+
+def _heat(frame: Any, title: str, axis: str = "step") -> str:
+    columns = [str(c) for c in frame.columns]
+    return _chart({"w": 1040, "h": int(min(1400, 90 + 14 * len(columns))), "panels": [{
+        "title": title, "xlabel": axis, "heat": {
+            "rows": columns, "cols": [str(s) for s in frame.index], "axis": axis,
+            "z": [_num(frame[c].to_numpy(dtype=float)) for c in frame.columns]}}]})
+
+
+def _lines(frame: Any, title: str, ylabel: str) -> str:
+    steps = [float(s) for s in frame.index]
+    series = [{"kind": "line", "marks": True, "x": steps, "y": _num(frame[c].to_numpy(float)),
+               "color": _COLOURS[i % len(_COLOURS)], "label": str(c)}
+              for i, c in enumerate(frame.columns)]
+    return _chart({"w": 820, "h": 300, "panels": [{"title": title, "xlabel": "step",
+                                                   "ylabel": ylabel, "series": series}]})
+
+
+def _alignment(session: Any, field: str) -> dict[str, list[tuple[float, float]]]:
+    """'previous' and 'first': (step, mean of ``field`` over the layers) per checkpoint."""
+    steps = {m: s.get("step") for m, s in session.models.steps().items()}
+    ids = session.models.ordered()
+    if len(ids) < 2:
+        return {}
+    curves: dict[str, list[tuple[float, float]]] = {"previous": [], "first": []}
+    records = session.results.export_aggregates(field, export_format="list")
+    by_pair: dict[str, list[float]] = {}
+    for r in records:
+        if r["param"] is not None and np.ndim(r["value"]) == 0 and "[" not in r["param"]:
+            by_pair.setdefault(r["models"], []).append(float(r["value"]))
+    for i, model_id in enumerate(ids[1:], start=1):
+        for kind, other in (("previous", ids[i - 1]), ("first", ids[0])):
+            values = by_pair.get(f"{other},{model_id}")
+            if values and (kind == "previous" or i > 1):
+                curves[kind].append((float(steps[model_id]), float(np.mean(values))))
+    return {k: v for k, v in curves.items() if v}
+
+
+def track_sections(session: Any, metrics: Sequence[str], k: float) -> list[str]:
+    """The run's sections (HTML fragments with their ``<h2>``)."""
+    parts = ["<h2>Training run</h2>"]
+    ids = session.models.ordered()
+    steps = session.models.steps()
+    parts.append(f"<p>{len(ids)} checkpoints, steps "
+                 f"{_esc(', '.join(str(steps[m].get('step')) for m in ids))}.</p>")
+    movers_rows: list[list[Any]] = []
+    flagged_rows: list[list[Any]] = []
+    for field in metrics:
+        if field == "warning":
+            continue
+        frame = session.results.trajectory(field)
+        if frame.empty or len(frame) < 2 or frame.isna().all().all():
+            continue
+        parts.append(f"<h3>{_esc(field)}</h3><div class=charts>")
+        parts.append(_heat(frame, f"{field} per layer and step"))
+        by_type = session.results.trajectory(field, by="ptype")
+        parts.append(_lines(by_type, f"{field} by layer type (mean)", field) + "</div>")
+        diffs = frame.diff().iloc[1:]
+        for step, row in diffs.iterrows():
+            if row.notna().any():
+                layer = row.abs().idxmax()
+                movers_rows.append([field, step, layer, float(row[layer])])
+        flagged_rows += [[field, step, layer, change, size]
+                         for step, layer, change, size in sudden(frame, k)]
+        views = session.results.trajectory(field, by="view")
+        if not views.empty and not views.isna().all().all():
+            parts.append(_heat(views, f"{field} per view and step"))
+    curves = _alignment(session, "l_subspace_overlap")
+    if curves:
+        series = [{"kind": "line", "marks": True, "x": [s for s, _ in pts],
+                   "y": _num([v for _, v in pts]), "color": colour,
+                   "label": f"with the {kind} checkpoint"}
+                  for (kind, pts), colour in zip(curves.items(), (BLUE, ORANGE), strict=False)]
+        parts.append("<h3>Alignment</h3>" + _chart({"w": 820, "h": 300, "panels": [{
+            "title": "l_subspace_overlap, mean over the layers", "xlabel": "step",
+            "ylabel": "overlap", "series": series}]}))
+    if flagged_rows:
+        parts.append(f"<h3 id='sudden'>Sudden changes (beyond {k:g} median absolute "
+                     "deviations of the layer's own history)</h3>")
+        parts.append(html_table(["metric", "step", "layer", "change", "MADs"], flagged_rows,
+                                table_id="sudden", flagged=[True] * len(flagged_rows)))
+    if movers_rows:
+        parts.append("<h3>Movers: per interval, the layer that changed most</h3>"
+                     "<div class=scroll>" + html_table(
+                         ["metric", "step", "layer", "change"], movers_rows,
+                         table_id="movers") + "</div>")
+    return parts
+
+
+def write_track_report(session: Any, path: str | Path, metrics: Sequence[str],
+                       k: float = 10.0) -> Path:
+    """The report of a tracked run: its sections, then the latest checkpoint in full."""
+    from diffract_report._html import write_html
+
+    ids = session.models.ordered()
+    return write_html(session, path, metrics=list(metrics), detail=ids[-1:],
+                      lead=track_sections(session, metrics, k), command="diffract track")
+

@@ -1,0 +1,293 @@
+"""`diffract track` and `results.trajectory`: a training run's checkpoints added to a store
+incrementally (only what is new is computed: counted), the trajectory frame against the
+stored values, sudden changes, and the bad input the command refuses."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("diffract_kernels_spectral")
+pytest.importorskip("diffract_report")
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+import diffract_kernels_spectral.linalg as linalg  # noqa: E402
+from diffract import Session  # noqa: E402
+from diffract.cli import main  # noqa: E402
+from diffract_report.track import sudden  # noqa: E402
+
+NAMES = ("layers.0.self_attn.q_proj.weight", "layers.0.mlp.up_proj.weight", "layers.1.self_attn.q_proj.weight")
+SHAPES = ((40, 30), (50, 30), (40, 30))
+METRICS = "stable_rank,log_norm,spectral_norm"
+
+
+def _run(root: Path, steps: range, event: int | None = None, seed: int = 0) -> None:
+    """Checkpoints ``checkpoint-<step>/model.safetensors``, each a small random walk from
+    the previous; at ``event`` layers.1's q projection becomes a rank-one matrix."""
+    rng = np.random.default_rng(seed)
+    weights = {n: rng.standard_normal(s) / math.sqrt(s[1]) for n, s in zip(NAMES, SHAPES, strict=True)}
+    for step in steps:
+        for name in weights:
+            weights[name] = weights[name] + 0.01 * rng.standard_normal(weights[name].shape)
+        if step == event:
+            weights["layers.1.self_attn.q_proj.weight"] = 3 * np.outer(rng.standard_normal(40),
+                                                        rng.standard_normal(30))
+        folder = root / f"checkpoint-{step}"
+        folder.mkdir(parents=True, exist_ok=True)
+        safetensors_torch.save_file({n: torch.tensor(w, dtype=torch.float32)
+                                     for n, w in weights.items()},
+                                    str(folder / "model.safetensors"))
+
+
+@pytest.fixture
+def decompositions(monkeypatch):
+    """How many ESDs and SVDs the spectral pack computes in this process."""
+    counts = {"esd": 0, "svd": 0}
+    for name in counts:
+        real = getattr(linalg, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            counts[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(linalg, name, counted)
+    return counts
+
+
+def _track(*args: str) -> int:
+    return main(["track", *args, "--executor", "sequential"])
+
+
+class TestIncremental:
+    def test_only_new_checkpoints_are_computed_and_svds_are_per_checkpoint(
+            self, tmp_path, decompositions, capsys):
+        _run(tmp_path / "run", range(1000, 6000, 1000))
+        store = str(tmp_path / "store")
+        assert _track(str(tmp_path / "run"), "--store", store, "--metrics", METRICS) == 0
+        out = capsys.readouterr().out
+        assert "added 5 checkpoint(s): checkpoint-1000, checkpoint-2000" in out
+        # one ESD per matrix per checkpoint for the metrics, one SVD per matrix per
+        # checkpoint for the alignment of 4 'previous' and 3 'first' pairs (never per pair)
+        assert decompositions == {"esd": 5 * 3, "svd": 5 * 3}
+        with Session(profile="local", path=store) as s:
+            pairs = {r["models"] for r in s.results.export_aggregates(
+                "l_subspace_overlap", export_format="list")}
+        assert pairs == {"checkpoint-1000,checkpoint-2000", "checkpoint-2000,checkpoint-3000",
+                         "checkpoint-3000,checkpoint-4000", "checkpoint-4000,checkpoint-5000",
+                         "checkpoint-1000,checkpoint-3000", "checkpoint-1000,checkpoint-4000",
+                         "checkpoint-1000,checkpoint-5000"}
+
+        # unchanged: nothing added, nothing computed
+        decompositions.update(esd=0, svd=0)
+        assert _track(str(tmp_path / "run"), "--store", store, "--metrics", METRICS) == 0
+        assert "added" not in capsys.readouterr().out
+        assert decompositions == {"esd": 0, "svd": 0}
+
+
+    def test_a_new_checkpoint_costs_its_own_work(self, tmp_path, decompositions, capsys):
+        _run(tmp_path / "all", range(1000, 7000, 1000))
+        (tmp_path / "run").mkdir()
+        for step in range(1000, 6000, 1000):
+            os.rename(tmp_path / "all" / f"checkpoint-{step}",
+                      tmp_path / "run" / f"checkpoint-{step}")
+        store = str(tmp_path / "store")
+        glob = str(tmp_path / "run" / "checkpoint-*")
+        assert _track(glob, "--store", store, "--metrics", METRICS) == 0
+        os.rename(tmp_path / "all" / "checkpoint-6000", tmp_path / "run" / "checkpoint-6000")
+        decompositions.update(esd=0, svd=0)
+        assert _track(glob, "--store", store, "--metrics", METRICS) == 0
+        out = capsys.readouterr().out
+        assert "added 1 checkpoint(s): checkpoint-6000" in out
+        assert decompositions == {"esd": 3, "svd": 3}
+        with Session(profile="local", path=store) as s:
+            pairs = {r["models"] for r in s.results.export_aggregates(
+                "l_subspace_overlap", export_format="list")}
+            assert {"checkpoint-5000,checkpoint-6000", "checkpoint-1000,checkpoint-6000"} <= pairs
+            # the same numbers as one uninterrupted run over the six
+            incremental = s.results.trajectory("stable_rank")
+        with Session() as s:
+            for step in range(1000, 7000, 1000):
+                s.models.add(tmp_path / "run" / f"checkpoint-{step}" / "model.safetensors",
+                             f"checkpoint-{step}")
+            s.compute.apply("stable_rank")
+            pd.testing.assert_frame_equal(incremental, s.results.trajectory("stable_rank"))
+
+    def test_changed_settings_recompute_through_the_stale_mechanism(
+            self, tmp_path, decompositions, capsys):
+        _run(tmp_path / "run", range(1000, 4000, 1000))
+        store = str(tmp_path / "store")
+        assert _track(str(tmp_path / "run"), "--store", store, "--metrics", "stable_rank",
+                      "--against", "none") == 0
+        decompositions.update(esd=0, svd=0)
+        assert _track(str(tmp_path / "run"), "--store", store, "--metrics", "stable_rank",
+                      "--against", "none", "--set", "esd.precision=float64") == 0
+        assert decompositions["esd"] == 3 * 3  # every checkpoint again: its ESD is stale
+        # said: the ESD and the stable rank computed from it, for 3 x 3 matrices
+        assert ("18 stored result(s) of esd, stable_rank were computed with another "
+                "configuration") in capsys.readouterr().out
+
+
+class TestRefusals:
+    def test_a_changed_checkpoint_is_refused_with_what_changed(self, tmp_path, capsys):
+        _run(tmp_path / "run", range(1000, 3000, 1000))
+        store = str(tmp_path / "store")
+        assert _track(str(tmp_path / "run"), "--store", store, "--metrics", METRICS) == 0
+        path = tmp_path / "run" / "checkpoint-1000" / "model.safetensors"
+        data = path.read_bytes()
+        path.write_bytes(data[:-4] + b"\x00\x00\x80\x3f")
+        assert _track(str(tmp_path / "run"), "--store", store, "--metrics", METRICS) == 2
+        err = capsys.readouterr().err
+        assert "checkpoint 'checkpoint-1000' changed on disk" in err and str(path) in err
+        with Session(profile="local", path=store) as s:  # nothing lost
+            assert s.models.ordered() == ["checkpoint-1000", "checkpoint-2000"]
+
+    def test_two_checkpoints_with_one_step_are_refused_naming_both(self, tmp_path, capsys):
+        _run(tmp_path / "run", range(1000, 3000, 1000))
+        _run(tmp_path / "other", [1000])
+        os.rename(tmp_path / "other" / "checkpoint-1000", tmp_path / "run" / "step-1000")
+        store = str(tmp_path / "store")
+        assert _track(str(tmp_path / "run"), "--store", store) == 2
+        err = capsys.readouterr().err
+        assert "'checkpoint-1000' and 'step-1000' both have step 1000" in err
+        assert "--step-from" in err
+        with Session(profile="local", path=store) as s:
+            assert s.models.model_ids == []  # the round added nothing
+
+    def test_glob_matching_nothing_and_no_step(self, tmp_path, capsys):
+        store = str(tmp_path / "store")
+        assert _track(str(tmp_path / "nothing-*"), "--store", store) == 2
+        assert "matches no checkpoint" in capsys.readouterr().err
+        _run(tmp_path / "run", [1000])
+        os.rename(tmp_path / "run" / "checkpoint-1000", tmp_path / "run" / "final")
+        assert _track(str(tmp_path / "run"), "--store", store) == 2
+        assert "has no step" in capsys.readouterr().err
+        with Session(profile="local", path=store) as s:
+            assert s.models.model_ids == []  # the refused round added nothing
+        assert main(["track", str(tmp_path / "run")]) == 2
+        assert "--store" in capsys.readouterr().err
+
+    def test_a_checkpoint_of_another_shape_is_analysed_alone(self, tmp_path, capsys):
+        _run(tmp_path / "run", range(1000, 4000, 1000))
+        odd = tmp_path / "run" / "checkpoint-2500"
+        odd.mkdir()
+        safetensors_torch.save_file({"layers.0.self_attn.q_proj.weight": torch.randn(40, 20)},
+                                    str(odd / "model.safetensors"))
+        store = str(tmp_path / "store")
+        assert _track(str(tmp_path / "run"), "--store", store, "--metrics", METRICS) == 0
+        out = capsys.readouterr().out
+        assert ("checkpoint-2500: its parameters differ from the run's (checkpoint-1000): "
+                "2 missing (layers.0.mlp.up_proj.weight, layers.1.self_attn.q_proj.weight); "
+                "1 of another shape (layers.0.self_attn.q_proj.weight)") in out
+        with Session(profile="local", path=store) as s:
+            pairs = {r["models"] for r in s.results.export_aggregates(
+                "l_subspace_overlap", export_format="list")}
+            assert pairs == {"checkpoint-1000,checkpoint-2000",
+                             "checkpoint-2000,checkpoint-3000",
+                             "checkpoint-1000,checkpoint-3000"}
+            assert not math.isnan(s.results.export_metrics("stable_rank")[
+                "checkpoint-2500"]["layers.0.self_attn.q_proj.weight"]["stable_rank"])
+
+
+class TestTrajectory:
+    def test_frame_equals_stored_values_by_param_ptype_and_view(self, tmp_path):
+        _run(tmp_path / "run", (3000, 1000, 20000))
+        with Session() as s:
+            for step in (20000, 1000, 3000):  # added out of order
+                s.models.add(tmp_path / "run" / f"checkpoint-{step}" / "model.safetensors",
+                             f"checkpoint-{step}", views=["heads"],
+                             view_options={"heads": 5, "head_dim": 8})
+            s.compute.apply("stable_rank")
+            stored = s.results.export_metrics("stable_rank")
+            frame = s.results.trajectory("stable_rank")
+            assert list(frame.index) == [1000, 3000, 20000] and frame.index.name == "step"
+            assert sorted(frame.columns) == sorted(NAMES)
+            for step in (1000, 3000, 20000):
+                for name in NAMES:
+                    assert frame.loc[step, name] == stored[f"checkpoint-{step}"][name][
+                        "stable_rank"]
+            views = s.results.trajectory("stable_rank", by="view")
+            assert len(views.columns) == 10  # the two q projections, 5 heads each
+            assert views.loc[3000, "layers.1.self_attn.q_proj.weight[head=4]"] == stored["checkpoint-3000"][
+                "layers.1.self_attn.q_proj.weight[head=4]"]["stable_rank"]
+            by_type = s.results.trajectory("stable_rank", by="ptype")
+            ptypes = {p.name: p.ptype for p in s.models.params("checkpoint-1000")}
+            for ptype in by_type.columns:
+                members = [n for n in NAMES if ptypes[n] == ptype]
+                assert by_type.loc[1000, ptype] == pytest.approx(
+                    np.mean([stored["checkpoint-1000"][n]["stable_rank"] for n in members]),
+                    rel=1e-12)
+            # the alias and a subset of models
+            assert s.results.trajectory("stable_rank").equals(frame)
+            sub = s.filter(model_ids=["checkpoint-3000", "checkpoint-1000"])
+            assert list(sub.results.trajectory("stable_rank").index) == [1000, 3000]
+
+    def test_models_without_a_step_are_indexed_by_id(self):
+        rng = np.random.default_rng(0)
+        with Session() as s:
+            s.models.add({"w": rng.standard_normal((20, 10))}, "b")
+            s.models.add({"w": rng.standard_normal((20, 10))}, "a")
+            s.compute.apply("stable_rank")
+            frame = s.results.trajectory("stable_rank")
+            assert frame.index.name == "model_id" and list(frame.index) == ["b", "a"]
+            with pytest.raises(Exception, match="by must be"):
+                s.results.trajectory("stable_rank", by="layer")
+
+
+class TestSudden:
+    def _frame(self, n: int = 12, seed: int = 0) -> pd.DataFrame:
+        rng = np.random.default_rng(seed)
+        walk = np.cumsum(0.01 * rng.standard_normal((n, 3)), axis=0) + 2.0
+        return pd.DataFrame(walk, index=[100 * (i + 1) for i in range(n)],
+                            columns=["a", "b", "c"])
+
+    def test_an_event_is_flagged_at_its_step_and_column_only(self):
+        frame = self._frame()
+        frame.loc[700:, "b"] += 0.5
+        flags = sudden(frame, 10)
+        assert [(step, column) for step, column, _, _ in flags] == [(700, "b")]
+        assert flags[0][2] == pytest.approx(0.5, abs=0.05)
+
+    def test_noise_and_short_histories_are_not_flagged(self):
+        assert sudden(self._frame(), 10) == []
+        short = self._frame(n=5)
+        short.loc[400:, "a"] += 5.0
+        assert sudden(short, 10) == []  # 4 changes: too few to judge one against 3
+        flat = pd.DataFrame({"a": [1.0] * 10})
+        flat.iloc[6:, 0] += 1e-9  # float noise on a flat series
+        assert sudden(flat, 10) == []
+        assert sudden(self._frame(), 0.01)  # and a tiny k flags the noise
+
+
+def test_ctrl_c_during_watch_leaves_a_store_that_resumes(tmp_path):
+    _run(tmp_path / "run", range(1000, 4000, 1000))
+    store = tmp_path / "store"
+    env = {k: v for k, v in os.environ.items() if k != "DIFFRACT_STRICT_PLUGINS"}
+    proc = subprocess.Popen([sys.executable, "-m", "diffract.cli", "track",
+                             str(tmp_path / "run"), "--store", str(store), "--metrics",
+                             METRICS, "--watch", "0.2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if line.startswith("sudden") or "moved most" in line:
+            break
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (lines, out, err)
+    assert "interrupted" in err and "Traceback" not in err
+    with Session(profile="local", path=store) as s:
+        assert s.models.ordered() == ["checkpoint-1000", "checkpoint-2000", "checkpoint-3000"]
+        assert s.results.trajectory("stable_rank").notna().all().all()
