@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from diffract.cli import main
 
 
@@ -25,29 +27,61 @@ class TestCli:
         assert "    requires: frob_norm" in out
         assert "config:   ord=2.0" in out
 
-    def test_demo_trains_analyses_compares_and_reports(self, tmp_path):
-        """`diffract demo`: trains, saves checkpoints, analyses and compares them, writes
-        plots and a report, and says where they went."""
+    def test_demo_is_a_tracked_run_whose_planted_event_is_found(self, tmp_path):
+        """`diffract demo`: trains with a planted learning-rate spike in one layer, tracks
+        the checkpoints into a store, and the sudden change that most metrics flag is at
+        the first checkpoint after the spike, in that layer: in what it prints, in the
+        store and in the report. A rerun replaces its own folder; another is refused."""
+        pytest.importorskip("diffract_kernels_spectral")
+        from diffract import Session
+        from diffract_report.demo import EVENT
+        from diffract_report.track import sudden
+
         run = subprocess.run([sys.executable, "-m", "diffract.cli", "demo", "--out",
                               str(tmp_path / "d")], capture_output=True, text=True,
                              cwd=tmp_path)
         assert run.returncode == 0, run.stderr
         out = run.stdout
-        assert "trained a 4-layer MLP for 400 steps" in out
-        assert "step0400: 4 weight matrices" in out and "pl_alpha" in out
-        assert sorted(p.name for p in (tmp_path / "d" / "checkpoints").iterdir()) == [
-            "step0000.pt", "step0100.pt", "step0400.pt"]
-        report = tmp_path / "d" / "report.html"
-        assert f"{tmp_path / 'd' / 'report.html'}  (open it in a browser" in out
-        text = report.read_text()
-        assert "<table" in text and "data:image/png;base64," in text
         assert "Traceback" not in run.stderr and "Warning" not in run.stderr
-        try:
-            import diffract_kernels_alignment  # noqa: F401
-        except ImportError:
-            return
-        assert "step0000 -> step0100" in out and "compare-sval_rel_change" in text
-        assert (tmp_path / "d" / "plots" / "compare_sval_rel_change.png").stat().st_size > 1000
+        assert "trained a 4-layer MLP for 600 steps" in out
+        assert "the learning rate of fc2.weight was 100x too high" in out
+        assert sorted(p.name for p in (tmp_path / "d" / "run").iterdir()) == [
+            f"step-{s:04d}.pt" for s in range(100, 601, 50)]
+        assert "added 11 checkpoint(s): step-0100, step-0150" in out
+        lines = out.splitlines()
+        top = lines[next(i for i, line in enumerate(lines) if line.startswith("sudden")) + 1]
+        assert top.startswith(f"  step {EVENT['seen_at']}  {EVENT['layer']}: ")
+        assert "step-0600: 4 weight matrices" in out
+
+        votes: dict[tuple[int, str], int] = {}
+        with Session(profile="local", path=tmp_path / "d" / "store") as s:
+            assert len(s.models.ordered()) == 11
+            for field in ("pl_alpha", "stable_rank", "log_norm", "spectral_norm",
+                          "mp_softrank", "alpha_weighted"):
+                for step, layer, _, _ in sudden(s.results.trajectory(field), 10.0):
+                    votes[(int(step), layer)] = votes.get((int(step), layer), 0) + 1
+        event = (EVENT["seen_at"], EVENT["layer"])
+        assert max(votes, key=votes.get) == event and votes[event] >= 4
+        assert all(n < 3 for key, n in votes.items() if key != event), votes
+
+        text = (tmp_path / "d" / "report.html").read_text()
+        sudden_table = text[text.index('<table class="sortable" id="sudden">'):]
+        sudden_table = sudden_table[:sudden_table.index("</table>")]
+        first_row = sudden_table[sudden_table.index("<tr", sudden_table.index("</thead>")):]
+        first_row = first_row[:first_row.index("</tr>")]
+        assert f">{EVENT['seen_at']}<" in first_row and EVENT["layer"] in first_row
+        assert "l_subspace_overlap, mean over the layers" in text
+        assert "stable_rank per layer and step" in text
+
+        again = subprocess.run([sys.executable, "-m", "diffract.cli", "demo", "--out",
+                                str(tmp_path / "d")], capture_output=True, text=True)
+        assert again.returncode == 0, again.stderr
+        (tmp_path / "mine").mkdir()
+        (tmp_path / "mine" / "notes.txt").write_text("keep")
+        refused = subprocess.run([sys.executable, "-m", "diffract.cli", "demo", "--out",
+                                  str(tmp_path / "mine")], capture_output=True, text=True)
+        assert refused.returncode == 2 and "not an earlier demo's" in refused.stderr
+        assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:

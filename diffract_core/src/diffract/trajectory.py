@@ -2,8 +2,9 @@
 
 Rows are the models in scope ordered by step (the index is the step when every model has
 one, else the model id); columns are the stored parameters (``by="param"``), their views
-(``by="view"``), or the parameter types, each the mean over its parameters
-(``by="ptype"``). Cells are the stored values (NaN where a model lacks one).
+(``by="view"``), or the parameter types, each the mean over its parameters where the
+value is defined (``by="ptype"``). Cells are the stored values (NaN where a model lacks
+one or it is undefined).
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ def _number(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         return math.nan
+
+
+def _mean(values: list[float]) -> float:
+    """The mean of the defined values (NaN when none is)."""
+    defined = [v for v in values if not math.isnan(v)]
+    return sum(defined) / len(defined) if defined else math.nan
 
 
 def trajectory(results: Any, field: str, by: str = "param") -> Any:
@@ -42,7 +49,7 @@ def trajectory(results: Any, field: str, by: str = "param") -> Any:
                 continue
             key = info.ptype if by == "ptype" else info.name
             row.setdefault(key, []).append(_number(values[model_id][info.name][field]))
-        rows[model_id] = {k: (sum(v) / len(v) if v else math.nan) for k, v in row.items()}
+        rows[model_id] = {k: _mean(v) for k, v in row.items()}
     frame = pd.DataFrame.from_dict(rows, orient="index")
     frame.columns.name = by
     if ids and all(steps.get(m, {}).get("step") is not None for m in ids):

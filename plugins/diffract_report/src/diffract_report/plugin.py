@@ -1,4 +1,4 @@
-"""Hook implementations: the ``analyze``, ``compare`` and ``demo`` commands.
+"""Hook implementations: the ``analyze``, ``compare``, ``track`` and ``demo`` commands.
 
 This module is what the entry point loads: each command's modules (and rich, matplotlib,
 torch) are imported only when that command runs.
@@ -51,14 +51,15 @@ def _run_track(args: argparse.Namespace) -> int:
 
 def _configure_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="diffract-demo",
-                        help="folder for checkpoints, plots and the report (default: %(default)s)")
+                        help="folder for the run's checkpoints, its store, plots and the report "
+                             "(new, empty, or an earlier demo's; default: %(default)s)")
 
 
 def _run_demo(args: argparse.Namespace) -> int:
+    from diffract_report.analyze import command_entry
     from diffract_report.demo import run_demo
 
-    run_demo(args.out)
-    return 0
+    return command_entry("demo", lambda a: run_demo(a.out)["exit"])(args)
 
 
 @hookimpl
@@ -77,5 +78,6 @@ def diffract_commands() -> Iterator[Command]:
                   "ones, computes their metrics and their alignment with the previous and "
                   "first checkpoints, and prints which layers moved most and any sudden "
                   "change; --watch keeps polling.")
-    yield Command("demo", "train a small model, analyse and compare its checkpoints, write "
-                          "plots and a report (CPU, < 1 min)", _configure_demo, _run_demo)
+    yield Command("demo", "train a small model with a planted event, track its checkpoints "
+                          "into a store, find the event, write the report (CPU, ~10 s)",
+                  _configure_demo, _run_demo)

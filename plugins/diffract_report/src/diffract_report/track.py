@@ -38,7 +38,7 @@ from diffract_report._inputs import (
 )
 from diffract_report._output import ProgressBar, outcomes_reported_by_us, tell_failures
 
-__all__ = ["changes", "checkpoints", "configure_track", "sudden", "track"]
+__all__ = ["changes", "checkpoints", "configure_track", "sudden", "sudden_lines", "track"]
 
 #: Pairwise fields of the alignment with the predecessor and the first checkpoint.
 ALIGNMENT = ("l_subspace_overlap", "avg_max_l_agreement", "sval_rel_change")
@@ -105,7 +105,8 @@ def sudden(frame: Any, k: float) -> list[tuple[Any, str, float, float]]:
     a column beyond ``k`` MADs of that column's other changes (its own history, the
     change itself left out so an event does not hide itself); columns with at least
     :data:`MIN_HISTORY` other changes. The MAD has a floor of 1e-6 of the column's
-    typical value, so float noise on a flat series is not an event. Largest first."""
+    typical value, so float noise on a flat series is not an event, and of 1 for a
+    count (``num_spikes``), whose MAD is often 0. Largest first."""
     out = []
     for column in frame.columns:
         series = frame[column].to_numpy(dtype=float)
@@ -114,6 +115,9 @@ def sudden(frame: Any, k: float) -> list[tuple[Any, str, float, float]]:
         if finite.sum() - 1 < MIN_HISTORY:
             continue
         floor = 1e-6 * (np.nanmedian(np.abs(series)) or 1.0)
+        finite_values = series[np.isfinite(series)]
+        if np.array_equal(finite_values, np.round(finite_values)):
+            floor = 1.0  # counts: one more or less is not an event by itself
         for i in np.flatnonzero(finite):
             others = np.delete(diffs, i)
             others = others[np.isfinite(others)]
@@ -197,12 +201,26 @@ def _movers(session: Any, metrics: Sequence[str], k: float, say: Callable[[str],
         say(f"{field} moved most  " + "  |  ".join(parts))
         flagged += [(size, field, step, column, change)
                     for step, column, change, size in sudden(frame, k)]
-    if flagged:
-        flagged.sort(key=lambda r: -r[0])
-        say(f"sudden changes (beyond {k:g} median absolute deviations of the layer's own "
-            f"history), {len(flagged)} in all:")
-        for size, field, step, column, change in flagged[:2 * TOP]:
-            say(f"  step {step}  {column}  {field} {change:+.3g}  ({_mads(size)} MADs)")
+    for line in sudden_lines(flagged, k):
+        say(line)
+
+
+def sudden_lines(flagged: Sequence[tuple[float, str, Any, str, float]], k: float) -> list[str]:
+    """The sudden changes ((size, field, step, layer, change) each) grouped by step and
+    layer: the (step, layer) flagged by the most metrics first, then by size."""
+    if not flagged:
+        return []
+    groups: dict[tuple[Any, str], list[tuple[float, str, float]]] = {}
+    for size, field, step, column, change in flagged:
+        groups.setdefault((step, column), []).append((size, field, change))
+    ranked = sorted(groups.items(), key=lambda g: (-len(g[1]), -max(r[0] for r in g[1])))
+    lines = [f"sudden changes (beyond {k:g} median absolute deviations of the layer's own "
+             f"history): {len(flagged)} in {len(groups)} (step, layer)"]
+    for (step, column), rows in ranked[:2 * TOP]:
+        rows.sort(key=lambda r: -r[0])
+        lines.append(f"  step {step}  {column}: " + ", ".join(
+            f"{field} {change:+.3g} ({_mads(size)} MADs)" for size, field, change in rows))
+    return lines
 
 
 def _alike(session: Any, ids: Sequence[str], say: Callable[[str], None]) -> list[str]:

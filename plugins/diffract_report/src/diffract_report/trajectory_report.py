@@ -63,7 +63,7 @@ def _alignment(session: Any, field: str) -> dict[str, list[tuple[float, float]]]
 
 def track_sections(session: Any, metrics: Sequence[str], k: float) -> list[str]:
     """The run's sections (HTML fragments with their ``<h2>``)."""
-    parts = ["<h2>Training run</h2>"]
+    parts = ["<h2 id='training-run'>Training run</h2>"]
     ids = session.models.ordered()
     steps = session.models.steps()
     parts.append(f"<p>{len(ids)} checkpoints, steps "
@@ -100,8 +100,13 @@ def track_sections(session: Any, metrics: Sequence[str], k: float) -> list[str]:
             "title": "l_subspace_overlap, mean over the layers", "xlabel": "step",
             "ylabel": "overlap", "series": series}]}))
     if flagged_rows:
-        parts.append(f"<h3 id='sudden'>Sudden changes (beyond {k:g} median absolute "
-                     "deviations of the layer's own history)</h3>")
+        votes: dict[tuple[Any, str], int] = {}
+        for _, step, layer, _, _ in flagged_rows:
+            votes[(step, layer)] = votes.get((step, layer), 0) + 1
+        flagged_rows.sort(key=lambda r: (-votes[(r[1], r[2])], str(r[1]), r[2], -r[4]))
+        parts.append(f"<h3 id='sudden-changes'>Sudden changes (beyond {k:g} median "
+                     "absolute deviations of the layer's own history; the step and layer "
+                     "most metrics flag first)</h3>")
         parts.append(html_table(["metric", "step", "layer", "change", "MADs"], flagged_rows,
                                 table_id="sudden", flagged=[True] * len(flagged_rows)))
     if movers_rows:
