@@ -149,6 +149,14 @@ class TestStoreContract:
         assert store.notes() == []
         with pytest.raises(KeyError):
             store.read("m", "b", "f")
+        # one field of every parameter at once (what exports read): the same values
+        store.commit(Batch(values={("m", "b", "f"): 2.5}, provenance={"f": PROV}))
+        for field in values:
+            together = store.read_field("m", field)
+            assert together.keys() == store.present("m", field)
+            assert all(_same(together[p], store.read("m", p, field)) for p in together)
+        assert store.read_field("m", "f") == {"a": 1.5, "b": 2.5}
+        assert store.read_field("m", "absent") == {}
 
     def test_a_later_commit_has_a_larger_seq_and_erase_removes(self, store):
         """Stamps order commits; erase removes values, aggregates and notes of the models."""
@@ -183,18 +191,47 @@ class TestAtomicity:
         st.close()
 
     def test_files_of_a_chunk_that_never_committed_are_removed_by_a_lone_opener(self, tmp_path):
-        """Array files no row names (a crash between writing them and the commit) are
-        deleted when the store is opened by no other process, and kept otherwise."""
+        """Array files no row names, left by a writer that did not close (its marker is
+        still in .writers/), are deleted when the store is opened by no other process,
+        and kept otherwise; a store whose writers all closed is not walked at open."""
+        from diffract_storage_local._directory import TRACKED, WRITERS
+
+        LocalStore(tmp_path / "st").close()
+        assert (tmp_path / "st" / TRACKED).exists()
         st = LocalStore(tmp_path / "st")
         orphan = tmp_path / "st" / "arrays" / "ab" / "abcdef.npy"
         orphan.parent.mkdir()
         np.save(orphan, np.ones(3))
-        other = LocalStore(tmp_path / "st")  # another opener: st still holds it
+        unmarked = LocalStore(tmp_path / "st")  # alone? no: st holds it; nothing is deleted
+        unmarked.close()
+        st.close()
+        LocalStore(tmp_path / "st").close()  # alone, but no writer left a marker: no walk
         assert orphan.exists()
+        (tmp_path / "st" / WRITERS).mkdir(exist_ok=True)
+        (tmp_path / "st" / WRITERS / "4242-dead").touch()  # what a killed writer leaves
+        st = LocalStore(tmp_path / "st")  # alone: walks, deletes, clears the marker
+        other = LocalStore(tmp_path / "st")
         other.close()
         st.close()
-        LocalStore(tmp_path / "st").close()  # alone now
-        assert not orphan.exists()
+        assert not orphan.exists() and not any((tmp_path / "st" / WRITERS).iterdir())
+
+    def test_a_writer_leaves_a_marker_until_it_closes(self, tmp_path):
+        from diffract_storage_local._directory import WRITERS
+
+        st = LocalStore(tmp_path / "st")
+        st.add_model("m", [ParamInfo("m", "a", (2,), "float64")], ModelSource("memory"),
+                     lambda name: np.ones(2), copy_weights=False)
+        st.commit(Batch(values={("m", "a", "big"): np.arange(20_000.0)}))
+        assert len(list((tmp_path / "st" / WRITERS).iterdir())) == 1
+        other = LocalStore(tmp_path / "st")  # a reader writes nothing: no marker of its own
+        assert other.read("m", "a", "big")[-1] == 19_999.0
+        other.close()
+        assert len(list((tmp_path / "st" / WRITERS).iterdir())) == 1
+        st.close()
+        assert list((tmp_path / "st" / WRITERS).iterdir()) == []
+        reopened = LocalStore(tmp_path / "st")  # the file it wrote is kept
+        assert reopened.read("m", "a", "big")[-1] == 19_999.0
+        reopened.close()
 
 
 class TestSchema:

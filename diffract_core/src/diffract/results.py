@@ -97,6 +97,12 @@ class ResultsAPI(ScopedAPI):
         return contextual_name(name, models, param) if models else name
 
     def _check_fields(self, fields: Iterable[str], action: str) -> None:
+        registry = self._session.registry
+        made = set(registry.fields())
+        fields = [f for f in fields if "@" not in f and f not in made
+                  and registry.canonical(f) == f]  # what a kernel makes needs no scan
+        if not fields:
+            return
         known = self._known_fields()
         for f in fields:
             if "@" not in f and f not in known:
@@ -118,10 +124,9 @@ class ResultsAPI(ScopedAPI):
         stored = {f: self._canonical(f) for f in names}
         rows = []
         for m in models:
-            present = {f: store.present(m, stored[f]) for f in names}
+            read = {f: store.read_field(m, stored[f]) for f in names}
             for info in self._scope.params(store, m):
-                values = {f: store.read(m, info.name, stored[f]) for f in names
-                          if info.name in present[f]}
+                values = {f: read[f][info.name] for f in names if info.name in read[f]}
                 if values:
                     rows.append({"model_id": m, "param": info.name, "ptype": info.ptype,
                                  "meta": info.meta_dict, "values": values})

@@ -9,7 +9,7 @@ import os
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,30 @@ __all__ = ["DB_NAME", "StoreDirectory"]
 DB_NAME = "store.sqlite"
 
 
+#: Markers of processes that may have left unreferenced array files (see _clean_orphans).
+WRITERS = ".writers"
+#: Present once the store's files have been scanned under the marker protocol.
+TRACKED = ".orphans-scanned"
+
+
+def _files_under(root: Path, folder: str) -> Iterator[str]:
+    """Every file below ``root / folder``, as a path relative to ``root`` (os.scandir:
+    no stat per file, no Path per file)."""
+    stack = [folder]
+    while stack:
+        rel = stack.pop()
+        try:
+            entries = list(os.scandir(root / rel))
+        except OSError:
+            continue
+        for entry in entries:
+            child = f"{rel}/{entry.name}"
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(child)
+            else:
+                yield child
+
+
 class StoreDirectory:
     """A store's directory, database and array files (the storage half of LocalStore)."""
 
@@ -42,6 +66,7 @@ class StoreDirectory:
         self._lockfile: Any = None
         self._loaders: dict[str, tuple[Callable[[str], Any], Callable[[str], Any]]] = {}
         self._params: dict[str, list[ParamInfo]] = {}
+        self._marker: Path | None = None
         self._open()
 
     # -- opening and closing ----------------------------------------------------------
@@ -53,7 +78,8 @@ class StoreDirectory:
                 "(new or holding a store) as path=."
             )
         if root.is_dir() and not (root / DB_NAME).exists():
-            others = [p.name for p in root.iterdir() if p.name not in (".lock", "arrays")]
+            known = (".lock", "arrays", WRITERS, TRACKED)
+            others = [p.name for p in root.iterdir() if p.name not in known]
             if others:
                 raise StorageError(
                     f"{str(root)!r} is not a Diffract store (it has no {DB_NAME} but holds "
@@ -150,20 +176,42 @@ class StoreDirectory:
             self._lockfile = None
 
     def _clean_orphans(self) -> None:
-        """Delete array files no row names (a crash between writing them and the commit);
-        only when no other process has the store open (they may be mid-commit)."""
+        """Delete array files no row names (a crash between writing them and the commit,
+        or between a commit and deleting the files it replaced); only when no other
+        process has the store open (they may be mid-commit). A process that writes or
+        deletes array files leaves a marker in ``.writers/`` until it closes the store,
+        so the scan runs only after one did not close (or on a store from before the
+        markers): opening a large store is not a walk over its files."""
         if self._lockfile is None or not getattr(self, "_exclusive", False):
             return
-        referenced = set()
-        for table in ("field_values", "aggregates", "weights"):
-            referenced.update(r[0] for r in self.db.execute(
-                f"SELECT file FROM {table} WHERE file IS NOT NULL"))  # noqa: S608 - fixed names
-        for path in (self.root / "arrays").rglob("*"):
-            if path.is_file() and str(path.relative_to(self.root)) not in referenced:
+        writers = self.root / WRITERS
+        left = list(writers.iterdir()) if writers.is_dir() else []
+        if left or not (self.root / TRACKED).exists():
+            referenced = set()
+            for table in ("field_values", "aggregates", "weights"):
+                referenced.update(r[0] for r in self.db.execute(
+                    f"SELECT file FROM {table} WHERE file IS NOT NULL"))  # noqa: S608
+            for rel in _files_under(self.root, "arrays"):
+                if rel not in referenced:
+                    with contextlib.suppress(OSError):
+                        (self.root / rel).unlink()
+            for marker in left:
                 with contextlib.suppress(OSError):
-                    path.unlink()
+                    marker.unlink()
+            with contextlib.suppress(OSError):
+                (self.root / TRACKED).touch()
         fcntl.flock(self._lockfile, fcntl.LOCK_SH)  # others may open it now
         self._exclusive = False
+
+    def _mark_writing(self) -> None:
+        """Leave this process's marker (once per open) before it touches array files."""
+        if self._marker is None:
+            with self._lock:
+                if self._marker is None:
+                    marker = self.root / WRITERS / f"{os.getpid()}-{uuid.uuid4().hex}"
+                    marker.parent.mkdir(exist_ok=True)
+                    marker.touch()
+                    self._marker = marker
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -177,6 +225,10 @@ class StoreDirectory:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+            if self._marker is not None:  # every file it wrote is referenced or deleted
+                with contextlib.suppress(OSError):
+                    self._marker.unlink()
+                self._marker = None
             self._release_file_lock()
 
     @contextlib.contextmanager
@@ -203,6 +255,7 @@ class StoreDirectory:
 
     # -- array files --------------------------------------------------------------------
     def _write_file(self, enc: _codec.Encoded, suffix: str) -> str:
+        self._mark_writing()
         name = uuid.uuid4().hex
         rel = Path("arrays") / name[:2] / f"{name}{suffix}"
         target = self.root / rel
@@ -234,6 +287,9 @@ class StoreDirectory:
         return enc.kind, enc.inum, enc.num, enc.blob, path, enc.nbytes
 
     def _unlink(self, files: Iterable[str | None]) -> None:
+        files = [f for f in files if f]
+        if files:
+            self._mark_writing()
         for rel in files:
             if rel:
                 with contextlib.suppress(OSError):

@@ -6,11 +6,13 @@ Layout of a store directory::
     store.sqlite (+ -wal, -shm)   models, parameters, values, aggregates, notes, provenance
     arrays/ab/<uuid>.npy          arrays over 64 KiB (and large tuples, as .npz), by name
     .lock                         held shared by every open store; exclusive for clean-up
+    .writers/<pid>-<id>           a process that wrote or deleted array files, until it closes
 
 Atomicity. A commit first writes the new array files (under fresh names, never over an
 existing file), then applies every row of the chunk in one SQLite transaction. A crash
 before the transaction commits leaves only unreferenced files, which the next store to
-open the directory alone deletes; a crash after it leaves a complete chunk. Files a
+open the directory alone deletes (it looks only when a writer left its marker in
+``.writers/``); a crash after it leaves a complete chunk. Files a
 commit replaced or erased are deleted after the transaction.
 
 Durability. ``sync="normal"`` (default) survives a killed process at any point: the OS
@@ -215,6 +217,21 @@ class LocalStore(StoreDirectory, Store):
                 if _attempt:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def read_field(self, model_id: str, field: str) -> dict[str, Any]:
+        """One query for every parameter's value (a row a concurrent writer replaced
+        while it was decoded is read again alone)."""
+        with self._lock:
+            rows = self.db.execute(
+                f"SELECT param, {_VALUE_COLUMNS} FROM field_values "  # noqa: S608
+                "WHERE model_id = ? AND field = ?", (model_id, field)).fetchall()
+        out = {}
+        for param, *row in rows:
+            try:
+                out[param] = self._decode(row, f"field {field!r} of {model_id}/{param}")
+            except StorageError:
+                out[param] = self.read(model_id, param, field)
+        return out
 
     def nbytes(self, model_id: str, param: str, field: str) -> int:
         with self._lock:

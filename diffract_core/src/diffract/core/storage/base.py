@@ -361,6 +361,11 @@ class Store(abc.ABC):
         not scan (a dict lookup, a primary-key query)."""
 
     # -- conveniences built on the contract -----------------------------------
+    def read_field(self, model_id: str, field: str) -> dict[str, Any]:
+        """Every stored value of ``field`` of the model, by parameter. Exports call it
+        once per (model, field); a store that can answer in one query overrides it."""
+        return {p: self.read(model_id, p, field) for p in self.present(model_id, field)}
+
 
     def describe(self) -> Mapping[str, Any]:
         """A small summary for logs: models, parameters, stored values."""

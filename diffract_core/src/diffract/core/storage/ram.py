@@ -85,6 +85,10 @@ class RamStore(Store):
     def read(self, model_id: str, param: str, field: str) -> Any:
         return self._values[model_id][field][param]
 
+    def read_field(self, model_id: str, field: str) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._values.get(model_id, {}).get(field, {}))
+
     def nbytes(self, model_id: str, param: str, field: str) -> int:
         return self._sizes.get((model_id, param, field), 0)
 

@@ -1,0 +1,245 @@
+"""A training run tracked with ``diffract track``: 20 checkpoints of GPT-2-small's shapes,
+then a 21st; SVDs counted; SIGKILL and resume; reading the run back.
+
+Builds (once, cached under ``--dir``) 21 safetensors checkpoints of GPT-2 small's 48
+weight matrices (12 blocks x ``attn.c_attn`` 768x2304, ``attn.c_proj`` 768x768,
+``mlp.c_fc`` 768x3072, ``mlp.c_proj`` 3072x768, float32, stored ``[in, out]`` as GPT-2
+does), each derived from the previous by a small random walk (so the alignment between
+checkpoints is meaningful), the first with heavy-tailed spectra (Gaussian columns scaled
+by Pareto factors). Then, each in a fresh process with the default executor:
+
+1. ``diffract track`` over the first 20 (the full run: default metrics, alignment with
+   the previous and with the first checkpoint);
+2. the 21st added by the same command (target: at most 1/10 of the full run);
+3. the decompositions counted in every process (a ``sitecustomize`` on the workers' path
+   counts calls of the spectral pack's ``esd`` and ``svd``): one SVD per matrix per
+   checkpoint, never per pair;
+4. SIGKILL of ``track`` over the first ``--kill-of`` checkpoints part-way, then the same
+   command again: the store's values equal the uninterrupted run's, bit for bit;
+5. reading back from a reopened ``local`` store: three fields of every matrix of 20
+   checkpoints, of one checkpoint (48 matrices), and ``trajectory()``, against the same
+   exports from ``ram`` (the original Diffract's store exported three fields of 48
+   matrices in 0.027 s: the target).
+
+    python benchmarks/bench_track.py [--dir /tmp/diffract-track-gpt2] [--kill-of 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import header, median_time, table  # noqa: E402
+
+SHAPES = {"attn.c_attn.weight": (768, 2304), "attn.c_proj.weight": (768, 768),
+          "mlp.c_fc.weight": (768, 3072), "mlp.c_proj.weight": (3072, 768)}
+BLOCKS, CHECKPOINTS, STEP = 12, 21, 1000
+FIELDS = ("pl_alpha", "stable_rank", "log_norm")
+
+COUNTER = """
+import os
+_path = os.environ.get("DIFFRACT_BENCH_COUNTS")
+if _path:
+    import diffract_kernels_spectral.linalg as _linalg
+
+    def _counted(name, real):
+        def wrapper(*args, **kwargs):
+            with open(_path, "a") as f:
+                f.write(name + "\\n")
+            return real(*args, **kwargs)
+        return wrapper
+
+    for _name in ("esd", "svd"):
+        setattr(_linalg, _name, _counted(_name, getattr(_linalg, _name)))
+"""
+
+
+def build(folder: Path) -> list[Path]:
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    paths = [folder / f"checkpoint-{(i + 1) * STEP}" for i in range(CHECKPOINTS)]
+    if all((p / "model.safetensors").exists() for p in paths):
+        return paths
+    rng = np.random.default_rng(0)
+    weights = {}
+    for block in range(BLOCKS):
+        for name, (rows, cols) in SHAPES.items():
+            scale = (rng.pareto(2.5, size=cols) + 1.0).astype(np.float32)
+            weights[f"h.{block}.{name}"] = (rng.standard_normal((rows, cols), dtype=np.float32)
+                                            * scale / np.sqrt(rows, dtype=np.float32))
+    for path in paths:
+        for w in weights.values():
+            w += 0.02 * rng.standard_normal(w.shape, dtype=np.float32) / np.sqrt(w.shape[0])
+        path.mkdir(parents=True, exist_ok=True)
+        save_file({k: torch.from_numpy(v) for k, v in weights.items()},
+                  str(path / "model.safetensors"))
+        print(f"# built {path}", flush=True)
+    return paths
+
+
+def track(paths: list[Path], store: Path, counts: Path, kill_after: float | None = None
+          ) -> dict:
+    """``diffract track`` in a fresh process; wall time and the decompositions counted."""
+    counts.write_text("")
+    env = dict(os.environ, DIFFRACT_BENCH_COUNTS=str(counts),
+               PYTHONPATH=os.pathsep.join([str(counts.parent / "site"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    env.pop("DIFFRACT_STRICT_PLUGINS", None)
+    command = [sys.executable, "-m", "diffract.cli", "track", *map(str, paths), "--store",
+               str(store), "--quiet"]
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    if kill_after is not None:
+        try:
+            proc.wait(timeout=kill_after)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out, err = proc.communicate()
+    wall = time.perf_counter() - start
+    if kill_after is None and proc.returncode != 0:
+        raise SystemExit(f"track failed ({proc.returncode}):\n{out}\n{err}")
+    calls = counts.read_text().split()
+    return {"wall": wall, "esd": calls.count("esd"), "svd": calls.count("svd"),
+            "code": proc.returncode, "out": out}
+
+
+def values(store: Path, model_ids: list[str]) -> dict:
+    """Every stored scalar of those models and every pair aggregate among them."""
+    from diffract import Session
+
+    with Session(profile="local", path=store) as s:
+        view = s.filter(model_ids=model_ids)
+        table_ = view.results.export_metrics()
+        pairs = {(r["field"], r["models"], r["param"]): r["value"] for r in
+                 view.results.export_aggregates(export_format="list")
+                 if r["param"] is not None and not hasattr(r["value"], "shape")}
+    return {"metrics": table_, "pairs": pairs}
+
+
+def same(a: dict, b: dict) -> bool:
+    import math
+
+    def eq(x, y) -> bool:
+        if isinstance(x, float) and isinstance(y, float):
+            return x == y or (math.isnan(x) and math.isnan(y))
+        if hasattr(x, "shape") or hasattr(y, "shape"):
+            import numpy as np
+
+            return np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
+        return x == y
+
+    if a["pairs"].keys() != b["pairs"].keys():
+        return False
+    if not all(eq(a["pairs"][k], b["pairs"][k]) for k in a["pairs"]):
+        return False
+    for model, params in a["metrics"].items():
+        for param, fields in params.items():
+            other = b["metrics"].get(model, {}).get(param, {})
+            if fields.keys() != other.keys() or not all(eq(v, other[k])
+                                                       for k, v in fields.items()):
+                return False
+    return a["metrics"].keys() == b["metrics"].keys()
+
+
+def read_back(store: Path, repeats: int) -> list[list]:
+    from diffract import Session
+
+    rows = []
+    opened, session = median_time(lambda: Session(profile="local", path=store), 1)
+    with session as s:
+        first = s.models.ordered()[0]
+        one = s.filter(model_ids=[first])
+        runs = {
+            "export 3 fields, 20 x 48 matrices": lambda: s.results.export_metrics(*FIELDS),
+            "export 3 fields, 48 matrices": lambda: one.results.export_metrics(*FIELDS),
+            "trajectory(pl_alpha), 20 x 48": lambda: s.results.trajectory("pl_alpha"),
+            "to_pandas 3 fields, 20 x 48": lambda: s.results.to_pandas(*FIELDS),
+        }
+        with Session(profile="ram") as ram:
+            ram.merge(s)
+            ram_one = ram.filter(model_ids=[first])
+            ram_runs = {
+                "export 3 fields, 20 x 48 matrices": lambda: ram.results.export_metrics(*FIELDS),
+                "export 3 fields, 48 matrices": lambda: ram_one.results.export_metrics(*FIELDS),
+                "trajectory(pl_alpha), 20 x 48": lambda: ram.results.trajectory("pl_alpha"),
+                "to_pandas 3 fields, 20 x 48": lambda: ram.results.to_pandas(*FIELDS),
+            }
+            for name, fn in runs.items():
+                cold = median_time(fn, 1)[0]
+                warm = median_time(fn, repeats)[0]
+                ram_time = median_time(ram_runs[name], repeats)[0]
+                rows.append([name, f"{cold:.4f}", f"{warm:.4f}", f"{ram_time:.4f}",
+                             f"{0.027 / warm:.1f}x"])
+    rows.append(["open the store", f"{opened:.4f}", "", "", ""])
+
+    def reopened(model_ids: int) -> None:
+        with Session(profile="local", path=store) as s:
+            ids = s.models.ordered()[:model_ids]
+            s.filter(model_ids=ids).results.export_metrics(*FIELDS)
+
+    for label, count in (("reopen + export 3 fields, 48 matrices", 1),
+                         ("reopen + export 3 fields, 20 x 48", 20)):
+        cold = median_time(lambda c=count: reopened(c), 1)[0]
+        warm = median_time(lambda c=count: reopened(c), repeats)[0]
+        rows.append([label, f"{cold:.4f}", f"{warm:.4f}", "", f"{0.027 / warm:.1f}x"])
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", default="/tmp/diffract-track-gpt2")
+    parser.add_argument("--kill-of", type=int, default=6,
+                        help="checkpoints in the SIGKILL-and-resume check (default 6)")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    header("diffract track: 20 GPT-2-small checkpoints, then a 21st",
+           ["diffract-core", "diffract-report", "numpy"])
+    root = Path(args.dir)
+    paths = build(root / "run")
+    work = root / "work"
+    (work / "site").mkdir(parents=True, exist_ok=True)
+    (work / "site" / "sitecustomize.py").write_text(COUNTER)
+    counts = work / "counts.txt"
+    store = work / "store"
+    subprocess.run(["rm", "-rf", str(store), str(work / "killed")], check=True)
+
+    full = track(paths[:20], store, counts)
+    added = track(paths, store, counts)
+    rows = [["track 20 checkpoints", f"{full['wall']:.1f}", full["esd"], full["svd"],
+             "20 x 48 = 960"],
+            ["track: add the 21st", f"{added['wall']:.1f}", added["esd"], added["svd"],
+             "48"]]
+    print()
+    table(["run", "wall s", "ESDs", "SVDs", "SVDs expected"], rows)
+    ratio = added["wall"] / full["wall"]
+    print(f"# the 21st costs {ratio:.3f} of the full run (target <= 0.1); SVDs once per "
+          f"matrix per checkpoint: {full['svd'] == 960 and added['svd'] == 48}")
+
+    part = paths[:args.kill_of]
+    killed = work / "killed"
+    whole = track(part, work / "whole", counts)
+    cut = track(part, killed, counts, kill_after=0.5 * whole["wall"])
+    resumed = track(part, killed, counts)
+    ids = [p.name for p in part]
+    equal = same(values(killed, ids), values(work / "whole", ids))
+    print(f"# SIGKILL after {0.5 * whole['wall']:.1f} s of a {whole['wall']:.1f} s track over "
+          f"{len(part)} checkpoints (exit {cut['code']}), then rerun ({resumed['wall']:.1f} "
+          f"s, {resumed['svd']} SVDs): the store equals the uninterrupted run's: {equal}")
+    subprocess.run(["rm", "-rf", str(work / "whole")], check=True)
+
+    print()
+    table(["read back (reopened local store)", "first s", "median s", "ram s",
+           "vs 0.027 s"], read_back(store, args.repeats))
+
+
+if __name__ == "__main__":
+    main()
