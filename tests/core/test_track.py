@@ -291,3 +291,46 @@ def test_ctrl_c_during_watch_leaves_a_store_that_resumes(tmp_path):
     with Session(profile="local", path=store) as s:
         assert s.models.ordered() == ["checkpoint-1000", "checkpoint-2000", "checkpoint-3000"]
         assert s.results.trajectory("stable_rank").notna().all().all()
+
+
+def test_the_report_of_a_run_tracked_with_head_views(tmp_path, capsys):
+    """--report: per metric a layers x steps heat map holding the trajectory's numbers,
+    the by-type lines, views x steps with --views heads, the alignment curves, the
+    movers and the sudden changes with the planted event's step and layer first."""
+    import html
+    import json
+    import re
+
+    pytest.importorskip("diffract_views")
+    _run(tmp_path / "run", range(1000, 9000, 1000), event=6000)
+    report = tmp_path / "run.html"
+    assert _track(str(tmp_path / "run"), "--store", str(tmp_path / "store"), "--metrics",
+                  METRICS, "--views", "heads", "--view-option", "heads=5",
+                  "--view-option", "head_dim=8", "--report", str(report)) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    top = lines[next(i for i, line in enumerate(lines) if line.startswith("sudden")) + 1]
+    assert top.startswith("  step 6000  layers.1.self_attn.q_proj.weight: ")
+    text = report.read_text()
+    for title in ("stable_rank per layer and step", "stable_rank by layer type (mean)",
+                  "stable_rank per view and step", "l_subspace_overlap, mean over the layers"):
+        assert title in text, title
+    charts = [json.loads(html.unescape(c))
+              for c in re.findall(r"<div class=chart data-chart='([^']*)'", text)]
+    heat = next(p["heat"] for c in charts for p in c["panels"]
+                if p.get("title") == "stable_rank per layer and step")
+    with Session(profile="local", path=tmp_path / "store") as s:
+        frame = s.results.trajectory("stable_rank")
+    assert heat["cols"] == [str(step) for step in frame.index]
+    row = heat["rows"].index("layers.0.mlp.up_proj.weight")
+    assert heat["z"][row] == pytest.approx(list(frame["layers.0.mlp.up_proj.weight"]),
+                                           rel=1e-4)  # the report keeps 5 digits
+    views = next(p["heat"] for c in charts for p in c["panels"]
+                 if p.get("title") == "stable_rank per view and step")
+    assert len(views["rows"]) == 10 and "layers.1.self_attn.q_proj.weight[head=4]" in \
+        views["rows"]
+    sudden_table = text[text.index('<table class="sortable" id="sudden">'):]
+    first_row = sudden_table[sudden_table.index("<tbody><tr") + 7:]
+    first_row = first_row[:first_row.index("</tr>")]
+    assert ">6000<" in first_row and "layers.1.self_attn.q_proj.weight" in first_row
+    assert '<table class="sortable" id="movers">' in text

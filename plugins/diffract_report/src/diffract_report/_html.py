@@ -138,6 +138,8 @@ def esd_chart(row: dict[str, Any], shape: Sequence[int] | None) -> dict[str, Any
     if esd.size == 0:
         return None
     lo, hi = float(esd.min()), float(esd.max())
+    if hi <= lo:  # one distinct eigenvalue (a rank-one matrix): a range around it
+        lo, hi = lo * 0.9, hi * 1.1
     edges = np.geomspace(lo, hi * (1 + 1e-9), max(10, min(60, esd.size // 4)))
     counts, _ = np.histogram(esd, bins=edges)
     keep = counts > 0
