@@ -257,6 +257,13 @@ class TestSudden:
         assert [(step, column) for step, column, _, _ in flags] == [(700, "b")]
         assert flags[0][2] == pytest.approx(0.5, abs=0.05)
 
+    def test_a_change_is_judged_against_the_others_not_itself(self):
+        """Changes 0, 0, .1, .1, 1: the others' median is .05 and MAD .05, so the last is
+        19 MADs (flagged at k=10); counted in its own history it would be 9."""
+        frame = pd.DataFrame({"a": [5.0, 5.0, 5.0, 5.1, 5.2, 6.2]}, index=range(6))
+        [(step, column, change, size)] = sudden(frame, 10)
+        assert (step, column) == (5, "a") and size == pytest.approx(19, rel=1e-6)
+
     def test_noise_and_short_histories_are_not_flagged(self):
         assert sudden(self._frame(), 10) == []
         short = self._frame(n=5)
