@@ -39,13 +39,17 @@ _LEGACY_DIRECTORY = {"safetensors", "torch"}
 @attrs.frozen
 class TensorEntry:
     """One tensor of a checkpoint: its name, shape, dtype (a numpy-style name such as
-    ``"float32"`` or ``"bfloat16"``) and the index of the file that holds it in
-    :attr:`CheckpointReader.files`."""
+    ``"float32"`` or ``"bfloat16"``: what :meth:`CheckpointReader.read` returns), the
+    index of the file that holds it in :attr:`CheckpointReader.files`, and metadata the
+    parameter keeps (JSON values; exports show them as ``meta.<key>`` columns: how a
+    format stored it, e.g. a quantisation type or that it was turned around)."""
 
     name: str
     shape: tuple[int, ...] = attrs.field(converter=tuple)
     dtype: str
     file: int = 0
+    meta: tuple[tuple[str, Any], ...] = attrs.field(
+        default=(), converter=lambda m: tuple(sorted(dict(m).items())))
 
 
 class CheckpointReader(abc.ABC):

@@ -142,8 +142,8 @@ def _from_path(model_id: str, path: Path, format: str | None,
     from diffract.core.formats import open_path
 
     entries, source, load, raw, config = open_path(path, model_id, format, options)
-    infos = [ParamInfo(model_id, e.name, e.shape, e.dtype, infer_type(e.name, e.shape))
-             for e in entries]
+    infos = [ParamInfo(model_id, e.name, e.shape, e.dtype, infer_type(e.name, e.shape),
+                       e.meta) for e in entries]
     return OpenedModel(infos, source, load, raw, config)
 
 

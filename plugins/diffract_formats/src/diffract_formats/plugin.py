@@ -1,4 +1,5 @@
-"""Hook implementations: the safetensors, torch, npz and huggingface model formats.
+"""Hook implementations: the safetensors, torch, npz, gguf, onnx, keras, flax and
+huggingface model formats.
 
 This module is what the entry point loads: it imports no reader (and no torch) until a
 file of that kind is opened.
@@ -36,6 +37,18 @@ def _huggingface(path: str) -> Any:
     return HuggingFaceReader(path)
 
 
+def _gguf(path: str) -> Any:
+    from diffract_formats.gguf_reader import GGUFFileReader
+
+    return GGUFFileReader(path)
+
+
+def _onnx(path: str) -> Any:
+    from diffract_formats.onnx_reader import OnnxReader
+
+    return OnnxReader(path)
+
+
 def _hf_layout(path: str) -> bool:
     from diffract_formats.readers import hf_layout
 
@@ -53,6 +66,15 @@ def diffract_model_formats() -> Iterator[ModelFormat]:
                                   "memory-mapped when zip (needs torch).")
     yield ModelFormat("npz", _npz, suffixes=(".npz",),
                       description="numpy .npz files (allow_pickle=False).")
+    yield ModelFormat("gguf", _gguf, suffixes=(".gguf",), magic=(b"GGUF",),
+                      description="llama.cpp's GGUF files: F32/F16 as stored, BF16 and "
+                                  "quantised types (Q8_0, Q4_K...) dequantised to float32 by "
+                                  "the gguf library, the type kept as meta.quant "
+                                  "(diffract-formats[gguf]).")
+    yield ModelFormat("onnx", _onnx, suffixes=(".onnx",),
+                      description="ONNX models: floating-point initializers of rank >= 2, "
+                                  "external data beside the model, [in, out] MatMul/Gemm "
+                                  "weights turned to [out, in] (no library needed).")
     yield ModelFormat("huggingface", _huggingface, layout=_hf_layout,
                       description="a Hugging Face-style checkpoint directory holding "
                                   "model.safetensors.index.json and its shards, "

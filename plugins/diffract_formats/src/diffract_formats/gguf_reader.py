@@ -1,0 +1,154 @@
+"""GGUF files (llama.cpp's format), read with the ``gguf`` library
+(``pip install diffract-formats[gguf]``).
+
+Opening parses the header only (``gguf.GGUFReader``: the key-value metadata and the
+tensor infos); the memory map it makes is dropped at once. A tensor is read with plain
+file reads of its bytes, then F32/F16/F64 are used as they are and every other type (BF16
+and the quantised ones: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K...) goes through the library's own
+``gguf.quants.dequantize`` to float32, one tensor at a time. GGUF lists dimensions
+fastest-first (``ne``); the reader reports them the other way round, so a linear layer
+is ``[out, in]`` as in every other format. Each parameter keeps its storage type as
+``meta.quant`` (``F16``, ``Q4_K``...): quantisation changes the spectrum.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from diffract.errors import ModelSourceError
+from diffract.plugins import CheckpointReader, TensorEntry, to_slices
+
+__all__ = ["GGUFFileReader"]
+
+_DIRECT = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
+#: GGUF metadata keys (after the architecture's prefix) that view rules read as config.
+_CONFIG = {"attention.head_count": "num_attention_heads",
+           "attention.head_count_kv": "num_key_value_heads",
+           "embedding_length": "hidden_size", "block_count": "num_hidden_layers",
+           "expert_count": "num_local_experts", "attention.key_length": "head_dim"}
+
+
+def _error(path: str, problem: str) -> ModelSourceError:
+    return ModelSourceError(f"{problem} ({path!r})", model_id=None)
+
+
+def _library(path: str) -> Any:
+    try:
+        import gguf
+    except ImportError:
+        raise _error(path, "reading a GGUF file needs the gguf library: pip install "
+                           "diffract-formats[gguf]") from None
+    return gguf
+
+
+class GGUFFileReader(CheckpointReader):
+    """A ``.gguf`` file: see the module docstring."""
+
+    def __init__(self, path: str) -> None:
+        self._path = str(Path(path).resolve())
+        gguf = _library(path)
+        self._gguf = gguf
+        try:
+            reader = gguf.GGUFReader(self._path)
+            size = os.path.getsize(self._path)
+            self._tensors: dict[str, tuple[Any, tuple[int, ...], int, int]] = {}
+            for t in reader.tensors:
+                shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+                if t.data_offset + int(t.n_bytes) > size:
+                    raise ValueError(f"tensor {t.name!r} ends at byte "
+                                     f"{t.data_offset + int(t.n_bytes)} of a {size}-byte file")
+                self._tensors[t.name] = (t.tensor_type, shape, int(t.data_offset),
+                                         int(t.n_bytes))
+            self._config = self._read_config(reader)
+            del reader  # its memory map: reads go through plain file reads
+        except ModelSourceError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the library's errors, named with the file
+            raise _error(self._path, f"not a readable GGUF file: {type(exc).__name__}: "
+                                     f"{str(exc)[:200]}. The file is truncated or corrupt; "
+                                     "download or convert it again") from None
+
+    @staticmethod
+    def _read_config(reader: Any) -> dict[str, Any]:
+        """The geometry view rules need, from the metadata (``llama.attention.head_count``
+        becomes ``num_attention_heads``...)."""
+        fields = reader.fields
+        arch_field = fields.get("general.architecture")
+        if arch_field is None:
+            return {}
+        arch = bytes(arch_field.parts[arch_field.data[0]]).decode("utf-8", "replace")
+        config: dict[str, Any] = {"model_type": arch}
+        for key, name in _CONFIG.items():
+            field = fields.get(f"{arch}.{key}")
+            if field is not None and field.data:
+                value = field.parts[field.data[0]]
+                if np.size(value) == 1:
+                    config[name] = int(np.asarray(value).reshape(-1)[0])
+        return config
+
+    @property
+    def files(self) -> list[str]:
+        return [self._path]
+
+    def entries(self) -> Iterator[TensorEntry]:
+        for name, (kind, shape, _, _) in self._tensors.items():
+            direct = _DIRECT.get(kind.name)
+            dtype = np.dtype(direct).name if direct is not None else (
+                "float32" if kind.name in _dequantised(self._gguf) else "int")
+            yield TensorEntry(name, shape, dtype, meta={"quant": kind.name})
+
+    def _bytes(self, name: str) -> bytes:
+        _, _, offset, length = self._tensors[name]
+        with open(self._path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(length)
+        if len(data) != length:
+            raise _error(self._path, f"tensor {name!r} is cut short ({len(data)} of {length} "
+                                     "bytes): the file was truncated; download it again")
+        return data
+
+    def read(self, name: str, index: Any = None) -> np.ndarray:
+        kind, shape, _, _ = self._tensors[name]
+        data = self._bytes(name)
+        direct = _DIRECT.get(kind.name)
+        if direct is not None:
+            values = np.frombuffer(data, dtype=direct).reshape(shape)
+        else:
+            raw = np.frombuffer(data, dtype=np.uint8)
+            rows = raw.reshape(*shape[:-1], -1) if len(shape) > 1 else raw
+            try:
+                values = self._gguf.quants.dequantize(rows, kind).reshape(shape)
+            except Exception as exc:  # noqa: BLE001 - named with the tensor and type
+                raise _error(self._path, f"tensor {name!r} of type {kind.name} cannot be "
+                                         f"dequantised by gguf {_version()}: "
+                                         f"{type(exc).__name__}: {exc}") from None
+        values = np.asarray(values)
+        return values.copy() if index is None else values[to_slices(index)].copy()
+
+    def read_numpy(self, name: str, index: Any = None) -> np.ndarray:
+        values = self.read(name, index)
+        return values.astype(np.float32) if values.dtype == np.float16 else values
+
+    def config(self) -> Mapping[str, Any]:
+        return dict(self._config)
+
+
+def _dequantised(gguf: Any) -> set[str]:
+    """The types the installed library dequantises (floats; the integer types are not
+    weights)."""
+    kinds = {k.name for k in gguf.GGMLQuantizationType}
+    return {k for k in kinds if not k.startswith("I") or k.startswith("IQ")}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gguf")
+    except PackageNotFoundError:  # pragma: no cover
+        return "?"
