@@ -49,6 +49,18 @@ def _onnx(path: str) -> Any:
     return OnnxReader(path)
 
 
+def _keras(path: str) -> Any:
+    from diffract_formats.keras_reader import KerasReader
+
+    return KerasReader(path)
+
+
+def _flax(path: str) -> Any:
+    from diffract_formats.flax_reader import FlaxReader
+
+    return FlaxReader(path)
+
+
 def _hf_layout(path: str) -> bool:
     from diffract_formats.readers import hf_layout
 
@@ -75,6 +87,15 @@ def diffract_model_formats() -> Iterator[ModelFormat]:
                       description="ONNX models: floating-point initializers of rank >= 2, "
                                   "external data beside the model, [in, out] MatMul/Gemm "
                                   "weights turned to [out, in] (no library needed).")
+    yield ModelFormat("keras", _keras, suffixes=(".keras", ".h5", ".hdf5"),
+                      magic=(b"\x89HDF\r\n\x1a\n",),
+                      description="Keras .keras archives and HDF5 weight files (Keras 2 and "
+                                  "3 layouts) without TensorFlow; kernels [in, out] turned "
+                                  "to [out, in] (diffract-formats[keras]: h5py).")
+    yield ModelFormat("flax", _flax, suffixes=(".msgpack",),
+                      description="Flax msgpack checkpoints (flax.serialization.to_bytes), "
+                                  "without JAX; kernels [in, out] turned to [out, in] (no "
+                                  "library needed).")
     yield ModelFormat("huggingface", _huggingface, layout=_hf_layout,
                       description="a Hugging Face-style checkpoint directory holding "
                                   "model.safetensors.index.json and its shards, "

@@ -5,14 +5,16 @@ Head geometry comes from the options (``heads``, ``kv_heads``, ``head_dim``) or 
 model's ``config.json`` (``num_attention_heads`` / ``n_head``, ``num_key_value_heads``,
 ``head_dim`` or ``hidden_size / heads``). Parameters are recognised by name:
 
-* separate projections, split by output rows: ``q_proj``/``query``/``wq`` (``heads``
-  blocks), ``k_proj``/``key``/``wk`` and ``v_proj``/``value``/``wv`` (``kv_heads`` blocks:
-  grouped-query attention);
+* separate projections, split by output rows: ``q_proj``/``query``/``wq``/``attn_q``
+  (``heads`` blocks), ``k_proj``/``key``/``wk``/``attn_k`` and ``v_proj``/``value``/
+  ``wv``/``attn_v`` (``kv_heads`` blocks: grouped-query attention); ``attn_*`` are
+  llama.cpp's GGUF names, whose rope permutation stays within each head's rows;
 * output projections, split by input columns: ``o_proj``, ``out_proj``, ``wo``,
+  ``attn_output``,
   ``attention.output.dense`` (BERT), ``attn.c_proj`` (GPT-2), ``self_attention.dense`` /
   ``attention.dense`` (Falcon, GPT-NeoX), ``self_attn.dense`` (Phi-2);
 * fused QKV: ``attn.c_attn`` (GPT-2's Conv1D, stored ``[in, out]``: each slice is
-  transposed to ``[out, in]``), ``qkv_proj``/``Wqkv`` (q, then k, then v) and
+  transposed to ``[out, in]``), ``qkv_proj``/``Wqkv``/``attn_qkv`` (q, then k, then v) and
   ``query_key_value`` (per key-value group: its query heads, then k, then v, as GPT-NeoX
   and Falcon lay it out; ``qkv_layout="blocks"`` for q|k|v);
 * ``patterns`` (``{"q": regex, "k": ..., "v": ..., "o": ..., "qkv": ...}``) for others,
@@ -35,12 +37,12 @@ __all__ = ["HEAD_OPTIONS", "check", "conv", "experts", "geometry", "heads", "kin
 
 #: Name patterns of each kind of attention weight (searched in the parameter's name).
 KINDS = {
-    "q": r"(^|\.)(q_proj|query|wq)\.weight$",
-    "k": r"(^|\.)(k_proj|key|wk)\.weight$",
-    "v": r"(^|\.)(v_proj|value|wv)\.weight$",
+    "q": r"(^|\.)(q_proj|query|wq|attn_q)\.weight$",
+    "k": r"(^|\.)(k_proj|key|wk|attn_k)\.weight$",
+    "v": r"(^|\.)(v_proj|value|wv|attn_v)\.weight$",
     "o": r"(^|\.)(o_proj|out_proj|wo|attention\.output\.dense|attn\.c_proj|"
-         r"self_attention\.dense|attention\.dense|self_attn\.dense)\.weight$",
-    "qkv": r"(^|\.)(attn\.c_attn|qkv_proj|Wqkv|query_key_value)\.weight$",
+         r"self_attention\.dense|attention\.dense|self_attn\.dense|attn_output)\.weight$",
+    "qkv": r"(^|\.)(attn\.c_attn|qkv_proj|Wqkv|query_key_value|attn_qkv)\.weight$",
 }
 #: Parameters stored ``[in, out]`` (GPT-2's Conv1D).
 _TRANSPOSED = r"(^|\.)attn\.(c_attn|c_proj)\.weight$"

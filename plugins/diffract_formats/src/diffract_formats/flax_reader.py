@@ -1,0 +1,147 @@
+"""Flax checkpoints: the msgpack files of ``flax.serialization.to_bytes`` (Hugging Face's
+``flax_model.msgpack`` too), read without JAX, Flax or the msgpack library.
+
+The file is walked as msgpack (``_wire``): nested maps whose leaves are arrays, each an
+extension (code 1) holding ``(shape, dtype name, bytes)``; listing records where each
+array's bytes are, reading is one plain file read. Arrays Flax split into chunks
+(``__msgpack_chunked_array__``) are joined. When the top level has ``params`` (a training
+state with ``opt_state``, ``step``...), only ``params`` is read. Names are the keys joined
+with dots (``params.Dense_0.kernel``).
+
+**Orientation.** A ``kernel`` is ``[in, out]`` (Dense) or ``[k..., in, out]`` (Conv) in
+Flax; it is reported as ``[out, in]`` / ``[out, in, k...]`` like PyTorch's weights
+(``meta.orientation``). Embeddings (``embedding``, ``[vocab, dim]``) and the rest are as
+stored.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from diffract.errors import ModelSourceError
+from diffract.plugins import CheckpointReader, TensorEntry, to_slices
+from diffract_formats._wire import Span, WireError, msgpack_value
+
+__all__ = ["FlaxReader"]
+
+_NDARRAY = 1
+_CHUNKED = "__msgpack_chunked_array__"
+
+
+def _error(path: str, problem: str) -> ModelSourceError:
+    return ModelSourceError(f"{problem} ({path!r})", model_id=None)
+
+
+class _Array:
+    __slots__ = ("dtype", "shape", "spans")
+
+    def __init__(self, shape: tuple[int, ...], dtype: str, spans: list[Span]) -> None:
+        self.shape, self.dtype, self.spans = shape, dtype, spans
+
+
+def _array(buf: Any, ext: Span) -> _Array:
+    """An ndarray extension's header: (shape, dtype name, bytes)."""
+    (value, _) = msgpack_value(buf, ext.start, ext.stop)
+    if not (isinstance(value, list) and len(value) == 3 and isinstance(value[2], Span)):
+        raise WireError("an array extension that is not (shape, dtype, bytes)")
+    shape, dtype, data = value
+    return _Array(tuple(int(d) for d in shape), str(dtype), [data])
+
+
+def _leaves(buf: Any, node: Any, prefix: str, out: dict[str, _Array]) -> None:
+    if isinstance(node, tuple) and node[:2] == ("ext", _NDARRAY):
+        out[prefix] = _array(buf, node[2])
+    elif isinstance(node, dict) and node.get(_CHUNKED):
+        chunks = node.get("chunks", {})
+        parts = [_array(buf, chunks[k][2]) for k in sorted(chunks, key=int)]
+        if not parts:
+            raise WireError(f"chunked array {prefix!r} has no chunks")
+        shape = tuple(int(d) for d in node.get("shape", ()))
+        out[prefix] = _Array(shape, parts[0].dtype, [s for p in parts for s in p.spans])
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            _leaves(buf, value, f"{prefix}.{key}" if prefix else str(key), out)
+
+
+def _storage(dtype: str) -> np.dtype:
+    return np.dtype("<u2") if dtype == "bfloat16" else np.dtype(dtype).newbyteorder("<")
+
+
+class FlaxReader(CheckpointReader):
+    """A Flax msgpack checkpoint: see the module docstring."""
+
+    def __init__(self, path: str) -> None:
+        self._path = str(Path(path).resolve())
+        try:
+            with open(self._path, "rb") as fh, mmap.mmap(fh.fileno(), 0,
+                                                          access=mmap.ACCESS_READ) as buf:
+                tree, end = msgpack_value(buf, 0, len(buf))
+                if end != len(buf):
+                    raise WireError(f"{len(buf) - end} bytes follow the checkpoint")
+                if not isinstance(tree, dict):
+                    raise WireError("the top level is not a map of arrays")
+                if isinstance(tree.get("params"), dict):
+                    tree = {"params": tree["params"]}
+                self._arrays: dict[str, _Array] = {}
+                _leaves(buf, tree, "", self._arrays)
+        except (WireError, ValueError, OSError) as exc:
+            raise _error(self._path, f"not a readable Flax msgpack checkpoint: {exc}. The "
+                                     "file is truncated or corrupt; save it again") from None
+
+    @property
+    def files(self) -> list[str]:
+        return [self._path]
+
+    def _turn(self, name: str) -> str:
+        array = self._arrays[name]
+        if name.rsplit(".", 1)[-1] == "kernel" and len(array.shape) >= 2:
+            return "dense" if len(array.shape) == 2 else "conv"
+        return ""
+
+    def entries(self) -> Iterator[TensorEntry]:
+        for name, array in self._arrays.items():
+            shape, turn = array.shape, self._turn(name)
+            if turn == "dense":
+                shape, rule = shape[::-1], "turned around: a Flax kernel is [in, out]"
+            elif turn == "conv":
+                shape = (shape[-1], shape[-2], *shape[:-2])
+                rule = "turned around: a Flax conv kernel is [k..., in, out]"
+            else:
+                rule = "as stored"
+            dtype = array.dtype if array.dtype == "bfloat16" else np.dtype(array.dtype).name
+            yield TensorEntry(name, shape, dtype, meta={"orientation": rule})
+
+    def _stored(self, name: str) -> np.ndarray:
+        array = self._arrays[name]
+        parts = []
+        with open(self._path, "rb") as fh:
+            for span in array.spans:
+                fh.seek(span.start)
+                data = fh.read(len(span))
+                if len(data) != len(span):
+                    raise _error(self._path, f"array {name!r} is cut short: the file was "
+                                             "truncated; save it again")
+                parts.append(data)
+        values = np.frombuffer(b"".join(parts), dtype=_storage(array.dtype))
+        if values.size != int(np.prod(array.shape)):
+            raise _error(self._path, f"array {name!r} holds {values.size} values for shape "
+                                     f"{array.shape}; the checkpoint is corrupt")
+        values = values.reshape(array.shape)
+        if array.dtype == "bfloat16":
+            values = (values.astype(np.uint32) << 16).view(np.float32)
+        return values
+
+    def read(self, name: str, index: Any = None) -> np.ndarray:
+        """numpy in the stored dtype (bfloat16 as float32)."""
+        values, turn = self._stored(name), self._turn(name)
+        if turn == "dense":
+            values = values.T
+        elif turn == "conv":
+            values = np.moveaxis(values, (-1, -2), (0, 1))
+        values = values if index is None else values[to_slices(index)]
+        return np.ascontiguousarray(values)
