@@ -77,20 +77,20 @@ class TestModelFormat:
         scratch.save(path, weights)
         with Session() as s:
             s.models.add(path, "m", format="scratch")
-            with pytest.raises(ModelSourceError, match=r"no model format 'onnx' is installed\. "
+            with pytest.raises(ModelSourceError, match=r"no model format 'tflite' is installed\. "
                                                        r"Installed: .*scratch"):
-                s.models.add(path, "n", format="onnx")
+                s.models.add(path, "n", format="tflite")
             with pytest.raises(InvalidArgumentError, match="format='npz' applies to checkpoint"):
                 s.models.add(weights, "o", format="npz")
 
     def test_an_unknown_file_gets_one_message_with_the_installed_formats(self, tmp_path):
         """Suffixes of every installed format, and where more formats come from."""
-        path = tmp_path / "model.onnx"
+        path = tmp_path / "model.tflite"
         path.write_bytes(b"\x08\x07")
         with Session() as s, pytest.raises(ModelSourceError) as info:
             s.models.add(path, "m")
         text = str(info.value)
-        assert "unsupported file type '.onnx': use .safetensors, .pt, .pth, .bin, .npz" in text
+        assert "unsupported file type '.tflite': use .safetensors, .pt, .pth, .bin, .npz" in text
         assert "More formats come from plugins with a diffract_model_formats hook" in text
 
     def test_without_any_format_a_file_names_the_distribution_to_install(self, tmp_path,

@@ -133,7 +133,7 @@ class TestErrors:
     def test_unknown_extension_and_missing_file(self, tmp_path):
         """Unsupported file types list the supported ones; a missing file says so."""
         (tmp_path / "m.ckpt").write_bytes(b"x")
-        self._refused(tmp_path / "m.ckpt", r"unsupported file type '.ckpt': use .safetensors, .pt, .pth, .bin, .npz, or a checkpoint directory .* More formats come from plugins with a diffract_model_formats hook")
+        self._refused(tmp_path / "m.ckpt", r"unsupported file type '.ckpt': use .safetensors, .pt, .pth, .bin, .npz, .gguf, .onnx, .keras, .h5, .hdf5, .msgpack, or a checkpoint directory .* More formats come from plugins with a diffract_model_formats hook")
         self._refused(tmp_path / "nope.safetensors", r"the file does not exist")
 
 

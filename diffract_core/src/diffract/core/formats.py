@@ -114,7 +114,8 @@ def _unknown(path: Path, model_id: str, formats: Mapping[str, Any]) -> ModelSour
             f"(docs/plugins.md; `diffract plugins` lists the installed formats: "
             f"{', '.join(formats)})." if formats else
             f"No model format is installed: pip install {FORMATS_DISTRIBUTION} (safetensors, "
-            "torch files, .npz and Hugging Face-style directories).")
+            "torch files, .npz, Hugging Face-style directories, ONNX, Flax .msgpack; "
+            f"{FORMATS_DISTRIBUTION}[keras,gguf] adds Keras/HDF5 and GGUF).")
     return ModelSourceError(
         f"Model {model_id!r}: {problem} ({str(path)!r}). {more} A torch module or a state "
         "dict needs no format.", model_id=model_id)
