@@ -364,8 +364,26 @@ def test_the_command_line_reads_every_format_and_lists_them(tmp_path):
     run = _cli("compare", str(tmp_path / "m.keras"), str(tmp_path / "m.weights.h5"))
     assert run.returncode == 0, run.stderr
     listed = _cli("plugins").stdout
-    for name in ("gguf", "onnx", "keras", "flax"):
-        assert f"{name}" in listed
+    line = next(line for line in listed.splitlines() if line.strip().startswith("formats:"))
+    assert {"gguf", "onnx", "keras", "flax"} <= set(line.split(":")[1].replace(",", " ").split())
+
+
+@pytest.mark.parametrize("kind", ["keras", "flax"])
+def test_a_local_store_reopens_keras_and_flax_files_and_refuses_changed_ones(tmp_path, kind):
+    if kind == "keras":
+        w = _keras_files(tmp_path)
+        path, name, expect = tmp_path / "m.keras", "layers.dense.kernel", w["k"].T
+    else:
+        w = _flax_file(tmp_path / "ck.msgpack")
+        path, name, expect = tmp_path / "ck.msgpack", "params.Dense_0.kernel", w["k"].T
+    store = tmp_path / "store"
+    with Session(profile="local", path=store) as s:
+        s.models.add(path, "m")
+    with Session(profile="local", path=store) as s:
+        np.testing.assert_array_equal(s.store.load_weights("m", name), expect)
+        path.write_bytes(path.read_bytes() + b"\0")
+        with pytest.raises(ModelSourceError, match=path.name):
+            s.store.load_weights("m", name)
 
 
 @pytest.mark.slow
