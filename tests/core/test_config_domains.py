@@ -80,12 +80,20 @@ class TestConfigureKernel:
             ({"min_tail": 50.0}, r"min_tail: 50.0 is a float, expected int"),
             ({"min_tail": True}, r"min_tail: True is a bool, expected int"),
             ({"fit_method": None}, r"fit_method: None is not allowed"),
+            ({"finger_thresh": float("nan")}, r"finger_thresh: NaN is not a value it can take"),
+            ({"alpha_max": float("nan")}, r"alpha_max: NaN is not a value it can take"),
+            ({"finger_thresh": float("inf")}, None),
         ],
-        ids=["choice", "range", "str-for-int", "float-for-int", "bool-for-int", "none"],
+        ids=["choice", "range", "str-for-int", "float-for-int", "bool-for-int", "none",
+             "nan-with-a-range", "nan-optional", "inf-where-unbounded"],
     )
     def test_bad_values_are_refused_with_what_is_allowed(self, session, values, message):
         """configure_kernel refuses a value outside its domain (a ValueError), changing nothing."""
         session.compute.configure_kernel("power_law_fit", min_tail=60)
+        if message is None:  # allowed: a range open on that side takes infinity
+            session.compute.configure_kernel("power_law_fit", **values)
+            session.compute.configure_kernel("power_law_fit", finger_thresh=1.0)
+            return
         with pytest.raises(InvalidConfigValueError, match=message) as info:
             session.compute.configure_kernel("power_law_fit", **{"min_tail": 70, **values})
         assert isinstance(info.value, ValueError) and info.value.kernel == "power_law_fit"
@@ -154,3 +162,15 @@ class TestConfigurationFile:
         with pytest.raises(ConfigError, match=r"Kernel 'hard_rank' has no configuration keyword 'rtl'\. Did you mean 'rtol'\?"):
             Session(config={"kernels": {"hard_rank": {"rtl": 1.0}}})
         assert issubclass(UnknownConfigKeyError, ValueError)
+
+
+def test_nan_from_the_command_line_is_refused(tmp_path, capsys):
+    """--set power_law_fit.finger_thresh=NaN: exit 2 naming the keyword (it used to turn
+    finger clipping off without a word)."""
+    pytest.importorskip("diffract_report")
+    from diffract.cli import main
+
+    np.savez(tmp_path / "m.npz", w=np.random.default_rng(0).standard_normal((30, 20)))
+    assert main(["analyze", str(tmp_path / "m.npz"), "--set",
+                 "power_law_fit.finger_thresh=NaN"]) == 2
+    assert "finger_thresh: NaN is not a value it can take" in capsys.readouterr().err

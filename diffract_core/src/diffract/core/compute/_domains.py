@@ -19,6 +19,7 @@ mistake is refused when it is made, not discovered as a wrong result later.
 
 from __future__ import annotations
 
+import math
 import numbers
 import types
 import typing
@@ -68,6 +69,11 @@ def _is_a(value: Any, kind: type) -> bool:
     return isinstance(value, kind)
 
 
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and \
+        math.isnan(value)
+
+
 @attrs.frozen
 class Domain:
     """The values one configuration keyword accepts (None fields: no constraint)."""
@@ -89,6 +95,9 @@ class Domain:
             return f"{value!r} is not one of {', '.join(repr(c) for c in self.choices)}"
         if self.types is not None and not any(_is_a(value, t) for t in self.types):
             return f"{value!r} is a {type(value).__name__}, expected {self.describe()}"
+        if (self.types is not None or self.bounds is not None) and _is_nan(value):
+            return (f"NaN is not a value it can take (it would pass every comparison); "
+                    f"expected {self.describe()}")
         if self.bounds is not None and not self.bounds.contains(value):
             return f"{value!r} is out of range: it must be {self.bounds.describe()}"
         return None
