@@ -31,10 +31,10 @@ def _npz(path: str) -> Any:
     return NpzReader(path)
 
 
-def _huggingface(path: str) -> Any:
+def _huggingface(path: str, allow_outside: bool = False) -> Any:
     from diffract_formats.readers import HuggingFaceReader
 
-    return HuggingFaceReader(path)
+    return HuggingFaceReader(path, allow_outside)
 
 
 def _gguf(path: str) -> Any:

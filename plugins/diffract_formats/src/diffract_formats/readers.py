@@ -206,6 +206,21 @@ class NpzReader(CheckpointReader):
         return value if index is None else value[to_slices(index)]
 
 
+def _check_inside(root: Path, shard: str) -> None:
+    """Refuse a shard that is not a file of the checkpoint directory: an absolute or
+    ``..`` name, or a symlink resolving outside it (a Hugging Face cache snapshot's links
+    into its repository's ``blobs/`` are inside). ``allow_outside=True`` lifts this."""
+    base = root.resolve()
+    target = (root / shard).resolve()
+    blobs = base.parent.parent / "blobs" if base.parent.name == "snapshots" else None
+    if Path(shard).is_absolute() or not (
+            target.is_relative_to(base) or (blobs is not None and target.is_relative_to(blobs))):
+        raise _error(root, f"shard {shard!r} resolves to {str(target)!r}, outside the "
+                           "checkpoint directory; Diffract reads only the directory's own "
+                           "files (models.add(..., format_options={'allow_outside': True}) "
+                           "if you mean it)")
+
+
 def hf_layout(path: str) -> bool:
     """Whether ``path`` is a Hugging Face-style checkpoint directory."""
     return any((Path(path) / marker).is_file() for marker in HF_MARKERS)
@@ -215,7 +230,7 @@ class HuggingFaceReader(CheckpointReader):
     """A Hugging Face-style checkpoint directory: a shard index with its shards, or one
     ``model.safetensors`` / ``pytorch_model.bin``; ``config.json`` is its configuration."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, allow_outside: bool = False) -> None:
         self._root = root = Path(path)
         marker = next((m for m in HF_MARKERS if (root / m).is_file()), None)
         if marker is None:
@@ -225,6 +240,9 @@ class HuggingFaceReader(CheckpointReader):
         shards: dict[str, list[str] | None] = {marker: None}
         if marker.endswith(".index.json"):
             shards = self._index(root / marker)
+        if not allow_outside:
+            for shard in shards:
+                _check_inside(root, shard)
         self._readers = [kind(str(root / shard)) for shard in shards]
         self._wanted = [set(names) if names is not None else None for names in shards.values()]
         self._where: dict[str, int] = {}
@@ -233,9 +251,14 @@ class HuggingFaceReader(CheckpointReader):
     def _index(path: Path) -> dict[str, list[str] | None]:
         try:
             weight_map = json.loads(path.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise _error(path, f"unreadable shard index ({exc}); it must be JSON with a "
-                               "'weight_map'") from None
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise _error(path, f"unreadable shard index ({type(exc).__name__}: "
+                               f"{str(exc)[:200]}); it must be JSON with a 'weight_map'"
+                         ) from None
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+            raise _error(path, "the shard index's 'weight_map' must map tensor names to "
+                               "shard file names (strings); fix or regenerate the index")
         shards: dict[str, list[str] | None] = {}
         for name, shard in weight_map.items():
             shards.setdefault(shard, []).append(name)  # type: ignore[union-attr]
