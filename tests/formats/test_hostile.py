@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from diffract import Session
@@ -81,3 +83,126 @@ class TestShardsOutsideTheDirectory:
             '{"weight_map": ' + "[" * 100_000 + "]" * 100_000 + "}")
         with pytest.raises(ModelSourceError, match="unreadable shard index"):
             _add(tmp_path / "ckpt")
+
+
+# -- safetensors held to the format's rules ---------------------------------------------
+def _raw_safetensors(path: Path, header: object, data: bytes, *, text: str | None = None,
+                     encoding: str = "utf-8") -> Path:
+    body = (text if text is not None else json.dumps(header)).encode(encoding)
+    path.write_bytes(len(body).to_bytes(8, "little") + body + data)
+    return path
+
+
+F32x4 = {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}
+
+
+@pytest.mark.parametrize("header, data, text, encoding, reason", [
+    ({"a": F32x4, "b": {"dtype": "F32", "shape": [2, 2], "data_offsets": [8, 24]}},
+     bytes(24), None, "utf-8", "overlaps the tensor before it"),
+    (None, bytes(16), f'{{"a": {json.dumps(F32x4)}, "a": {json.dumps(F32x4)}}}', "utf-8",
+     "names 'a' twice"),
+    ({"a": {"dtype": "F32", "shape": "22", "data_offsets": [0, 16]}}, bytes(16), None,
+     "utf-8", "shape must be a list"),
+    ({"a": {"dtype": "F32", "shape": [2.0, 2], "data_offsets": [0, 16]}}, bytes(16), None,
+     "utf-8", "dimension 2.0 is not a non-negative integer"),
+    ({"a": {"dtype": "F32", "shape": [True, 4], "data_offsets": [0, 16]}}, bytes(16), None,
+     "utf-8", "dimension True"),
+    ({"a": {"dtype": "F32", "shape": [-2, -2], "data_offsets": [0, 16]}}, bytes(16), None,
+     "utf-8", "dimension -2"),
+    ({"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [4, 20]}}, bytes(20), None,
+     "utf-8", "leaves a gap of 4 bytes"),
+    ({"a": F32x4}, bytes(20), None, "utf-8", "4 bytes after the last tensor"),
+    ({"__metadata__": {"k": 1}, "a": F32x4}, bytes(16), None, "utf-8",
+     "__metadata__ must map strings to strings"),
+    ({"a": F32x4}, bytes(16), None, "utf-16", "not UTF-8"),
+    ({"a": {"dtype": ["F32"], "shape": [2, 2], "data_offsets": [0, 16]}}, bytes(16), None,
+     "utf-8", "is not a safetensors dtype"),
+    (None, bytes(16), '{"a": {"dtype": "F32", "shape": [Infinity, 2], '
+                      '"data_offsets": [0, 16]}}', "utf-8", "holds Infinity"),
+    (None, bytes(16), '{"a": {"dtype": "F32", "shape": [2, 2], '
+                      '"data_offsets": [0, 1e400]}}', "utf-8", "offset inf"),
+    (None, bytes(16), "[" * 100_000 + "]" * 100_000, "utf-8", "nested too deeply"),
+    ({"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16], "x": 1}}, bytes(16),
+     None, "utf-8", "exactly dtype, shape and data_offsets"),
+], ids=["overlap", "duplicate-key", "string-shape", "float-dim", "bool-dim", "negative-dim",
+        "gap", "trailing-bytes", "metadata", "utf16", "list-dtype", "infinity", "huge-offset",
+        "deep-json", "extra-key"])
+def test_malformed_safetensors_are_refused_with_the_reason(tmp_path, header, data, text,
+                                                           encoding, reason):
+    path = _raw_safetensors(tmp_path / "m.safetensors", header, data, text=text,
+                            encoding=encoding)
+    with pytest.raises(ModelSourceError, match=re.escape(reason)):
+        _add(path)
+
+
+def test_a_header_may_not_claim_more_than_100_mb(tmp_path):
+    path = tmp_path / "sparse.safetensors"
+    with open(path, "wb") as fh:
+        fh.write((2**31).to_bytes(8, "little"))
+        fh.truncate(2**31 + 8)  # sparse: no disk, no memory
+    with pytest.raises(ModelSourceError, match="over the 100 MB a safetensors header may have"):
+        _add(path)
+
+
+def test_fp8_tensors_are_read_as_float32_and_odd_dtypes_are_skipped_by_name(tmp_path):
+    values = torch.tensor([[0.5, -1.0, 448.0], [0.015625, 2.0, -3.5]])
+    tensors = {"e4m3": values.to(torch.float8_e4m3fn), "e5m2": values.to(torch.float8_e5m2),
+               "w": torch.randn(3, 3)}
+    path = tmp_path / "fp8.safetensors"
+    safetensors_torch.save_file(tensors, str(path))
+    with Session() as s:
+        s.models.add(path, "m")
+        for name in ("e4m3", "e5m2"):
+            expected = tensors[name].to(torch.float32).numpy()
+            np.testing.assert_array_equal(s.store.load_weights("m", name), expected)
+    # a valid file with a complex, an E8M0 and a 4-bit tensor: those named and left out
+    body = {"c": {"dtype": "C64", "shape": [2, 2], "data_offsets": [0, 32]},
+            "s": {"dtype": "F8_E8M0", "shape": [4], "data_offsets": [32, 36]},
+            "q": {"dtype": "F4", "shape": [4, 2], "data_offsets": [36, 40]},
+            "w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [40, 56]}}
+    odd = _raw_safetensors(tmp_path / "odd.safetensors", body, bytes(56))
+    with pytest.warns(Warning) as caught:
+        assert _add(odd) == ["w"]
+    text = " ".join(str(w.message) for w in caught)
+    for name, what in (("c", "C64"), ("s", "F8_E8M0"), ("q", "F4")):
+        assert f"tensor {name!r} is {what}" in text
+
+
+def test_a_tensor_the_index_names_but_its_shard_lacks(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    _shard(tmp_path / "ckpt" / "a.safetensors", ["a"])
+    _index(tmp_path / "ckpt", {"a": "a.safetensors", "lost": "a.safetensors"})
+    with pytest.raises(ModelSourceError, match=r"names 1 tensor\(s\) their shards lack: "
+                                               r"lost \(in a.safetensors\)"):
+        _add(tmp_path / "ckpt")
+
+
+def test_an_npz_zip_bomb_is_listed_from_its_headers(tmp_path):
+    """200 MB of zeros compressed to ~200 kB: adding it decompresses only the headers."""
+    import tracemalloc
+
+    np.savez_compressed(tmp_path / "bomb.npz", big=np.zeros((50_000, 1_000), np.float32))
+    assert (tmp_path / "bomb.npz").stat().st_size < 1_000_000
+    tracemalloc.start()
+    try:
+        assert _add(tmp_path / "bomb.npz") == ["big"]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 20_000_000  # the array is 200 MB
+
+
+def test_a_regex_with_nested_quantifiers_is_refused(tmp_path, capsys):
+    from diffract.cli import main
+    from diffract.errors import InvalidArgumentError
+
+    _shard(tmp_path / "m.safetensors", ["a" * 26])
+    assert main(["analyze", str(tmp_path / "m.safetensors"), "--layers", "(a+)+$"]) == 2
+    assert "nests a quantifier inside a quantified group" in capsys.readouterr().err
+    with Session() as s:
+        s.models.add(tmp_path / "m.safetensors", "m")
+        with pytest.raises(InvalidArgumentError, match="nests a quantifier"):
+            s.filter(param_names="re:(a+)+$").results.export_metrics()
+        s.compute.apply("frob_norm")
+        assert list(s.filter(param_names="re:(?:aa)+$").results.export_metrics(
+            "frob_norm")["m"]) == ["a" * 26]

@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 
 from diffract.core.storage.base import ParamInfo, Store
+from diffract.errors import InvalidArgumentError
 
 __all__ = ["Scope", "ScopedAPI", "param_id"]
 
@@ -34,9 +35,32 @@ def param_id(model_id: str, name: str) -> str:
     return f"{model_id}/{name}"
 
 
+#: A quantified group whose body is itself quantified: ``(a+)+``, ``(a*b?)*``, ``(x|y+){2,}``.
+_NESTED = re.compile(r"\((?:\?(?:[:!=]|P<\w+>|<[=!])|(?!\?))"  # the group and its kind
+                     r"(?:[^()\\]|\\.)*(?:[+*?]|\{\d*,?\d*\})(?:[^()\\]|\\.)*\)"
+                     r"(?:[+*]|\{\d*,\d*\})")
+
+
+def name_pattern(text: str, what: str = "pattern") -> re.Pattern[str]:
+    """A user's regular expression for parameter names, compiled. Refused (an
+    InvalidArgumentError saying why): one that does not compile, and one with a quantified
+    group that holds a quantifier, such as ``(a+)+$``, whose matching time can grow
+    exponentially with the name's length (Python's ``re`` cannot be interrupted). Write
+    such a pattern without the nesting (``a+$``)."""
+    if _NESTED.search(text):
+        raise InvalidArgumentError(
+            f"{what} {text!r} nests a quantifier inside a quantified group, which can take "
+            "exponential time on a name; write it without the nesting (e.g. (a+)+ as a+).")
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise InvalidArgumentError(f"{what} {text!r} is not a regular expression: "
+                                   f"{exc}.") from None
+
+
 def _matcher(pattern: str):
     if pattern.startswith("re:"):
-        rx = re.compile(pattern[3:])
+        rx = name_pattern(pattern[3:], "param_names")
         return lambda name: rx.search(name) is not None
     if any(c in pattern for c in "*?["):  # a view's exact name matches too, brackets and all
         # a bracketed group holding "=" is a view's label, not a character class

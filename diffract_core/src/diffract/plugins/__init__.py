@@ -19,6 +19,7 @@ from diffract.config import Config
 from diffract.core.executors import InlineExecutor, limit_threads
 from diffract.core.formats import CheckpointReader, TensorEntry
 from diffract.core.models import open_source as open_model_source
+from diffract.core.scope import name_pattern
 from diffract.core.sources import FileIdentity, ModelSource
 from diffract.core.storage.base import (
     STORABLE_TYPES,
@@ -111,6 +112,7 @@ __all__ = [
     "kernel",
     "limit_threads",
     "make_plugin_manager",
+    "name_pattern",
     "open_model_source",
     "read_rows",
     "reset_registry",

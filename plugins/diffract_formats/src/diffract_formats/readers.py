@@ -52,7 +52,21 @@ class SafetensorsReader(CheckpointReader):
     def files(self) -> list[str]:
         return [self._file.path]
 
+    @property
+    def names(self) -> set[str]:
+        """Every tensor's name, whatever its dtype."""
+        return set(self._file.entries) | set(self._file.skipped)
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        """Tensors of dtypes not read as weights (complex, 4-bit...), with what they are."""
+        return dict(self._file.skipped)
+
     def entries(self) -> Iterator[TensorEntry]:
+        for name, what in self._file.skipped.items():
+            warnings.warn(ModelWarning(
+                f"{Path(self._file.path).name}: tensor {name!r} is {what}, which Diffract "
+                "does not analyse; it is left out, the others are read"), stacklevel=4)
         for name, shape, dtype in self._file.floats():
             yield TensorEntry(name, shape, dtype)
 
@@ -64,7 +78,8 @@ class SafetensorsReader(CheckpointReader):
 
         if index is None:
             return rows(0, shape[0] if shape else 1)
-        return read_rows(shape, index, rows, itemsize=4 if convert else ITEMSIZE[dtype])
+        itemsize = 4 if convert or dtype.startswith("F8") else ITEMSIZE[dtype]
+        return read_rows(shape, index, rows, itemsize=itemsize)
 
     def read(self, name: str, index: Any = None) -> Any:
         """A torch tensor when torch is loaded (bf16 kept), else numpy (bf16 as float32)."""
@@ -273,11 +288,22 @@ class HuggingFaceReader(CheckpointReader):
         return [f for reader in self._readers for f in reader.files]
 
     def entries(self) -> Iterator[TensorEntry]:
+        missing: list[str] = []
         for i, (reader, wanted) in enumerate(zip(self._readers, self._wanted, strict=True)):
+            found = set()
             for entry in reader.entries():
+                found.add(entry.name)
                 if wanted is None or entry.name in wanted:
                     self._where[entry.name] = i
                     yield attrs.evolve(entry, file=i)
+            if wanted is not None:  # every tensor of the shard counts, integers too
+                held = set(getattr(reader, "names", found)) | set(getattr(reader, "skipped", ()))
+                lacking = set(wanted) - held
+                missing += [f"{n} (in {Path(reader.files[0]).name})" for n in sorted(lacking)]
+        if missing:
+            raise _error(self._root, f"the shard index names {len(missing)} tensor(s) their "
+                                     f"shards lack: {', '.join(missing[:5])}; download the "
+                                     "shards again or fix the index")
 
     def _reader(self, name: str) -> CheckpointReader:
         if not self._where:

@@ -199,12 +199,15 @@ def parse_setting(text: str) -> tuple[str, str, Any]:
 
 
 def _regex(text: str | None, flag: str) -> re.Pattern[str] | None:
+    from diffract.errors import InvalidArgumentError
+    from diffract.plugins import name_pattern
+
     if text is None:
         return None
     try:
-        return re.compile(text)
-    except re.error as exc:
-        raise UsageError(f"{flag} {text!r} is not a regular expression: {exc}.") from None
+        return name_pattern(text, flag)
+    except InvalidArgumentError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def check_metrics(session: Any, metrics: Sequence[str]) -> None:
