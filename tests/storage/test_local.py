@@ -373,3 +373,36 @@ class TestConcurrency:
             assert len(s.results.export_metrics("frob_norm")["m"]) == 6
             s.compute.apply("stable_rank")
         assert os.path.exists(path / "store.sqlite")
+
+
+def test_an_exported_array_survives_its_file_being_truncated(tmp_path):
+    """Exports hand out memory the caller owns (they were memory maps of the store's
+    .npy files: truncating one killed the reader with SIGBUS). In a subprocess, so a bus
+    error shows as its exit status."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import glob, os, numpy as np
+        from diffract import Session
+        path = {str(tmp_path / "st")!r}
+        with Session(profile="local", path=path) as s:
+            s.models.add({{"w": np.random.default_rng(0).standard_normal((300, 200))}}, "m")
+            s.compute.apply("weights_lsvs")  # 300 x 200 float64: an array file
+        with Session(profile="local", path=path) as s:
+            esd = s.results.export_metrics("weights_lsvs")["m"]["w"]["weights_lsvs"]
+        for f in glob.glob(os.path.join(path, "arrays", "*", "*.npy")):
+            os.truncate(f, 200)
+        print(float(np.sum(esd)) > 0, type(esd).__name__)
+        from diffract.errors import StorageError
+        with Session(profile="local", path=path) as s:
+            try:
+                s.results.export_metrics("weights_lsvs")
+            except StorageError as exc:
+                print("refused:", "Erase the field and apply again" in str(exc))
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, (run.returncode, run.stderr)
+    assert run.stdout.split("\n")[:2] == ["True ndarray", "refused: True"]

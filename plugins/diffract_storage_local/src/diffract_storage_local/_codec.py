@@ -143,7 +143,8 @@ def _unflatten(archive: Any) -> tuple:
 
 def decode(kind: str, inum: int | None, num: float | None, blob: bytes | None,
            path: str | None) -> Any:
-    """The value of a row; ``path`` is the file of an ``A``/``T`` row (memory-mapped)."""
+    """The value of a row; ``path`` is the file of an ``A``/``T`` row (read whole, never
+    memory-mapped)."""
     if kind == "b":
         return bool(inum)
     if kind == "i":
@@ -156,8 +157,8 @@ def decode(kind: str, inum: int | None, num: float | None, blob: bytes | None,
         return bytes(blob).decode("utf-8")  # type: ignore[arg-type]
     if kind == "a":
         return np.lib.format.read_array(io.BytesIO(blob), allow_pickle=False)
-    if kind == "A":
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+    if kind == "A":  # read into memory the caller owns: a map of a file that is later
+        return np.load(path, allow_pickle=False)  # truncated would kill the reader (SIGBUS)
     if kind == "t":
         with np.load(io.BytesIO(blob), allow_pickle=False) as archive:
             return _unflatten(archive)
