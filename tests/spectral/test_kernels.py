@@ -314,3 +314,21 @@ class TestTopK:
             finally:
                 session.compute.configure_kernel("svd", top_k=0)
         assert row["weights_lsvs"].shape == (120, 6) and row["weights_rsvs"].shape == (6, 80)
+
+
+@pytest.mark.parametrize("exponent", [130, 260, -140, -300])
+def test_weights_far_outside_float32s_range_give_their_true_spectrum(exponent):
+    """Weights of magnitude 2^130 (beyond float32) or 2^-140 (below its normal range): the
+    ESD is computed on an exactly rescaled copy, so spectral_norm, log_norm and
+    stable_rank match float64 numpy; no zeros stored as a normal result (issue 25 item 8)."""
+    from diffract import Session
+
+    w = np.random.default_rng(3).standard_normal((60, 40)) * 2.0**exponent
+    top = np.linalg.svd(w, compute_uv=False)
+    with Session() as s:
+        s.models.add({"w": w}, "m")
+        s.compute.apply("spectral_norm", "log_norm", "stable_rank")
+        got = s.results.export_metrics("spectral_norm", "log_norm", "stable_rank")["m"]["w"]
+    assert got["spectral_norm"] == pytest.approx(top[0] ** 2, rel=1e-5)
+    assert got["log_norm"] == pytest.approx(np.log10(np.sum(top**2)), rel=1e-6)
+    assert got["stable_rank"] == pytest.approx(np.sum(top**2) / top[0] ** 2, rel=1e-4)
