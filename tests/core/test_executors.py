@@ -3,6 +3,7 @@ checked when the session opens, thread limits per worker, progress events."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -338,3 +339,68 @@ class TestWorkersReadFiles:
             with pytest.raises(ApplyError, match=r"(?s)cannot read input 'weights' of m/a: "
                                r"ModelSourceError: .*changed since the model was added"):
                 s.compute.apply("t_sq")
+
+
+def _children(pid: int) -> set[int]:
+    """Live processes whose parent is ``pid`` (from /proc)."""
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.add(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_pool_workers_exit_when_the_session_process_is_killed(tmp_path, sig):
+    """SIGKILL or SIGTERM of a process whose apply runs on the pool: its workers exit
+    within seconds (they were alive 400 s later, holding the parent's stdout open)."""
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import numpy as np
+        from diffract import KernelExecutionProtocol, Session
+        from tests.resources import kernels
+
+        if __name__ == "__main__":
+            config = {{"parallel": {{"executor": "processes", "pool_min_seconds": 0,
+                                     "process_pool": {{"max_workers": 2}}}}}}
+            with Session(config=config) as s:
+                s.compute.kernel(name="t_tick", execution_protocol=KernelExecutionProtocol.PARALLEL)(
+                    kernels.tick)
+                s.compute.configure_kernel("t_tick", log={str(tmp_path / "log")!r}, seconds=60)
+                s.models.add({{f"p{{i}}": np.ones((3, 3)) for i in range(8)}}, "m")
+                s.compute.apply("t_tick")
+    """))
+    env = {k: v for k, v in os.environ.items() if k != "DIFFRACT_STRICT_PLUGINS"}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (tmp_path / "log").exists():
+        time.sleep(0.1)
+    assert (tmp_path / "log").exists(), "no unit started on the pool"
+    workers = _children(proc.pid)
+    assert workers, "the pool's workers were not found"
+    proc.send_signal(sig)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(w) for w in workers):
+        time.sleep(0.2)
+    left = [w for w in workers if _alive(w)]
+    for w in left:  # do not leave them behind if the test fails
+        with contextlib.suppress(OSError):
+            os.kill(w, signal.SIGKILL)
+    assert left == []

@@ -75,6 +75,37 @@ def limit_threads(threads: int) -> None:
         sys.modules["torch"].set_num_threads(threads)
 
 
+def watch_parent(parent: int, interval: float = 0.5) -> None:
+    """In a worker process: exit at once when ``parent`` (the process that started the
+    pool) is gone, so a killed session leaves no workers behind holding its files and
+    pipes. A daemon thread polls the parent's pid (Linux and macOS re-parent orphans, so
+    ``os.getppid()`` changes; elsewhere, ``os.kill(parent, 0)`` fails)."""
+    import threading
+
+    def alive() -> bool:
+        if os.getppid() != parent:
+            return False
+        try:
+            os.kill(parent, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:  # exists, not ours to signal
+            return True
+        return True
+
+    def watch() -> None:
+        while alive():
+            time.sleep(interval)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="diffract-parent-watch", daemon=True).start()
+
+
+def _worker_start(threads: int, parent: int) -> None:
+    limit_threads(threads)
+    watch_parent(parent)
+
+
 def sequential_executor(config: Any, options: Mapping[str, Any]) -> Executor:
     return InlineExecutor()
 
@@ -107,8 +138,8 @@ def process_executor(config: Any, options: Mapping[str, Any]) -> Executor:
     return ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context(options.get("start_method", "spawn")),
-        initializer=limit_threads,
-        initargs=(max(1, _cpus() // workers),),
+        initializer=_worker_start,
+        initargs=(max(1, _cpus() // workers), os.getpid()),
     )
 
 
