@@ -362,11 +362,26 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _descendants(pid: int) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        for child in _children(todo.pop()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_pool_workers_exit_when_the_session_process_is_killed(tmp_path, sig):
-    """SIGKILL or SIGTERM of a process whose apply runs on the pool: its workers exit
-    within seconds (they were alive 400 s later, holding the parent's stdout open)."""
+@pytest.mark.parametrize("sig, executor", [(signal.SIGKILL, "processes"),
+                                           (signal.SIGTERM, "processes"),
+                                           (signal.SIGKILL, "dask")])
+def test_pool_workers_exit_when_the_session_process_is_killed(tmp_path, sig, executor):
+    """SIGKILL or SIGTERM of a process whose apply runs on the pool (or a Dask
+    LocalCluster's nannies and workers): every process it started exits within seconds
+    (the pool's workers were alive 400 s later, holding the parent's stdout open)."""
+    if executor == "dask":
+        pytest.importorskip("diffract_executor_dask")
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(f"""
         import sys
@@ -376,8 +391,7 @@ def test_pool_workers_exit_when_the_session_process_is_killed(tmp_path, sig):
         from tests.resources import kernels
 
         if __name__ == "__main__":
-            config = {{"parallel": {{"executor": "processes", "pool_min_seconds": 0,
-                                     "process_pool": {{"max_workers": 2}}}}}}
+            config = {{"parallel": {{"executor": {executor!r}, "pool_min_seconds": 0}}}}
             with Session(config=config) as s:
                 s.compute.kernel(name="t_tick", execution_protocol=KernelExecutionProtocol.PARALLEL)(
                     kernels.tick)
@@ -392,7 +406,7 @@ def test_pool_workers_exit_when_the_session_process_is_killed(tmp_path, sig):
     while time.monotonic() < deadline and not (tmp_path / "log").exists():
         time.sleep(0.1)
     assert (tmp_path / "log").exists(), "no unit started on the pool"
-    workers = _children(proc.pid)
+    workers = _descendants(proc.pid)
     assert workers, "the pool's workers were not found"
     proc.send_signal(sig)
     proc.wait(timeout=30)
