@@ -560,3 +560,52 @@ class TestDerivedModels:
                         @ sd["base_model.model.q.lora_A.weight"].double()).numpy()
         assert row["param"] == "q.weight" and row["hard_rank"] == 4
         assert row["frob_norm"] == pytest.approx(np.linalg.norm(update), rel=1e-6)
+
+
+class TestSignals:
+    N = 40  # checkpoints of two 900 x 700 matrices: an apply of several seconds here
+
+    def _start(self, tmp_path: Path, *extra: str) -> subprocess.Popen:
+        for i in range(self.N):
+            _save(tmp_path / f"m{i}.safetensors", i, shapes=((900, 700), (700, 900)),
+                  bias=False)
+        env = {k: v for k, v in os.environ.items() if k != "DIFFRACT_STRICT_PLUGINS"}
+        return subprocess.Popen(
+            [sys.executable, "-m", "diffract.cli", "analyze",
+             *[str(tmp_path / f"m{i}.safetensors") for i in range(self.N)],
+             "--store", str(tmp_path / "store"), "--metrics", "pl_alpha,stable_rank",
+             "--executor", "sequential", *extra],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    def test_sigterm_stops_like_ctrl_c_with_exit_143(self, tmp_path):
+        proc = self._start(tmp_path)
+        import sqlite3
+
+        def committed() -> int:  # values the apply has committed so far
+            try:
+                with sqlite3.connect(f"file:{tmp_path / 'store' / 'store.sqlite'}?mode=ro",
+                                     uri=True, timeout=1) as db:
+                    return db.execute("SELECT count(*) FROM field_values").fetchone()[0]
+            except sqlite3.Error:
+                return 0
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and committed() == 0 and proc.poll() is None:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 143, err
+        assert "interrupted" in err and "Traceback" not in err
+        again = _cli("analyze", *[str(tmp_path / f"m{i}.safetensors") for i in range(self.N)],
+                     "--store", str(tmp_path / "store"), "--metrics", "pl_alpha,stable_rank",
+                     cwd=tmp_path)
+        assert again.returncode == 0, again.stderr  # the store resumes
+
+    @pytest.mark.parametrize("delay", [0.2, 0.6, 1.2])
+    def test_ctrl_c_during_start_up_exits_130_without_a_traceback(self, tmp_path, delay):
+        proc = self._start(tmp_path)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode in (130, -signal.SIGINT), err
+        assert "Traceback" not in err

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from diffract.plugins import Catalog
@@ -153,26 +153,51 @@ def _run(argv: list[str], chosen: str | None) -> int:
     return int(args.run(args))
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C would be, so it stops a command the same way."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``diffract`` command. Ctrl-C and SIGTERM stop it the same way (what is
+    committed stays, a message, exit 130 and 143); also during start-up and close."""
+    import signal
     import warnings
 
     from diffract.errors import DiffractError, DiffractWarning
 
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)
+    name = f"diffract {chosen}" if chosen else "diffract"
+    terminated: list[int] = []
+
+    def on_term(signum: int, frame: Any) -> None:
+        terminated.append(signum)
+        raise _Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread: leave signals alone
+        previous = None
     try:
         with warnings.catch_warnings():
             # each distinct warning of ours once; other libraries' as Python decides
             warnings.simplefilter("default", DiffractWarning)
-            return _run(argv, chosen)
+            code = _run(argv, chosen)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted; what was committed is kept.", file=sys.stderr)
+        code = 130
     except DiffractError as exc:
-        print(f"{'diffract ' + chosen if chosen else 'diffract'}: error: {exc}", file=sys.stderr)
-        return 2
+        print(f"{name}: error: {exc}", file=sys.stderr)
+        code = 2
     except BrokenPipeError:  # `diffract kernels -v | head`: the reader left; not an error
         import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        code = 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    return 128 + signal.SIGTERM if terminated and code == 130 else code
 
 
 if __name__ == "__main__":  # pragma: no cover
