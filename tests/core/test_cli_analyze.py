@@ -570,6 +570,8 @@ class TestSignals:
             _save(tmp_path / f"m{i}.safetensors", i, shapes=((900, 700), (700, 900)),
                   bias=False)
         env = {k: v for k, v in os.environ.items() if k != "DIFFRACT_STRICT_PLUGINS"}
+        (tmp_path / "small-chunks.toml").write_text("[apply]\nchunk_seconds = 0.05\n")
+        env["DIFFRACT_CONFIG"] = str(tmp_path / "small-chunks.toml")  # many commits
         return subprocess.Popen(
             [sys.executable, "-m", "diffract.cli", "analyze",
              *[str(tmp_path / f"m{i}.safetensors") for i in range(self.N)],
