@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -406,3 +407,39 @@ def test_an_exported_array_survives_its_file_being_truncated(tmp_path):
                          timeout=120)
     assert run.returncode == 0, (run.returncode, run.stderr)
     assert run.stdout.split("\n")[:2] == ["True ndarray", "refused: True"]
+
+
+def test_flipped_bytes_in_any_array_file_are_caught_by_its_checksum(tmp_path):
+    """Every array file carries the CRC32 of its bytes in its name and every read checks
+    it: a flipped byte in a stored weight copy or a result is a StorageError naming the
+    file (76 of 120 flips used to give silently wrong values), and erase + apply
+    recovers the result."""
+    from diffract.errors import StorageError
+
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal((300, 200))}
+    path = tmp_path / "st"
+    with Session(profile="local", path=path) as s:
+        s.models.add(weights, "m")  # the weights are copied into the store
+        s.compute.apply("weights_lsvs")
+        good = s.results.export_metrics("weights_lsvs")["m"]["w"]["weights_lsvs"].copy()
+    files = sorted((path / "arrays").rglob("*.np[yz]"))
+    # the weight copy, U and V^T
+    assert len(files) == 3 and all(re.search(r"-[0-9a-f]{8}\.npy$", f.name) for f in files)
+    originals = {f: f.read_bytes() for f in files}
+    for trial in range(60):
+        target = files[trial % 3]
+        data = bytearray(originals[target])
+        data[int(rng.integers(0, len(data)))] ^= 1 << int(rng.integers(0, 8))
+        target.write_bytes(bytes(data))
+        with Session(profile="local", path=path) as s, pytest.raises(
+                StorageError, match=re.escape(target.name) + ".*fails its checksum"):
+            s.store.load_weights("m", "w")
+            s.results.export_metrics("weights_lsvs", "weights_rsvs")
+        target.write_bytes(originals[target])
+    with Session(profile="local", path=path) as s:
+        np.testing.assert_array_equal(s.store.load_weights("m", "w"), weights["w"])
+        s.results.erase("weights_lsvs", "weights_rsvs", "weights_svals")
+        s.compute.apply("weights_lsvs")
+        np.testing.assert_array_equal(
+            s.results.export_metrics("weights_lsvs")["m"]["w"]["weights_lsvs"], good)

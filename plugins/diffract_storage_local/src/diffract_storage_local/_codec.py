@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import io
 import math
+import os
+import re
+import zlib
 from typing import Any
 
 import numpy as np
@@ -45,12 +48,22 @@ class Encoded:
     def to_file(self) -> bool:
         return self.file_bytes is not None or self.file_array is not None
 
-    def write(self, fh: Any) -> None:
-        """Write the file payload to an open binary file."""
-        if self.file_array is not None:
-            np.lib.format.write_array(fh, self.file_array, allow_pickle=False)
-        else:
+    def write(self, fh: Any) -> int:
+        """Write the file payload to an open binary file; returns its CRC32 (computed on
+        the array's memory as it is written, with no extra copy)."""
+        if self.file_array is None:
             fh.write(self.file_bytes)
+            return zlib.crc32(self.file_bytes)
+        array = np.ascontiguousarray(self.file_array)
+        header = io.BytesIO()
+        np.lib.format.write_array_header_2_0(
+            header, np.lib.format.header_data_from_array_1_0(array))
+        fh.write(header.getvalue())
+        crc = zlib.crc32(header.getvalue())
+        if array.size:
+            crc = zlib.crc32(memoryview(array.reshape(-1)).cast("B"), crc)
+            array.tofile(fh)
+        return crc
 
 
 def _npy(array: np.ndarray) -> bytes:
@@ -141,6 +154,40 @@ def _unflatten(archive: Any) -> tuple:
     return build("", top)
 
 
+_CRC_NAME = re.compile(r"-([0-9a-f]{8})\.np[yz]$")
+
+
+def _verified(path: str) -> np.ndarray:
+    """The file's bytes (``uint8``, in memory the caller owns), checked against the CRC32
+    its name carries (files written before checksums have none and are read as they
+    are)."""
+    size = os.path.getsize(path)
+    data = np.empty(size, dtype=np.uint8)  # not zero-filled, unlike a bytearray
+    with open(path, "rb") as fh:
+        got = fh.readinto(data)
+    if got != size:
+        raise ValueError(f"{os.path.basename(path)} changed while it was read")
+    found = _CRC_NAME.search(path)
+    if found is not None and zlib.crc32(data) != int(found.group(1), 16):
+        raise ValueError(f"{os.path.basename(path)} fails its checksum (its bytes changed "
+                         "after it was stored)")
+    return data
+
+
+def _from_npy(data: np.ndarray) -> np.ndarray:
+    """The array of ``.npy`` bytes, without copying them."""
+    head = io.BytesIO(data[:1 << 16].tobytes())
+    major, _ = np.lib.format.read_magic(head)
+    read_header = (np.lib.format.read_array_header_1_0 if major == 1
+                   else np.lib.format.read_array_header_2_0)
+    shape, fortran, dtype = read_header(head)
+    if dtype.hasobject:
+        raise ValueError("an object array, which a store never writes")
+    count = int(np.prod(shape, dtype=np.int64))
+    values = np.frombuffer(data, dtype=dtype, count=count, offset=head.tell())
+    return values.reshape(shape, order="F" if fortran else "C")
+
+
 def decode(kind: str, inum: int | None, num: float | None, blob: bytes | None,
            path: str | None) -> Any:
     """The value of a row; ``path`` is the file of an ``A``/``T`` row (read whole, never
@@ -158,11 +205,11 @@ def decode(kind: str, inum: int | None, num: float | None, blob: bytes | None,
     if kind == "a":
         return np.lib.format.read_array(io.BytesIO(blob), allow_pickle=False)
     if kind == "A":  # read into memory the caller owns: a map of a file that is later
-        return np.load(path, allow_pickle=False)  # truncated would kill the reader (SIGBUS)
+        return _from_npy(_verified(path))  # truncated would kill the reader (SIGBUS)
     if kind == "t":
         with np.load(io.BytesIO(blob), allow_pickle=False) as archive:
             return _unflatten(archive)
     if kind == "T":
-        with np.load(path, allow_pickle=False) as archive:
+        with np.load(io.BytesIO(_verified(path).tobytes()), allow_pickle=False) as archive:
             return _unflatten(archive)
     raise ValueError(f"unknown stored kind {kind!r}")  # pragma: no cover

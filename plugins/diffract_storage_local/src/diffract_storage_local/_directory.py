@@ -255,19 +255,21 @@ class StoreDirectory:
 
     # -- array files --------------------------------------------------------------------
     def _write_file(self, enc: _codec.Encoded, suffix: str) -> str:
+        """Write a payload under a fresh name that carries its CRC32 (``<uuid>-<crc>``):
+        the row names the file and so its checksum, which every read verifies."""
         self._mark_writing()
         name = uuid.uuid4().hex
-        rel = Path("arrays") / name[:2] / f"{name}{suffix}"
-        target = self.root / rel
-        target.parent.mkdir(exist_ok=True)
-        tmp = target.with_name(f".{name}.tmp")
+        folder = self.root / "arrays" / name[:2]
+        folder.mkdir(exist_ok=True)
+        tmp = folder / f".{name}.tmp"
         try:
             with open(tmp, "wb") as fh:
-                enc.write(fh)
+                crc = enc.write(fh)
                 if self.sync == "full":
                     fh.flush()
                     os.fsync(fh.fileno())
-            os.replace(tmp, target)
+            rel = Path("arrays") / name[:2] / f"{name}-{crc:08x}{suffix}"
+            os.replace(tmp, self.root / rel)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()

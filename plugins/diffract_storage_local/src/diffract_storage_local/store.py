@@ -4,7 +4,8 @@ large arrays, one transaction per committed chunk.
 Layout of a store directory::
 
     store.sqlite (+ -wal, -shm)   models, parameters, values, aggregates, notes, provenance
-    arrays/ab/<uuid>.npy          arrays over 64 KiB (and large tuples, as .npz), by name
+    arrays/ab/<uuid>-<crc32>.npy  arrays over 64 KiB (and large tuples, as .npz); the name
+                                  carries the CRC32 of the bytes, checked on every read
     .lock                         held shared by every open store; exclusive for clean-up
     .writers/<pid>-<id>           a process that wrote or deleted array files, until it closes
 
