@@ -220,3 +220,88 @@ def test_fuzzed_safetensors_headers_fail_only_with_the_documented_error():
     tried, refused, unexpected = fuzz.run(3000, 60.0, seed=1)
     assert unexpected == []
     assert tried == 3000 and 0 < refused < tried  # mutations break most files, not all
+
+
+_TRUNCATE_DURING_APPLY = r"""
+import sys
+import numpy as np
+import torch
+from diffract import Session
+from diffract.core import sources
+from diffract.errors import ApplyError
+
+path = sys.argv[1]
+gen = torch.Generator().manual_seed(0)
+torch.save({f"l{i}.weight": torch.randn(256, 256, generator=gen) for i in range(4)}, path)
+check = sources.FileIdentity.check
+done = []
+
+
+def check_then_truncate(self, model_id, *, full=False):
+    check(self, model_id, full=full)  # the file is as it was added ...
+    if not done:  # ... and is cut short before the read, as a training job saving over it
+        done.append(1)
+        with open(path, "r+b") as fh:
+            fh.truncate(2048)
+
+
+with Session() as s:
+    s.models.add(path, model_id="m")
+    s.models.add({"w": np.ones((2, 2))}, model_id="other")
+    sources.FileIdentity.check = check_then_truncate
+    try:
+        s.compute.apply("frob_norm")
+    except ApplyError as exc:
+        for f in exc.report.failures:
+            print("FAILED", f.unit, "|", f.reason)
+    print("OTHER", s.results.export_metrics("frob_norm")["other"]["w"]["frob_norm"])
+"""
+
+
+def test_a_torch_file_truncated_between_the_identity_check_and_the_read(tmp_path):
+    """A ``.pt`` cut short after its identity check passed (a training job saving the
+    next checkpoint over it) fails the parameters read from it, with the reason; the
+    process lives on (memory-mapped, the read was SIGBUS: exit -7) and other models'
+    values are computed."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(_TRUNCATE_DURING_APPLY)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "m.pt")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    failed = dict(line.removeprefix("FAILED ").split(" | ", 1)
+                  for line in done.stdout.splitlines() if line.startswith("FAILED"))
+    assert set(failed) == {f"m/l{i}.weight" for i in range(4)}
+    shorter = [u for u, r in failed.items() if "is shorter than when it was opened" in r]
+    assert len(shorter) == 1, failed  # the one read after the cut; the others' checks see it
+    assert all("changed since the model was added" in r for u, r in failed.items()
+               if u not in shorter)
+    assert "OTHER 2.0" in done.stdout
+
+
+def test_torch_reads_match_torch_load_for_every_layout(tmp_path):
+    """Plain reads of a zip-format ``.pt`` give torch.load's values, dtypes and shapes:
+    bf16, fp8, integers, a scalar, an empty tensor, tensors sharing one storage, a
+    transposed and a strided view saved as such, and row/column slices (views)."""
+    from diffract_formats.torch_reader import TorchReader
+
+    gen = torch.Generator().manual_seed(1)
+    a = torch.randn(6, 4, generator=gen)
+    state = {"a": a, "bf16": torch.randn(3, 5, generator=gen).to(torch.bfloat16),
+             "strided": a[1:4, ::2], "ints": torch.arange(5), "t": a.t(),
+             "scalar": torch.tensor(3.0), "empty": torch.zeros(0, 3, 3),
+             "fp8": torch.randn(4, 4, generator=gen).to(torch.float8_e4m3fn),
+             "f16": torch.randn(5, 3, generator=gen).half()}
+    torch.save(state, tmp_path / "m.pt")
+    reader = TorchReader(str(tmp_path / "m.pt"))
+    for name, want in state.items():
+        got = reader.read(name)
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        assert torch.equal(got.float(), want.float()), name
+    for name in ("a", "t", "f16"):
+        for index in [((1, 5, 2),), ((2,), (0, 3, 1)), ((0, 3, 1), (1, 3, 1))]:
+            index = tuple(i[0] if len(i) == 1 else i for i in index)
+            want = state[name][tuple(i if isinstance(i, int) else slice(*i) for i in index)]
+            assert torch.equal(reader.read(name, index), want), (name, index)

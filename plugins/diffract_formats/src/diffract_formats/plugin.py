@@ -74,8 +74,9 @@ def diffract_model_formats() -> Iterator[ModelFormat]:
                                   "map); a slice reads only its bytes.")
     yield ModelFormat("torch", _torch, suffixes=(".pt", ".pth", ".bin"),
                       description="torch state-dict files and training checkpoints holding "
-                                  "one (option key), torch.load(weights_only=True), "
-                                  "memory-mapped when zip (needs torch).")
+                                  "one (option key), torch.load(weights_only=True); "
+                                  "zip files listed without their data, a tensor read "
+                                  "with plain file reads (needs torch).")
     yield ModelFormat("npz", _npz, suffixes=(".npz",),
                       description="numpy .npz files (allow_pickle=False).")
     yield ModelFormat("gguf", _gguf, suffixes=(".gguf",), magic=(b"GGUF",),

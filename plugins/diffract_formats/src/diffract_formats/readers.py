@@ -11,11 +11,10 @@ the model's name.
 from __future__ import annotations
 
 import json
-import re
 import sys
 import warnings
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import numpy as np
 from diffract.errors import ModelSourceError, ModelWarning
 from diffract.plugins import CheckpointReader, TensorEntry, read_rows, to_slices
 from diffract_formats._safetensors import ITEMSIZE, SafetensorsError, SafetensorsFile
+from diffract_formats.torch_reader import TorchReader
 
 __all__ = ["HF_MARKERS", "HuggingFaceReader", "NpzReader", "SafetensorsReader", "TorchReader",
            "hf_layout"]
@@ -92,99 +92,6 @@ class SafetensorsReader(CheckpointReader):
 
     def read_numpy(self, name: str, index: Any = None) -> np.ndarray:
         return self._rows(name, index, convert=True)
-
-
-def _torch_load(path: str) -> Mapping[str, Any]:
-    """``torch.load(weights_only=True)``: memory-mapped for zip files, whole for the
-    legacy format. Raises ModelSourceError naming what is not a plain state dict."""
-    try:
-        import torch
-    except ImportError:
-        raise _error(path, "reading a torch file needs torch: pip install torch (or "
-                           "diffract-formats[torch])") from None
-    name = Path(path).name
-    try:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as exc:
-            if "mmap" not in str(exc) and "zip" not in str(exc):
-                raise
-            state = torch.load(path, map_location="cpu", weights_only=True)  # legacy
-    except Exception as exc:  # noqa: BLE001 - reported with the fix, never torch's advice
-        text = str(exc)
-        found = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"global ([\w.]+)", text)
-        if found:
-            why = f"it holds a pickled {found.group(1)}, not a plain state dict of tensors"
-        elif "weights_only" in text.lower() or "unpickl" in text.lower():
-            why = "it holds pickled objects, not a plain state dict of tensors"
-        else:
-            why = f"torch cannot read it ({type(exc).__name__}: {text.splitlines()[0][:200]})"
-        raise _error(path, f"cannot read {name} with torch.load(weights_only=True): {why}. "
-                           "Diffract never unpickles arbitrary objects: save "
-                           "model.state_dict() with torch.save and add that") from None
-    if not isinstance(state, Mapping):
-        raise _error(path, f"{name} holds a {type(state).__name__}, not a state dict; save "
-                           "model.state_dict() and add that")
-    return state
-
-
-def _tensors_only(value: Any) -> bool:
-    torch = sys.modules["torch"]
-    return (isinstance(value, Mapping) and len(value) > 0
-            and all(isinstance(v, torch.Tensor) for v in value.values()))
-
-
-def _state_dict(state: Mapping[str, Any], path: str, key: str | None) -> Mapping[str, Any]:
-    """The state dict of a torch file: the file's mapping itself, or, in a training
-    checkpoint (``{"model": state_dict, "optimizer": ..., "step": ...}``), the one entry
-    that is a mapping of tensors (``key`` picks one when several are)."""
-    name = Path(path).name
-    candidates = sorted(str(k) for k, v in state.items() if _tensors_only(v))
-    if key is not None:
-        if key not in state or not _tensors_only(state[key]):
-            raise _error(path, f"{name} has no entry {key!r} holding a state dict; the "
-                               f"entries that do: {candidates or 'none'}")
-        return state[key]
-    if all(not isinstance(v, Mapping) for v in state.values()):
-        return state  # a plain state dict (entries that are no tensors are named later)
-    if len(candidates) == 1:
-        warnings.warn(ModelWarning(
-            f"{name} is a training checkpoint: its state dict is entry {candidates[0]!r} "
-            f"(entries {sorted(map(str, state))}); pass key= (diffract analyze --key) to "
-            "read another"), stacklevel=4)
-        return state[candidates[0]]
-    if len(candidates) > 1:
-        raise _error(path, f"{name} is a training checkpoint with several state dicts: "
-                           f"{candidates}; choose one with key=NAME (models.add(..., key=...), "
-                           "diffract analyze --key NAME)")
-    return state
-
-
-class TorchReader(CheckpointReader):
-    """A torch state-dict file (``.pt``, ``.pth``, ``.bin``), or a training checkpoint
-    holding one (``key`` names its entry when there are several)."""
-
-    def __init__(self, path: str, key: str | None = None) -> None:
-        self._path = str(Path(path).resolve())
-        self._state = _state_dict(_torch_load(path), path, key)
-
-    @property
-    def files(self) -> list[str]:
-        return [self._path]
-
-    def entries(self) -> Iterator[TensorEntry]:
-        torch = sys.modules["torch"]
-        for name, value in self._state.items():
-            if not isinstance(value, torch.Tensor):
-                nested = (" (a training checkpoint: save its 'state_dict' entry)"
-                          if isinstance(value, Mapping) else "")
-                raise _error(self._path, f"entry {name!r} is a {type(value).__name__}, not a "
-                                         f"tensor{nested}")
-            yield TensorEntry(name, tuple(value.shape), str(value.dtype).removeprefix("torch."))
-
-    def read(self, name: str, index: Any = None) -> Any:
-        value = self._state[name]
-        return value if index is None else value[to_slices(index)]
 
 
 class NpzReader(CheckpointReader):
