@@ -305,3 +305,15 @@ def test_torch_reads_match_torch_load_for_every_layout(tmp_path):
             index = tuple(i[0] if len(i) == 1 else i for i in index)
             want = state[name][tuple(i if isinstance(i, int) else slice(*i) for i in index)]
             assert torch.equal(reader.read(name, index), want), (name, index)
+
+
+def test_an_npz_holding_an_object_array(tmp_path):
+    """An object array (which only a pickle can hold) is left out from its header: never
+    loaded, never unpickled; the float arrays beside it are read."""
+    np.savez(tmp_path / "m.npz", obj=np.array([{"x": 1}, None], dtype=object),
+             w=np.full((3, 3), 2.0))
+    with Session() as s:
+        s.models.add(tmp_path / "m.npz", "m")
+        assert [p.name for p in s.models.params("m")] == ["w"]
+        s.compute.apply("frob_norm")
+        assert s.results.export_metrics("frob_norm")["m"]["w"]["frob_norm"] == pytest.approx(6.0)

@@ -183,7 +183,7 @@ class TestAtomicity:
         st.commit(Batch(values={("m", "a", "kept"): 1.0}))
         bad = Batch(values={("m", "a", "x"): 2.0, ("m", "a", "big"): np.arange(50_000.0)},
                     notes=[Note("k", ("m",), "a", "failed", None)])  # reason NOT NULL
-        with pytest.raises(sqlite3.IntegrityError):
+        with pytest.raises(StorageError, match=r"NOT NULL constraint failed: notes.reason"):
             st.commit(bad)
         assert st.fields("m") == {"kept"} and st.read("m", "a", "kept") == 1.0
         assert [p for p in (tmp_path / "st" / "arrays").rglob("*") if p.is_file()] == []
@@ -443,3 +443,145 @@ def test_flipped_bytes_in_any_array_file_are_caught_by_its_checksum(tmp_path):
         s.compute.apply("weights_lsvs")
         np.testing.assert_array_equal(
             s.results.export_metrics("weights_lsvs")["m"]["w"]["weights_lsvs"], good)
+
+
+def _small_store(path, rng=None) -> None:
+    rng = rng or np.random.default_rng(0)
+    with Session(profile="local", path=path) as s:
+        s.models.add({"w": rng.standard_normal((300, 200)), "v": rng.standard_normal((6, 5))},
+                     model_id="m")
+        s.compute.apply("frob_norm", "esd")
+
+
+class TestOneErrorFamily:
+    """Issue 25 item 11: a damaged store is a StorageError with what to do, never
+    sqlite3's, ValueError or KeyError (each reproduced on main first)."""
+
+    def test_a_database_corrupted_after_its_header(self, tmp_path):
+        """Garbage in the middle of the database passes the open's checks; the first
+        query that meets it was a raw sqlite3.DatabaseError."""
+        _small_store(tmp_path / "st")
+        db = tmp_path / "st" / "store.sqlite"
+        size = db.stat().st_size
+        with open(db, "r+b") as fh:
+            fh.seek(size // 2)
+            fh.write(np.random.default_rng(1).bytes(size - size // 2))
+        with pytest.raises(StorageError, match=r"store.sqlite' is corrupt .*malformed.*Restore "
+                           r"it from a copy"):
+            with Session(profile="local", path=tmp_path / "st") as s:
+                s.results.export_metrics()
+
+    @pytest.mark.parametrize("version", ["'banana'", "0", "-3", "''"])
+    def test_a_schema_version_that_is_no_version(self, tmp_path, version):
+        """'banana' was a ValueError and 0 a KeyError from the migrations."""
+        LocalStore(tmp_path / "st").close()
+        db = sqlite3.connect(tmp_path / "st" / "store.sqlite")
+        db.execute(f"UPDATE meta SET value = {version} WHERE key = 'schema_version'")
+        db.commit()
+        db.close()
+        with pytest.raises(StorageError, match=r"is corrupt: its schema version is .*, not a "
+                           r"version number"):
+            LocalStore(tmp_path / "st")
+
+    def test_a_lock_that_is_a_directory(self, tmp_path):
+        """``.lock`` made a directory was an IsADirectoryError; nothing else is touched."""
+        _small_store(tmp_path / "st")
+        (tmp_path / "st" / ".lock").unlink()
+        (tmp_path / "st" / ".lock").mkdir()
+        with pytest.raises(StorageError, match=r"\.lock' is not a file .*Remove it"):
+            LocalStore(tmp_path / "st")
+        (tmp_path / "st" / ".lock").rmdir()
+        with Session(profile="local", path=tmp_path / "st") as s:
+            assert s.results.export_metrics("frob_norm")["m"]["v"]["frob_norm"] > 0
+
+
+_READ_ONLY_SCRIPT = r"""
+import sys
+import numpy as np
+from diffract import Session
+from diffract.errors import StorageError
+
+path, mode = sys.argv[1], sys.argv[2]
+opts = {"read_only": True} if mode == "explicit" else {}
+with Session(profile="local", path=path, **opts) as s:
+    print("RO", s.store.read_only)
+    print("ESD", s.results.export_metrics("esd")["m"]["w"]["esd"].shape)
+    print("FROB", s.results.export_metrics("frob_norm")["m"]["v"]["frob_norm"])
+    print("STALE", s.results.stale())
+    print("PROV", sorted(s.results.provenance("frob_norm", "m", "w")))
+    for what, call in [("apply", lambda: s.compute.apply("stable_rank")),
+                       ("add", lambda: s.models.add({"u": np.ones((2, 2))}, model_id="n")),
+                       ("erase", lambda: s.results.erase("frob_norm"))]:
+        try:
+            call()
+            print(what.upper(), "DONE")
+        except StorageError as exc:
+            print(what.upper(), "REFUSED", exc)
+"""
+
+
+class TestReadOnlyStores:
+    """Issue 25 item 12: a store that cannot be written opens read-only: exports,
+    stale() and provenance() work, apply/add/erase say why they cannot, nothing changes."""
+
+    @staticmethod
+    def _check(out: str, why: str) -> None:
+        lines = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+        assert lines["RO"] == "True" and lines["ESD"] == "(200,)", out
+        assert float(lines["FROB"]) > 0 and lines["STALE"] == "[]", out
+        assert lines["PROV"] == "['config', 'kernel', 'provider']", out
+        for what in ("APPLY", "ADD", "ERASE"):
+            assert lines[what].startswith("REFUSED The store at "), out
+            assert f"is read-only ({why}): exports, stale() and provenance() work" in lines[what]
+
+    def _run(self, store, mode, wrap=None):
+        script = store.parent / "ro.py"
+        script.write_text(_READ_ONLY_SCRIPT)
+        cmd = [sys.executable, str(script), str(store), mode]
+        return subprocess.run(wrap(cmd) if wrap else cmd, capture_output=True, text=True,
+                              timeout=120)
+
+    @staticmethod
+    def _snapshot(root):
+        """Every file's bytes (SQLite's -wal/-shm, which a reader may create, aside)."""
+        return {p: p.read_bytes() for p in sorted(root.rglob("*"))
+                if p.is_file() and not p.name.endswith(("-wal", "-shm"))}
+
+    def test_read_only_true(self, tmp_path):
+        _small_store(tmp_path / "st")
+        before = self._snapshot(tmp_path / "st")
+        done = self._run(tmp_path / "st", "explicit")
+        assert done.returncode == 0, done.stderr[-2000:]
+        self._check(done.stdout, "opened with read_only=True")
+        assert self._snapshot(tmp_path / "st") == before
+
+    def test_a_read_only_file_system(self, tmp_path):
+        """A read-only bind mount (a real EROFS): on main the open failed on ``.lock``."""
+        import shlex
+        import shutil
+
+        if shutil.which("unshare") is None or subprocess.run(
+                ["unshare", "-m", "sh", "-c", f"mount --bind {tmp_path} {tmp_path}"],
+                capture_output=True).returncode != 0:
+            pytest.skip("needs unshare -m and mount (a private mount namespace)")
+        _small_store(tmp_path / "st")
+        before = self._snapshot(tmp_path / "st")
+        st = shlex.quote(str(tmp_path / "st"))
+
+        def wrap(cmd):
+            return ["unshare", "-m", "sh", "-c", f"mount --bind {st} {st} && mount -o "
+                    f"remount,bind,ro {st} && exec {shlex.join(cmd)}"]
+
+        done = self._run(tmp_path / "st", "auto", wrap)
+        assert done.returncode == 0, done.stderr[-2000:]
+        self._check(done.stdout, "its directory cannot be written by this user or on this "
+                                 "file system")
+        assert self._snapshot(tmp_path / "st") == before
+
+    def test_read_only_needs_an_existing_store(self, tmp_path):
+        with pytest.raises(StorageError, match=r"There is no Diffract store at .* to open "
+                           r"read-only"):
+            LocalStore(tmp_path / "none", read_only=True)
+        assert not (tmp_path / "none").exists()
+        with pytest.raises(StorageError, match=r"read_only must be True, False or None"):
+            LocalStore(tmp_path / "none", read_only="yes")

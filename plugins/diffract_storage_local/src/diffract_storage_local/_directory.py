@@ -55,12 +55,19 @@ class StoreDirectory:
     """A store's directory, database and array files (the storage half of LocalStore)."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, timeout: float = 30.0,
-                 sync: str = "normal") -> None:
+                 sync: str = "normal", read_only: bool | None = None) -> None:
         if sync not in ("normal", "full"):
             raise StorageError(f"sync must be 'normal' or 'full', got {sync!r}.")
+        if read_only not in (None, True, False):
+            raise StorageError(f"read_only must be True, False or None (decide from the "
+                               f"directory's permissions), got {read_only!r}.")
         self.root = Path(path if path is not None else ".diffract").expanduser().resolve()
         self.timeout = float(timeout)
         self.sync = sync
+        #: None: read-only when the directory or database cannot be written.
+        self._want_read_only = read_only
+        self.read_only = bool(read_only)
+        self._why_read_only = "opened with read_only=True"
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self._lockfile: Any = None
@@ -70,6 +77,15 @@ class StoreDirectory:
         self._open()
 
     # -- opening and closing ----------------------------------------------------------
+    def _unwritable(self) -> str | None:
+        """Why an existing store cannot be written (a read-only file system, missing
+        permissions), or None when it can."""
+        for place in (self.root, self.root / DB_NAME):
+            if not os.access(place, os.W_OK):
+                what = "directory" if place == self.root else "database"
+                return f"its {what} cannot be written by this user or on this file system"
+        return None
+
     def _check_directory(self) -> None:
         root = self.root
         if root.exists() and not root.is_dir():
@@ -77,6 +93,17 @@ class StoreDirectory:
                 f"{str(root)!r} is a file, not a Diffract store directory. Pass a directory "
                 "(new or holding a store) as path=."
             )
+        exists = (root / DB_NAME).is_file()
+        if self._want_read_only is None and exists:
+            why = self._unwritable()
+            if why is not None:
+                self.read_only, self._why_read_only = True, why
+        if self.read_only:
+            if not exists:
+                raise StorageError(
+                    f"There is no Diffract store at {str(root)!r} to open read-only (no "
+                    f"{DB_NAME}). Check the path, or open it writable to create one.")
+            return
         if root.is_dir() and not (root / DB_NAME).exists():
             known = (".lock", "arrays", WRITERS, TRACKED)
             others = [p.name for p in root.iterdir() if p.name not in known]
@@ -118,21 +145,85 @@ class StoreDirectory:
                     "store with a longer timeout=.")
         return f"The store at {str(self.root)!r} failed: {text}."
 
+    def _connect_read_only(self) -> sqlite3.Connection:
+        """A read-only connection. A WAL database wants its ``-shm`` file, which cannot be
+        made in a directory nobody may write: then it is opened as immutable (a store in
+        such a directory has no writer to race)."""
+        from urllib.parse import quote
+
+        uri = f"file:{quote(str(self.root / DB_NAME))}?mode=ro"
+        for extra in ("", "&immutable=1"):
+            try:
+                db = sqlite3.connect(uri + extra, uri=True, timeout=self.timeout,
+                                     isolation_level=None, check_same_thread=False)
+                db.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
+                db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+                return db
+            except sqlite3.DatabaseError as exc:
+                with contextlib.suppress(UnboundLocalError, sqlite3.Error):
+                    db.close()
+                if extra or "unable to open" not in str(exc):
+                    raise StorageError(self._db_problem(exc)) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _version(self, db: sqlite3.Connection) -> int | None:
+        try:
+            return _schema.version_of(db)
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(self._db_problem(exc)) from None
+        except ValueError as exc:  # a version that is no schema version
+            raise StorageError(
+                f"{str(self.root / DB_NAME)!r} is corrupt: {exc}. Restore it from a copy, or "
+                "move it away and start a new store.") from None
+
+    def _open_read_only(self) -> None:
+        if fcntl is not None and (self.root / ".lock").is_file():
+            with contextlib.suppress(OSError):  # a shared lock: a clean-up waits for us
+                self._lockfile = open(self.root / ".lock", "rb")  # noqa: SIM115
+                fcntl.flock(self._lockfile, fcntl.LOCK_SH)
+        db = self._connect_read_only()
+        try:
+            version = self._version(db)
+            if version != _schema.SCHEMA_VERSION:
+                newer = version is not None and version > _schema.SCHEMA_VERSION
+                raise StorageError(
+                    f"The store at {str(self.root)!r} is open read-only ("
+                    f"{self._why_read_only}) and " + (
+                        f"was written by a newer diffract-storage-local (schema {version}; "
+                        f"this one reads up to {_schema.SCHEMA_VERSION}). Upgrade: pip "
+                        "install -U diffract-storage-local." if newer else
+                        f"its schema ({version}) must be migrated to "
+                        f"{_schema.SCHEMA_VERSION} first, which needs writing: open it once "
+                        "where it can be written."))
+        except BaseException:
+            db.close()
+            self._release_file_lock()
+            raise
+        self._db = db
+
+    def check_writable(self) -> None:
+        if self.read_only:
+            raise StorageError(
+                f"The store at {str(self.root)!r} is read-only ({self._why_read_only}): "
+                "exports, stale() and provenance() work, but nothing can be added, "
+                "computed or erased. Copy the directory somewhere writable (or fix its "
+                "permissions) and open that.")
+
     def _open(self) -> None:
         self._check_directory()
+        if self.read_only:
+            self._open_read_only()
+            return
         self._take_file_lock()
         db = self._connect()
         try:
-            try:
-                current = _schema.version_of(db)
-            except sqlite3.DatabaseError as exc:
-                raise StorageError(self._db_problem(exc)) from None
+            current = self._version(db)
             if current == _schema.SCHEMA_VERSION:  # the usual case: no write lock needed
                 self._db = db
                 self._clean_orphans()
                 return
             with self._transaction(db):
-                version = _schema.version_of(db)
+                version = self._version(db)
                 if version is None:
                     tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
                     if tables:
@@ -160,7 +251,18 @@ class StoreDirectory:
     def _take_file_lock(self) -> None:
         if fcntl is None:
             return
-        self._lockfile = open(self.root / ".lock", "a+b")  # noqa: SIM115 - held while open
+        lock = self.root / ".lock"
+        if lock.is_dir() or (lock.exists() and not lock.is_file()):
+            raise StorageError(
+                f"{str(lock)!r} is not a file (a directory or a device), so the store cannot "
+                "be locked. Remove it (no data lives there) and open the store again.")
+        try:
+            self._lockfile = open(lock, "a+b")  # noqa: SIM115 - held while open
+        except OSError as exc:
+            raise StorageError(
+                f"Cannot open the store's lock file {str(lock)!r}: {exc.strerror or exc}. "
+                "Check the directory's permissions, or open the store with "
+                "read_only=True to export from it.") from None
         try:
             fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self._exclusive = True
@@ -205,6 +307,7 @@ class StoreDirectory:
 
     def _mark_writing(self) -> None:
         """Leave this process's marker (once per open) before it touches array files."""
+        self.check_writable()
         if self._marker is None:
             with self._lock:
                 if self._marker is None:
@@ -233,6 +336,8 @@ class StoreDirectory:
 
     @contextlib.contextmanager
     def _transaction(self, db: sqlite3.Connection | None = None):
+        if self.read_only:
+            self.check_writable()
         db = db if db is not None else self.db
         try:
             db.execute("BEGIN IMMEDIATE")

@@ -70,7 +70,12 @@ def version_of(db: sqlite3.Connection) -> int | None:
     if not has_meta:
         return None
     row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    return int(row[0]) if row else None
+    if not row:
+        return None
+    text = str(row[0])
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"its schema version is {row[0]!r}, not a version number (1 or more)")
+    return int(text)
 
 
 def _script(db: sqlite3.Connection, script: str) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from diffract.errors import InvalidArgumentError
 from diffract.plugins import StorageProfile, hookimpl
 
-_OPTIONS = ("path", "timeout", "sync")
+_OPTIONS = ("path", "timeout", "sync", "read_only")
 
 
 def _local(options: Mapping[str, Any]) -> Any:
@@ -19,7 +19,8 @@ def _local(options: Mapping[str, Any]) -> Any:
         raise InvalidArgumentError(
             f"The 'local' profile got unknown option(s) {unknown}; it accepts "
             f"{list(_OPTIONS)} (path: the store directory, default ./.diffract; timeout: "
-            "seconds to wait for another writer; sync: 'normal' or 'full')."
+            "seconds to wait for another writer; sync: 'normal' or 'full'; read_only: True to "
+            "only read, default: when the directory cannot be written)."
         )
     return LocalStore(**dict(options))
 

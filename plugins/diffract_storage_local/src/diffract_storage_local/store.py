@@ -86,6 +86,28 @@ def _restore(array: np.ndarray, dtype: str, *, as_tensor: bool) -> Any:
     return array.astype(np.float32) if array.dtype.itemsize < 4 else array
 
 
+def _storage_errors(cls: type) -> type:
+    """Every public method of the store reports SQLite's errors (a database corrupted
+    after it was opened, a disk I/O error) as StorageError, with what to do."""
+    import functools
+
+    def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except sqlite3.DatabaseError as exc:
+                raise StorageError(self._db_problem(exc)) from None
+        return call
+
+    for owner in (StoreDirectory, cls):
+        for name, member in list(vars(owner).items()):
+            if not name.startswith("_") and callable(member):
+                setattr(cls, name, wrap(member))
+    return cls
+
+
+@_storage_errors
 class LocalStore(StoreDirectory, Store):
     """A durable store in a directory; see the module docstring."""
 

@@ -125,6 +125,8 @@ class Runner(Inputs):
     # -- running ----------------------------------------------------------------
     def run(self, plan: Plan) -> ApplyReport:
         report = ApplyReport(requested=plan.requested)
+        if plan.pending:
+            self.store.check_writable()  # before anything is computed
         for number, step in enumerate(plan.steps, start=1):
             self._run_step(step, (number, len(plan.steps)), report)
         return report

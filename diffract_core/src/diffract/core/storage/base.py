@@ -355,6 +355,14 @@ class Store(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (files, handles). The default does nothing."""
 
+    #: Whether the store was opened read-only (reads and exports only).
+    read_only: bool = False
+
+    def check_writable(self) -> None:  # noqa: B027 - optional hook
+        """Raise :class:`~diffract.errors.StorageError` saying why when nothing can be
+        stored (a read-only store); ``apply`` asks before it computes anything. The
+        default store is always writable."""
+
     @abc.abstractmethod
     def has_aggregate(self, name: str) -> bool:
         """Whether an aggregate is stored; the planner asks once per unit, so it must
