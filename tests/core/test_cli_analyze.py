@@ -611,3 +611,30 @@ class TestSignals:
         _, err = proc.communicate(timeout=60)
         assert proc.returncode in (130, -signal.SIGINT), err
         assert "Traceback" not in err
+
+
+def test_a_conflict_on_a_spectral_field_is_named_not_called_missing(tmp_path, model_file):
+    """A plugin that also produces ``stable_rank`` withholds the spectral pack's field;
+    analyze said the spectral pack "is not installed" (and to pip install it). It names
+    the conflict, both providers and how to pick one (exit 2)."""
+    site = tmp_path / "site"
+    (site / "rival_pack").mkdir(parents=True)
+    (site / "rival_pack" / "__init__.py").write_text(
+        "from diffract.plugins import KernelSpec, hookimpl\n\n\n"
+        "def rival_rank(weights):\n    return 1.0\n\n\n"
+        "@hookimpl\ndef diffract_kernels():\n"
+        "    yield KernelSpec.from_function(rival_rank, produce_fields=('stable_rank',))\n")
+    (site / "rival_pack-1.0.0.dist-info").mkdir()
+    (site / "rival_pack-1.0.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: rival-pack\nVersion: 1.0.0\n")
+    (site / "rival_pack-1.0.0.dist-info" / "entry_points.txt").write_text(
+        "[diffract]\nrival-pack = rival_pack\n")
+    env = {"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    run = _cli("analyze", str(model_file), "--metrics", "stable_rank", cwd=tmp_path, env=env)
+    assert run.returncode == 2, run.stderr
+    error = run.stderr.strip().splitlines()[-1]
+    assert "not installed" not in error
+    assert error.startswith("diffract analyze: error: Metric 'stable_rank': 'stable_rank' is "
+                            "provided by "), error
+    assert "diffract-kernels-spectral" in error and "rival-pack 1.0.0" in error
+    assert "[plugins] prefer = { stable_rank = " in error

@@ -150,7 +150,8 @@ class TestBadInput:
         assert math.isfinite(rows["huge"]["log_norm"]) and rows["huge"]["hard_rank"] < 100
         assert math.isfinite(rows["good"]["pl_alpha"]) and 0.0 <= rows["good"]["pl_pvalue"] <= 1.0
 
-    @pytest.mark.parametrize("shape", [(0, 5), (7, 0), (3, 0, 2)], ids=["0x5", "7x0", "3x0x2"])
+    @pytest.mark.parametrize("shape", [(0, 5), (7, 0), (3, 0, 2), (0, 3, 3)],
+                             ids=["0x5", "7x0", "3x0x2", "0x3x3"])
     def test_a_zero_size_matrix_is_undefined_in_every_field(self, rng, shape):
         """A 0-size parameter: every spectral field is NaN with a reason, nothing fails."""
         from diffract.plugins import get_registry

@@ -585,3 +585,30 @@ class TestReadOnlyStores:
         assert not (tmp_path / "none").exists()
         with pytest.raises(StorageError, match=r"read_only must be True, False or None"):
             LocalStore(tmp_path / "none", read_only="yes")
+
+
+def test_a_meta_tensor_fails_only_its_parameter_in_both_profiles(tmp_path):
+    """A parameter on the meta device (no data) refused the whole add to the local
+    profile, naming nothing; now both profiles add the model and fail that parameter
+    alone with the reason, the others' values equal; after a reopen it is skipped."""
+    gen = torch.Generator().manual_seed(0)
+    state = {f"l{i}.weight": torch.randn(6, 5, generator=gen) for i in range(3)}
+    state["ghost.weight"] = torch.empty(5, 5, device="meta")
+    outcomes = []
+    for profile, opts in [("ram", {}), ("local", {"path": tmp_path / "st"})]:
+        with Session(profile=profile, **opts) as s:
+            s.models.add(state, model_id="m")
+            report = s.compute.apply("frob_norm", errors="record")
+            outcomes.append(({f.unit: f.reason for f in report.failures},
+                             s.results.export_metrics("frob_norm")))
+    assert outcomes[0] == outcomes[1]
+    failures, values = outcomes[0]
+    assert list(failures) == ["m/ghost.weight"]
+    assert "the parameter is on the meta device and has no data" in failures["m/ghost.weight"]
+    assert sorted(values["m"]) == ["l0.weight", "l1.weight", "l2.weight"]
+    with Session(profile="local", path=tmp_path / "st") as s:
+        s.results.erase("frob_norm")
+        report = s.compute.apply("frob_norm")
+        assert [u.unit for u in report.skipped] == ["m/ghost.weight"]
+        assert "had no data when it was added" in report.skipped[0].reason
+        assert s.results.export_metrics("frob_norm") == values

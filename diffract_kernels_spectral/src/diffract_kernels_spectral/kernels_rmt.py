@@ -67,7 +67,7 @@ def esd_rand(tensor: Any, esd_scale: float, *, seed: Seed = 42,
         import torch
 
         t = _finite_tensor(tensor)
-        t = t.reshape(t.shape[0], -1)
+        t = t.reshape(t.shape[0], math.prod(t.shape[1:]))
         order = torch.from_numpy(np.random.default_rng(seed).permutation(t.numel()))
         shuffled = t.reshape(-1)[order.to(t.device)].reshape(t.shape)
         values = linalg.esd_batched_torch([shuffled], precision, where)[0]

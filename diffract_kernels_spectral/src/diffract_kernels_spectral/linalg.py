@@ -9,6 +9,7 @@ Gram matrix (``W^T W`` or ``W W^T``: their nonzero eigenvalues coincide), ascend
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -77,7 +78,7 @@ def as_matrix(weights: np.ndarray) -> np.ndarray:
     w = np.asarray(weights)
     if w.ndim < 2:
         raise ValueError(f"a spectrum needs a matrix, got shape {w.shape}")
-    return w if w.ndim == 2 else w.reshape(w.shape[0], -1)
+    return w if w.ndim == 2 else w.reshape(w.shape[0], math.prod(w.shape[1:]))
 
 
 def noise_floor(k: int, lambda_max: float, precision: str) -> float:
@@ -180,7 +181,7 @@ def svd_torch(tensor: Any, device: str, top_k: int = 0) -> tuple[np.ndarray, ...
     t = torch.as_tensor(tensor) if isinstance(tensor, np.ndarray) else tensor.detach()
     if t.dim() < 2:
         raise ValueError(f"an SVD needs a matrix, got shape {tuple(t.shape)}")
-    t = t if t.dim() == 2 else t.reshape(t.shape[0], -1)
+    t = t if t.dim() == 2 else t.reshape(t.shape[0], math.prod(t.shape[1:]))
     u, s, vt = torch.linalg.svd(t.to(device=device, dtype=torch.float64), full_matrices=False)
     if 0 < top_k < s.shape[0]:
         u, s, vt = u[:, :top_k], s[:top_k], vt[:top_k]
@@ -199,7 +200,7 @@ def _stacks_by_shape(matrices: Sequence[Any], device: str,
         t = torch.as_tensor(m) if isinstance(m, np.ndarray) else m.detach()
         if t.dim() < 2:
             raise ValueError(f"{what} needs a matrix, got shape {tuple(t.shape)}")
-        mats.append(t if t.dim() == 2 else t.reshape(t.shape[0], -1))
+        mats.append(t if t.dim() == 2 else t.reshape(t.shape[0], math.prod(t.shape[1:])))
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, t in enumerate(mats):
         groups.setdefault(tuple(t.shape), []).append(i)

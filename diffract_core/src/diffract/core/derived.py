@@ -157,8 +157,8 @@ def lora_model(adapter: Any, model_id: str, *, scale: float | None = None) -> Op
         a_name, b_name = parts[name]
         a, b = load(a_name), load(b_name)
         dtype = _wider(a, b)
-        a2 = a.reshape(a.shape[0], -1).astype(dtype, copy=False)
-        b2 = b.reshape(b.shape[0], -1).astype(dtype, copy=False)
+        a2 = a.reshape(a.shape[0], math.prod(a.shape[1:])).astype(dtype, copy=False)
+        b2 = b.reshape(b.shape[0], math.prod(b.shape[1:])).astype(dtype, copy=False)
         return (factor * (b2 @ a2)).reshape(b.shape[0], *a.shape[1:])
 
     description = f"LoRA updates ({len(infos)} modules, scale {factor:g})"

@@ -217,6 +217,9 @@ def check_metrics(session: Any, metrics: Sequence[str]) -> None:
     for field in metrics:
         if field in known:
             continue
+        conflict = session.registry.conflict(field)
+        if conflict is not None:  # installed twice, not missing: say who claims it
+            raise UsageError(f"Metric {field!r}: {conflict}")
         pack = next((d for d, fields in PACK_OF.items() if field in fields), None)
         if pack is not None:
             raise UsageError(f"Metric {field!r} comes from {pack}, which is not installed: "

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from diffract.errors import StorageError
+from diffract.errors import ModelSourceError, StorageError
 from diffract.plugins import (
     Batch,
     ModelSource,
@@ -125,7 +125,11 @@ class LocalStore(StoreDirectory, Store):
         try:
             if copy:  # before the transaction: reading may be slow, writing files too
                 for info in params:
-                    array, dtype = _weights_of(raw(info.name))
+                    try:
+                        value = raw(info.name)
+                    except ModelSourceError:  # no data (a meta tensor): as in the ram
+                        continue  # profile, its units fail with the reason when applied
+                    array, dtype = _weights_of(value)
                     kind, _, _, blob, path, _ = self._encode(np.ascontiguousarray(array), written)
                     rows.append((model_id, info.name, dtype, kind, blob, path))
             with self._transaction() as db:
@@ -207,7 +211,12 @@ class LocalStore(StoreDirectory, Store):
             row = self.db.execute("SELECT dtype, kind, blob, file FROM weights WHERE "
                                   "model_id = ? AND name = ?", (model_id, name)).fetchone()
         if row is None:
-            raise KeyError((model_id, name))
+            if name not in {p.name for p in self.params(model_id)}:
+                raise KeyError((model_id, name))
+            raise WeightsUnavailableError(
+                f"parameter {name!r} of in-memory model {model_id!r} had no data when it was "
+                "added (a meta tensor?), so no copy of it was stored; add the model again "
+                "with real weights to compute fields that need them", model_id=model_id)
         dtype, kind, blob, file = row
         array = self._decode((kind, None, None, blob, file), f"weights of {model_id}/{name}")
         return _restore(array, dtype, as_tensor=as_tensor)
