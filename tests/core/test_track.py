@@ -130,7 +130,7 @@ class TestIncremental:
                       "--against", "none") == 0
         decompositions.update(esd=0, svd=0)
         assert _track(str(tmp_path / "run"), "--store", store, "--metrics", "stable_rank",
-                      "--against", "none", "--set", "esd.precision=float64") == 0
+                      "--against", "none", "--set", "esd.precision=float32") == 0
         assert decompositions["esd"] == 3 * 3  # every checkpoint again: its ESD is stale
         # said: the ESD and the stable rank computed from it, for 3 x 3 matrices
         assert ("18 stored result(s) of esd, stable_rank were computed with another "

@@ -267,7 +267,7 @@ def test_esd_of_torch_parameters_matches_numpy(rng):
         session.compute.apply("esd")
         got = _metrics(session)["weight"]["esd"]
     w32 = layer.weight.detach().float().numpy()
-    np.testing.assert_array_equal(got, linalg.esd(w32, "float32"))
+    np.testing.assert_array_equal(got, linalg.esd(w32))
     (batched,) = linalg.esd_batched_torch([layer.weight.detach()], "float64", "cpu")
     exact = np.sort(np.linalg.svd(w32.astype(np.float64), compute_uv=False) ** 2)
     np.testing.assert_allclose(batched, exact, rtol=1e-9, atol=1e-12 * exact[-1])

@@ -56,7 +56,7 @@ def weights_rand(weights: np.ndarray, *, seed: Seed = 42) -> np.ndarray:
 
 @kernel(restrictions=_MATRIX, execution_protocol=PARALLEL)
 def esd_rand(tensor: Any, esd_scale: float, *, seed: Seed = 42,
-             precision: Literal["float32", "float64"] = "float32",
+             precision: Literal["float32", "float64"] = "float64",
              device: str = "auto") -> np.ndarray:
     """ESD of ``W_rand`` (the permutation ``weights_rand`` makes for the same ``seed``),
     ``c sigma_i(W_rand)^2`` ascending, computed as ``esd`` is: ``device="auto"`` shuffles

@@ -35,8 +35,9 @@ def rank_loss(matrix_rank: int, lower_dim: int) -> int:
 def weak_rank_loss(svals: np.ndarray, esd_scale: float, *,
                    tolerance: Annotated[float, Range(ge=0.0)] = 1e-6) -> int:
     """``#{i : c sigma_i^2 < tolerance}``: eigenvalues below ``tolerance`` (WeightWatcher's
-    default 1e-6), from the float64 singular values (the stored ``esd`` zeroes
-    eigenvalues below float32's noise floor, which would count them all)."""
+    default 1e-6), from the float64 singular values (an ``esd`` computed with the
+    float32 opt-in zeroes eigenvalues below its noise floor, which would count them
+    all)."""
     s = np.asarray(svals, dtype=np.float64)
     return int(np.count_nonzero(esd_scale * s * s < tolerance))
 
