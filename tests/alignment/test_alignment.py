@@ -275,3 +275,55 @@ def _fails_on_zero(weights: tuple) -> float:
     if not np.any(weights[1]):
         raise ValueError("model b is all zero")
     return 1.0
+
+
+class TestAgainstNumpy:
+    """Issue 26 item 4: values compared with a direct numpy computation on inputs where a
+    wrong side, a wrong k or a wrong reference set gives another number."""
+
+    @staticmethod
+    def _factors(rng, n, m):
+        u, _ = np.linalg.qr(rng.standard_normal((n, n)))
+        v, _ = np.linalg.qr(rng.standard_normal((m, m)))
+        return u, np.linspace(30.0, 1.0, min(n, m)), v
+
+    def test_r_subspace_overlap_is_the_input_side(self, rng):
+        """Model b keeps a's left singular vectors and turns its right ones partway:
+        l_subspace_overlap is 1, r_subspace_overlap is numpy's ||V_a,k^T V_b,k||_F^2 / k,
+        with the default k = ceil(k_total / 10) (25 directions: 3, not 2)."""
+        n, m = 40, 25
+        u, s, v = self._factors(rng, n, m)
+        a = (u[:, :m] * s) @ v.T
+        turn, _ = np.linalg.qr(np.eye(m) + 0.4 * rng.standard_normal((m, m)))
+        vb = v @ turn
+        b = (u[:, :m] * s) @ vb.T
+        got = _pair({"w": a}, {"w": b}, fields=("l_subspace_overlap", "r_subspace_overlap",
+                                                 "r_principal_angles"))
+        assert got["l_subspace_overlap@w"] == pytest.approx(1.0, abs=1e-12)
+        # b's own right singular vectors (its singular values are a's: same order)
+        vb_svd = np.linalg.svd(b)[2].T
+        cross = v[:, :3].T @ vb_svd[:, :3]
+        assert got["r_subspace_overlap@w"] == pytest.approx(np.sum(cross**2) / 3, rel=1e-10)
+        angles = np.sort(np.arccos(np.clip(np.linalg.svd(cross, compute_uv=False), 0, 1)))
+        np.testing.assert_allclose(got["r_principal_angles@w"], angles, atol=1e-10)
+        assert 0.05 < got["r_subspace_overlap@w"] < 0.95  # a case that tells the sides apart
+        two = np.sum((v[:, :2].T @ vb_svd[:, :2]) ** 2) / 2
+        assert abs(got["r_subspace_overlap@w"] - two) > 1e-3  # and rounding down from ceil
+
+    def test_a_direction_rising_into_the_top_k_is_no_intruder(self, rng):
+        """b's top direction is a's 30th (its singular value raised from far below): it
+        has a counterpart among a's directions, so no intruder; a new direction is one."""
+        n = 48
+        u, s, v = self._factors(rng, n, n)
+        a = (u * s) @ v.T
+        sb = s.copy()
+        sb[29] = 40.0  # the 30th direction now leads
+        b = (u * sb) @ v.T
+        got = _pair({"w": a}, {"w": b}, fields=("intruder_dimensions",),
+                    intruder_dimensions={"k": 5, "threshold": 0.5})
+        assert got["intruder_dimensions@w"] == 0  # against a's top 5 only, it would be 1
+        q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+        d = (q * s) @ v.T  # every direction new
+        got_d = _pair({"w": a}, {"w": d}, fields=("intruder_dimensions",),
+                      intruder_dimensions={"k": 5, "threshold": 0.5})
+        assert got_d["intruder_dimensions@w"] == 5

@@ -638,3 +638,41 @@ def test_a_conflict_on_a_spectral_field_is_named_not_called_missing(tmp_path, mo
                             "provided by "), error
     assert "diffract-kernels-spectral" in error and "rival-pack 1.0.0" in error
     assert "[plugins] prefer = { stable_rank = " in error
+
+
+def test_compare_with_a_decomposition_failing_on_one_checkpoint_of_three(
+        tmp_path, monkeypatch, capsys):
+    """The SVD of one matrix of the middle checkpoint fails: compare still prints every
+    other pair's values, lists the failed units with the reason, and exits 1 (issue 26
+    item 4)."""
+    pytest.importorskip("diffract_kernels_alignment")
+    from diffract_kernels_spectral import linalg
+
+    from diffract.cli import main
+
+    base = _save(tmp_path / "step0.safetensors", 0, bias=False)
+    paths = [tmp_path / "step0.safetensors"]
+    for step in (1, 2):
+        paths.append(tmp_path / f"step{step}.safetensors")
+        saved = _save(paths[-1], step, bias=False, noise=0.2 * step, base=base)
+        if step == 1:
+            target = saved["layers.1.weight"].numpy()
+    real = linalg.svd
+
+    def flaky(w, *args, **kwargs):
+        if w.shape == target.shape and np.array_equal(np.asarray(w, np.float32), target):
+            raise np.linalg.LinAlgError("SVD did not converge (simulated)")
+        return real(w, *args, **kwargs)
+
+    monkeypatch.setattr(linalg, "svd", flaky)
+    code = main(["compare", *map(str, paths), "--metrics", "sval_rel_change",
+                 "--executor", "sequential", "--format", "json"])
+    out, err = capsys.readouterr()
+    assert code == 1, err
+    rows = json.loads(out)
+    values = {(r["models"], r["param"]): r["value"] for r in rows}
+    assert set(values) >= {("step0,step1", "layers.0.weight"), ("step1,step2", "layers.2.weight")}
+    assert math.isfinite(values[("step0,step1", "layers.0.weight")])
+    assert ("step0,step1", "layers.1.weight") not in values or math.isnan(
+        values[("step0,step1", "layers.1.weight")])
+    assert "step1/layers.1.weight" in err and "SVD did not converge (simulated)" in err

@@ -317,3 +317,34 @@ def test_an_npz_holding_an_object_array(tmp_path):
         assert [p.name for p in s.models.params("m")] == ["w"]
         s.compute.apply("frob_norm")
         assert s.results.export_metrics("frob_norm")["m"]["w"]["frob_norm"] == pytest.approx(6.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["F16", "BF16"])
+def test_large_half_tensors_at_an_offset_read_as_the_reference_library_does(tmp_path, dtype):
+    """Half-precision tensors of more than 4M elements (converted to float32 block by
+    block) stored after another tensor (a non-zero offset) read exactly as the
+    safetensors library's torch reader gives them, whole and as row slices across the
+    blocks (issue 26 item 4)."""
+    from safetensors import safe_open
+
+    from diffract_formats.readers import SafetensorsReader
+
+    gen = torch.Generator().manual_seed(5)
+    state = {"a_first": torch.randn(7, 3, generator=gen).to(dtype),
+             "big": (torch.randn(2100, 2100, generator=gen) * 3).to(dtype),
+             "z_last": torch.randn(5, 5, generator=gen).to(dtype)}
+    path = tmp_path / "m.safetensors"
+    safetensors_torch.save_file(state, str(path))
+    reader = SafetensorsReader(str(path))
+    with safe_open(str(path), framework="pt") as reference:
+        for name in state:
+            want = reference.get_tensor(name).float().numpy()
+            got = reader.read_numpy(name)
+            assert got.dtype == np.float32 and got.shape == want.shape
+            np.testing.assert_array_equal(got, want)
+            raw = reader.read(name)  # as stored: the same bits
+            assert raw.dtype == dtype and torch.equal(raw, reference.get_tensor(name))
+        want = reference.get_tensor("big").float().numpy()
+    for index in [((1000, 2050, 1),), ((3, 2100, 7), (5, 2000, 3))]:
+        got = reader.read_numpy("big", index)
+        np.testing.assert_array_equal(got, want[tuple(slice(*i) for i in index)])

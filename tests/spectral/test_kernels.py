@@ -230,17 +230,31 @@ class TestBatchedSpectra:
             np.testing.assert_allclose(got[big], ref[big], rtol=rtol)
             assert got.shape == ref.shape and np.all(got[~big] <= 1e-3 * max(ref.max(), 1e-300))
 
-    def test_session_batch_equals_one_by_one(self, rng):
-        """The esd batch path (one solver per core) stores what the per-matrix kernel gives."""
+    @pytest.mark.parametrize("normalize", ["none", "greater_dim"])
+    @pytest.mark.parametrize("precision", ["float64", "float32"])
+    def test_session_batch_equals_one_by_one(self, rng, normalize, precision):
+        """The esd batch path (one solver per core) stores what the per-matrix kernel
+        gives, under every ESD normalisation and precision (issue 26 item 4)."""
         from diffract_kernels_spectral.kernels import esd as esd_kernel
 
         model = {f"w{i}": rng.standard_normal((50, 30 + i)) for i in range(5)}
+        model["tall"] = rng.standard_normal((20, 70))
         with Session() as session:
             session.models.add(model, model_id="m")
-            session.compute.apply("esd")
+            session.compute.configure_kernel("esd_scale", normalize=normalize)
+            session.compute.configure_kernel("esd", precision=precision)
+            try:
+                session.compute.apply("esd", "esd_scale")
+            finally:
+                session.registry.reset_configuration()
             rows = _metrics(session)
         for name, w in model.items():
-            np.testing.assert_array_equal(rows[name]["esd"], esd_kernel(w, 1.0, device="cpu"))
+            scale = 1.0 / max(w.shape) if normalize == "greater_dim" else 1.0
+            assert rows[name]["esd_scale"] == scale
+            one = esd_kernel(w, scale, precision=precision, device="cpu")
+            np.testing.assert_array_equal(rows[name]["esd"], one)
+            exact = np.sort(np.linalg.svd(w, compute_uv=False) ** 2) * scale
+            np.testing.assert_allclose(one, exact, rtol=1e-10 if precision == "float64" else 1e-4)
 
 
     def test_spectra_do_not_depend_on_the_blas_thread_count(self, rng):

@@ -166,8 +166,8 @@ _SUBSPACE_DOC = """Rotation-invariant comparison of the top-``k`` {side} singula
     ``{prefix}_subspace_overlap = ||{M}_a,k^T {M}_b,k||_F^2 / k`` (1: the same subspace,
     ``k / n`` expected for random ones in ``R^n``) and ``{prefix}_principal_angles``,
     ``theta_i = arccos(s_i)`` with ``s_i`` the singular values of ``{M}_a,k^T {M}_b,k``
-    (radians, ascending ``[k]``). ``k`` = 0 takes the top tenth of the directions (at
-    least one). Unlike the per-direction agreements these do not depend on how
+    (radians, ascending ``[k]``). ``k`` = 0 takes the top tenth of the directions,
+    rounded up (``ceil(min(N, M) / 10)``: 3 of 25, at least one). Unlike the per-direction agreements these do not depend on how
     (nearly) equal singular values split their subspace into vectors."""
 
 

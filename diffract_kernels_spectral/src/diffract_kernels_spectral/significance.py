@@ -154,6 +154,8 @@ def power_law_pvalue(
         ]))
     if batched:
         distances = _replicate_distances(replicates, min_tail, alpha_max)
+    elif xmin == "fixed":
+        distances = _fixed_xmin_distances(replicates, fit.xmin)
     else:
         distances = []
         for synthetic in replicates:
@@ -170,6 +172,31 @@ def power_law_pvalue(
     hits = sum(d >= fit.ks_distance for d in distances)
     p = hits / done if done else math.nan
     return PValue(p, fit.ks_distance, done, seed)
+
+
+def _fixed_xmin_distances(replicates: list[np.ndarray], xmin: float) -> list[float]:
+    """The KS distance of each replicate's fit at ``xmin`` (as ``_fit_at`` computes it),
+    all replicates at once: each row's values below xmin become +inf, a row-wise sort
+    puts its tail first, and the MLE exponent, the model CDF and the left empirical CDF
+    (``first index of the value / tail size``, so ties count as one value) are array
+    operations. Replicates whose tail has fewer than 2 distinct values are left out."""
+    rows = np.stack(replicates)
+    tail = np.where(rows >= xmin, rows, np.inf)
+    tail.sort(axis=1)
+    inside = np.isfinite(tail)
+    counts = inside.sum(axis=1)
+    ratio = np.where(inside, tail / xmin, 1.0)
+    last = tail[np.arange(len(tail)), np.maximum(counts - 1, 0)]
+    keep = (counts >= 2) & (tail[:, 0] != last)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        alpha = 1.0 + counts / np.log(ratio).sum(axis=1)
+        model = 1.0 - ratio ** (1.0 - alpha[:, None])
+    position = np.arange(tail.shape[1])
+    new = np.ones(tail.shape, dtype=bool)
+    new[:, 1:] = tail[:, 1:] != tail[:, :-1]
+    first = np.maximum.accumulate(np.where(new, position, 0), axis=1)
+    gaps = np.where(inside, np.abs(model - first / np.maximum(counts, 1)[:, None]), 0.0)
+    return [float(d) for d in gaps.max(axis=1)[keep]]
 
 
 #: Replicates whose searches share one set of Taichi launches.
