@@ -646,9 +646,8 @@ def test_compare_with_a_decomposition_failing_on_one_checkpoint_of_three(
     other pair's values, lists the failed units with the reason, and exits 1 (issue 26
     item 4)."""
     pytest.importorskip("diffract_kernels_alignment")
-    from diffract_kernels_spectral import linalg
-
     from diffract.cli import main
+    from diffract_kernels_spectral import linalg
 
     base = _save(tmp_path / "step0.safetensors", 0, bias=False)
     paths = [tmp_path / "step0.safetensors"]

@@ -167,8 +167,9 @@ _SUBSPACE_DOC = """Rotation-invariant comparison of the top-``k`` {side} singula
     ``k / n`` expected for random ones in ``R^n``) and ``{prefix}_principal_angles``,
     ``theta_i = arccos(s_i)`` with ``s_i`` the singular values of ``{M}_a,k^T {M}_b,k``
     (radians, ascending ``[k]``). ``k`` = 0 takes the top tenth of the directions,
-    rounded up (``ceil(min(N, M) / 10)``: 3 of 25, at least one). Unlike the per-direction agreements these do not depend on how
-    (nearly) equal singular values split their subspace into vectors."""
+    rounded up (``ceil(min(N, M) / 10)``: 3 of 25, at least one). Unlike the
+    per-direction agreements these do not depend on how (nearly) equal singular values
+    split their subspace into vectors."""
 
 
 @kernel(apply_level=CROSS, produce_fields=("l_subspace_overlap", "l_principal_angles"),
