@@ -1,11 +1,13 @@
 """Spectral kernels for Diffract and fitting functions for any 1-D array.
 
 ``fit_power_law``, ``fit_truncated_power_law``, ``fit_exponential``,
-``power_law_pvalue`` and ``compare_distributions`` work on spectra computed anywhere;
+``power_law_pvalue``, ``power_law_alpha_interval`` and ``compare_distributions`` work on
+spectra computed anywhere;
 the kernels (see :mod:`diffract_kernels_spectral.kernels`) call them.
 """
 
 from diffract_kernels_spectral._records import (
+    AlphaInterval,
     Comparison,
     ExponentialFit,
     PowerLawFit,
@@ -19,11 +21,16 @@ from diffract_kernels_spectral.fitting import (
     fit_power_law,
     fit_truncated_power_law,
 )
-from diffract_kernels_spectral.significance import compare_distributions, power_law_pvalue
+from diffract_kernels_spectral.significance import (
+    compare_distributions,
+    power_law_alpha_interval,
+    power_law_pvalue,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AlphaInterval",
     "Comparison",
     "ExponentialFit",
     "FitArgumentError",
@@ -37,5 +44,6 @@ __all__ = [
     "fit_exponential",
     "fit_power_law",
     "fit_truncated_power_law",
+    "power_law_alpha_interval",
     "power_law_pvalue",
 ]

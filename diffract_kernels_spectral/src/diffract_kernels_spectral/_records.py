@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 __all__ = [
+    "AlphaInterval",
     "Comparison",
     "ExponentialFit",
     "PowerLawFit",
@@ -86,5 +87,23 @@ class PValue:
 
     p: float
     ks_distance: float
+    replicates: int
+    seed: int
+
+
+@attrs.frozen
+class AlphaInterval:
+    """A bootstrap confidence interval of a power law's exponent.
+
+    ``low``, ``high``: the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of the
+    exponents refitted to semi-parametric bootstrap replicates of the fit (each with its
+    own xmin search); ``alpha``: the fitted exponent; ``replicates``: replicates that
+    could be refitted; ``level``; ``seed``.
+    """
+
+    low: float
+    high: float
+    alpha: float
+    level: float
     replicates: int
     seed: int

@@ -24,6 +24,7 @@ def _preset(*, min_tail: int, alpha_max: float | None, normalize: str, pvalue_xm
         "esd_scale": {"normalize": normalize},
         "power_law_fit": fit,
         "pl_pvalue": {**fit, "xmin": pvalue_xmin},
+        "pl_alpha_ci": fit,
         "truncated_power_law_fit": alternatives,
         "exponential_fit": alternatives,
     }
@@ -47,8 +48,7 @@ def diffract_conventions() -> Iterator[Conventions]:
         "WeightWatcher 0.7.7's analyze(): power-law tails down to 5 points, so small "
         "spectra get an alpha. On all-MiniLM-L6-v2 "
         "pl_alpha then equals WeightWatcher's on all 39 layers (max relative difference "
-        "5e-6: float32 vs float64 spectra); with the default tail floor it differs on "
-        "about half of them.",
+        "4e-14); with the default tail floor it differs on about half of them.",
     )
     yield Conventions(
         "diffract-0.3",

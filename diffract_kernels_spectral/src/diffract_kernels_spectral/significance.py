@@ -10,11 +10,10 @@ from typing import Any
 import numpy as np
 
 from diffract_kernels_spectral import _taichi
-from diffract_kernels_spectral._records import Comparison, PowerLawFit, PValue
+from diffract_kernels_spectral._records import AlphaInterval, Comparison, PowerLawFit, PValue
 from diffract_kernels_spectral._search import _alphas, _exact_fit, _prepare, _search_many, _starts
 from diffract_kernels_spectral.errors import FitArgumentError, FitError
 from diffract_kernels_spectral.fitting import (
-    _fit_at,
     _tail,
     _tpl_mle,
     _tpl_pointwise,
@@ -22,7 +21,7 @@ from diffract_kernels_spectral.fitting import (
     resolve_fit_method,
 )
 
-__all__ = ["compare_distributions", "power_law_pvalue"]
+__all__ = ["compare_distributions", "power_law_alpha_interval", "power_law_pvalue"]
 
 #: Above this many points a bootstrap p-value starts Taichi (about 1 s, once per
 #: process) for its replicates: at 768 points a replicate then costs ~1 ms instead of the
@@ -139,63 +138,129 @@ def power_law_pvalue(
         fit = fit_power_law(x, fit_method=fit_method, min_tail=min_tail, alpha_max=alpha_max)
     if fit.n_tail < 50:
         return PValue(math.nan, fit.ks_distance, 0, seed)
-    method = resolve_fit_method(fit_method, len(x))
-    batched = (method == "diffract" and xmin == "search" and len(x) > PVALUE_TAICHI_POINTS
-               and _taichi.available())
-    rng = np.random.default_rng(seed)
-    body = x[x < fit.xmin]
-    n = len(x)
-    replicates = []
-    for _ in range(n_replicates):
-        k = int(rng.binomial(n, fit.n_tail / n)) if len(body) else n
-        replicates.append(np.concatenate([
-            fit.xmin * (1.0 - rng.random(k)) ** (-1.0 / (fit.alpha - 1.0)),
-            rng.choice(body, n - k) if n - k else np.empty(0),
-        ]))
-    if batched:
-        distances = _replicate_distances(replicates, min_tail, alpha_max)
-    elif xmin == "fixed":
-        distances = _fixed_xmin_distances(replicates, fit.xmin)
+    if xmin == "fixed":
+        distances = _fixed_xmin_distances(x, fit, n_replicates, seed)
     else:
-        distances = []
-        for synthetic in replicates:
-            try:
-                if xmin == "fixed":
-                    refit = _fit_at(np.sort(synthetic), fit.xmin, method)
-                else:
-                    refit = fit_power_law(synthetic, fit_method=method, min_tail=min_tail,
-                                          alpha_max=alpha_max)
-            except FitError:
-                continue
-            distances.append(refit.ks_distance)
+        distances = [d for _, d in _refits(_replicates(x, fit, n_replicates, seed),
+                                           fit_method, min_tail, alpha_max)]
     done = len(distances)
     hits = sum(d >= fit.ks_distance for d in distances)
     p = hits / done if done else math.nan
     return PValue(p, fit.ks_distance, done, seed)
 
 
-def _fixed_xmin_distances(replicates: list[np.ndarray], xmin: float) -> list[float]:
-    """The KS distance of each replicate's fit at ``xmin`` (as ``_fit_at`` computes it),
-    all replicates at once: each row's values below xmin become +inf, a row-wise sort
-    puts its tail first, and the MLE exponent, the model CDF and the left empirical CDF
-    (``first index of the value / tail size``, so ties count as one value) are array
-    operations. Replicates whose tail has fewer than 2 distinct values are left out."""
-    rows = np.stack(replicates)
-    tail = np.where(rows >= xmin, rows, np.inf)
-    tail.sort(axis=1)
-    inside = np.isfinite(tail)
-    counts = inside.sum(axis=1)
-    ratio = np.where(inside, tail / xmin, 1.0)
-    last = tail[np.arange(len(tail)), np.maximum(counts - 1, 0)]
-    keep = (counts >= 2) & (tail[:, 0] != last)
+def power_law_alpha_interval(
+    data: Any,
+    *,
+    fit: PowerLawFit | None = None,
+    level: float = 0.9,
+    n_replicates: int = 100,
+    seed: int = 0,
+    fit_method: str = "auto",
+    min_tail: int = 50,
+    xmax: float | None = None,
+    alpha_max: float | None = None,
+) -> AlphaInterval:
+    """Bootstrap confidence interval of the power law's exponent: the replicates of
+    :func:`power_law_pvalue` (the same generator: the same seed gives the same data
+    sets), each refitted with its own xmin search, and the ``(1 - level) / 2`` and ``(1 +
+    level) / 2`` quantiles of their exponents (the percentile interval). The xmin search
+    is part of what varies, so the interval is wider than the MLE's ``alpha +- z
+    sigma``, which holds xmin fixed. NaN bounds when the tail has fewer than 50 points or
+    fewer than 10 replicates could be refitted."""
+    if not 0.0 < level < 1.0:
+        raise FitArgumentError(f"level must be between 0 and 1 (e.g. 0.9), got {level!r}.")
+    if n_replicates < 10:
+        raise FitArgumentError(f"n_replicates must be at least 10, got {n_replicates}.")
+    x = _prepare(data, xmax)
+    if fit is None:
+        fit = fit_power_law(x, fit_method=fit_method, min_tail=min_tail, alpha_max=alpha_max)
+    if fit.n_tail < 50:
+        return AlphaInterval(math.nan, math.nan, fit.alpha, level, 0, seed)
+    alphas = np.array([a for a, _ in _refits(_replicates(x, fit, n_replicates, seed),
+                                             fit_method, min_tail, alpha_max)])
+    if len(alphas) < 10:
+        return AlphaInterval(math.nan, math.nan, fit.alpha, level, len(alphas), seed)
+    low, high = np.quantile(alphas, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return AlphaInterval(float(low), float(high), fit.alpha, level, len(alphas), seed)
+
+
+def _replicates(x: np.ndarray, fit: PowerLawFit, n_replicates: int,
+                seed: int) -> list[np.ndarray]:
+    """CSN's semi-parametric bootstrap data sets of sorted positive ``x``: each of
+    ``len(x)`` points, with probability ``n_tail / n`` drawn from the fitted power law
+    above xmin, otherwise uniformly from the data below xmin (all from the power law
+    when nothing lies below). Reproducible for a seed."""
+    rng = np.random.default_rng(seed)
+    body = x[x < fit.xmin]
+    n = len(x)
+    out = []
+    for _ in range(n_replicates):
+        k = int(rng.binomial(n, fit.n_tail / n)) if len(body) else n
+        out.append(np.concatenate([
+            fit.xmin * (1.0 - rng.random(k)) ** (-1.0 / (fit.alpha - 1.0)),
+            rng.choice(body, n - k) if n - k else np.empty(0),
+        ]))
+    return out
+
+
+def _refits(replicates: list[np.ndarray], fit_method: str, min_tail: int,
+            alpha_max: float | None) -> list[tuple[float, float]]:
+    """(alpha, KS distance) of each replicate's best power-law fit, the full xmin search
+    as ``fit_power_law`` does it: in shared Taichi launches above PVALUE_TAICHI_POINTS
+    points, one fit at a time otherwise. Replicates that cannot be fitted are left out."""
+    size = len(replicates[0]) if replicates else 0
+    method = resolve_fit_method(fit_method, size)
+    if method == "diffract" and size > PVALUE_TAICHI_POINTS and _taichi.available():
+        return _replicate_fits(replicates, min_tail, alpha_max)
+    out = []
+    for synthetic in replicates:
+        try:
+            refit = fit_power_law(synthetic, fit_method=method, min_tail=min_tail,
+                                  alpha_max=alpha_max)
+        except FitError:
+            continue
+        out.append((refit.alpha, refit.ks_distance))
+    return out
+
+
+def _fixed_xmin_distances(x: np.ndarray, fit: PowerLawFit, n_replicates: int,
+                          seed: int) -> list[float]:
+    """The KS distance of each replicate's power law fitted at the observed xmin, all
+    replicates as one array computation.
+
+    Held at xmin, a replicate's fit reads only its points from the power law (the
+    resampled body lies below xmin), so only those are drawn: the tail sizes ``k_r ~
+    Binomial(n, n_tail / n)`` in one call (all ``n`` when nothing lies below xmin), then
+    ``sum k_r`` uniforms ``u`` in one call, split in order; ``ln(x / xmin) = -ln(1 - u) /
+    (alpha - 1)``. Each row is sorted, its MLE is ``1 + k_r / sum ln(x / xmin)``, its
+    model CDF ``1 - exp((1 - alpha_r) ln(x / xmin))`` is compared with the left
+    empirical CDF (first index of the value / k_r: ties count once). Replicates with
+    fewer than 2 distinct tail values are left out.
+    """
+    rng = np.random.default_rng(seed)
+    n = len(x)
+    if np.any(x < fit.xmin):
+        sizes = rng.binomial(n, fit.n_tail / n, size=n_replicates)
+    else:
+        sizes = np.full(n_replicates, n)
+    logs = -np.log1p(-rng.random(int(sizes.sum()))) / (fit.alpha - 1.0)
+    width = max(int(sizes.max()), 1)
+    rows = np.full((n_replicates, width), np.inf)
+    inside = np.arange(width) < sizes[:, None]
+    rows[inside] = logs  # row-major: each row gets its own draws, in order
+    rows.sort(axis=1)
+    finite = np.where(inside, rows, 0.0)
+    last = rows[np.arange(n_replicates), np.maximum(sizes - 1, 0)]
+    keep = (sizes >= 2) & (rows[:, 0] != last)
     with np.errstate(divide="ignore", invalid="ignore"):
-        alpha = 1.0 + counts / np.log(ratio).sum(axis=1)
-        model = 1.0 - ratio ** (1.0 - alpha[:, None])
-    position = np.arange(tail.shape[1])
-    new = np.ones(tail.shape, dtype=bool)
-    new[:, 1:] = tail[:, 1:] != tail[:, :-1]
+        alpha = 1.0 + sizes / finite.sum(axis=1)
+        model = -np.expm1((1.0 - alpha[:, None]) * finite)
+    position = np.arange(width)
+    new = np.ones(rows.shape, dtype=bool)
+    new[:, 1:] = rows[:, 1:] != rows[:, :-1]
     first = np.maximum.accumulate(np.where(new, position, 0), axis=1)
-    gaps = np.where(inside, np.abs(model - first / np.maximum(counts, 1)[:, None]), 0.0)
+    gaps = np.where(inside, np.abs(model - first / np.maximum(sizes, 1)[:, None]), 0.0)
     return [float(d) for d in gaps.max(axis=1)[keep]]
 
 
@@ -203,13 +268,13 @@ def _fixed_xmin_distances(replicates: list[np.ndarray], xmin: float) -> list[flo
 _REPLICATE_BATCH = 64
 
 
-def _replicate_distances(replicates: list[np.ndarray], min_tail: int,
-                         alpha_max: float | None) -> list[float]:
-    """The KS distance of each replicate's best power-law fit (the full CSN search, as
-    ``fit_power_law`` does it), the replicates' searches batched into shared Taichi
+def _replicate_fits(replicates: list[np.ndarray], min_tail: int,
+                    alpha_max: float | None) -> list[tuple[float, float]]:
+    """(alpha, KS distance) of each replicate's best power-law fit (the full CSN search,
+    as ``fit_power_law`` does it), the replicates' searches batched into shared Taichi
     launches (the per-launch cost, not the scan, dominated one replicate's fit);
     replicates with no candidate are left out."""
-    out: list[float] = []
+    out: list[tuple[float, float]] = []
     for lo in range(0, len(replicates), _REPLICATE_BATCH):
         xs, starts_list = [], []
         for synthetic in replicates[lo:lo + _REPLICATE_BATCH]:
@@ -226,5 +291,5 @@ def _replicate_distances(replicates: list[np.ndarray], min_tail: int,
             continue
         winners, _ = _search_many(xs, starts_list)
         for x, starts, best in zip(xs, starts_list, winners, strict=True):
-            out.append(_exact_fit(x, int(starts[best]))[1])
+            out.append(_exact_fit(x, int(starts[best])))
     return out

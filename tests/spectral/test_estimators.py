@@ -1,0 +1,106 @@
+"""The estimators of the pruning and training-schedule literature (issue 26 item 3)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from diffract import Session
+
+
+def _hill(eigenvalues: np.ndarray, k: int) -> float:
+    """Hill's estimator as a direct formula: the top k of the positive eigenvalues."""
+    x = np.sort(eigenvalues[eigenvalues > 0])[::-1][:k]  # descending, the top k
+    return 1.0 + k / float(np.sum(np.log(x / x[-1])))
+
+
+class TestHill:
+    def _apply(self, model: dict, **config) -> dict:
+        with Session() as s:
+            s.models.add(model, model_id="m")
+            if config:
+                s.compute.configure_kernel("pl_alpha_hill", **config)
+            try:
+                s.compute.apply("pl_alpha_hill", "esd", errors="record")
+            finally:
+                s.registry.reset_configuration()
+            rows = s.results.export_metrics("pl_alpha_hill", "esd", include_arrays=True)["m"]
+            notes = {n["unit"]: n["reason"] for n in s.results.export_notes()
+                     if n["kernel"] == "pl_alpha_hill"}
+        return rows, notes
+
+    def test_matches_the_formula_with_half_the_spectrum_by_default(self, rng):
+        model = {"even": rng.standard_t(3, (300, 200)), "odd": rng.standard_t(4, (150, 101))}
+        rows, _ = self._apply(model)
+        for name, k in (("even", 100), ("odd", 51)):  # n - floor(n / 2)
+            esd = np.asarray(rows[name]["esd"])
+            assert rows[name]["pl_alpha_hill"] == pytest.approx(_hill(esd, k), rel=1e-12)
+            assert rows[name]["pl_alpha_hill"] != pytest.approx(_hill(esd, k + 1), rel=1e-6)
+
+    def test_k_is_configurable_and_recovers_a_known_exponent(self, rng):
+        rows, _ = self._apply({"w": rng.standard_normal((80, 60))}, k=12)
+        assert rows["w"]["pl_alpha_hill"] == pytest.approx(
+            _hill(np.asarray(rows["w"]["esd"]), 12), rel=1e-12)
+        from diffract_kernels_spectral.kernels_fits import pl_alpha_hill
+
+        # a Pareto sample with density ~ x^-2.5: Hill's estimate on its top half
+        sample = np.sort(rng.pareto(1.5, 40_000) + 1.0)
+        assert pl_alpha_hill(sample, k=20_000) == pytest.approx(2.5, rel=0.03)
+
+    def test_undefined_with_a_reason(self, rng):
+        rows, notes = self._apply({"w": rng.standard_normal((30, 20))}, k=25)
+        assert math.isnan(rows["w"]["pl_alpha_hill"])
+        assert notes["m/w"] == "k=25 is more than the 20 positive eigenvalues"
+        rows, notes = self._apply({"one": np.ones((5, 1)), "flat": np.eye(6)})
+        assert "at least 2 positive eigenvalues" in notes["m/one"]
+        assert notes["m/flat"] == "the top 3 eigenvalues are all equal: no tail to fit"
+
+
+class TestAlphaInterval:
+    def test_the_90_percent_interval_covers_the_true_exponent_85_to_95_percent(self):
+        """200 power-law samples (200 points, density ~ x^-2.5), 100 replicates each."""
+        from diffract_kernels_spectral import power_law_alpha_interval
+
+        rng = np.random.default_rng(0)
+        covered, widths = 0, []
+        for i in range(200):
+            x = rng.pareto(1.5, 200) + 1.0
+            ci = power_law_alpha_interval(x, n_replicates=100, seed=i, level=0.9)
+            assert ci.low < ci.alpha < ci.high and ci.replicates == 100
+            covered += ci.low <= 2.5 <= ci.high
+            widths.append(ci.high - ci.low)
+        assert 0.85 <= covered / 200 <= 0.95, covered
+        assert 0.3 < float(np.mean(widths)) < 0.8  # not covering by being huge
+
+    def test_the_kernel_gives_the_functions_interval_and_a_narrower_one_at_a_lower_level(
+            self, rng):
+        from diffract_kernels_spectral import fit_power_law, power_law_alpha_interval
+
+        w = rng.standard_t(3, (300, 200))
+        with Session() as s:
+            s.models.add({"w": w}, model_id="m")
+            s.compute.apply("pl_alpha_ci_low", "pl_alpha_ci_high", "pl_alpha", "esd")
+            row = s.results.export_metrics(include_arrays=True)["m"]["w"]
+            s.compute.configure_kernel("pl_alpha_ci", level=0.5)
+            try:
+                s.compute.apply("pl_alpha_ci_low", recompute="stale")
+                narrow = s.results.export_metrics("pl_alpha_ci_low", "pl_alpha_ci_high")["m"]["w"]
+            finally:
+                s.registry.reset_configuration()
+        esd = np.asarray(row["esd"])
+        ci = power_law_alpha_interval(esd, fit=fit_power_law(esd), n_replicates=100, seed=0)
+        assert (row["pl_alpha_ci_low"], row["pl_alpha_ci_high"]) == (ci.low, ci.high)
+        assert row["pl_alpha_ci_low"] < row["pl_alpha"] < row["pl_alpha_ci_high"]
+        assert row["pl_alpha_ci_low"] < narrow["pl_alpha_ci_low"] < row["pl_alpha"]
+        assert row["pl_alpha"] < narrow["pl_alpha_ci_high"] < row["pl_alpha_ci_high"]
+
+    def test_bad_arguments(self):
+        from diffract_kernels_spectral import FitArgumentError, power_law_alpha_interval
+
+        x = np.random.default_rng(1).pareto(1.5, 300) + 1.0
+        with pytest.raises(FitArgumentError, match="level must be between 0 and 1"):
+            power_law_alpha_interval(x, level=90)
+        with pytest.raises(FitArgumentError, match="n_replicates must be at least 10"):
+            power_law_alpha_interval(x, n_replicates=5)
