@@ -675,3 +675,30 @@ def test_compare_with_a_decomposition_failing_on_one_checkpoint_of_three(
     assert ("step0,step1", "layers.1.weight") not in values or math.isnan(
         values[("step0,step1", "layers.1.weight")])
     assert "step1/layers.1.weight" in err and "SVD did not converge (simulated)" in err
+
+
+def test_fit_quality_is_shown_next_to_alpha_with_the_poor_fits_reasons(tmp_path):
+    """pl_fit_quality is the column after pl_alpha; the summary and the report group
+    the poor fits' reasons (here the weightwatcher preset's tails under 50 points)."""
+    path = tmp_path / "m.npz"
+    rng = np.random.default_rng(4)
+    np.savez(path, **{f"l{i}": rng.standard_t(3, (120, 80)) for i in range(3)},
+             small=rng.standard_normal((30, 20)))
+    run = _cli("analyze", str(path), "--conventions", "weightwatcher", "--report",
+               str(tmp_path / "r.html"), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    header = next(line for line in run.stdout.splitlines() if line.startswith("parameter"))
+    assert header.split()[2:4] == ["pl_alpha", "pl_fit_quality"]
+    with Session() as s:
+        s.compute.configure_conventions("weightwatcher")
+        s.models.add(path, model_id="m")
+        try:
+            s.compute.apply("pl_fit_quality", errors="record")
+        finally:
+            s.registry.reset_configuration()
+        rows = s.results.export_metrics("pl_fit_quality", "pl_fit_quality_reason")["m"]
+    poor = [r["pl_fit_quality_reason"] for r in rows.values() if r["pl_fit_quality"] == "poor"]
+    assert poor and f"poor power-law fits (pl_fit_quality) on {len(poor)} layer(s):" in run.stdout
+    assert f"{poor.count(poor[0])} x {poor[0]}" in run.stdout or "x the tail has" in run.stdout
+    html = (tmp_path / "r.html").read_text()
+    assert f"Poor power-law fits (pl_fit_quality) on {len(poor)} layer(s)" in html

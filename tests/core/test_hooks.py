@@ -293,3 +293,37 @@ class TestCommands:
             "diffract: error: the 'analyze' command comes from the diffract-report "
             "distribution, which is not installed (or is disabled by DIFFRACT_PLUGINS/"
             "DIFFRACT_DISABLE_PLUGINS): pip install diffract-report.")
+
+
+def test_a_kernel_with_undefined_inputs_runs_where_its_input_is_undefined():
+    """By default a unit whose input is undefined is undefined without running; a kernel
+    declared with undefined_inputs=True receives the stored NaN and decides."""
+    import math
+
+    import numpy as np
+
+    from diffract import FieldUndefined, Session
+
+    with Session() as s:
+        @s.compute.kernel()
+        def half_or_refuse(weights) -> float:
+            if weights.shape[0] > 2:
+                raise FieldUndefined("too tall")
+            return float(weights.sum()) / 2
+
+        @s.compute.kernel()
+        def plain(half_or_refuse: float) -> float:
+            return 1.0
+
+        @s.compute.kernel(undefined_inputs=True)
+        def verdict(half_or_refuse: float) -> str:
+            return "missing" if math.isnan(half_or_refuse) else "fine"
+
+        s.models.add({"ok": np.ones((2, 2)), "tall": np.ones((3, 2))}, model_id="m")
+        s.compute.apply("plain", "verdict")
+        rows = s.results.export_metrics("plain", "verdict")["m"]
+        notes = {(n["kernel"], n["unit"]): n["reason"] for n in s.results.export_notes()}
+    assert rows["ok"] == {"plain": 1.0, "verdict": "fine"}
+    assert math.isnan(rows["tall"]["plain"]) and rows["tall"]["verdict"] == "missing"
+    assert notes[("plain", "m/tall")] == "input 'half_or_refuse' is undefined: too tall"
+    assert ("verdict", "m/tall") not in notes

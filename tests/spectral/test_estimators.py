@@ -104,3 +104,75 @@ class TestAlphaInterval:
             power_law_alpha_interval(x, level=90)
         with pytest.raises(FitArgumentError, match="n_replicates must be at least 10"):
             power_law_alpha_interval(x, n_replicates=5)
+
+
+class TestFitQuality:
+    @staticmethod
+    def _quality(values: dict, **config) -> dict:
+        """pl_fit_quality of fit results ingested as they are (each rule on its own)."""
+        with Session() as s:
+            s.models.add({name: np.ones((3, 3)) for name in values}, model_id="m")
+            s.results.ingest_metrics({"m": values})
+            if config:
+                s.compute.configure_kernel("pl_fit_quality", **config)
+            try:
+                s.compute.apply("pl_fit_quality")
+            finally:
+                s.registry.reset_configuration()
+            rows = s.results.export_metrics("pl_fit_quality", "pl_fit_quality_reason")["m"]
+        return {n: (r["pl_fit_quality"], r["pl_fit_quality_reason"]) for n, r in rows.items()}
+
+    def test_each_rule(self):
+        esd = np.linspace(0.1, 10.0, 400)
+        fit = {"esd": esd, "pl_alpha": 2.5, "pl_n_tail": 150, "pl_ks_distance": 0.05}
+        got = self._quality({
+            "ok": fit,
+            "short": {**fit, "pl_n_tail": 30},
+            "bound": {**fit, "pl_n_tail": 50},
+            "ks": {**fit, "pl_ks_distance": 0.2},  # 1.36 / sqrt(150) = 0.111
+            "both": {**fit, "pl_n_tail": 30, "pl_ks_distance": 0.3},
+        })
+        assert got["ok"] == ("ok", "")
+        assert got["short"] == ("poor", "the tail has 30 points, fewer than 50")
+        assert got["bound"] == ("poor", "xmin is at the top of its range (the tail has exactly "
+                                        "min_tail=50 points)")
+        assert got["ks"] == ("poor", "KS distance 0.200 is above 1.36 / sqrt(150) = 0.111, "
+                                     "the 5% critical value")
+        assert got["both"][0] == "poor" and got["both"][1].count("; ") == 1
+        # thresholds are configuration; alpha at alpha_max is a bound too
+        got = self._quality({"ok": fit}, max_ks=0.04, alpha_max=2.52, short_tail=200)
+        assert got["ok"] == ("poor", "the tail has 150 points, fewer than 200; alpha 2.5 is at "
+                                     "its bound alpha_max=2.52; KS distance 0.050 is above "
+                                     "max_ks=0.04")
+
+    def test_a_failed_fit_says_why(self, rng):
+        """The kernel runs where the fit is undefined (undefined_inputs): failed, why."""
+        u, _ = np.linalg.qr(rng.standard_normal((300, 200)))
+        v, _ = np.linalg.qr(rng.standard_normal((200, 200)))
+        fine = (u * np.sqrt(rng.pareto(1.5, 200) + 1.0)) @ v.T  # a power-law ESD
+        with Session() as s:
+            s.models.add({"short": rng.standard_normal((20, 10)), "nan": np.full((6, 6), np.nan),
+                          "flat": np.eye(80), "fine": fine}, model_id="m")
+            s.compute.apply("pl_fit_quality", errors="record")
+            rows = s.results.export_metrics("pl_alpha", "pl_fit_quality",
+                                            "pl_fit_quality_reason")["m"]
+        assert rows["short"]["pl_fit_quality"] == "failed"
+        assert rows["short"]["pl_fit_quality_reason"] == (
+            "only 10 positive eigenvalues, fewer than min_tail=50: no tail can be fitted")
+        assert rows["nan"]["pl_fit_quality_reason"].startswith("the spectrum is undefined")
+        assert rows["flat"]["pl_fit_quality_reason"] == "all eigenvalues are equal within rounding"
+        assert rows["fine"]["pl_fit_quality"] == "ok" and math.isfinite(rows["fine"]["pl_alpha"])
+
+    def test_the_weightwatcher_preset_marks_its_short_tails_poor(self, rng):
+        with Session() as s:
+            s.compute.configure_conventions("weightwatcher")
+            s.models.add({"w": rng.standard_t(3, (60, 40))}, model_id="m")
+            try:
+                s.compute.apply("pl_fit_quality")
+            finally:
+                s.registry.reset_configuration()
+            row = s.results.export_metrics("pl_n_tail", "pl_fit_quality",
+                                           "pl_fit_quality_reason")["m"]["w"]
+        assert row["pl_n_tail"] < 40 and row["pl_fit_quality"] == "poor"
+        assert f"the tail has {row['pl_n_tail']} points, fewer than 50" in row[
+            "pl_fit_quality_reason"]

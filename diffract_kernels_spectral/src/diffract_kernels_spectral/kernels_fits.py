@@ -247,6 +247,68 @@ def pl_pvalue(
     return result.p
 
 
+def _why_no_fit(esd: object, min_tail: int) -> str:
+    """Why power_law_fit is undefined, read off the spectrum (its note says it too)."""
+    values = np.asarray(esd, dtype=np.float64)
+    if values.ndim != 1:
+        return "the spectrum is undefined (the weights are empty, NaN or not a matrix)"
+    positive = values[values > 0]
+    if positive.size == 0:
+        return "every eigenvalue is 0"
+    if positive.size < min_tail:
+        return (f"only {positive.size} positive eigenvalues, fewer than min_tail={min_tail}: "
+                "no tail can be fitted")
+    if positive[-1] - positive[0] <= linalg.noise_floor(values.size, float(positive[-1]),
+                                                        "float32"):
+        return "all eigenvalues are equal within rounding"
+    return "no xmin candidate meets the fit's constraints (see export_notes())"
+
+
+@kernel(produce_fields=("pl_fit_quality", "pl_fit_quality_reason"), undefined_inputs=True)
+def pl_fit_quality(
+    esd: np.ndarray,
+    pl_alpha: float,
+    pl_n_tail: float,
+    pl_ks_distance: float,
+    *,
+    min_tail: MinTail = 50,
+    alpha_max: Annotated[float, Range(gt=1.0)] | None = None,
+    short_tail: Annotated[int, Range(ge=2)] = 50,
+    max_ks: Annotated[float, Range(gt=0.0, le=1.0)] | None = None,
+) -> tuple[str, str]:
+    """How far to trust ``pl_alpha``: ``pl_fit_quality`` is ``"ok"``, ``"poor"`` or
+    ``"failed"``, ``pl_fit_quality_reason`` says why (empty when ok; reasons joined by
+    "; "). ``failed``: no power law was fitted (too few positive eigenvalues, all equal,
+    no candidate within the constraints, an undefined spectrum). ``poor`` when any of:
+    the tail has fewer than ``short_tail`` points (50: the reliability bound of
+    Clauset, Shalizi and Newman; the weightwatcher preset fits tails down to 5); xmin is
+    the largest candidate the search may take (the tail has exactly ``min_tail`` points:
+    the minimum sat on its bound); alpha is within 1% of ``alpha_max``; the KS distance
+    exceeds ``max_ks``, by default ``1.36 / sqrt(pl_n_tail)``, the 5% critical value of
+    the KS statistic for a sample of the tail's size (a rough bound: the xmin search
+    lowers D; ``pl_pvalue`` is the test). Runs also where the fit is undefined (it reads
+    the NaN).
+    ``min_tail`` and ``alpha_max`` should be power_law_fit's (the presets set both)."""
+    if not (isinstance(pl_alpha, float | int) and math.isfinite(pl_alpha)):
+        return "failed", _why_no_fit(esd, min_tail)
+    reasons = []
+    n_tail = int(pl_n_tail)
+    if n_tail < short_tail:
+        reasons.append(f"the tail has {n_tail} points, fewer than {short_tail}")
+    positive = int(np.count_nonzero(np.asarray(esd) > 0))
+    if n_tail == min_tail and positive > min_tail:
+        reasons.append(f"xmin is at the top of its range (the tail has exactly min_tail="
+                       f"{min_tail} points)")
+    if alpha_max is not None and pl_alpha >= 0.99 * alpha_max:
+        reasons.append(f"alpha {pl_alpha:.3g} is at its bound alpha_max={alpha_max:g}")
+    bound = 1.36 / math.sqrt(n_tail) if max_ks is None else max_ks
+    if pl_ks_distance > bound:
+        what = f"max_ks={max_ks:g}" if max_ks is not None else (
+            f"1.36 / sqrt({n_tail}) = {bound:.3f}, the 5% critical value")
+        reasons.append(f"KS distance {pl_ks_distance:.3f} is above {what}")
+    return ("poor", "; ".join(reasons)) if reasons else ("ok", "")
+
+
 @kernel(produce_fields=("pl_alpha_ci_low", "pl_alpha_ci_high"), execution_protocol=PARALLEL)
 def pl_alpha_ci(
     esd: np.ndarray,
@@ -460,8 +522,8 @@ def model_log_norm(svals: tuple[np.ndarray, ...]) -> float:
 
 
 ALL = (
-    power_law_fit, pl_alpha_ci, pl_alpha_hill, alpha_weighted, training_warning, log_alpha_norm,
-    truncated_power_law_fit,
+    power_law_fit, pl_fit_quality, pl_alpha_ci, pl_alpha_hill, alpha_weighted,
+    training_warning, log_alpha_norm, truncated_power_law_fit,
     exponential_fit, distribution_comparison, pl_pvalue, pl_concentration, tpl_concentration,
     exp_concentration, pl_presence, tpl_presence, exp_presence, tpl_scale, exp_scale,
     num_fingers, pl_alpha_norm, tpl_alpha_norm, model_pl_alpha_norm, model_tpl_alpha_norm,

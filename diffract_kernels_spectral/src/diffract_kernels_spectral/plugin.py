@@ -25,6 +25,7 @@ def _preset(*, min_tail: int, alpha_max: float | None, normalize: str, pvalue_xm
         "power_law_fit": fit,
         "pl_pvalue": {**fit, "xmin": pvalue_xmin},
         "pl_alpha_ci": fit,
+        "pl_fit_quality": fit,
         "truncated_power_law_fit": alternatives,
         "exponential_fit": alternatives,
     }

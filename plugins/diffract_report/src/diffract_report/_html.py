@@ -302,6 +302,11 @@ def _model_section(session: Any, root: Any, model_id: str, number: int, table: d
                         for r, c in record["undefined_reasons"].items())
         missing = record["undefined"] + record["failed"]
         parts.append(f"<p>No alpha for {missing} layer(s):</p><ul>{items}</ul>")
+    if record and record.get("poor_fits"):
+        items = "".join(f"<li>{c} &times; {_esc(r)}</li>"
+                        for r, c in record["poor_reasons"].items())
+        parts.append(f"<p id='poor-fits-{number}'>Poor power-law fits (pl_fit_quality) on "
+                     f"{record['poor_fits']} layer(s):</p><ul>{items}</ul>")
     params = {p.name: p for p in root.models.params(model_id)}
     known = set(session.compute.list_available_metrics())
     wanted = [f for f in (*ESD_FIELDS, *DEPTH_FIELDS) if f in known] if plots else []

@@ -20,8 +20,8 @@ from typing import Any
 from diffract.errors import InvalidArgumentError
 
 #: The WeightWatcher-like default set.
-DEFAULT_METRICS = ("pl_alpha", "alpha_weighted", "stable_rank", "log_norm", "spectral_norm",
-                   "mp_softrank", "num_spikes", "warning")
+DEFAULT_METRICS = ("pl_alpha", "pl_fit_quality", "alpha_weighted", "stable_rank", "log_norm",
+                   "spectral_norm", "mp_softrank", "num_spikes", "warning")
 
 #: Which distribution brings a field that is not installed (a hint, not a registry;
 #: tests/core/test_cli_analyze.py checks it against the installed packs).
@@ -38,8 +38,10 @@ PACK_OF = {
         "model_pl_alpha_norm", "model_tpl_alpha_norm", "mp_bulk_max", "mp_bulk_std",
         "mp_concentration", "mp_esd_max", "mp_esd_min", "mp_ks", "mp_num_spikes",
         "mp_presence", "mp_soft_rank", "mp_softrank", "mp_sval_max", "nuclear_norm",
-        "num_fingers", "num_pl_spikes", "num_spikes", "pl_alpha", "pl_alpha_norm",
-        "pl_concentration", "pl_ks_distance", "pl_n_tail", "pl_presence", "pl_pvalue",
+        "num_fingers", "num_pl_spikes", "num_spikes", "pl_alpha", "pl_alpha_ci_high",
+        "pl_alpha_ci_low", "pl_alpha_hill", "pl_alpha_norm", "pl_concentration",
+        "pl_fit_quality", "pl_fit_quality_reason", "pl_ks_distance", "pl_n_tail",
+        "pl_presence", "pl_pvalue",
         "pl_sigma", "pl_xmax", "pl_xmin", "rand_distance", "rank_loss", "spectral_norm",
         "squared_frob_norm",
         "stable_rank", "svals", "tpl_alpha", "tpl_alpha_norm", "tpl_concentration",

@@ -58,8 +58,10 @@ def summarize(
     and above 6 (likely under-trained), the layers where it is ``undefined`` (stored as
     NaN) or ``failed``, and their reasons grouped (``undefined_reasons``: reason ->
     count; reasons that differ only in their numbers are one group, shown by its first
-    reason), and ``conventions``: the presets in effect (``configure_conventions``),
-    comma-separated, or ``"custom"`` when the configuration matches none.
+    reason), ``poor_fits`` and ``poor_reasons`` (layers whose ``pl_fit_quality`` is
+    "poor", when stored, and their reasons grouped the same way), and ``conventions``:
+    the presets in effect (``configure_conventions``), comma-separated, or ``"custom"``
+    when the configuration matches none.
 
     Works in a view (``session.filter(...)``) on the parameters in scope. Fields that
     are not stored give None, not an error.
@@ -68,7 +70,8 @@ def summarize(
     in_scope = list(session.model_ids)
     ids = list(model_ids) if model_ids is not None else in_scope
     known = set(session.compute.list_available_metrics())
-    fields = [f for f in (alpha, weighted) if f in known]
+    fields = [f for f in (alpha, weighted, "pl_fit_quality", "pl_fit_quality_reason")
+              if f in known]
     table = results.export_metrics(*fields) if fields else {}
     notes = [n for n in results.export_notes() if n["kind"] in ("undefined", "failed")]
     producer = None
@@ -102,6 +105,17 @@ def summarize(
             group = _reason_key(n["reason"])
             shown.setdefault(group, n["reason"])
             reasons[group] += 1
+        poor: Counter[str] = Counter()
+        poor_shown: dict[str, str] = {}
+        poor_layers = 0
+        for r in rows.values():
+            if r.get("pl_fit_quality") != "poor":
+                continue
+            poor_layers += 1
+            for reason in str(r.get("pl_fit_quality_reason") or "").split("; "):
+                group = _reason_key(reason)
+                poor_shown.setdefault(group, reason)
+                poor[group] += 1
         count = len(defined)
         out.append({
             "model_id": model_id,
@@ -117,6 +131,8 @@ def summarize(
             "undefined": len(alphas) - count,  # stored as NaN, reasons recorded
             "failed": failed,
             "undefined_reasons": {shown[g]: c for g, c in reasons.most_common()},
+            "poor_fits": poor_layers,
+            "poor_reasons": {poor_shown[g]: c for g, c in poor.most_common()},
             "conventions": conventions,
         })
     return out
@@ -150,6 +166,14 @@ def summary_lines(record: Mapping[str, Any]) -> list[str]:
         more = len(record["undefined_reasons"]) - 5
         if more > 0:
             lines.append(f"    ... {more} more reason(s): results.export_notes() lists each")
+    if record.get("poor_fits"):
+        lines.append(f"  poor power-law fits (pl_fit_quality) on {record['poor_fits']} "
+                     "layer(s):")
+        for reason, count in list(record["poor_reasons"].items())[:5]:
+            lines.append(f"    {count} x {reason}")
+        more = len(record["poor_reasons"]) - 5
+        if more > 0:
+            lines.append(f"    ... {more} more: pl_fit_quality_reason has each layer's")
     return lines
 
 

@@ -406,7 +406,8 @@ class Runner(Inputs):
                 prepared.note(spec, unit, "skipped", str(got))
             elif isinstance(got, (UnreadableInput, BlockedInput)):
                 prepared.note(spec, unit, "failed", str(got))
-            elif (inherited := self._inherited_undefined(state, unit)) is not None:
+            elif not spec.undefined_inputs and (
+                    inherited := self._inherited_undefined(state, unit)) is not None:
                 self._undefined(prepared, spec, unit, inherited)
             else:
                 prepared.runnable.append((unit, got))

@@ -110,7 +110,10 @@ class KernelOptions:
     ``batch`` (a faster path for a whole chunk, see :class:`KernelSpec`), ``hints``
     (input field -> the distribution that produces it, named when it is missing) and
     ``aliases`` (another name -> one of the produced fields: apply, export, erase,
-    stale and provenance accept either; stored and computed under the field's own name).
+    stale and provenance accept either; stored and computed under the field's own name)
+    and ``undefined_inputs`` (True: the kernel runs also where an input is undefined,
+    receiving the stored NaN, e.g. to say how a fit failed; by default such a unit is
+    undefined with its input's reason, without running).
     """
 
     name: str | None = None
@@ -128,6 +131,7 @@ class KernelOptions:
     aliases: tuple[tuple[str, str], ...] | None = attrs.field(
         default=None, converter=lambda v: tuple(dict(v).items()) if v is not None else None
     )
+    undefined_inputs: bool | None = None
 
     @classmethod
     def of(cls, options: Mapping[str, Any], *, where: str) -> KernelOptions:
@@ -180,6 +184,7 @@ class KernelSpec:
     domains: tuple[tuple[str, Domain], ...] = attrs.field(default=(), repr=False)
     field_hints: tuple[tuple[str, str], ...] = attrs.field(default=(), repr=False)
     aliases: tuple[tuple[str, str], ...] = ()
+    undefined_inputs: bool = False
 
     @property
     def require_fields(self) -> tuple[str, ...]:
@@ -390,6 +395,7 @@ def _validate(
         domains=sig.domains,
         field_hints=opts.hints or (),
         aliases=opts.aliases or (),
+        undefined_inputs=bool(opts.undefined_inputs),
     )
 
 
@@ -398,7 +404,7 @@ def kernel(fn: F | None = None, /, **options: Any) -> Any:
 
     ``options`` are those of :class:`KernelOptions` (name, require_fields,
     produce_fields, apply_level, execution_protocol, restrictions, batch, hints,
-    aliases). A pack's
+    aliases, undefined_inputs). A pack's
     ``diffract_kernels`` hook then yields ``KernelSpec.from_function(fn)``. Usable bare
     (``@kernel``) or with options (``@kernel(apply_level=...)``).
     """
