@@ -347,32 +347,6 @@ def pl_alpha_ci(
     return ci.low, ci.high
 
 
-@kernel
-def pl_alpha_hill(esd: np.ndarray, *, k: Annotated[int, Range(ge=0)] = 0) -> float:
-    """Hill's estimator of the tail exponent on the top ``k`` eigenvalues, as AlphaPruning
-    and TempBalance compute their ``PL_Alpha_Hill``: with the positive eigenvalues
-    ascending ``lambda_1 <= ... <= lambda_n`` and ``lambda_min = lambda_(n-k+1)`` (the
-    smallest of the top k), ``alpha = 1 + k / sum_{i > n-k} ln(lambda_i / lambda_min)``.
-    ``k`` = 0 (default) takes half the spectrum, ``k = n - floor(n / 2)``; no xmin
-    search, so it is defined on spectra too short for ``pl_alpha`` and moves smoothly
-    with the weights (what a pruning or learning-rate schedule wants), but it is biased
-    where the top half is not a power law. Undefined with fewer than 2 positive
-    eigenvalues, or when the top k are all equal."""
-    values = _positive_part(esd)
-    n = values.size
-    top = n - n // 2 if k == 0 else k
-    if n < 2 or top < 2:
-        raise FieldUndefined(f"Hill's estimator needs at least 2 positive eigenvalues in its "
-                             f"top k (k={top}, {n} positive)")
-    if top > n:
-        raise FieldUndefined(f"k={top} is more than the {n} positive eigenvalues")
-    tail = values[n - top:]
-    spread = float(np.sum(np.log(tail / tail[0])))
-    if not spread > 0:
-        raise FieldUndefined(f"the top {top} eigenvalues are all equal: no tail to fit")
-    return 1.0 + top / spread
-
-
 # -- where the fitted tails lie --------------------------------------------------------------
 def _concentration(esd: np.ndarray, xmin: float) -> float:
     values = np.asarray(esd)
@@ -522,7 +496,7 @@ def model_log_norm(svals: tuple[np.ndarray, ...]) -> float:
 
 
 ALL = (
-    power_law_fit, pl_fit_quality, pl_alpha_ci, pl_alpha_hill, alpha_weighted,
+    power_law_fit, pl_fit_quality, pl_alpha_ci, alpha_weighted,
     training_warning, log_alpha_norm, truncated_power_law_fit,
     exponential_fit, distribution_comparison, pl_pvalue, pl_concentration, tpl_concentration,
     exp_concentration, pl_presence, tpl_presence, exp_presence, tpl_scale, exp_scale,

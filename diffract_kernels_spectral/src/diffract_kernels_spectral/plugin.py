@@ -9,9 +9,16 @@ from diffract.plugins import Conventions, KernelSpec, hookimpl
 
 @hookimpl
 def diffract_kernels() -> Iterator[KernelSpec]:
-    from diffract_kernels_spectral import kernels, kernels_fits, kernels_rmt, kernels_ww
+    from diffract_kernels_spectral import (
+        kernels,
+        kernels_fits,
+        kernels_pruning,
+        kernels_rmt,
+        kernels_ww,
+    )
 
-    for fn in (*kernels.ALL, *kernels_fits.ALL, *kernels_rmt.ALL, *kernels_ww.ALL):
+    for fn in (*kernels.ALL, *kernels_fits.ALL, *kernels_rmt.ALL, *kernels_ww.ALL,
+               *kernels_pruning.ALL):
         yield KernelSpec.from_function(fn)
 
 

@@ -39,7 +39,7 @@ PACK_OF = {
         "mp_concentration", "mp_esd_max", "mp_esd_min", "mp_ks", "mp_num_spikes",
         "mp_presence", "mp_soft_rank", "mp_softrank", "mp_sval_max", "nuclear_norm",
         "num_fingers", "num_pl_spikes", "num_spikes", "pl_alpha", "pl_alpha_ci_high",
-        "pl_alpha_ci_low", "pl_alpha_hill", "pl_alpha_norm", "pl_concentration",
+        "pl_alpha_ci_low", "pl_alpha_farms", "pl_alpha_hill", "pl_alpha_norm", "pl_concentration",
         "pl_fit_quality", "pl_fit_quality_reason", "pl_ks_distance", "pl_n_tail",
         "pl_presence", "pl_pvalue",
         "pl_sigma", "pl_xmax", "pl_xmin", "rand_distance", "rank_loss", "spectral_norm",
