@@ -219,3 +219,78 @@ class TestFarms:
         from diffract_kernels_spectral.kernels_pruning import farms_spectrum, pl_alpha_hill
 
         assert tall["pl_alpha_farms"] == pl_alpha_hill(farms_spectrum(g))
+
+
+class TestSchedule:
+    @staticmethod
+    def _model(rng):
+        out = {f"model.layers.{b}.{k}.weight": rng.standard_t(2 + b, (120, 80 + 20 * (k == "v")))
+               for b in range(4) for k in ("q", "v")}
+        out["model.layers.0.norm.weight"] = np.ones(80)  # 1-D: never scheduled
+        return out
+
+    def test_alphapruning_maps_alpha_linearly_and_keeps_the_overall_sparsity(self, rng):
+        model = self._model(rng)
+        with Session() as s:
+            s.models.add(model, model_id="m")
+            s.compute.apply("pl_alpha_hill")
+            alpha = {n: r["pl_alpha_hill"] for n, r in
+                     s.results.export_metrics("pl_alpha_hill")["m"].items()}
+            got = s.results.schedule("alphapruning", 0.7, epsilon=0.2)
+            blocks = s.results.schedule("alphapruning", 0.7, epsilon=0.2, by="block")
+        names = [n for n in model if model[n].ndim == 2]
+        assert sorted(got) == sorted(names)
+        a = np.array([alpha[n] for n in names])
+        sizes = np.array([model[n].size for n in names])
+        f = 0.8 + 0.4 * (a - a.min()) / (a.max() - a.min())
+        want = 0.7 * f * sizes.sum() / (f * sizes).sum()
+        np.testing.assert_allclose([got[n] for n in names], want, rtol=1e-12)
+        assert float(np.dot([got[n] for n in names], sizes) / sizes.sum()) == pytest.approx(0.7)
+        order = np.argsort(a)  # larger alpha (less trained): pruned more
+        assert np.all(np.diff(np.array([got[n] for n in names])[order]) >= 0)
+        assert max(got.values()) / min(got.values()) == pytest.approx(1.2 / 0.8)
+        for b in range(4):  # block-wise: one ratio per block, from the block's mean alpha
+            q, v = (blocks[f"model.layers.{b}.{k}.weight"] for k in ("q", "v"))
+            assert q == v
+
+    def test_bad_requests_say_what_to_do(self, rng):
+        from diffract.errors import InvalidArgumentError
+
+        with Session() as s:
+            s.models.add(self._model(rng), model_id="m")
+            with pytest.raises(InvalidArgumentError, match="has no stored 'pl_alpha_hill'"):
+                s.results.schedule("alphapruning", 0.7)
+            s.compute.apply("pl_alpha_hill")
+            with pytest.raises(InvalidArgumentError, match="choose a smaller epsilon"):
+                s.results.schedule("alphapruning", 0.9, epsilon=0.5)
+            with pytest.raises(InvalidArgumentError, match="sparsity must be between 0 and 1"):
+                s.results.schedule("alphapruning", 70)
+            with pytest.raises(InvalidArgumentError, match="Unknown schedule 'owl'"):
+                s.results.schedule("owl", 0.7)
+            s.models.add({"w": np.ones((4, 4))}, model_id="n")
+            with pytest.raises(InvalidArgumentError, match="pass model_id="):
+                s.results.schedule("alphapruning", 0.7)
+            assert len(s.results.schedule("alphapruning", 0.7, model_id="m")) == 8
+
+
+def test_analyze_writes_the_schedule_the_api_computes(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(2)
+    np.savez(tmp_path / "m.npz", **TestSchedule._model(rng))
+    run = subprocess.run([sys.executable, "-m", "diffract.cli", "analyze", str(tmp_path / "m.npz"),
+                          "--schedule", "alphapruning", "--sparsity", "0.6", "--epsilon", "0.25",
+                          "--schedule-by", "block", "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    written = json.loads((tmp_path / "out" / "sparsity.json").read_text())
+    with Session() as s:
+        s.models.add(tmp_path / "m.npz", model_id="m")
+        s.compute.apply("pl_alpha_hill")
+        assert written == s.results.schedule("alphapruning", 0.6, epsilon=0.25, by="block")
+    bad = subprocess.run([sys.executable, "-m", "diffract.cli", "analyze", str(tmp_path / "m.npz"),
+                          "--schedule", "alphapruning"], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert bad.returncode == 2 and "--schedule needs --sparsity S" in bad.stderr

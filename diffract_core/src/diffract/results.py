@@ -192,6 +192,20 @@ class ResultsAPI(ScopedAPI):
 
         return trajectory(self, self._canonical(field), by)
 
+    def schedule(self, method: str = "alphapruning", sparsity: float = 0.7, *,
+                 metric: str | None = None, epsilon: float = 0.3, by: str = "layer",
+                 model_id: str | None = None) -> dict[str, float]:
+        """A per-layer allocation from a stored metric, keyed by parameter name (the
+        model's matrices in scope). ``"alphapruning"``: AlphaPruning's layer-wise
+        sparsity, ``metric`` (default ``pl_alpha_hill``) mapped linearly onto ``sparsity
+        x [1 - epsilon, 1 + epsilon]`` and rescaled so that the model's overall
+        sparsity, weighted by the layers' sizes, is ``sparsity``; ``by="block"`` averages
+        the metric per transformer block first. See :mod:`diffract.schedule`."""
+        from diffract.schedule import schedule
+
+        return schedule(self, method, sparsity, metric=metric and self._canonical(metric),
+                        epsilon=epsilon, by=by, model_id=model_id)
+
     # -- aggregates -------------------------------------------------------------------
     def _aggregate_items(self, fields: tuple[str, ...]) -> dict[str, Any]:
         store = self._session.store

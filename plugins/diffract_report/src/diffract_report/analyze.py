@@ -42,6 +42,22 @@ def configure_analyze(p: argparse.ArgumentParser) -> None:
                         "file, or module:factory returning an nn.Module")
     p.add_argument("--metrics", metavar="a,b,...",
                    help=f"fields to compute (default: {','.join(DEFAULT_METRICS)})")
+    p.add_argument("--schedule", choices=["alphapruning"],
+                   help="write per-layer sparsity ratios (JSON keyed by parameter name): "
+                        "alphapruning maps each layer's --schedule-metric onto sparsity x "
+                        "[1 - eps, 1 + eps], the overall sparsity kept")
+    p.add_argument("--sparsity", type=float, default=None, metavar="S",
+                   help="the model's overall sparsity for --schedule (e.g. 0.7)")
+    p.add_argument("--epsilon", type=float, default=0.3, metavar="EPS",
+                   help="--schedule's spread: each layer gets about S x (1 +- EPS) "
+                        "(default 0.3)")
+    p.add_argument("--schedule-metric", default="pl_alpha_hill", metavar="FIELD",
+                   help="the metric --schedule maps (default pl_alpha_hill, AlphaPruning's)")
+    p.add_argument("--schedule-by", choices=["layer", "block"], default="layer",
+                   help="block: average the metric over each transformer block first")
+    p.add_argument("--schedule-file", metavar="PATH",
+                   help="where the ratios go (default sparsity.json, sparsity-<model>.json "
+                        "for several models; in --out when given)")
     add_session_arguments(p)
 
 
@@ -53,6 +69,16 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                if m.strip()]
     if not metrics:
         raise UsageError("--metrics is empty; name at least one field.")
+    if getattr(args, "schedule", None):
+        if args.sparsity is None:
+            raise UsageError("--schedule needs --sparsity S (the model's overall share of "
+                             "weights pruned, e.g. 0.7).")
+        if not 0.0 < args.sparsity < 1.0:
+            raise UsageError(f"--sparsity must be between 0 and 1, got {args.sparsity:g}.")
+        if not 0.0 <= args.epsilon < 1.0:
+            raise UsageError(f"--epsilon must be in [0, 1), got {args.epsilon:g}.")
+    elif getattr(args, "sparsity", None) is not None:
+        raise UsageError("--sparsity is for --schedule: add --schedule alphapruning.")
     inputs = model_inputs(args.paths)
     session = open_session(args)
     with session:
@@ -62,6 +88,9 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
         view = scope(session, model_ids, args)
         interactive = sys.stderr.isatty() and not args.quiet
         wanted = list(metrics)
+        if getattr(args, "schedule", None):
+            check_metrics(session, [args.schedule_metric])
+            wanted.append(args.schedule_metric)
         if (args.plot or args.report) and "esd" in session.compute.list_available_metrics():
             wanted.append("esd")  # the ESD plots draw it
         try:
@@ -99,6 +128,8 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                         number, model_id): bar(SimpleNamespace(
                             step=n[0], steps=len(model_ids), kernel=f"ESD plots of {n[1]}",
                             done=done, total=total)))
+        if getattr(args, "schedule", None):
+            written += _write_schedules(view, model_ids, args)
         if args.report:
             from diffract_report.report import write_html
 
@@ -113,6 +144,33 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
             return EXIT_FAILED
         tell(f"done in {time.perf_counter() - started:.1f} s")
     return EXIT_OK
+
+
+def _write_schedules(view: object, model_ids: list[str], args: argparse.Namespace) -> list:
+    """One JSON file of sparsity ratios per model (see diffract.schedule)."""
+    import json
+    from pathlib import Path
+
+    from diffract.errors import InvalidArgumentError
+
+    written = []
+    for model_id in model_ids:
+        try:
+            ratios = view.results.schedule(  # type: ignore[attr-defined]
+                args.schedule, args.sparsity, metric=args.schedule_metric,
+                epsilon=args.epsilon, by=args.schedule_by, model_id=model_id)
+        except InvalidArgumentError as exc:
+            raise UsageError(str(exc)) from None
+        name = args.schedule_file or ("sparsity.json" if len(model_ids) == 1
+                                      else f"sparsity-{model_id}.json")
+        if args.schedule_file and len(model_ids) > 1:
+            path = Path(name)
+            name = f"{path.stem}-{model_id}{path.suffix or '.json'}"
+        path = Path(args.out) / name if args.out and not Path(name).is_absolute() else Path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(ratios, indent=1) + "\n")
+        written.append(path)
+    return written
 
 
 def command_entry(command: str, run: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
