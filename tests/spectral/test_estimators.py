@@ -294,3 +294,68 @@ def test_analyze_writes_the_schedule_the_api_computes(tmp_path):
                           "--schedule", "alphapruning"], capture_output=True, text=True,
                          cwd=tmp_path)
     assert bad.returncode == 2 and "--schedule needs --sparsity S" in bad.stderr
+
+
+class TestFitQualityPValue:
+    def test_a_stored_p_value_below_p_min_makes_the_fit_poor(self):
+        esd = np.linspace(0.1, 10.0, 400)
+        fit = {"esd": esd, "pl_alpha": 2.5, "pl_n_tail": 150, "pl_ks_distance": 0.05}
+        got = TestFitQuality._quality({"low": {**fit, "pl_pvalue": 0.03},
+                                       "high": {**fit, "pl_pvalue": 0.4}, "none": fit})
+        assert got["low"] == ("poor", "the bootstrap p-value 0.03 is below p_min=0.1: the "
+                                      "power law is ruled out")
+        assert got["high"] == ("ok", "") and got["none"] == ("ok", "")
+
+    def test_the_p_value_is_read_when_computed_never_computed_for_it(self, rng):
+        """pl_pvalue is an optional input: not computed by asking for the quality; asked
+        for in the same apply (in any order) it is computed first and read; computed
+        later, the quality is stale and recompute='stale' reads it."""
+        model = {"mp": rng.standard_normal((400, 200))}  # a Marchenko-Pastur ESD
+        with Session() as s:
+            s.models.add(model, model_id="m")
+            s.compute.configure_kernel("pl_pvalue", n_replicates=30)
+            try:
+                s.compute.apply("pl_fit_quality")
+                assert "pl_pvalue" not in s.results.export_metrics()["m"]["mp"]
+                before = s.results.export_metrics("pl_fit_quality_reason")["m"]["mp"]
+                assert "p-value" not in before["pl_fit_quality_reason"]
+                s.compute.apply("pl_pvalue")
+                stale = [r["kernel"] for r in s.results.stale("pl_fit_quality")]
+                assert stale == ["pl_fit_quality"]
+                s.compute.apply("pl_fit_quality", recompute="stale")
+                row = s.results.export_metrics("pl_pvalue", "pl_fit_quality",
+                                               "pl_fit_quality_reason")["m"]["mp"]
+            finally:
+                s.registry.reset_configuration()
+        assert row["pl_pvalue"] < 0.1 and row["pl_fit_quality"] == "poor"
+        assert "bootstrap p-value" in row["pl_fit_quality_reason"]
+        with Session() as s:  # both in one apply, the quality asked for first
+            s.models.add(model, model_id="m")
+            s.compute.configure_kernel("pl_pvalue", n_replicates=30)
+            try:
+                s.compute.apply("pl_fit_quality", "pl_pvalue")
+                again = s.results.export_metrics("pl_fit_quality_reason")["m"]["mp"]
+            finally:
+                s.registry.reset_configuration()
+        assert again["pl_fit_quality_reason"] == row["pl_fit_quality_reason"]
+
+
+def test_optional_inputs_must_be_inputs_of_a_parameter_kernel():
+    from diffract import KernelApplyLevel, kernel
+    from diffract.errors import KernelDefinitionError
+    from diffract.plugins import KernelSpec
+
+    @kernel(optional_inputs=("other",))
+    def reads(esd: np.ndarray) -> float:
+        return 0.0
+
+    with pytest.raises(KernelDefinitionError, match=r"optional_inputs \['other'\] are not "
+                                                     r"among its input fields"):
+        KernelSpec.from_function(reads)
+
+    @kernel(optional_inputs=("esd",), apply_level=KernelApplyLevel.IN_MODEL)
+    def whole(esd: tuple) -> float:
+        return 0.0
+
+    with pytest.raises(KernelDefinitionError, match="optional_inputs are for PARAMETER"):
+        KernelSpec.from_function(whole)

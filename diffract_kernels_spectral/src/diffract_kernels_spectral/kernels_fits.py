@@ -264,17 +264,20 @@ def _why_no_fit(esd: object, min_tail: int) -> str:
     return "no xmin candidate meets the fit's constraints (see export_notes())"
 
 
-@kernel(produce_fields=("pl_fit_quality", "pl_fit_quality_reason"), undefined_inputs=True)
+@kernel(produce_fields=("pl_fit_quality", "pl_fit_quality_reason"), undefined_inputs=True,
+        optional_inputs=("pl_pvalue",))
 def pl_fit_quality(
     esd: np.ndarray,
     pl_alpha: float,
     pl_n_tail: float,
     pl_ks_distance: float,
+    pl_pvalue: float,
     *,
     min_tail: MinTail = 50,
     alpha_max: Annotated[float, Range(gt=1.0)] | None = None,
     short_tail: Annotated[int, Range(ge=2)] = 50,
     max_ks: Annotated[float, Range(gt=0.0, le=1.0)] | None = None,
+    p_min: Annotated[float, Range(ge=0.0, le=1.0)] = 0.1,
 ) -> tuple[str, str]:
     """How far to trust ``pl_alpha``: ``pl_fit_quality`` is ``"ok"``, ``"poor"`` or
     ``"failed"``, ``pl_fit_quality_reason`` says why (empty when ok; reasons joined by
@@ -286,8 +289,11 @@ def pl_fit_quality(
     the minimum sat on its bound); alpha is within 1% of ``alpha_max``; the KS distance
     exceeds ``max_ks``, by default ``1.36 / sqrt(pl_n_tail)``, the 5% critical value of
     the KS statistic for a sample of the tail's size (a rough bound: the xmin search
-    lowers D; ``pl_pvalue`` is the test). Runs also where the fit is undefined (it reads
-    the NaN).
+    lowers D; ``pl_pvalue`` is the test); the bootstrap p-value is below ``p_min`` (0.1,
+    CSN's threshold for ruling the power law out), where ``pl_pvalue`` is stored: it is
+    an optional input, read when computed (ask for both, or apply pl_pvalue and then
+    ``recompute="stale"``), never computed for this. Runs also where the fit is
+    undefined (it reads the NaN).
     ``min_tail`` and ``alpha_max`` should be power_law_fit's (the presets set both)."""
     if not (isinstance(pl_alpha, float | int) and math.isfinite(pl_alpha)):
         return "failed", _why_no_fit(esd, min_tail)
@@ -306,6 +312,9 @@ def pl_fit_quality(
         what = f"max_ks={max_ks:g}" if max_ks is not None else (
             f"1.36 / sqrt({n_tail}) = {bound:.3f}, the 5% critical value")
         reasons.append(f"KS distance {pl_ks_distance:.3f} is above {what}")
+    if isinstance(pl_pvalue, float | int) and pl_pvalue < p_min:  # NaN: not computed
+        reasons.append(f"the bootstrap p-value {pl_pvalue:.2f} is below p_min={p_min:g}: "
+                       "the power law is ruled out")
     return ("poor", "; ".join(reasons)) if reasons else ("ok", "")
 
 

@@ -3,6 +3,7 @@ and why an input is absent (skipped upstream, failed upstream, undefined)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -120,7 +121,12 @@ class Inputs:
         for arg, field in spec.inputs:
             plevel = state.producers.get(field, ("", KernelApplyLevel.PARAMETER))[1]
             if spec.apply_level is KernelApplyLevel.PARAMETER:
-                inputs[arg] = self._read(state, field, unit.models[0], unit.param, lazy)
+                try:
+                    inputs[arg] = self._read(state, field, unit.models[0], unit.param, lazy)
+                except MissingInput:
+                    if field not in spec.optional_inputs:
+                        raise
+                    inputs[arg] = math.nan  # an optional input not stored here
             elif spec.apply_level is KernelApplyLevel.IN_MODEL:
                 (model_id,) = unit.models
                 if plevel is KernelApplyLevel.PARAMETER:

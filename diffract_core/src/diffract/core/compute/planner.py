@@ -98,6 +98,7 @@ def resolve(fields: Iterable[str], registry: KernelRegistry) -> list[KernelSpec]
             hint = (f"{field!r} is a kernel; request the field(s) it produces: "
                     f"{', '.join(repr(f) for f in outputs)}.")
         raise UnknownFieldError(field, known, hint=hint)
+    asked = set(fields)
     order: list[KernelSpec] = []
     done: set[str] = set()
     path: list[tuple[str, str]] = []  # (kernel, field that led to it)
@@ -122,6 +123,8 @@ def resolve(fields: Iterable[str], registry: KernelRegistry) -> list[KernelSpec]
             raise DependencyCycleError([f for _, f in path[start:]] + [field])
         path.append((spec.name, field))
         for needed in spec.require_fields:
+            if needed in spec.optional_inputs and needed not in asked:
+                continue  # read where stored, never computed for this kernel
             visit(needed, spec.name)
         path.pop()
         done.add(spec.name)

@@ -111,9 +111,11 @@ class KernelOptions:
     (input field -> the distribution that produces it, named when it is missing) and
     ``aliases`` (another name -> one of the produced fields: apply, export, erase,
     stale and provenance accept either; stored and computed under the field's own name)
-    and ``undefined_inputs`` (True: the kernel runs also where an input is undefined,
+    ``undefined_inputs`` (True: the kernel runs also where an input is undefined,
     receiving the stored NaN, e.g. to say how a fit failed; by default such a unit is
-    undefined with its input's reason, without running).
+    undefined with its input's reason, without running) and ``optional_inputs`` (input
+    fields read where they are stored and NaN elsewhere: never computed for this kernel,
+    only ordered before it when the same apply asks for them; PARAMETER kernels).
     """
 
     name: str | None = None
@@ -132,6 +134,8 @@ class KernelOptions:
         default=None, converter=lambda v: tuple(dict(v).items()) if v is not None else None
     )
     undefined_inputs: bool | None = None
+    optional_inputs: tuple[str, ...] | None = attrs.field(default=None,
+                                                         converter=_tuple_or_none)
 
     @classmethod
     def of(cls, options: Mapping[str, Any], *, where: str) -> KernelOptions:
@@ -185,6 +189,7 @@ class KernelSpec:
     field_hints: tuple[tuple[str, str], ...] = attrs.field(default=(), repr=False)
     aliases: tuple[tuple[str, str], ...] = ()
     undefined_inputs: bool = False
+    optional_inputs: tuple[str, ...] = ()
 
     @property
     def require_fields(self) -> tuple[str, ...]:
@@ -367,6 +372,15 @@ def _validate(
         )
     produce = opts.produce_fields or (name,)
     _check_fields(name, fields, produce)
+    optional = tuple(opts.optional_inputs or ())
+    if set(optional) - set(fields):
+        raise KernelDefinitionError(
+            f"Kernel {name!r}: optional_inputs {sorted(set(optional) - set(fields))} are not "
+            f"among its input fields {tuple(fields)}.", kernel=name)
+    if optional and (opts.apply_level or KernelApplyLevel.PARAMETER) is not (
+            KernelApplyLevel.PARAMETER):
+        raise KernelDefinitionError(
+            f"Kernel {name!r}: optional_inputs are for PARAMETER kernels.", kernel=name)
     _check_aliases(name, opts.aliases or (), produce)
     _check_kinds(name, fn, opts)
     bad_defaults = sorted(
@@ -396,6 +410,7 @@ def _validate(
         field_hints=opts.hints or (),
         aliases=opts.aliases or (),
         undefined_inputs=bool(opts.undefined_inputs),
+        optional_inputs=optional,
     )
 
 
@@ -404,7 +419,7 @@ def kernel(fn: F | None = None, /, **options: Any) -> Any:
 
     ``options`` are those of :class:`KernelOptions` (name, require_fields,
     produce_fields, apply_level, execution_protocol, restrictions, batch, hints,
-    aliases, undefined_inputs). A pack's
+    aliases, undefined_inputs, optional_inputs). A pack's
     ``diffract_kernels`` hook then yields ``KernelSpec.from_function(fn)``. Usable bare
     (``@kernel``) or with options (``@kernel(apply_level=...)``).
     """
