@@ -171,12 +171,16 @@ class TestBadInput:
             notes = _notes(session)
         assert report.ok and len(fields) > 20
         n, m = shape[0], math.prod(shape[1:])
-        # what reads only the shape is defined: the sizes, and the ESD factor
-        sizes = {"esd_scale": 1.0, "greater_dim": max(n, m), "lower_dim": min(n, m)}
+        # what reads only the shape is defined: the sizes, and the ESD factor; the fit's
+        # quality says it failed
+        sizes = {"esd_scale": 1.0, "greater_dim": max(n, m), "lower_dim": min(n, m),
+                 "pl_fit_quality": "failed"}
         for field in fields:
             value = rows["empty"][field]
             if field in sizes:
                 assert value == sizes[field], field
+            elif field == "pl_fit_quality_reason":
+                assert value.startswith("the spectrum is undefined"), value
             else:
                 assert np.all(np.isnan(value)), (field, value)
         assert notes[("esd", "m/empty")] == (

@@ -51,19 +51,19 @@ class TestStale:
             s.models.add(_model(rng), model_id="m")
             s.compute.apply("stable_rank", "pl_alpha", "frob_norm")
             assert s.results.stale() == []
-            s.compute.configure_kernel("esd", precision="float64")
+            s.compute.configure_kernel("esd", precision="float32")
             try:
                 stale = s.results.stale()
             finally:
-                s.compute.configure_kernel("esd", precision="float32")
+                s.compute.configure_kernel("esd", precision="float64")
             assert s.results.stale() == []  # back to the recorded configuration
         kernels = sorted({(r["kernel"], r["unit"]) for r in stale})
         assert kernels == sorted((k, f"m/{p}") for k in ("esd", "stable_rank", "power_law_fit")
                                  for p in ("w", "v"))
         reasons = {(r["kernel"], r["unit"]): r["reason"] for r in stale}
         assert reasons[("esd", "m/w")] == ("the configuration of 'esd' changed from "
-                                           '{"device": "auto", "precision": "float32"} to '
-                                           '{"device": "auto", "precision": "float64"}')
+                                           '{"device": "auto", "precision": "float64"} to '
+                                           '{"device": "auto", "precision": "float32"}')
         assert reasons[("stable_rank", "m/w")].startswith("input 'esd' is stale: the configuration")
 
     def test_recompute_stale_recomputes_exactly_those_units(self, open_session, rng):

@@ -195,13 +195,13 @@ class ResultsAPI(ScopedAPI):
     def schedule(self, method: str = "alphapruning", sparsity: float = 0.7, *,
                  metric: str | None = None, epsilon: float = 0.3, by: str = "layer",
                  model_id: str | None = None) -> dict[str, float]:
-        """A per-layer allocation from a stored metric, keyed by parameter name (the
-        model's matrices in scope). ``"alphapruning"``: AlphaPruning's layer-wise
-        sparsity, ``metric`` (default ``pl_alpha_hill``) mapped linearly onto ``sparsity
-        x [1 - epsilon, 1 + epsilon]`` and rescaled so that the model's overall
-        sparsity, weighted by the layers' sizes, is ``sparsity``; ``by="block"`` averages
-        the metric per transformer block first. See :mod:`diffract.schedule`."""
-        from diffract.schedule import schedule
+        """Per-layer sparsity from a stored metric, by parameter name: AlphaPruning's
+        mapping, see :mod:`diffract_kernels_spectral.schedule` (the spectral pack)."""
+        try:
+            from diffract_kernels_spectral.schedule import schedule
+        except ImportError:
+            raise InvalidArgumentError("Schedules come with the spectral pack: pip install "
+                                       "diffract-kernels-spectral.") from None
 
         return schedule(self, method, sparsity, metric=metric and self._canonical(metric),
                         epsilon=epsilon, by=by, model_id=model_id)

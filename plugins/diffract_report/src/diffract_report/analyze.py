@@ -147,7 +147,7 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
 
 
 def _write_schedules(view: object, model_ids: list[str], args: argparse.Namespace) -> list:
-    """One JSON file of sparsity ratios per model (see diffract.schedule)."""
+    """One JSON file of sparsity ratios per model (see diffract_kernels_spectral.schedule)."""
     import json
     from pathlib import Path
 

@@ -51,8 +51,11 @@ class Range:
         )
 
     def describe(self) -> str:
+        """The bounds in words, each number in its shortest form: typing caches
+        ``Annotated[float, Range(gt=0, le=1)]`` by equality, so a kernel may receive the
+        equal ``Range(gt=0.0, le=1.0)`` another module spelled first."""
         parts = [
-            f"{op} {bound}"
+            f"{op} {bound:g}"
             for op, bound in ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
             if bound is not None
         ]

@@ -1,5 +1,5 @@
-"""Per-layer allocations from a stored metric: ``session.results.schedule(...)`` and
-``diffract analyze --schedule``.
+"""Per-layer allocations from a stored metric: what ``session.results.schedule(...)``
+and ``diffract analyze --schedule`` compute.
 
 ``alphapruning`` is the layer-wise sparsity of AlphaPruning (Lu et al., NeurIPS 2024):
 layers whose ESD is less heavy-tailed (larger alpha: less trained, so less to lose) are
