@@ -138,3 +138,28 @@ def test_every_path_gives_the_sequential_bits(runs, path):
     reference = runs["sequential"]
     assert len(reference) == 10 * len(FIELDS)
     assert _differences(runs[path], reference) == []
+
+
+def test_the_first_apply_of_a_process_equals_a_later_one(tmp_path):
+    """Within one process: the first apply (BLAS and the pools starting) and a later
+    one, in a second session, give the same bits."""
+    _model(tmp_path / "m.npz")
+    script = tmp_path / "twice.py"
+    script.write_text(
+        "import sys, numpy as np\n"
+        "from diffract import Session\n"
+        f"fields = {list(FIELDS)!r}\n"
+        "runs = []\n"
+        "for _ in range(2):\n"
+        "    with Session() as s:\n"
+        "        s.models.add(sys.argv[1], model_id='m')\n"
+        "        s.compute.configure_kernel('pl_pvalue', n_replicates=12, seed=7)\n"
+        "        s.compute.apply(*fields)\n"
+        "        rows = s.results.export_metrics(*fields, include_arrays=True)['m']\n"
+        "        runs.append({(p, f): np.asarray(v).tobytes() for p, r in rows.items()\n"
+        "                     for f, v in r.items()})\n"
+        "print('SAME' if runs[0] == runs[1] else 'DIFFERENT', len(runs[0]))\n")
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "m.npz")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["SAME", str(10 * len(FIELDS))]
