@@ -60,3 +60,44 @@ def test_fixed_xmin_pvalue_equals_an_independent_computation(seed, shape, monkey
     np.testing.assert_allclose(seen, want, rtol=1e-12, atol=0)
     hits = sum(d >= fit.ks_distance for d in want)
     assert (got.p, got.replicates) == (hits / len(want), len(want))
+
+
+_TWO_THREADS = r"""
+import threading, numpy as np
+from diffract_kernels_spectral.fitting import fit_power_law
+from diffract_kernels_spectral.significance import power_law_pvalue
+
+rng = np.random.default_rng(0)
+spectra = [np.linalg.eigvalsh((lambda w: w @ w.T)(rng.standard_t(3, (384, 512))))
+           for _ in range(2)]
+fits = [fit_power_law(x, fit_method="powerlaw") for x in spectra]  # Taichi not started
+gate, results = threading.Barrier(2), []
+
+def run(i):
+    gate.wait()
+    try:
+        results.append(power_law_pvalue(spectra[i], fit=fits[i], n_replicates=8).replicates)
+    except Exception as exc:
+        results.append(repr(exc))
+
+threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(results)
+"""
+
+
+def test_taichi_started_by_two_threads_at_once_on_a_fresh_cache(tmp_path):
+    """Two solver threads starting Taichi and compiling its kernels side by side (a
+    fresh offline cache, so they compile) crashed one fit with Taichi's main-thread
+    assertion; the kernels are now compiled once, under the start-up lock."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("taichi")
+    env = dict(os.environ, TI_OFFLINE_CACHE_FILE_PATH=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-c", _TWO_THREADS], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[8, 8]", done.stdout

@@ -39,6 +39,23 @@ def _start(ti: Any) -> None:
             ti.init(arch=ti.cpu, default_fp=ti.f64, log_level=ti.ERROR, offline_cache=True)
 
 
+def _warm_up(tk: Any) -> None:
+    """Compile and launch each kernel once on a 3-point data set, here, under the lock.
+    Taichi builds its runtime (and each kernel's code) on first launch, and asserts that
+    this happens on the thread that started it: two solver threads compiling their first
+    kernels side by side killed the fit with "Assertion failure: std::this_thread::get_id()
+    == main_thread_id_" (seen on a fresh offline cache: a warm one skips compiling)."""
+    import numpy as np
+
+    logx = np.array([0.0, 0.5, 1.0])
+    first = np.arange(3, dtype=np.int32)
+    starts, ends = np.zeros(1, dtype=np.int32), np.full(1, 3, dtype=np.int32)
+    alphas, stops = np.full(1, 2.0), np.full(1, np.inf)
+    lower, upper, out = np.zeros(1), np.zeros(1), np.zeros(1)
+    tk.ks_bounds(logx, first, starts, ends, alphas, 1, stops, lower, upper)
+    tk.ks_exact(logx, first, starts, ends, alphas, 1, stops, out)
+
+
 def kernels() -> SimpleNamespace:
     """The compiled kernels; raises FitUnavailableError when taichi cannot run."""
     if _STATE["kernels"] is not None:
@@ -54,6 +71,7 @@ def kernels() -> SimpleNamespace:
                 _start(ti)
                 from diffract_kernels_spectral import _taichi_kernels as tk
 
+                _warm_up(tk)
                 _STATE["kernels"] = SimpleNamespace(ks_bounds=tk.ks_bounds, ks_exact=tk.ks_exact)
             except ImportError as exc:
                 _STATE["error"] = (
