@@ -6,7 +6,7 @@ shards with an index and a ``config.json``; random weights with heavy-tailed spe
 (Gaussian matrices whose columns are scaled by Pareto factors). Then, each in a fresh
 process, times ``diffract analyze`` with the default metrics, with ``--views heads``, and
 on a 2-worker Dask LocalCluster, printing per run: wall time, core-seconds per matrix
-against the numpy floor (the esd kernel's method, float32 Gram + eigh on one core, timed
+against the numpy floor (the esd kernel's default method, float64 Gram + eigh on one core, timed
 here on each shape), peak RSS and bytes read (``/proc/self/io`` rchar). WeightWatcher's
 analyze() runs on the same checkpoint when it is installed and ``--ww`` is given (it holds
 the whole model in memory as float32).
@@ -103,7 +103,7 @@ def build(root: Path) -> None:
 
 
 def floor() -> dict[tuple[int, int], float]:
-    """Seconds of the esd kernel's method (float32 Gram + eigh) on one core, per shape."""
+    """Seconds of the esd kernel's default method (float64 Gram + eigh) on one core, per shape."""
     import numpy as np
     from threadpoolctl import threadpool_limits
 

@@ -86,6 +86,29 @@ def noise_floor(k: int, lambda_max: float, precision: str) -> float:
     return k * float(np.finfo(_PRECISIONS[precision]).eps) * lambda_max
 
 
+#: Bytes of the widest block of a matrix converted at a time for its Gram product.
+GRAM_BLOCK_BYTES = 64 << 20
+
+
+def _gram(w: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The smaller Gram matrix (``W W^T`` or ``W^T W``) in ``dtype``. A matrix whose
+    converted copy would exceed GRAM_BLOCK_BYTES is converted block by block along its
+    long side and the blocks' products summed: an embedding of 100,352 x 2048 float32
+    values would otherwise need a 1.6 GB float64 copy. The blocks depend on the shape
+    only, so a matrix always gets the same bits."""
+    a = w if w.shape[0] <= w.shape[1] else w.T  # short x long
+    short, long = a.shape
+    if a.dtype == dtype or short * long * dtype.itemsize <= GRAM_BLOCK_BYTES:
+        a = a.astype(dtype, copy=False)
+        return a @ a.T
+    step = max(1, GRAM_BLOCK_BYTES // (short * dtype.itemsize))
+    gram = np.zeros((short, short), dtype=dtype)
+    for start in range(0, long, step):
+        block = a[:, start:start + step].astype(dtype)
+        gram += block @ block.T
+    return gram
+
+
 def esd(weights: np.ndarray, precision: str = "float64") -> np.ndarray:
     """Eigenvalues of the smaller Gram matrix, ascending, float64; noise set to 0.
 
@@ -110,10 +133,8 @@ def esd(weights: np.ndarray, precision: str = "float64") -> np.ndarray:
     if abs(exponent) > _SAFE_EXPONENT:  # rescale exactly by a power of two
         scale = float(np.ldexp(1.0, exponent))
         w = w / scale
-    w = w.astype(_PRECISIONS[precision], copy=False)
-    a = w if w.shape[0] <= w.shape[1] else w.T
     with one_blas_thread():
-        gram = a @ a.T
+        gram = _gram(w, np.dtype(_PRECISIONS[precision]))
         values = eigh(gram, eigvals_only=True, driver="evr", check_finite=False,
                       overwrite_a=True)
     values = np.sort(values.astype(np.float64)) * scale**2
