@@ -150,6 +150,17 @@ def same(a: dict, b: dict) -> bool:
     return a["metrics"].keys() == b["metrics"].keys()
 
 
+def _reads(session, first: str) -> dict:
+    """The timed reads of one session (every checkpoint, and the first alone)."""
+    one = session.filter(model_ids=[first])
+    return {
+        "export 3 fields, 20 x 48 matrices": lambda: session.results.export_metrics(*FIELDS),
+        "export 3 fields, 48 matrices": lambda: one.results.export_metrics(*FIELDS),
+        "trajectory(pl_alpha), 20 x 48": lambda: session.results.trajectory("pl_alpha"),
+        "to_pandas 3 fields, 20 x 48": lambda: session.results.to_pandas(*FIELDS),
+    }
+
+
 def read_back(store: Path, repeats: int) -> list[list]:
     from diffract import Session
 
@@ -157,22 +168,10 @@ def read_back(store: Path, repeats: int) -> list[list]:
     opened, session = median_time(lambda: Session(profile="local", path=store), 1)
     with session as s:
         first = s.models.ordered()[0]
-        one = s.filter(model_ids=[first])
-        runs = {
-            "export 3 fields, 20 x 48 matrices": lambda: s.results.export_metrics(*FIELDS),
-            "export 3 fields, 48 matrices": lambda: one.results.export_metrics(*FIELDS),
-            "trajectory(pl_alpha), 20 x 48": lambda: s.results.trajectory("pl_alpha"),
-            "to_pandas 3 fields, 20 x 48": lambda: s.results.to_pandas(*FIELDS),
-        }
+        runs = _reads(s, first)
         with Session(profile="ram") as ram:
             ram.merge(s)
-            ram_one = ram.filter(model_ids=[first])
-            ram_runs = {
-                "export 3 fields, 20 x 48 matrices": lambda: ram.results.export_metrics(*FIELDS),
-                "export 3 fields, 48 matrices": lambda: ram_one.results.export_metrics(*FIELDS),
-                "trajectory(pl_alpha), 20 x 48": lambda: ram.results.trajectory("pl_alpha"),
-                "to_pandas 3 fields, 20 x 48": lambda: ram.results.to_pandas(*FIELDS),
-            }
+            ram_runs = _reads(ram, first)
             for name, fn in runs.items():
                 cold = median_time(fn, 1)[0]
                 warm = median_time(fn, repeats)[0]

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from diffract.errors import ModelSourceError
-from diffract.plugins import CheckpointReader, TensorEntry, to_slices
+from diffract.plugins import CheckpointReader, TensorEntry
+from diffract_formats._common import error, kernel_entry, turn_kernel
 from diffract_formats._wire import Span, WireError, msgpack_value
 
 __all__ = ["FlaxReader"]
@@ -32,9 +32,6 @@ __all__ = ["FlaxReader"]
 _NDARRAY = 1
 _CHUNKED = "__msgpack_chunked_array__"
 
-
-def _error(path: str, problem: str) -> ModelSourceError:
-    return ModelSourceError(f"{problem} ({path!r})", model_id=None)
 
 
 class _Array:
@@ -90,7 +87,7 @@ class FlaxReader(CheckpointReader):
                 self._arrays: dict[str, _Array] = {}
                 _leaves(buf, tree, "", self._arrays)
         except (WireError, ValueError, OSError) as exc:
-            raise _error(self._path, f"not a readable Flax msgpack checkpoint: {exc}. The "
+            raise error(self._path, f"not a readable Flax msgpack checkpoint: {exc}. The "
                                      "file is truncated or corrupt; save it again") from None
 
     @property
@@ -105,14 +102,7 @@ class FlaxReader(CheckpointReader):
 
     def entries(self) -> Iterator[TensorEntry]:
         for name, array in self._arrays.items():
-            shape, turn = array.shape, self._turn(name)
-            if turn == "dense":
-                shape, rule = shape[::-1], "turned around: a Flax kernel is [in, out]"
-            elif turn == "conv":
-                shape = (shape[-1], shape[-2], *shape[:-2])
-                rule = "turned around: a Flax conv kernel is [k..., in, out]"
-            else:
-                rule = "as stored"
+            shape, rule = kernel_entry(array.shape, self._turn(name), "Flax")
             dtype = array.dtype if array.dtype == "bfloat16" else np.dtype(array.dtype).name
             yield TensorEntry(name, shape, dtype, meta={"orientation": rule})
 
@@ -124,12 +114,12 @@ class FlaxReader(CheckpointReader):
                 fh.seek(span.start)
                 data = fh.read(len(span))
                 if len(data) != len(span):
-                    raise _error(self._path, f"array {name!r} is cut short: the file was "
+                    raise error(self._path, f"array {name!r} is cut short: the file was "
                                              "truncated; save it again")
                 parts.append(data)
         values = np.frombuffer(b"".join(parts), dtype=_storage(array.dtype))
         if values.size != int(np.prod(array.shape)):
-            raise _error(self._path, f"array {name!r} holds {values.size} values for shape "
+            raise error(self._path, f"array {name!r} holds {values.size} values for shape "
                                      f"{array.shape}; the checkpoint is corrupt")
         values = values.reshape(array.shape)
         if array.dtype == "bfloat16":
@@ -138,10 +128,4 @@ class FlaxReader(CheckpointReader):
 
     def read(self, name: str, index: Any = None) -> np.ndarray:
         """numpy in the stored dtype (bfloat16 as float32)."""
-        values, turn = self._stored(name), self._turn(name)
-        if turn == "dense":
-            values = values.T
-        elif turn == "conv":
-            values = np.moveaxis(values, (-1, -2), (0, 1))
-        values = values if index is None else values[to_slices(index)]
-        return np.ascontiguousarray(values)
+        return turn_kernel(self._stored(name), self._turn(name), index)

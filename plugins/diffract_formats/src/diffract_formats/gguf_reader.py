@@ -22,6 +22,7 @@ import numpy as np
 
 from diffract.errors import ModelSourceError
 from diffract.plugins import CheckpointReader, TensorEntry, to_slices
+from diffract_formats._common import error, library
 
 __all__ = ["GGUFFileReader"]
 
@@ -33,17 +34,10 @@ _CONFIG = {"attention.head_count": "num_attention_heads",
            "expert_count": "num_local_experts", "attention.key_length": "head_dim"}
 
 
-def _error(path: str, problem: str) -> ModelSourceError:
-    return ModelSourceError(f"{problem} ({path!r})", model_id=None)
-
 
 def _library(path: str) -> Any:
-    try:
-        import gguf
-    except ImportError:
-        raise _error(path, "reading a GGUF file needs the gguf library: pip install "
-                           "diffract-formats[gguf]") from None
-    return gguf
+    return library("gguf", path, "reading a GGUF file needs the gguf library: pip install "
+                                 "diffract-formats[gguf]")
 
 
 class GGUFFileReader(CheckpointReader):
@@ -69,7 +63,7 @@ class GGUFFileReader(CheckpointReader):
         except ModelSourceError:
             raise
         except Exception as exc:  # noqa: BLE001 - the library's errors, named with the file
-            raise _error(self._path, f"not a readable GGUF file: {type(exc).__name__}: "
+            raise error(self._path, f"not a readable GGUF file: {type(exc).__name__}: "
                                      f"{str(exc)[:200]}. The file is truncated or corrupt; "
                                      "download or convert it again") from None
 
@@ -108,7 +102,7 @@ class GGUFFileReader(CheckpointReader):
             fh.seek(offset)
             data = fh.read(length)
         if len(data) != length:
-            raise _error(self._path, f"tensor {name!r} is cut short ({len(data)} of {length} "
+            raise error(self._path, f"tensor {name!r} is cut short ({len(data)} of {length} "
                                      "bytes): the file was truncated; download it again")
         return data
 
@@ -124,7 +118,7 @@ class GGUFFileReader(CheckpointReader):
             try:
                 values = self._gguf.quants.dequantize(rows, kind).reshape(shape)
             except Exception as exc:  # noqa: BLE001 - named with the tensor and type
-                raise _error(self._path, f"tensor {name!r} of type {kind.name} cannot be "
+                raise error(self._path, f"tensor {name!r} of type {kind.name} cannot be "
                                          f"dequantised by gguf {_version()}: "
                                          f"{type(exc).__name__}: {exc}") from None
         values = np.asarray(values)

@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from diffract.errors import ModelSourceError
-from diffract.plugins import CheckpointReader, TensorEntry, to_slices
+from diffract.plugins import CheckpointReader, TensorEntry
+from diffract_formats._common import error, kernel_entry, library, turn_kernel
 
 __all__ = ["KerasReader"]
 
@@ -41,17 +42,10 @@ _VAR_NAMES = {"Dense": ("kernel", "bias"), "EinsumDense": ("kernel", "bias"),
               "Embedding": ("embeddings",)}
 
 
-def _error(path: str, problem: str) -> ModelSourceError:
-    return ModelSourceError(f"{problem} ({path!r})", model_id=None)
-
 
 def _h5py(path: str) -> Any:
-    try:
-        import h5py
-    except ImportError:
-        raise _error(path, "reading a Keras/HDF5 file needs h5py: pip install "
-                           "diffract-formats[keras]") from None
-    return h5py
+    return library("h5py", path, "reading a Keras/HDF5 file needs h5py: pip install "
+                                 "diffract-formats[keras]")
 
 
 def _classes(config: Any) -> dict[str, str]:
@@ -102,7 +96,7 @@ class KerasReader(CheckpointReader):
         except ModelSourceError:
             raise
         except Exception as exc:  # noqa: BLE001 - h5py's and zipfile's errors, with the file
-            raise _error(self._path, f"not a readable Keras/HDF5 weights file: "
+            raise error(self._path, f"not a readable Keras/HDF5 weights file: "
                                      f"{type(exc).__name__}: {str(exc)[:200]}. The file is "
                                      "truncated or corrupt; save it again") from None
 
@@ -114,7 +108,7 @@ class KerasReader(CheckpointReader):
             return
         with zipfile.ZipFile(self._path) as archive:
             if _WEIGHTS_MEMBER not in archive.namelist():
-                raise _error(self._path, f"a zip without {_WEIGHTS_MEMBER}: not a .keras "
+                raise error(self._path, f"a zip without {_WEIGHTS_MEMBER}: not a .keras "
                                          "archive")
             with archive.open(_WEIGHTS_MEMBER) as member, self._h5py.File(member, "r") as h5:
                 yield h5
@@ -172,13 +166,7 @@ class KerasReader(CheckpointReader):
 
     def entries(self) -> Iterator[TensorEntry]:
         for name, (_, shape, dtype, turn) in self._datasets.items():
-            if turn == "dense":
-                shape, rule = shape[::-1], "turned around: a Keras kernel is [in, out]"
-            elif turn == "conv":
-                shape = (shape[-1], shape[-2], *shape[:-2])
-                rule = "turned around: a Keras conv kernel is [k..., in, out]"
-            else:
-                rule = "as stored"
+            shape, rule = kernel_entry(shape, turn, "Keras")
             yield TensorEntry(name, shape, dtype, meta={"orientation": rule})
 
     def read(self, name: str, index: Any = None) -> np.ndarray:
@@ -187,11 +175,6 @@ class KerasReader(CheckpointReader):
             try:
                 values = np.asarray(h5[path][()])
             except (OSError, KeyError) as exc:
-                raise _error(self._path, f"weight {name!r} cannot be read: {exc}; the file "
+                raise error(self._path, f"weight {name!r} cannot be read: {exc}; the file "
                                          "is truncated or corrupt") from None
-        if turn == "dense":
-            values = values.T
-        elif turn == "conv":
-            values = np.moveaxis(values, (-1, -2), (0, 1))
-        values = values if index is None else values[to_slices(index)]
-        return np.ascontiguousarray(values)
+        return turn_kernel(values, turn, index)

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from diffract.errors import ModelSourceError
 from diffract.plugins import CheckpointReader, TensorEntry, to_slices
+from diffract_formats._common import error
 from diffract_formats._wire import Span, WireError, protobuf_fields, varint
 
 __all__ = ["OnnxReader"]
@@ -37,9 +37,6 @@ __all__ = ["OnnxReader"]
 FLOATS = {1: ("float32", "<f4"), 10: ("float16", "<f2"), 11: ("float64", "<f8"),
           16: ("bfloat16", "<u2")}
 
-
-def _error(path: str, problem: str) -> ModelSourceError:
-    return ModelSourceError(f"{problem} ({path!r})", model_id=None)
 
 
 def _text(buf: Any, span: Span) -> str:
@@ -131,7 +128,7 @@ class OnnxReader(CheckpointReader):
                                                           access=mmap.ACCESS_READ) as buf:
                 self._walk(buf)
         except (WireError, ValueError, OSError) as exc:  # mmap of an empty file: ValueError
-            raise _error(self._path, f"not a readable ONNX model: {exc}. The file is "
+            raise error(self._path, f"not a readable ONNX model: {exc}. The file is "
                                      "truncated or corrupt; export it again") from None
 
     def _walk(self, buf: Any) -> None:
@@ -199,7 +196,7 @@ class OnnxReader(CheckpointReader):
             fh.seek(offset)
             data = fh.read(length)
         if len(data) != length:
-            raise _error(file, f"initializer {name!r} is cut short ({len(data)} of {length} "
+            raise error(file, f"initializer {name!r} is cut short ({len(data)} of {length} "
                                "bytes): the file was truncated; export it again")
         return data
 
@@ -220,7 +217,7 @@ class OnnxReader(CheckpointReader):
             data = self._typed(init, storage, name)
         values = np.frombuffer(data, dtype=storage)
         if values.size != count:
-            raise _error(self._path, f"initializer {name!r} holds {values.size} values for "
+            raise error(self._path, f"initializer {name!r} holds {values.size} values for "
                                      f"dims {init.dims}; the model is corrupt")
         return values.reshape(init.dims)
 

@@ -21,8 +21,9 @@ from typing import Any
 import attrs
 import numpy as np
 
-from diffract.errors import ModelSourceError, ModelWarning
+from diffract.errors import ModelWarning
 from diffract.plugins import CheckpointReader, TensorEntry, read_rows, to_slices
+from diffract_formats._common import error
 from diffract_formats._safetensors import ITEMSIZE, SafetensorsError, SafetensorsFile
 from diffract_formats.torch_reader import TorchReader
 
@@ -34,9 +35,6 @@ HF_MARKERS = ("model.safetensors.index.json", "model.safetensors",
               "pytorch_model.bin.index.json", "pytorch_model.bin")
 
 
-def _error(path: str | Path, problem: str) -> ModelSourceError:
-    return ModelSourceError(f"{problem} ({str(path)!r})", model_id=None)
-
 
 class SafetensorsReader(CheckpointReader):
     """A ``.safetensors`` file, read with plain file reads (see ``_safetensors``)."""
@@ -45,7 +43,7 @@ class SafetensorsReader(CheckpointReader):
         try:
             self._file = SafetensorsFile(path)
         except (OSError, SafetensorsError) as exc:  # a truncated or lying header
-            raise _error(path, f"not a readable safetensors file: {exc}. The file is "
+            raise error(path, f"not a readable safetensors file: {exc}. The file is "
                                "truncated or its header is corrupt; export it again") from None
 
     @property
@@ -113,7 +111,7 @@ class NpzReader(CheckpointReader):
                         shape, _, dtype = header(fh)
                     self._entries.append(TensorEntry(member[:-4], shape, str(dtype)))
         except (OSError, ValueError, zipfile.BadZipFile) as exc:
-            raise _error(path, f"not a readable .npz file: {exc}") from None
+            raise error(path, f"not a readable .npz file: {exc}") from None
 
     @property
     def files(self) -> list[str]:
@@ -137,7 +135,7 @@ def _check_inside(root: Path, shard: str) -> None:
     blobs = base.parent.parent / "blobs" if base.parent.name == "snapshots" else None
     if Path(shard).is_absolute() or not (
             target.is_relative_to(base) or (blobs is not None and target.is_relative_to(blobs))):
-        raise _error(root, f"shard {shard!r} resolves to {str(target)!r}, outside the "
+        raise error(root, f"shard {shard!r} resolves to {str(target)!r}, outside the "
                            "checkpoint directory; Diffract reads only the directory's own "
                            "files (models.add(..., format_options={'allow_outside': True}) "
                            "if you mean it)")
@@ -156,7 +154,7 @@ class HuggingFaceReader(CheckpointReader):
         self._root = root = Path(path)
         marker = next((m for m in HF_MARKERS if (root / m).is_file()), None)
         if marker is None:
-            raise _error(root, f"the directory holds none of {list(HF_MARKERS)}; pass a "
+            raise error(root, f"the directory holds none of {list(HF_MARKERS)}; pass a "
                                "checkpoint file or a Hugging Face-style checkpoint directory")
         kind = SafetensorsReader if marker.startswith("model.") else TorchReader
         shards: dict[str, list[str] | None] = {marker: None}
@@ -174,19 +172,19 @@ class HuggingFaceReader(CheckpointReader):
         try:
             weight_map = json.loads(path.read_text())["weight_map"]
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
-            raise _error(path, f"unreadable shard index ({type(exc).__name__}: "
+            raise error(path, f"unreadable shard index ({type(exc).__name__}: "
                                f"{str(exc)[:200]}); it must be JSON with a 'weight_map'"
                          ) from None
         if not isinstance(weight_map, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
-            raise _error(path, "the shard index's 'weight_map' must map tensor names to "
+            raise error(path, "the shard index's 'weight_map' must map tensor names to "
                                "shard file names (strings); fix or regenerate the index")
         shards: dict[str, list[str] | None] = {}
         for name, shard in weight_map.items():
             shards.setdefault(shard, []).append(name)  # type: ignore[union-attr]
         missing = sorted(s for s in shards if not (path.parent / s).is_file())
         if missing:
-            raise _error(path.parent, f"the shard index lists {len(missing)} missing "
+            raise error(path.parent, f"the shard index lists {len(missing)} missing "
                                       f"shard(s): {missing[:5]}; download them or fix the index")
         return shards
 
@@ -208,7 +206,7 @@ class HuggingFaceReader(CheckpointReader):
                 lacking = set(wanted) - held
                 missing += [f"{n} (in {Path(reader.files[0]).name})" for n in sorted(lacking)]
         if missing:
-            raise _error(self._root, f"the shard index names {len(missing)} tensor(s) their "
+            raise error(self._root, f"the shard index names {len(missing)} tensor(s) their "
                                      f"shards lack: {', '.join(missing[:5])}; download the "
                                      "shards again or fix the index")
 
@@ -231,10 +229,10 @@ class HuggingFaceReader(CheckpointReader):
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
-            raise _error(path, f"config.json cannot be read as JSON ({exc}); fix it, or give "
+            raise error(path, f"config.json cannot be read as JSON ({exc}); fix it, or give "
                                "the geometry as view options") from None
         if not isinstance(data, dict):
-            raise _error(path, "config.json holds no JSON object; fix it, or give the "
+            raise error(path, "config.json holds no JSON object; fix it, or give the "
                                "geometry as view options")
         return data
 

@@ -26,14 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from diffract.errors import ModelSourceError, ModelWarning
+from diffract.errors import ModelWarning
 from diffract.plugins import CheckpointReader, TensorEntry, read_rows, to_slices
+from diffract_formats._common import error, library
 
 __all__ = ["TorchReader"]
 
-
-def _error(path: str | Path, problem: str) -> ModelSourceError:
-    return ModelSourceError(f"{problem} ({str(path)!r})", model_id=None)
 
 
 def _little_endian_zip(path: str) -> bool:
@@ -50,11 +48,8 @@ def _little_endian_zip(path: str) -> bool:
 def _torch_load(path: str, meta: bool) -> Mapping[str, Any]:
     """``torch.load(weights_only=True)``, with tensors on the meta device when ``meta``
     (their bytes unread). Raises ModelSourceError naming what is not a plain state dict."""
-    try:
-        import torch
-    except ImportError:
-        raise _error(path, "reading a torch file needs torch: pip install torch (or "
-                           "diffract-formats[torch])") from None
+    torch = library("torch", path, "reading a torch file needs torch: pip install torch "
+                                   "(or diffract-formats[torch])")
     name = Path(path).name
     try:
         state = torch.load(path, map_location="meta" if meta else "cpu", weights_only=True)
@@ -67,11 +62,11 @@ def _torch_load(path: str, meta: bool) -> Mapping[str, Any]:
             why = "it holds pickled objects, not a plain state dict of tensors"
         else:
             why = f"torch cannot read it ({type(exc).__name__}: {text.splitlines()[0][:200]})"
-        raise _error(path, f"cannot read {name} with torch.load(weights_only=True): {why}. "
+        raise error(path, f"cannot read {name} with torch.load(weights_only=True): {why}. "
                            "Diffract never unpickles arbitrary objects: save "
                            "model.state_dict() with torch.save and add that") from None
     if not isinstance(state, Mapping):
-        raise _error(path, f"{name} holds a {type(state).__name__}, not a state dict; save "
+        raise error(path, f"{name} holds a {type(state).__name__}, not a state dict; save "
                            "model.state_dict() and add that")
     return state
 
@@ -90,7 +85,7 @@ def _state_dict(state: Mapping[str, Any], path: str, key: str | None) -> Mapping
     candidates = sorted(str(k) for k, v in state.items() if _tensors_only(v))
     if key is not None:
         if key not in state or not _tensors_only(state[key]):
-            raise _error(path, f"{name} has no entry {key!r} holding a state dict; the "
+            raise error(path, f"{name} has no entry {key!r} holding a state dict; the "
                                f"entries that do: {candidates or 'none'}")
         return state[key]
     if all(not isinstance(v, Mapping) for v in state.values()):
@@ -102,7 +97,7 @@ def _state_dict(state: Mapping[str, Any], path: str, key: str | None) -> Mapping
             "read another"), stacklevel=4)
         return state[candidates[0]]
     if len(candidates) > 1:
-        raise _error(path, f"{name} is a training checkpoint with several state dicts: "
+        raise error(path, f"{name} is a training checkpoint with several state dicts: "
                            f"{candidates}; choose one with key=NAME (models.add(..., key=...), "
                            "diffract analyze --key NAME)")
     return state
@@ -128,7 +123,7 @@ class TorchReader(CheckpointReader):
             if not isinstance(value, torch.Tensor):
                 nested = (" (a training checkpoint: save its 'state_dict' entry)"
                           if isinstance(value, Mapping) else "")
-                raise _error(self._path, f"entry {name!r} is a {type(value).__name__}, not a "
+                raise error(self._path, f"entry {name!r} is a {type(value).__name__}, not a "
                                          f"tensor{nested}")
             yield TensorEntry(name, tuple(value.shape), str(value.dtype).removeprefix("torch."))
 
@@ -147,7 +142,7 @@ class TorchReader(CheckpointReader):
         fh.seek(start)
         got = fh.readinto(memoryview(buf))
         if got != count:
-            raise _error(self._path, f"tensor {name!r}: read {got or 0} of {count} bytes: the "
+            raise error(self._path, f"tensor {name!r}: read {got or 0} of {count} bytes: the "
                                      "file is shorter than when it was opened (a checkpoint "
                                      "saved over it?); add the model again")
         return buf
@@ -158,7 +153,7 @@ class TorchReader(CheckpointReader):
         storage = meta.untyped_storage()
         base = getattr(storage, "_checkpoint_offset", None)
         if base is None:  # pragma: no cover - a torch that records no offsets
-            raise _error(self._path, f"tensor {name!r}: this torch ({torch.__version__}) does "
+            raise error(self._path, f"tensor {name!r}: this torch ({torch.__version__}) does "
                                      "not say where the tensor's bytes lie; upgrade torch")
         base += meta.storage_offset() * item
         shape = tuple(meta.shape)

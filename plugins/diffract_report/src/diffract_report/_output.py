@@ -237,10 +237,16 @@ def run_apply(view: Any, metrics: Sequence[str], bar: ProgressBar) -> Any:
 _DOWNSTREAM = re.compile(r"^input '[^']+' is missing because '[^']+' failed on ")
 
 
-def tell_failures(failed: dict[tuple[str, str, str], list[str]],
-                  tell: Callable[[str], None]) -> None:
-    """Failures grouped by reason, root causes first; units that failed only because an
-    input failed upstream are counted under their kernel, not repeated."""
+def tell_failures(reports: Sequence[Any], tell: Callable[[str], None]) -> bool:
+    """The failed units of one or more apply reports, grouped by reason, root causes
+    first; units that failed only because an input failed upstream are counted under
+    their kernel, not repeated. Returns whether any unit failed (nothing is told then)."""
+    failed: dict[tuple[str, str, str], list[str]] = {}
+    for report in reports:
+        for key, units in report.reasons("failed").items():
+            failed.setdefault(key, []).extend(units)
+    if not failed:
+        return False
     roots = {k: u for k, u in failed.items() if not _DOWNSTREAM.match(k[2])}
     downstream: dict[str, int] = {}
     for (_, kernel, reason), units in failed.items():
@@ -253,3 +259,4 @@ def tell_failures(failed: dict[tuple[str, str, str], list[str]],
         tell(f"  {kernel} on {units[0]}{more}: {reason}")
     if downstream:
         tell("  and, because of them: " + ", ".join(f"{k} on {n}" for k, n in downstream.items()))
+    return True

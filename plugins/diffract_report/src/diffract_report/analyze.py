@@ -139,8 +139,7 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
         tell = say if to_terminal else (lambda s: print(s, file=sys.stderr))
         for path in written:
             tell(f"wrote {path}")
-        if report.failures:
-            tell_failures(report.reasons("failed"), tell)
+        if tell_failures([report], tell):
             return EXIT_FAILED
         tell(f"done in {time.perf_counter() - started:.1f} s")
     return EXIT_OK

@@ -144,12 +144,7 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
         tell = say if args.format == "table" else (lambda s: print(s, file=sys.stderr))
         for path in written:
             tell(f"wrote {path}")
-        failed: dict[tuple[str, str, str], list[str]] = {}
-        for report in reports:
-            for key, units in report.reasons("failed").items():
-                failed.setdefault(key, []).extend(units)
-        if failed:
-            tell_failures(failed, tell)
+        if tell_failures(reports, tell):
             return EXIT_FAILED
         tell(f"done in {time.perf_counter() - started:.1f} s")
     return EXIT_OK

@@ -302,12 +302,7 @@ def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
             print("diffract track: interrupted; the store holds every committed result: run "
                   "the same command to go on.", file=sys.stderr)
             return EXIT_INTERRUPTED
-        failed: dict[tuple[str, str, str], list[str]] = {}
-        for report in reports:
-            for key, units in report.reasons("failed").items():
-                failed.setdefault(key, []).extend(units)
-        if failed:
-            tell_failures(failed, say)
+        if tell_failures(reports, say):
             return EXIT_FAILED
     say(f"done in {time.perf_counter() - started:.1f} s")
     return EXIT_OK

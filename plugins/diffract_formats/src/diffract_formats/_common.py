@@ -1,0 +1,54 @@
+"""What the readers share: the error naming the file, an optional library imported with
+the extra that installs it, and Keras's and Flax's kernel orientation."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from diffract.errors import ModelSourceError
+
+__all__ = ["error", "kernel_entry", "library", "turn_kernel"]
+
+
+def error(path: str | Path, problem: str) -> ModelSourceError:
+    """A problem at the file boundary, naming the file; the core adds the model's name."""
+    return ModelSourceError(f"{problem} ({str(path)!r})", model_id=None)
+
+
+def library(module: str, path: str | Path, missing: str) -> Any:
+    """``import module``, or a ModelSourceError naming the file with ``missing`` (what
+    to install)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise error(path, missing) from None
+
+
+def kernel_entry(shape: tuple[int, ...], turn: str,
+                 framework: str) -> tuple[tuple[int, ...], str]:
+    """The ``[out, in, k...]`` shape of a Keras or Flax kernel stored ``[in, out]``
+    (``turn="dense"``) or ``[k..., in, out]`` (``"conv"``), and the orientation rule
+    recorded in its metadata; other tensors (``""``) as stored."""
+    if turn == "dense":
+        return shape[::-1], f"turned around: a {framework} kernel is [in, out]"
+    if turn == "conv":
+        return ((shape[-1], shape[-2], *shape[:-2]),
+                f"turned around: a {framework} conv kernel is [k..., in, out]")
+    return shape, "as stored"
+
+
+def turn_kernel(values: np.ndarray, turn: str, index: Any = None) -> np.ndarray:
+    """Stored values in the ``[out, in, k...]`` layout of :func:`kernel_entry`, sliced by
+    ``index`` (a view's), as a contiguous array the caller owns."""
+    from diffract.plugins import to_slices
+
+    if turn == "dense":
+        values = values.T
+    elif turn == "conv":
+        values = np.moveaxis(values, (-1, -2), (0, 1))
+    values = values if index is None else values[to_slices(index)]
+    return np.ascontiguousarray(values)
