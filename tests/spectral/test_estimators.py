@@ -156,11 +156,16 @@ class TestFitQuality:
             s.compute.apply("pl_fit_quality", errors="record")
             rows = s.results.export_metrics("pl_alpha", "pl_fit_quality",
                                             "pl_fit_quality_reason")["m"]
+            fit_notes = {n["unit"]: n["reason"] for n in s.results.export_notes()
+                         if n["kernel"] == "power_law_fit"}
+        for name in ("short", "flat"):  # the fit's own words
+            assert rows[name]["pl_fit_quality_reason"] == fit_notes[f"m/{name}"]
         assert rows["short"]["pl_fit_quality"] == "failed"
         assert rows["short"]["pl_fit_quality_reason"] == (
-            "only 10 positive eigenvalues, fewer than min_tail=50: no tail can be fitted")
+            "only 10 positive point(s), fewer than min_tail=50: no tail can be fitted reliably")
         assert rows["nan"]["pl_fit_quality_reason"].startswith("the spectrum is undefined")
-        assert rows["flat"]["pl_fit_quality_reason"] == "all eigenvalues are equal within rounding"
+        assert rows["flat"]["pl_fit_quality_reason"].startswith(
+            "all eigenvalues are equal within rounding")
         assert rows["fine"]["pl_fit_quality"] == "ok" and math.isfinite(rows["fine"]["pl_alpha"])
 
     def test_the_weightwatcher_preset_marks_its_short_tails_poor(self, rng):
@@ -270,7 +275,12 @@ class TestSchedule:
             s.models.add({"w": np.ones((4, 4))}, model_id="n")
             with pytest.raises(InvalidArgumentError, match="pass model_id="):
                 s.results.schedule("alphapruning", 0.7)
-            assert len(s.results.schedule("alphapruning", 0.7, model_id="m")) == 8
+            whole = s.results.schedule("alphapruning", 0.7, model_id="m")
+            assert len(whole) == 8
+            assert s.filter(["m"]).results.schedule("alphapruning", 0.7) == whole  # a view
+            two = ["model.layers.0.q.weight", "model.layers.3.v.weight"]
+            assert sorted(s.filter(["m"], param_names=two).results.schedule(
+                "alphapruning", 0.7)) == sorted(two)  # its parameters only
 
 
 def test_analyze_writes_the_schedule_the_api_computes(tmp_path):

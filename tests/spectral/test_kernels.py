@@ -387,5 +387,16 @@ class TestFittedBulk:
         assert plain["num_spikes"] == 3 and plain["mp_bulk_max"] != rows["spiked"]["mp_bulk_max"]
 
     def test_a_square_matrix_takes_the_quarter_circle(self, rng):
+        """Q = 1: the singular values' quarter circle, whose edge is 2 sigma; a pure
+        random square matrix rescaled to mean eigenvalue 1 has sigma 1 and its largest
+        eigenvalue at the edge (4)."""
+        from diffract_kernels_spectral.kernels import fit_mp_sigma
+
         rows = self._fields({"w": rng.standard_normal((300, 300))}, "fitted")
-        assert rows["w"]["num_spikes"] == 0 and 0.5 < rows["w"]["mp_softrank"] <= 1.2
+        esd = np.asarray(rows["w"]["esd"])
+        sigma = fit_mp_sigma(esd / esd.mean(), 1.0)
+        assert sigma == pytest.approx(1.0, abs=0.02)
+        assert rows["w"]["mp_softrank"] == pytest.approx(4 * sigma**2 * esd.mean() / esd.max(),
+                                                         rel=1e-12)
+        assert rows["w"]["num_spikes"] == 0 and rows["w"]["mp_softrank"] == pytest.approx(
+            1.0, abs=0.06)

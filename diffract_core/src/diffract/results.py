@@ -197,13 +197,15 @@ class ResultsAPI(ScopedAPI):
                  model_id: str | None = None) -> dict[str, float]:
         """Per-layer sparsity from a stored metric, by parameter name: AlphaPruning's
         mapping, see :mod:`diffract_kernels_spectral.schedule` (the spectral pack)."""
+        from diffract.session_view import SessionView
+
         try:
             from diffract_kernels_spectral.schedule import schedule
         except ImportError:
             raise InvalidArgumentError("Schedules come with the spectral pack: pip install "
                                        "diffract-kernels-spectral.") from None
-
-        return schedule(self, method, sparsity, metric=metric and self._canonical(metric),
+        view = SessionView(self._session, self._scope)
+        return schedule(view, method, sparsity, metric=metric and self._canonical(metric),
                         epsilon=epsilon, by=by, model_id=model_id)
 
     # -- aggregates -------------------------------------------------------------------

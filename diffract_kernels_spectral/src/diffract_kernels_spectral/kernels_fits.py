@@ -13,6 +13,7 @@ import numpy as np
 
 from diffract import FieldUndefined, KernelApplyLevel, Range, kernel
 from diffract_kernels_spectral import linalg
+from diffract_kernels_spectral._search import _too_few
 from diffract_kernels_spectral.errors import FitArgumentError, FitError
 from diffract_kernels_spectral.fitting import (
     fit_exponential,
@@ -78,13 +79,9 @@ def power_law_fit(
             raise FitArgumentError(f"clip_top={clip_top} would remove more than half of the "
                                    f"{positive.size} positive eigenvalues.")
         positive = positive[:-clip_top]
-    if positive.size >= min_tail and positive[-1] - positive[0] <= linalg.noise_floor(
-        values.size, float(positive[-1]), "float32"
-    ):
-        raise FieldUndefined(
-            "all eigenvalues are equal within rounding (e.g. an orthogonal matrix): "
-            "a power law cannot be fitted"
-        )
+    flat = _all_equal(values, positive, min_tail)
+    if flat is not None:
+        raise FieldUndefined(flat)
     fit = _fit_call(fit_power_law, positive, fit_method=fit_method, min_tail=min_tail,
                     alpha_max=alpha_max)
     if fix_fingers == "clip_xmax":
@@ -247,8 +244,19 @@ def pl_pvalue(
     return result.p
 
 
+def _all_equal(values: np.ndarray, positive: np.ndarray, min_tail: int) -> str | None:
+    """Why a spectrum of enough positive eigenvalues has no power law, when they are all
+    equal within rounding; None otherwise."""
+    if positive.size >= min_tail and positive[-1] - positive[0] <= linalg.noise_floor(
+            values.size, float(positive[-1]), "float32"):
+        return ("all eigenvalues are equal within rounding (e.g. an orthogonal matrix): "
+                "a power law cannot be fitted")
+    return None
+
+
 def _why_no_fit(esd: object, min_tail: int) -> str:
-    """Why power_law_fit is undefined, read off the spectrum (its note says it too)."""
+    """Why power_law_fit is undefined, from the spectrum, in the words the fit used (the
+    checks are the fit's own: ``_all_equal`` and the fitter's ``_too_few``)."""
     values = np.asarray(esd, dtype=np.float64)
     if values.ndim != 1:
         return "the spectrum is undefined (the weights are empty, NaN or not a matrix)"
@@ -256,12 +264,10 @@ def _why_no_fit(esd: object, min_tail: int) -> str:
     if positive.size == 0:
         return "every eigenvalue is 0"
     if positive.size < min_tail:
-        return (f"only {positive.size} positive eigenvalues, fewer than min_tail={min_tail}: "
-                "no tail can be fitted")
-    if positive[-1] - positive[0] <= linalg.noise_floor(values.size, float(positive[-1]),
-                                                        "float32"):
-        return "all eigenvalues are equal within rounding"
-    return "no xmin candidate meets the fit's constraints (see export_notes())"
+        return _too_few(positive, min_tail)
+    return _all_equal(values, positive, min_tail) or (
+        "no xmin candidate meets the fit's constraints (min_tail, alpha_max); "
+        "export_notes() has the fit's own reason")
 
 
 @kernel(produce_fields=("pl_fit_quality", "pl_fit_quality_reason"), undefined_inputs=True,

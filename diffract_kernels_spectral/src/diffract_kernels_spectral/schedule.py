@@ -85,15 +85,16 @@ def alphapruning(metric: Mapping[str, float], sizes: Mapping[str, int], sparsity
     return {name: float(r) for name, r in zip(names, ratios, strict=True)}
 
 
-def schedule(results: Any, method: str, sparsity: float, *, metric: str | None = None,
+def schedule(session: Any, method: str, sparsity: float, *, metric: str | None = None,
              epsilon: float = 0.3, by: str = "layer",
              model_id: str | None = None) -> dict[str, float]:
     """What ``session.results.schedule`` returns: the method applied to one model's
-    stored metric (its matrices in scope; views left out)."""
+    stored metric (its matrices in the scope of ``session``, a session or a filtered
+    view of one; views of parameters left out)."""
     if method not in METHODS:
         raise InvalidArgumentError(f"Unknown schedule {method!r}; known: {list(METHODS)}.")
     metric = metric or "pl_alpha_hill"
-    ids: Sequence[str] = results._scope_ids()
+    ids: Sequence[str] = session.model_ids
     if model_id is None:
         if len(ids) != 1:
             raise InvalidArgumentError(
@@ -102,8 +103,8 @@ def schedule(results: Any, method: str, sparsity: float, *, metric: str | None =
         model_id = ids[0]
     elif model_id not in ids:
         raise InvalidArgumentError(f"Model {model_id!r} is not in scope ({list(ids)}).")
-    rows = results.export_metrics(metric).get(model_id, {})
-    root = getattr(results._session, "session", results._session)
+    rows = session.results.export_metrics(metric).get(model_id, {})
+    root = getattr(session, "session", session)  # a view's session holds the models
     params = {p.name: p for p in root.models.params(model_id)}
     chosen = {name: row.get(metric) for name, row in rows.items()
               if name in params and params[name].parent is None
