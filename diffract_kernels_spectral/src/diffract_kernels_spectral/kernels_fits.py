@@ -261,9 +261,7 @@ def _why_no_fit(esd: object, min_tail: int) -> str:
     if values.ndim != 1:
         return "the spectrum is undefined (the weights are empty, NaN or not a matrix)"
     positive = values[values > 0]
-    if positive.size == 0:
-        return "every eigenvalue is 0"
-    if positive.size < min_tail:
+    if positive.size < min_tail:  # an all-zero matrix too: "only 0 positive point(s)"
         return _too_few(positive, min_tail)
     return _all_equal(values, positive, min_tail) or (
         "no xmin candidate meets the fit's constraints (min_tail, alpha_max); "
