@@ -62,3 +62,21 @@ def session():
 
     with Session(profile="ram", config={"parallel": {"executor": "sequential"}}) as s:
         yield s
+
+
+@pytest.fixture
+def tool():
+    """Load a script of ``tools/`` as a module: ``tool("sizes")``."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    def load(name: str):
+        path = Path(__file__).resolve().parent.parent / "tools" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up
+        spec.loader.exec_module(module)
+        return module
+
+    return load

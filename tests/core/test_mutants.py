@@ -4,18 +4,13 @@ and the tests it runs exist. Refactors that move a line must move its mutant too
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_every_mutant_applies_to_the_current_code():
-    spec = importlib.util.spec_from_file_location("mutate", ROOT / "tools" / "mutate.py")
-    mutate = importlib.util.module_from_spec(spec)
-    sys.modules["mutate"] = mutate
-    spec.loader.exec_module(mutate)
+def test_every_mutant_applies_to_the_current_code(tool):
+    mutate = tool("mutate")
     assert len(mutate.MUTANTS) > 50
     names = [m.name for m in mutate.MUTANTS]
     assert len(names) == len(set(names))

@@ -2,32 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _sizes():
-    spec = importlib.util.spec_from_file_location("sizes", ROOT / "tools" / "sizes.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sizes"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_every_distribution_is_within_its_limits(capsys):
+def test_every_distribution_is_within_its_limits(capsys, tool):
     """The core's lines, every module's length, and no import circle anywhere."""
-    sizes = _sizes()
+    sizes = tool("sizes")
     assert sizes.check() == []
     out = capsys.readouterr().out
     assert "diffract_core:" in out and "plugins/diffract_report:" in out  # all were measured
 
 
-def test_the_checks_can_fail(tmp_path):
+def test_the_checks_can_fail(tmp_path, tool):
     """A circle and a long module are found; code lines leave docstrings and comments out."""
-    sizes = _sizes()
+    sizes = tool("sizes")
     src = tmp_path / "pkg"
     src.mkdir()
     (src / "__init__.py").write_text("from pkg import a\n")
