@@ -131,8 +131,9 @@ def esd(weights: np.ndarray, precision: str = "float64") -> np.ndarray:
     exponent = int(np.frexp(top)[1])
     scale = 1.0
     if abs(exponent) > _SAFE_EXPONENT:  # rescale exactly by a power of two
+        # ldexp in the stored type: 2**128 itself is no float32 (w / 2**128 divided by inf)
         scale = float(np.ldexp(1.0, exponent))
-        w = w / scale
+        w = np.ldexp(w, -exponent)
     with one_blas_thread():
         gram = _gram(w, np.dtype(_PRECISIONS[precision]))
         values = eigh(gram, eigvals_only=True, driver="evr", check_finite=False,
@@ -310,11 +311,15 @@ def esd_batched_torch(
     out: list[np.ndarray | None] = [None] * len(matrices)
     for idx, batch in _stacks_by_shape(matrices, device, "a spectrum"):
         shape = tuple(batch.shape[1:])
-        top = batch.abs().amax(dim=(1, 2))
+        top = batch.abs().amax(dim=(1, 2)).to(torch.float64)
         exponent = torch.frexp(top.clamp_min(torch.finfo(torch.float64).tiny))[1]
         one = torch.ones_like(top)
+        # the scale in float64: 2**128 is no float32, and a float32 division by it is 0
         scale = torch.where(exponent.abs() > _SAFE_EXPONENT, torch.ldexp(one, exponent), one)
-        a = (batch / scale[:, None, None]).to(dtype)
+        if bool((scale != 1).any()):
+            a = (batch.to(torch.float64) / scale[:, None, None]).to(dtype)
+        else:
+            a = batch.to(dtype)
         if shape[0] > shape[1]:
             a = a.transpose(1, 2)
         values = torch.linalg.eigvalsh(a @ a.transpose(1, 2)).to(torch.float64)
