@@ -9,7 +9,8 @@ hold). Parameter names match:
   matched against the whole name with :func:`fnmatch.fnmatchcase`; a bracketed group
   holding ``=`` is a view's label, so ``"*[head=*]"`` matches every head view);
 * as a regular expression when they start with ``re:`` (``"re:^h\\.(0|1)\\."``,
-  searched anywhere in the name).
+  searched anywhere in the name; RE2's syntax, matched in linear time: see
+  :func:`name_pattern`).
 
 Parameter types are :class:`~diffract.core.ptypes.ParameterType` values or strings;
 parameter ids are ``"model_id/param_name"``.
@@ -18,6 +19,7 @@ parameter ids are ``"model_id/param_name"``.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -35,27 +37,35 @@ def param_id(model_id: str, name: str) -> str:
     return f"{model_id}/{name}"
 
 
-#: A quantified group whose body is itself quantified: ``(a+)+``, ``(a*b?)*``, ``(x|y+){2,}``.
-_NESTED = re.compile(r"\((?:\?(?:[:!=]|P<\w+>|<[=!])|(?!\?))"  # the group and its kind
-                     r"(?:[^()\\]|\\.)*(?:[+*?]|\{\d*,?\d*\})(?:[^()\\]|\\.)*\)"
-                     r"(?:[+*]|\{\d*,\d*\})")
+def _re2() -> Any:
+    import re2
+
+    return re2
 
 
-def name_pattern(text: str, what: str = "pattern") -> re.Pattern[str]:
-    """A user's regular expression for parameter names, compiled. Refused (an
-    InvalidArgumentError saying why): one that does not compile, and one with a quantified
-    group that holds a quantifier, such as ``(a+)+$``, whose matching time can grow
-    exponentially with the name's length (Python's ``re`` cannot be interrupted). Write
-    such a pattern without the nesting (``a+$``)."""
-    if _NESTED.search(text):
-        raise InvalidArgumentError(
-            f"{what} {text!r} nests a quantifier inside a quantified group, which can take "
-            "exponential time on a name; write it without the nesting (e.g. (a+)+ as a+).")
+@functools.lru_cache(maxsize=512)
+def name_pattern(text: str, what: str = "pattern") -> Any:
+    """A user's regular expression, compiled by RE2 (``google-re2``): matching takes time
+    linear in the name's length whatever the pattern, so ``(a+)+$`` or ``(a|aa)+$`` cannot
+    hang a run the way Python's backtracking ``re`` can. The result has ``search``,
+    ``match`` and ``fullmatch`` as ``re``'s patterns do. Refused (an InvalidArgumentError
+    saying why): what does not compile, and what RE2 cannot run in linear time —
+    backreferences (``\\1``) and lookarounds (``(?=...)``, ``(?<!...)``)."""
+    re2 = _re2()
+    if not isinstance(text, str):
+        raise InvalidArgumentError(f"{what} must be a regular expression (a string), got "
+                                   f"{text!r}.")
+    options = re2.Options()
+    options.log_errors = False  # the error is raised, not also printed by RE2's logger
     try:
-        return re.compile(text)
-    except re.error as exc:
-        raise InvalidArgumentError(f"{what} {text!r} is not a regular expression: "
-                                   f"{exc}.") from None
+        return re2.compile(text, options)
+    except re2.error as exc:
+        reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(
+            exc.args[0], bytes) else str(exc)
+        raise InvalidArgumentError(
+            f"{what} {text!r} is not a regular expression Diffract can run: {reason}. "
+            "Patterns are matched in linear time (RE2 syntax: no backreferences or "
+            "lookarounds); rewrite it without them.") from None
 
 
 def _matcher(pattern: str):

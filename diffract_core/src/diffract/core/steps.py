@@ -82,7 +82,9 @@ def read_step(source: Any, model_id: str, given: Mapping[str, Any],
     else:
         record.update(parse_name(model_id))
     if step_from is not None:
-        found = re.search(step_from, text)
+        from diffract.core.scope import name_pattern
+
+        found = name_pattern(step_from, "step_from").search(text)
         if found is None or not found.groups():
             raise ValueError(f"step_from {step_from!r} finds no step (a regex group) in "
                              f"{text!r}")

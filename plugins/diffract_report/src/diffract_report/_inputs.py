@@ -200,7 +200,7 @@ def parse_setting(text: str) -> tuple[str, str, Any]:
         return kernel, key, value
 
 
-def _regex(text: str | None, flag: str) -> re.Pattern[str] | None:
+def _regex(text: str | None, flag: str) -> Any:
     from diffract.errors import InvalidArgumentError
     from diffract.plugins import name_pattern
 

@@ -31,7 +31,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from diffract.plugins import View
+from diffract.errors import InvalidArgumentError
+from diffract.plugins import View, name_pattern
 
 __all__ = ["HEAD_OPTIONS", "check", "conv", "experts", "geometry", "heads", "kind_of", "qkv"]
 
@@ -72,16 +73,16 @@ def check(options: Mapping[str, Any]) -> list[str]:
     else:
         for kind, rx in patterns.items():
             try:
-                re.compile(rx)
-            except (re.error, TypeError) as exc:
-                problems.append(f"patterns[{kind!r}] is not a regular expression: {exc}")
+                name_pattern(rx, f"patterns[{kind!r}]")
+            except InvalidArgumentError as exc:
+                problems.append(str(exc).rstrip("."))
     return problems
 
 
 def kind_of(name: str, options: Mapping[str, Any]) -> str | None:
     """Which attention weight a parameter is (q, k, v, o, qkv), by its name."""
     for kind, default in KINDS.items():
-        if re.search(options.get("patterns", {}).get(kind, default), name):
+        if name_pattern(options.get("patterns", {}).get(kind, default)).search(name):
             return kind
     return None
 
