@@ -1,8 +1,7 @@
 """Diffract: named metrics on every parameter of neural-network checkpoints.
 
 ``import diffract`` is cheap: it imports neither torch nor any plugin. The public names
-load on first access.
-"""
+load on first access."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@
 the committed page differs, so the catalog never drifts from the registered kernels.
 Each entry: the fields a kernel produces and their aliases, its level and execution
 protocol, its input fields, its configuration with defaults and accepted values, its
-provider, and its docstring (the formula).
-"""
+provider, and its docstring (the formula)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 The core's own are ``plugins``, ``kernels [-v]`` and ``catalog``; others arrive through
 the ``diffract_commands`` hook (``analyze``, ``compare`` and ``demo`` from
 diffract-report). Only the command being run has its arguments built (so only its
-plugin's modules are imported). Exit codes: 0 done, 1 some work failed, 2 usage errors.
-"""
+plugin's modules are imported). Exit codes: 0 done, 1 some work failed, 2 usage errors."""
 
 from __future__ import annotations
 

@@ -55,8 +55,7 @@ class ComputeAPI(ScopedAPI):
         :class:`~diffract.errors.ApplyError` is raised at the end
         (``errors="record"`` returns the report instead, after a warning).
         ``progress`` is called after each committed chunk with a
-        :class:`~diffract.core.compute.execution.Progress` record.
-        """
+        :class:`~diffract.core.compute.execution.Progress` record."""
         if errors not in ("raise", "record"):
             raise InvalidArgumentError(f"errors must be 'raise' or 'record', got {errors!r}.")
         if recompute not in ("presence", "stale"):
@@ -131,8 +130,7 @@ class ComputeAPI(ScopedAPI):
         ``"consecutive"`` (each model with the next) or explicit ``(a, b)`` tuples; the
         order is by training step where the models have one (``models.ordered()``).
         Returns one :class:`ApplyReport` per pair. Failures of every pair are reported
-        together at the end (``ApplyError``; ``errors="record"`` only warns).
-        """
+        together at the end (``ApplyError``; ``errors="record"`` only warns)."""
         ids = self._session.models.ordered(self._scope_ids())
         if pairs == "all":
             chosen = list(itertools.combinations(ids, 2))
@@ -177,8 +175,7 @@ class ComputeAPI(ScopedAPI):
         """Set configuration of kernel ``name`` (process-global; see the module docstring).
 
         Stored results are not invalidated: erase them to recompute under the new values
-        (or ``apply(..., recompute="stale")``).
-        """
+        (or ``apply(..., recompute="stale")``)."""
         registry = self._session.registry
         if name not in registry and (producer := registry.producer(name)) is not None:
             raise UnknownKernelError(name, [s.name for s in registry.kernels()],
@@ -280,8 +277,7 @@ class ComputeAPI(ScopedAPI):
         ``options`` are those of :class:`~diffract.core.compute.spec.KernelOptions`
         (require_fields, produce_fields, apply_level, execution_protocol, restrictions,
         batch). Defaults: named after the function, one output field of the same name,
-        PARAMETER level, SEQUENTIAL. Inputs and configuration come from the signature.
-        """
+        PARAMETER level, SEQUENTIAL. Inputs and configuration come from the signature."""
         if callable(name):
             raise InvalidArgumentError(
                 "Use @session.compute.kernel() with parentheses (it takes options)."

@@ -38,8 +38,7 @@ Keys and defaults (every key is optional)::
                                   # process-wide once applied (as configure_kernel)
 
 Pass ``Session(config=...)`` a path, a mapping, or nothing; with nothing, the file named
-by the ``DIFFRACT_CONFIG`` environment variable is read when it is set.
-"""
+by the ``DIFFRACT_CONFIG`` environment variable is read when it is set."""
 
 from __future__ import annotations
 

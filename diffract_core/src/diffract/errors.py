@@ -54,8 +54,7 @@ NaN with the reason; ``FitArgumentError``: a bad argument, a ValueError;
 :class:`FieldUndefined` is not an error: a kernel raises it to say its outputs are
 undefined for one input (NaN is stored with the reason).
 
-Warnings derive from :class:`DiffractWarning`.
-"""
+Warnings derive from :class:`DiffractWarning`."""
 
 from __future__ import annotations
 
@@ -141,8 +140,7 @@ class InvalidArgumentError(DiffractError, ValueError):
 class UnknownNameError(InvalidArgumentError):
     """A name (kernel, field, model, profile, executor, op, format...) nothing registered.
 
-    ``.name`` is the unknown name; messages list the known ones with a suggestion.
-    """
+    ``.name`` is the unknown name; messages list the known ones with a suggestion."""
 
     name: str
 
@@ -170,8 +168,7 @@ class KernelDefinitionError(KernelError, ValueError):
 class KernelConflictError(KernelError, ValueError):
     """Two kernels claim the same name or produce the same field.
 
-    ``.providers`` names the distributions that claim it, when plugins do.
-    """
+    ``.providers`` names the distributions that claim it, when plugins do."""
 
     def __init__(self, message: str, *, kernel: str, providers: Iterable[str] = ()) -> None:
         super().__init__(message, kernel=kernel)
@@ -213,8 +210,7 @@ class UnknownConfigKeyError(KernelError, UnknownNameError):
 class InvalidConfigValueError(KernelError, InvalidArgumentError):
     """configure_kernel (or the configuration file) set values outside their domain.
 
-    ``.problems`` lists each one (``key: what is wrong``); nothing was changed.
-    """
+    ``.problems`` lists each one (``key: what is wrong``); nothing was changed."""
 
     def __init__(self, kernel: str, problems: Iterable[str], *, source: str = "") -> None:
         problems = sorted(problems)
@@ -298,8 +294,7 @@ class ScopeValidationError(FieldError):
 
     Attributes: ``field`` (what was requested), ``kernel`` (the pairwise kernel that
     cannot run), ``dependency`` (the pairwise field it came from, or None when the
-    requested field's own kernel is the pairwise one), ``scope`` (model ids in scope).
-    """
+    requested field's own kernel is the pairwise one), ``scope`` (model ids in scope)."""
 
     def __init__(
         self, message: str, *, field: str, kernel: str, dependency: str | None, scope: list[str]
@@ -440,8 +435,7 @@ class ApplyError(DiffractError):
     """Some units of an apply failed; everything else was computed and stored.
 
     ``report`` is the :class:`~diffract.core.compute.execution.ApplyReport` of the run;
-    ``report.failures`` lists each failure with its kernel, unit and reason.
-    """
+    ``report.failures`` lists each failure with its kernel, unit and reason."""
 
     def __init__(self, report: Any) -> None:
         failures = report.failures
@@ -462,8 +456,7 @@ class FieldUndefined(Exception):
 
     The executor stores NaN for every field the kernel produces and records ``reason``
     for the unit, so later applies do not retry it: use it for input the formula does
-    not cover (a 1-D spectrum too short to fit, NaN weights, an all-zero matrix).
-    """
+    not cover (a 1-D spectrum too short to fit, NaN weights, an all-zero matrix)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)

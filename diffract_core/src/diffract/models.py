@@ -14,6 +14,7 @@ from diffract.errors import (
     DuplicateModelError,
     InvalidArgumentError,
     ModelError,
+    ModelSourceError,
     ModelWarning,
 )
 
@@ -133,8 +134,7 @@ class ModelsAPI:
         ``parameter_overrides`` maps a parameter's name to a
         :class:`~diffract.ParameterOverrides`: a new name, a type, metadata.
         Raises DuplicateModelError, EmptyModelError or ModelSourceError; on any error
-        nothing is added.
-        """
+        nothing is added."""
         _check_model_id(model_id)
         store = self._session.store
         with self._session._lock:
@@ -166,6 +166,8 @@ class ModelsAPI:
         try:
             found = read_step(given if isinstance(given, (str, os.PathLike)) else None,
                               model_id, record, step_from)
+        except ModelSourceError as exc:  # a trainer_state.json that cannot be read
+            raise ModelSourceError(f"Model {model_id!r}: {exc}.", model_id=model_id) from None
         except ValueError as exc:
             raise InvalidArgumentError(f"Model {model_id!r}: {exc}.") from None
         return attrs.evolve(opened, source=attrs.evolve(

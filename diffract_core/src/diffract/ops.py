@@ -4,8 +4,7 @@
     y, _ = ops.call("causal_conv1d", x, w, activation="silu")
 
 :func:`resolve` picks, per call, the highest-priority implementation whose
-``is_supported`` accepts the arguments, else the op's reference implementation.
-"""
+``is_supported`` accepts the arguments, else the op's reference implementation."""
 
 from __future__ import annotations
 

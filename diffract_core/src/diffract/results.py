@@ -4,8 +4,7 @@ Formats: ``dict`` (nested, the default), ``list`` (one record per row), ``pandas
 ``polars`` (optional: ``pip install polars``), ``csv`` and ``json`` (text, or written to
 ``path``), and any registered with :func:`register_formatter`. JSON has no NaN or
 infinity: they are written as ``null``. Tabular formats carry each parameter's type and
-metadata (``ptype`` and ``meta.<key>`` columns).
-"""
+metadata (``ptype`` and ``meta.<key>`` columns)."""
 
 from __future__ import annotations
 
@@ -155,8 +154,7 @@ class ResultsAPI(ScopedAPI):
         (model_id, param) with its training step (when models have one), its ptype,
         ``meta.<key>`` columns and one column per field
         (absent where not stored); ``csv``/``json``: written to ``path`` when given,
-        returned as text otherwise.
-        """
+        returned as text otherwise."""
         self._check_format(export_format)
         names, rows = self._metric_rows(fields, include_arrays)
         if export_format == "dict":
@@ -241,8 +239,7 @@ class ResultsAPI(ScopedAPI):
 
         A name matches its base (``total_frob_norm`` matches every
         ``total_frob_norm@models[...]...``) or one contextual name exactly. ``dict``:
-        ``{contextual_name: value}``; tabular: columns name, field, models, param, value.
-        """
+        ``{contextual_name: value}``; tabular: columns name, field, models, param, value."""
         self._check_format(export_format)
         selected = self._aggregate_items(fields)
         if export_format == "dict":
@@ -268,8 +265,7 @@ class ResultsAPI(ScopedAPI):
         ``value`` and, for aggregates, ``name``. ``sources``: ``"all"`` (default),
         ``"metrics"``, ``"aggregates"`` or a list of those; ``expand_contextual=False``
         keeps an aggregate's contextual name in ``name`` only (model and parameter
-        columns empty). ``export_format`` None gives a list of records.
-        """
+        columns empty). ``export_format`` None gives a list of records."""
         export_format = export_format or "list"
         self._check_format(export_format)
         if isinstance(sources, str):
@@ -331,8 +327,7 @@ class ResultsAPI(ScopedAPI):
         or when an input it was computed from is stale or was recomputed after it. With
         ``fields``, only those and their dependencies are checked. One record per kernel
         and unit: kernel, fields, unit and reason. ``apply(..., recompute="stale")``
-        recomputes them.
-        """
+        recomputes them."""
         self._check_format(export_format)
         session = self._session
         names = [self._canonical(f) for f in fields] if fields else None
@@ -372,8 +367,7 @@ class ResultsAPI(ScopedAPI):
         With ``erase_dependent_also``, every field computed from them downstream is erased
         too. Erase a multi-output kernel's fields as a group: a unit is recomputed only
         when all of its kernel's outputs are absent. In a view that filters parameters,
-        only those parameters' values (and pairwise aggregates) are erased.
-        """
+        only those parameters' values (and pairwise aggregates) are erased."""
         if erase_all:
             if fields:
                 raise InvalidArgumentError("erase() takes field names or erase_all=True, "
@@ -425,8 +419,7 @@ class ResultsAPI(ScopedAPI):
         column per field. Everything is checked first: known model and parameter in
         scope, storable values, arrays of the dimension the field already has, and no
         value already stored unless ``force`` (every conflict listed). On any problem
-        nothing is stored. Returns how many values were.
-        """
+        nothing is stored. Returns how many values were."""
         table = _as_nested(data)
         store = self._session.store
         scope = self._scope_ids()

@@ -9,8 +9,7 @@
 
 ``session.filter(model_ids=[...])`` returns a view of the same session scoped to some
 models, with the same ``compute`` and ``results`` API. The kernel registry and kernel
-configuration are process-global (see :mod:`diffract.core.compute.registry`).
-"""
+configuration are process-global (see :mod:`diffract.core.compute.registry`)."""
 
 from __future__ import annotations
 
@@ -60,8 +59,7 @@ class Session:
     this session (overriding ``[parallel] executor`` and ``[executor.<name>]``); its
     options are checked here, not when the first PARALLEL kernel runs.
     Use it as a context manager: leaving the block shuts down worker pools and flushes
-    the store; the stored results stay readable, and the session can be entered again.
-    """
+    the store; the stored results stay readable, and the session can be entered again."""
 
     def __init__(
         self,
@@ -176,8 +174,7 @@ class Session:
         notes this session lacks are copied. A value both hold with different contents
         is a conflict: ``on_conflict="raise"`` (default) lists them all and changes
         nothing, ``"keep"`` keeps this session's, ``"theirs"`` takes the other's.
-        Returns counts of what was added and the conflicts met.
-        """
+        Returns counts of what was added and the conflicts met."""
         from diffract.merge import merge_into
 
         if isinstance(other, Session):
@@ -210,8 +207,7 @@ class Session:
 
         ``param_names`` match exactly, as globs (``"*.attention.*"``) or as regular
         expressions (``"re:..."``); ``param_types`` are ParameterType values or strings;
-        ``param_ids`` are ``"model_id/param_name"``. See :mod:`diffract.core.scope`.
-        """
+        ``param_ids`` are ``"model_id/param_name"``. See :mod:`diffract.core.scope`."""
         return SessionView(self, Scope()).filter(model_ids, param_names=param_names,
                                                  param_types=param_types, param_ids=param_ids)
 

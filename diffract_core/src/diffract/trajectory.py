@@ -4,8 +4,7 @@ Rows are the models in scope ordered by step (the index is the step when every m
 one, else the model id); columns are the stored parameters (``by="param"``), their views
 (``by="view"``), or the parameter types, each the mean over its parameters where the
 value is defined (``by="ptype"``). Cells are the stored values (NaN where a model lacks
-one or it is undefined).
-"""
+one or it is undefined)."""
 
 from __future__ import annotations
 

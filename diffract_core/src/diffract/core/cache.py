@@ -2,8 +2,7 @@
 
 The budget is the memory the machine has available (``MemAvailable`` on Linux), less a
 headroom fraction, optionally capped by ``[cache] max_bytes``, divided by the number of
-chunks held at once (the one computing and the one being prefetched).
-"""
+chunks held at once (the one computing and the one being prefetched)."""
 
 from __future__ import annotations
 

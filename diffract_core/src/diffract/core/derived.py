@@ -11,12 +11,10 @@
   adapters (``A [r, in, k...]``, ``B [out, r, 1...]``) give ``[out, in, k...]``.
 
 Both are computed on read (nothing is materialised at add time); a durable profile
-copies them when the model is added, as for any in-memory model.
-"""
+copies them when the model is added, as for any in-memory model."""
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -27,7 +25,7 @@ import numpy as np
 
 from diffract.core.models import OpenedModel, read_model
 from diffract.core.ptypes import infer_type
-from diffract.core.sources import ModelSource
+from diffract.core.sources import ModelSource, read_json_file
 from diffract.core.storage.base import ParamInfo
 from diffract.errors import EmptyModelError, ModelSourceError
 
@@ -92,7 +90,7 @@ def _adapter_scale(root: Path | None, scale: float | None, model_id: str) -> flo
     if config is None or not config.exists():
         return 1.0
     try:
-        data = json.loads(config.read_text())
+        data = read_json_file(config)
         alpha, r = float(data["lora_alpha"]), float(data["r"])
     except (ValueError, KeyError, TypeError) as exc:
         raise ModelSourceError(

@@ -12,8 +12,7 @@ workers on two cores do not run four threads.
 
 :class:`ExecutorHandle` is what a session holds: it creates the executor on first use,
 replaces it when a worker died or hung (terminating what is left of the old one), and
-shuts it down without waiting for workers that do not stop.
-"""
+shuts it down without waiting for workers that do not stop."""
 
 from __future__ import annotations
 
@@ -168,8 +167,7 @@ def spawn_problem(function: Callable[..., Any]) -> str | None:
     a main program that has no file of its own (``-c``, a notebook cell, an interactive
     session: workers cannot import it), or when the apply was started by a script
     without an ``if __name__ == "__main__":`` guard (every worker would run the script
-    again). A worker never starts workers of its own.
-    """
+    again). A worker never starts workers of its own."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     if multiprocessing.parent_process() is not None:
@@ -211,8 +209,7 @@ class ExecutorHandle:
 
     ``factory()`` builds a fresh executor. ``replace()`` stops the current one (its
     queued work cancelled, its worker processes terminated: a dead or hung worker
-    leaves a process pool unusable) and the next ``get()`` builds another.
-    """
+    leaves a process pool unusable) and the next ``get()`` builds another."""
 
     def __init__(self, name: str, factory: Callable[[], Executor], *, spawns: bool = False,
                  inline: bool = False, reads_files: bool | None = None) -> None:

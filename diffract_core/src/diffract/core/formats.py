@@ -7,8 +7,7 @@ reads one (or a slice of one) on request. Here the core asks the installed forma
 turn (:func:`find_format`), records each file's identity and where each tensor lives
 (:class:`~diffract.core.sources.ModelSource`), and before every read compares the file
 with its identity, so a file truncated or replaced after it was added fails that
-parameter with what changed, instead of returning other weights or crashing.
-"""
+parameter with what changed, instead of returning other weights or crashing."""
 
 from __future__ import annotations
 
@@ -58,8 +57,7 @@ class CheckpointReader(abc.ABC):
     Implement ``files``, ``entries`` and ``read``; override ``read_numpy`` when the
     format converts half types more cheaply than through a tensor, and ``config`` when
     the checkpoint carries the model's configuration. Readers may be used from several
-    threads: each ``read`` opens what it needs or holds its own lock.
-    """
+    threads: each ``read`` opens what it needs or holds its own lock."""
 
     @property
     @abc.abstractmethod

@@ -13,8 +13,7 @@ files and directories by the installed model formats (:mod:`diffract.core.format
 :func:`with_views` adds the views that rules split parameters into
 (:mod:`diffract.core.views`), :func:`apply_overrides` renames and retypes parameters,
 and :func:`open_source` builds the loaders again from a stored record after a reopen.
-Integer and boolean tensors (``num_batches_tracked``) are not weights and are left out.
-"""
+Integer and boolean tensors (``num_batches_tracked``) are not weights and are left out."""
 
 from __future__ import annotations
 
@@ -191,8 +190,7 @@ def open_source(source: ModelSource, model_id: str) -> tuple[Loader, Loader]:
 
     The model format recorded reads the files again, lazily; each read first checks
     the file's identity, so a changed file fails the parameter being read, with what
-    changed. Renamed parameters and views read as they did when the model was added.
-    """
+    changed. Renamed parameters and views read as they did when the model was added."""
     if not source.is_file_backed:
         raise ValueError(f"open_source needs a file-backed source, got kind {source.kind!r}")
     from diffract.core.formats import reopen

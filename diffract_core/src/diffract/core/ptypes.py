@@ -5,8 +5,7 @@ for a torch model (``nn.Linear`` is dense, or attention when its name says so;
 ``nn.Embedding``, ``nn.Conv*d``, normalisation layers), from its name and shape for a
 state dict or a checkpoint file. ``models.add(..., parameter_overrides={name:
 ParameterOverrides(...)})`` renames a parameter, sets its type (one of these or any
-string of the user's) and attaches metadata that exports carry.
-"""
+string of the user's) and attaches metadata that exports carry."""
 
 from __future__ import annotations
 

@@ -13,8 +13,7 @@ hold). Parameter names match:
   :func:`name_pattern`).
 
 Parameter types are :class:`~diffract.core.ptypes.ParameterType` values or strings;
-parameter ids are ``"model_id/param_name"``.
-"""
+parameter ids are ``"model_id/param_name"``."""
 
 from __future__ import annotations
 
@@ -37,31 +36,24 @@ def param_id(model_id: str, name: str) -> str:
     return f"{model_id}/{name}"
 
 
-def _re2() -> Any:
-    import re2
-
-    return re2
-
-
 @functools.lru_cache(maxsize=512)
 def name_pattern(text: str, what: str = "pattern") -> Any:
-    """A user's regular expression, compiled by RE2 (``google-re2``): matching takes time
-    linear in the name's length whatever the pattern, so ``(a+)+$`` or ``(a|aa)+$`` cannot
-    hang a run the way Python's backtracking ``re`` can. The result has ``search``,
-    ``match`` and ``fullmatch`` as ``re``'s patterns do. Refused (an InvalidArgumentError
-    saying why): what does not compile, and what RE2 cannot run in linear time —
-    backreferences (``\\1``) and lookarounds (``(?=...)``, ``(?<!...)``)."""
-    re2 = _re2()
+    """A user's regular expression compiled by RE2, which matches in time linear in the
+    name whatever the pattern (``(a|aa)+$`` hangs Python's ``re``); it has ``search`` and
+    ``match`` as ``re``'s do. What RE2 cannot run (backreferences, lookarounds) or does
+    not compile is an InvalidArgumentError saying why."""
+    import re2
+
     if not isinstance(text, str):
         raise InvalidArgumentError(f"{what} must be a regular expression (a string), got "
                                    f"{text!r}.")
     options = re2.Options()
-    options.log_errors = False  # the error is raised, not also printed by RE2's logger
+    options.log_errors = False  # raised below, not also printed by RE2's logger
     try:
         return re2.compile(text, options)
     except re2.error as exc:
-        reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(
-            exc.args[0], bytes) else str(exc)
+        reason = exc.args[0] if exc.args else exc
+        reason = reason.decode("utf-8", "replace") if isinstance(reason, bytes) else reason
         raise InvalidArgumentError(
             f"{what} {text!r} is not a regular expression Diffract can run: {reason}. "
             "Patterns are matched in linear time (RE2 syntax: no backreferences or "

@@ -9,14 +9,14 @@ builds the loaders again from it.
 
 Before every read a file's size and modification time are compared with the recorded
 ones: a file truncated or replaced after it was added is refused with what changed
-(reading it through a memory map would otherwise kill the process with a bus error).
-"""
+(reading it through a memory map would otherwise kill the process with a bus error)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +24,44 @@ import attrs
 
 from diffract.errors import ModelSourceError
 
-__all__ = ["FileIdentity", "ModelSource", "HEADER_BYTES"]
+__all__ = ["FileIdentity", "ModelSource", "HEADER_BYTES", "MAX_SIDE_FILE", "read_json_file"]
 
 #: Bytes hashed at the start of a file (covers a safetensors header for typical models);
 #: a safetensors file's whole declared header is hashed when it is longer.
 HEADER_BYTES = 1 << 16
+
+
+#: The most bytes read of a side file (config.json, trainer_state.json, a Keras archive's
+#: config) and its deepest nesting: real ones are kilobytes, a few levels deep.
+MAX_SIDE_FILE, MAX_JSON_DEPTH = 16 << 20, 100
+
+
+def read_json_file(source: Any, what: str | None = None) -> Any:
+    """The JSON of a side file (a path, or an open binary file such as a zip member) in
+    bounded memory; larger than MAX_SIDE_FILE, not JSON, or nested deeper than
+    MAX_JSON_DEPTH: a ModelSourceError naming the file."""
+    problem, value = None, None
+    try:
+        with open(source, "rb") if isinstance(source, (str, os.PathLike)) else source as fh:
+            data = fh.read(MAX_SIDE_FILE + 1)
+        value = json.loads(data) if len(data) <= MAX_SIDE_FILE else None
+        problem = None if len(data) <= MAX_SIDE_FILE else (
+            f"is larger than {MAX_SIDE_FILE >> 20} MiB, the most Diffract reads of a side file")
+    except (OSError, zipfile.BadZipFile) as exc:
+        problem = f"cannot be read ({exc})"
+    except (ValueError, RecursionError) as exc:
+        problem = f"is not JSON Diffract can read ({type(exc).__name__}: {str(exc)[:100]})"
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack and problem is None:
+        node, depth = stack.pop()
+        problem = f"nests values deeper than {MAX_JSON_DEPTH} levels" if (
+            depth > MAX_JSON_DEPTH) else None
+        stack += [(c, depth + 1) for c in (node.values() if isinstance(node, dict) else node)
+                  if isinstance(c, (dict, list))]
+    if problem is not None:
+        raise ModelSourceError(f"{what or str(source)!r} {problem}; fix or remove the file",
+                               model_id=None)
+    return value
 
 
 def _header_length(fh: Any, size: int) -> int:
@@ -64,8 +97,7 @@ class FileIdentity:
         """What changed since the identity was taken (a phrase), or None.
 
         By default only size and modification time are compared (a ``stat``, cheap
-        before every read); ``full`` also hashes the header again.
-        """
+        before every read); ``full`` also hashes the header again."""
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
@@ -103,8 +135,7 @@ class ModelSource:
     ``weight_map`` for directories: parameter name -> index into ``files``;
     ``description`` a short human label (``"torch.nn.Sequential"``, ``"state dict"``);
     ``renames`` parameters renamed at add time; ``views`` the views of parameters
-    (:mod:`diffract.core.views`), so that a reopened store reads them without their rule.
-    """
+    (:mod:`diffract.core.views`), so that a reopened store reads them without their rule."""
 
     kind: str
     format: str | None = None

@@ -7,12 +7,10 @@ gives epoch 5, which orders like a step when there is none), or, for an in-memor
 from its id; a Hugging Face ``trainer_state.json`` beside the weights (``global_step``,
 ``epoch``, ``num_input_tokens_seen``) wins over the name, and what the caller passes
 (``models.add(..., step=)``, ``--step-from REGEX``) wins over both. Models are ordered by
-step where they have one (:func:`order`).
-"""
+step where they have one (:func:`order`)."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -50,21 +48,21 @@ def _from_path(path: Path) -> Step:
 
 
 def _trainer_state(path: Path) -> Step:
-    folder = path if path.is_dir() else path.parent
-    state = folder / "trainer_state.json"
+    from diffract.core.sources import read_json_file
+    from diffract.errors import ModelSourceError
+
+    state = (path if path.is_dir() else path.parent) / "trainer_state.json"
     if not state.is_file():
         return {}
-    try:
-        data = json.loads(state.read_text())
-    except (OSError, ValueError):
-        return {}
+    data = read_json_file(state)  # a bad one fails its checkpoint, saying why
+    if not isinstance(data, dict):
+        raise ModelSourceError(f"{str(state)!r} holds no JSON object; fix or remove it (the "
+                               "step then comes from the folder's name)", model_id=None)
     out: Step = {}
-    if isinstance(data.get("global_step"), int):
-        out["step"] = data["global_step"]
-    if isinstance(data.get("epoch"), (int, float)):
-        out["epoch"] = data["epoch"]
-    if isinstance(data.get("num_input_tokens_seen"), int):
-        out["tokens"] = data["num_input_tokens_seen"]
+    for key, field, kinds in (("step", "global_step", int), ("epoch", "epoch", (int, float)),
+                              ("tokens", "num_input_tokens_seen", int)):
+        if isinstance(data.get(field), kinds) and not isinstance(data[field], bool):
+            out[key] = data[field]
     return out
 
 

@@ -12,8 +12,7 @@ tensor is sliced before it is converted), never a copy of the whole parent.
 A model's views are recorded in its source (:attr:`ModelSource.views`), so a reopened
 store reads them again without the rule's plugin. Aggregates over a whole model (IN_MODEL
 kernels) summarise its stored parameters only: a view is part of its parent and would
-count twice.
-"""
+count twice."""
 
 from __future__ import annotations
 
@@ -62,8 +61,7 @@ class View:
     ``index`` selects it along the leading axes (integers drop the axis; ``slice`` or
     ``(start, stop[, step])`` keep it); ``transpose`` turns a 2-D slice around (a
     parameter stored ``[in, out]`` reported ``[out, in]``, as every format reports
-    matrices); ``ptype`` and ``meta`` default to the parent's type and nothing.
-    """
+    matrices); ``ptype`` and ``meta`` default to the parent's type and nothing."""
 
     label: str
     index: Index = attrs.field(converter=normalize_index)
@@ -128,8 +126,7 @@ def read_rows(
     ``rows(start, stop)`` returns ``array[start:stop]``. A selection of the leading
     axis that is one row or a contiguous range is read in one call; any other (every
     row, a step) is read in blocks of about ``block_bytes`` whose rest-of-index slices
-    are joined: the whole parameter is never held at once.
-    """
+    are joined: the whole parameter is never held at once."""
     lead = index[0] if index else (0, shape[0], 1)
     rest = to_slices(index[1:])
     if isinstance(lead, int):

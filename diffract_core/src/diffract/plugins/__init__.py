@@ -12,15 +12,14 @@ receives the session's ``Config`` and its options and returns a
 ``diffract.core.*`` is internal.
 
 A third-party pack declares ``[project.entry-points.diffract] <dist> = "<module>"``
-and puts ``@hookimpl`` functions in that module; see docs/plugins.md.
-"""
+and puts ``@hookimpl`` functions in that module; see docs/plugins.md."""
 
 from diffract.config import Config
 from diffract.core.executors import InlineExecutor, limit_threads
 from diffract.core.formats import CheckpointReader, TensorEntry
 from diffract.core.models import open_source as open_model_source
 from diffract.core.scope import name_pattern
-from diffract.core.sources import FileIdentity, ModelSource
+from diffract.core.sources import FileIdentity, ModelSource, read_json_file
 from diffract.core.storage.base import (
     STORABLE_TYPES,
     Batch,
@@ -114,6 +113,7 @@ __all__ = [
     "make_plugin_manager",
     "name_pattern",
     "open_model_source",
+    "read_json_file",
     "read_rows",
     "reset_registry",
     "set_plugin_manager",

@@ -3,8 +3,7 @@ and the ``plugins``, ``kernels`` and ``catalog`` commands.
 
 Registered by :func:`~diffract.plugins.make_plugin_manager` through the same hooks as
 any third-party plugin (``builtins=True``), so an embedding tool with autoload off
-still has them.
-"""
+still has them."""
 
 from __future__ import annotations
 

@@ -15,8 +15,7 @@ conflict: neither record is used, whatever the names sort
 like, and using the name raises an error naming both and the setting that picks one:
 ``prefer`` (``make_plugin_manager(prefer={"stable_rank": "diffract-kernels-spectral"})``,
 ``DIFFRACT_PREFER=stable_rank=diffract-kernels-spectral`` or ``[plugins] prefer`` in a
-session's configuration).
-"""
+session's configuration)."""
 
 from __future__ import annotations
 
@@ -112,8 +111,7 @@ class PluginRecord:
 
     ``status`` is ``loaded``, ``failed`` (``reason`` says why), or ``disabled`` (by the
     allow- or deny-list). ``provides`` maps a kind (kernels, profiles, executors, ops)
-    to the names the plugin registered; ``refused`` lists names refused as conflicts.
-    """
+    to the names the plugin registered; ``refused`` lists names refused as conflicts."""
 
     distribution: str
     version: str | None
@@ -135,8 +133,7 @@ class Catalog:
 
     ``contested`` maps a kind (kernels, profiles, executors, conventions, formats,
     views, commands) to the names withheld because plugins conflict: name -> (the
-    claimed name, its providers).
-    """
+    claimed name, its providers)."""
 
     kernels: tuple[KernelSpec, ...]
     profiles: dict[str, StorageProfile]
@@ -421,8 +418,7 @@ def make_plugin_manager(
     variables); ``builtins`` registers the core's own RAM profile, executors and kernels;
     ``strict`` (default: ``DIFFRACT_STRICT_PLUGINS``) raises instead of warning;
     ``prefer`` (default: ``DIFFRACT_PREFER``) maps a name two plugins claim to the
-    distribution that should provide it.
-    """
+    distribution that should provide it."""
     pm = DiffractPluginManager(
         strict=_env_flag("DIFFRACT_STRICT_PLUGINS") if strict is None else strict,
         prefer=_env_prefer() if prefer is None else prefer,

@@ -3,8 +3,7 @@
 The registry is filled from the manager's catalog on first use; installing another
 manager (:func:`set_plugin_manager`) drops the registry so that the next use refills it
 from the new catalog. Neither :mod:`~diffract.plugins._manager` nor
-:mod:`~diffract.core.compute.registry` knows about the other's singleton.
-"""
+:mod:`~diffract.core.compute.registry` knows about the other's singleton."""
 
 from __future__ import annotations
 

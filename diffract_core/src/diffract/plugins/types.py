@@ -42,8 +42,7 @@ class Conventions:
     ``settings`` maps a kernel name to the keywords it sets (``{"power_law_fit":
     {"min_tail": 5}}``); ``session.compute.configure_conventions(name)`` applies them,
     checked as ``configure_kernel`` checks them, all or nothing. ``description`` says
-    what the preset changes and why.
-    """
+    what the preset changes and why."""
 
     name: str
     settings: Mapping[str, Mapping[str, Any]] = attrs.field(
@@ -58,8 +57,7 @@ class StorageProfile:
 
     ``options`` merges ``[profile.<name>]`` from the configuration with the keyword
     arguments given to ``Session(profile=name, ...)``. ``durable`` says whether results
-    survive the process.
-    """
+    survive the process."""
 
     name: str
     factory: Callable[[Mapping[str, Any]], Any] = attrs.field(eq=False, hash=False, repr=_summary)
@@ -76,8 +74,7 @@ class ExecutorSpec:
     ``[executor.<name>]`` table (or ``Session(executor_options=...)``). Workers receive
     top-level kernel functions and their inputs by pickle; results come back to the
     session, which writes them. ``check(config, options)``, when given, returns the
-    problems with the options (a list of phrases): a session refuses to open on any.
-    """
+    problems with the options (a list of phrases): a session refuses to open on any."""
 
     name: str
     factory: Callable[[Any, Mapping[str, Any]], Executor] = attrs.field(
@@ -110,8 +107,7 @@ class OpSpec:
 
     ``implementation(*args, **kwargs)`` computes the op; ``is_supported(*args, **kwargs)``
     returns ``(ok, reason)`` for one call; ``reference`` is the function it replaces,
-    called when no implementation supports the call. Higher ``priority`` is tried first.
-    """
+    called when no implementation supports the call. Higher ``priority`` is tried first."""
 
     name: str
     implementation: Callable[..., Any] = attrs.field(eq=False, hash=False, repr=_summary)
@@ -134,8 +130,7 @@ class ModelFormat:
     When several formats recognise a path, the highest ``priority`` reads it (ties: the
     first in the catalog's order, the core's then by distribution name);
     ``models.add(path, format=name)`` picks one. The name is recorded with the
-    model, so a durable store reopens it with the same format.
-    """
+    model, so a durable store reopens it with the same format."""
 
     name: str
     open: Callable[[str], Any] = attrs.field(eq=False, hash=False, repr=_summary)
@@ -183,8 +178,7 @@ class ViewRule:
     view_options=)`` gives each rule its own); ``check(options)``, when given, returns the
     problems with their values (phrases): ``models.add`` refuses to start on any. A
     rule raises :class:`ValueError` for a parameter it recognises but cannot split (the
-    message names the shapes and the option to fix); nothing is then added.
-    """
+    message names the shapes and the option to fix); nothing is then added."""
 
     name: str
     split: Callable[[Any, Mapping[str, Any], Mapping[str, Any]], Iterable[View]] = attrs.field(
@@ -204,8 +198,7 @@ class Command:
     when the command runs (or its ``--help`` is asked), so a plugin imports its
     command's modules there; ``run(args)`` does the work and returns the exit code
     (0 done, 1 some work failed, 2 usage errors). ``help`` is the line ``diffract
-    --help`` shows; ``description`` the paragraph of ``diffract <name> --help``.
-    """
+    --help`` shows; ``description`` the paragraph of ``diffract <name> --help``."""
 
     name: str
     help: str

@@ -10,6 +10,12 @@ a Dense or Conv layer is its kernel, 1 its bias), else stays ``layers.dense.vars
 Keras 2 ``dense/dense/kernel:0`` becomes ``dense.kernel``. The optimizer's variables are
 left out.
 
+**Only the file's own bytes.** A dataset whose bytes lie elsewhere — HDF5 external
+storage, a virtual dataset, an external link — is refused with where it points, and so is
+one that declares more bytes than the file stores for it (HDF5 would hand back its fill
+value, a constant, for the missing part) or that is compressed beyond
+:data:`MAX_COMPRESSION` to 1 (memory would follow the declared size, not the file's).
+
 **Orientation.** Keras kernels are ``[in, out]`` (Dense) and ``[k..., in, out]``
 (Conv); they are reported as ``[out, in]`` and ``[out, in, k...]``, as PyTorch stores
 them (``meta.orientation`` says so). Embeddings (``[vocab, dim]``) and everything else
@@ -19,7 +25,7 @@ are as stored.
 from __future__ import annotations
 
 import contextlib
-import json
+import io
 import re
 import threading
 import zipfile
@@ -30,12 +36,15 @@ from typing import Any
 import numpy as np
 
 from diffract.errors import ModelSourceError
-from diffract.plugins import CheckpointReader, TensorEntry
+from diffract.plugins import CheckpointReader, TensorEntry, read_json_file
 from diffract_formats._common import error, kernel_entry, library, turn_kernel
 
 __all__ = ["KerasReader"]
 
 _WEIGHTS_MEMBER = "model.weights.h5"
+#: The largest ratio of declared to stored bytes accepted for a compressed dataset (or a
+#: compressed archive member) over SMALL bytes; real weights compress by 1.1-3 to 1.
+MAX_COMPRESSION, SMALL = 1024, 64 << 20
 _KERNEL_CLASSES = re.compile(r"^(dense|conv|separable_conv|depthwise_conv|einsum_dense)",
                              re.IGNORECASE)
 _VAR_NAMES = {"Dense": ("kernel", "bias"), "EinsumDense": ("kernel", "bias"),
@@ -66,6 +75,12 @@ def _classes(config: Any) -> dict[str, str]:
 
     walk(config)
     return out
+
+
+def _inflated(declared: int, stored: int) -> bool:
+    """Whether ``declared`` bytes from ``stored`` ones is more than a compressor makes of
+    weights (sizes under SMALL pass: their memory is bounded anyway)."""
+    return declared > SMALL and declared > MAX_COMPRESSION * max(stored, 1)
 
 
 def _var_name(layer: str, index: int, classes: dict[str, str]) -> str | None:
@@ -110,25 +125,41 @@ class KerasReader(CheckpointReader):
             if _WEIGHTS_MEMBER not in archive.namelist():
                 raise error(self._path, f"a zip without {_WEIGHTS_MEMBER}: not a .keras "
                                          "archive")
+            info = archive.getinfo(_WEIGHTS_MEMBER)
+            if _inflated(info.file_size, info.compress_size):
+                raise error(self._path, f"{_WEIGHTS_MEMBER} declares {info.file_size} bytes "
+                                         f"compressed into {info.compress_size}, more than "
+                                         f"{MAX_COMPRESSION} to 1: not weights (a "
+                                         "decompression bomb); save the model again")
             with archive.open(_WEIGHTS_MEMBER) as member, self._h5py.File(member, "r") as h5:
                 yield h5
 
     def _config_classes(self) -> dict[str, str]:
+        """Layer classes from the archive's config.json or the file's model_config (read
+        in bounded memory: a bad one is an error naming it, not a guess)."""
         if self._archive:
             with zipfile.ZipFile(self._path) as archive:
-                if "config.json" in archive.namelist():
-                    with contextlib.suppress(ValueError):
-                        return _classes(json.loads(archive.read("config.json")))
-            return {}
+                if "config.json" not in archive.namelist():
+                    return {}
+                with archive.open("config.json") as member:
+                    return _classes(read_json_file(member, f"{self._path}!config.json"))
         with self._h5py.File(self._path, "r") as h5:
             config = h5.attrs.get("model_config")
-            if config is not None:
-                with contextlib.suppress(ValueError, TypeError):
-                    return _classes(json.loads(config))
-        return {}
+        if isinstance(config, str):
+            config = config.encode()
+        if not isinstance(config, bytes):
+            return {}
+        return _classes(read_json_file(io.BytesIO(config), f"{self._path}!model_config"))
 
     def _list(self, h5: Any, classes: dict[str, str]) -> None:
         root = h5["model_weights"] if "model_weights" in h5 else h5
+        links: list[str] = []
+        root.visititems_links(lambda path, link: links.append(
+            f"{path} -> {link.filename}:{link.path}") if isinstance(
+                link, self._h5py.ExternalLink) else None)
+        if links:
+            raise error(self._path, f"the file links to other files ({'; '.join(links[:5])}); "
+                                     "Diffract reads only the file's own datasets")
         if "layer_names" in root.attrs:  # Keras 2
             for layer in root.attrs["layer_names"]:
                 layer = layer.decode() if isinstance(layer, bytes) else str(layer)
@@ -138,12 +169,16 @@ class KerasReader(CheckpointReader):
                     name = weight.removesuffix(":0").replace("/", ".")
                     if not name.startswith(f"{layer}."):
                         name = f"{layer}.{name}"
-                    self._add(name, group[weight], weight.split("/")[-1].removesuffix(":0"))
+                    dataset = group[weight]
+                    self._check(dataset, h5)
+                    self._add(name, dataset, weight.split("/")[-1].removesuffix(":0"))
             return
 
-        def visit(path: str, item: Any) -> None:
-            if not isinstance(item, self._h5py.Dataset) or path.split("/")[0] == "optimizer":
-                return
+        found: list[tuple[str, Any]] = []  # checked after the walk: h5py's visit turns
+        root.visititems(lambda path, item: found.append((path, item)) if isinstance(
+            item, self._h5py.Dataset) and path.split("/")[0] != "optimizer" else None)
+        for path, item in found:  # an exception raised inside it into a SystemError
+            self._check(item, h5)
             parts = path.split("/")
             if len(parts) >= 3 and parts[-2] == "vars" and parts[-1].isdigit():
                 var = _var_name(parts[-3], int(parts[-1]), classes)
@@ -151,7 +186,34 @@ class KerasReader(CheckpointReader):
                     parts = [*parts[:-2], var]
             self._add(".".join(parts), item, parts[-1], path)
 
-        root.visititems(visit)
+    def _check(self, dataset: Any, h5: Any) -> None:
+        """Refuse a dataset whose bytes are not the file's own, or fewer than it declares."""
+        where = None
+        if dataset.external:
+            files = [e[0] for e in dataset.external][:3]
+            where = f"stores its bytes in {files} (HDF5 external storage)"
+        elif dataset.is_virtual:
+            where = ("is a virtual dataset mapping "
+                     f"{sorted({m.file_name for m in dataset.virtual_sources()})[:3]}")
+        elif dataset.file.filename != h5.filename:
+            where = f"is reached through a link into {dataset.file.filename!r}"
+        if where is not None:
+            raise error(self._path, f"dataset {dataset.name!r} {where}; Diffract reads only "
+                                     "bytes inside the file itself")
+        declared, stored = int(dataset.nbytes), int(dataset.id.get_storage_size())
+        compressed = dataset.id.get_create_plist().get_nfilters() > 0
+        if declared and not stored:
+            problem = ("stores none of them: HDF5 would return its fill value, a constant, "
+                       "not weights")
+        elif not compressed and stored < declared:
+            problem = f"stores only {stored}: the file is truncated or lies"
+        elif compressed and _inflated(declared, stored):
+            problem = (f"stores them compressed into {stored}, more than {MAX_COMPRESSION} "
+                       "to 1: not weights (a decompression bomb or a constant)")
+        else:
+            return
+        raise error(self._path, f"dataset {dataset.name!r} declares {declared} bytes but "
+                                 f"{problem}; save the model again")
 
     def _add(self, name: str, dataset: Any, leaf: str, path: str | None = None) -> None:
         shape, dtype = tuple(int(d) for d in dataset.shape), np.dtype(dataset.dtype)

@@ -10,7 +10,6 @@ the model's name.
 
 from __future__ import annotations
 
-import json
 import sys
 import warnings
 import zipfile
@@ -22,7 +21,13 @@ import attrs
 import numpy as np
 
 from diffract.errors import ModelWarning
-from diffract.plugins import CheckpointReader, TensorEntry, read_rows, to_slices
+from diffract.plugins import (
+    CheckpointReader,
+    TensorEntry,
+    read_json_file,
+    read_rows,
+    to_slices,
+)
 from diffract_formats._common import error
 from diffract_formats._safetensors import ITEMSIZE, SafetensorsError, SafetensorsFile
 from diffract_formats.torch_reader import TorchReader
@@ -170,8 +175,8 @@ class HuggingFaceReader(CheckpointReader):
     @staticmethod
     def _index(path: Path) -> dict[str, list[str] | None]:
         try:
-            weight_map = json.loads(path.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            weight_map = read_json_file(path)["weight_map"]
+        except (ValueError, KeyError, TypeError) as exc:
             raise error(path, f"unreadable shard index ({type(exc).__name__}: "
                                f"{str(exc)[:200]}); it must be JSON with a 'weight_map'"
                          ) from None
@@ -226,11 +231,7 @@ class HuggingFaceReader(CheckpointReader):
         path = self._root / "config.json"
         if not path.is_file():
             return {}
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise error(path, f"config.json cannot be read as JSON ({exc}); fix it, or give "
-                               "the geometry as view options") from None
+        data = read_json_file(path)
         if not isinstance(data, dict):
             raise error(path, "config.json holds no JSON object; fix it, or give the "
                                "geometry as view options")

@@ -140,11 +140,14 @@ def _pairs(ids: Sequence[str], against: set[str]) -> list[tuple[str, str]]:
 
 
 def _add_new(session: Any, paths: Sequence[str], args: argparse.Namespace,
-             say: Callable[[str], None]) -> list[str]:
+             say: Callable[[str], None]) -> tuple[list[str], list[str]]:
     """Add the checkpoints the store lacks (step order); refuse changed ones, two with
-    one step; returns the ids added."""
+    one step; returns the ids added and those that could not be read (each said on
+    stderr with the reason: the others are tracked)."""
+    from diffract.errors import ModelSourceError
+
     held = {r["model_id"]: r for r in session.models.list()}
-    new = []
+    new, unreadable = [], []
     for model_id, what, _file in model_inputs(paths):
         if model_id in held:
             changed = session.store.source(model_id).changed_files()
@@ -153,8 +156,13 @@ def _add_new(session: Any, paths: Sequence[str], args: argparse.Namespace,
                                  f"tracked: {'; '.join(changed)}. Track it under another "
                                  "name, or start another --store.")
             continue
-        session.models.add(what, model_id=model_id, key=args.key, step_from=args.step_from,
-                           **view_arguments(args))
+        try:
+            session.models.add(what, model_id=model_id, key=args.key,
+                               step_from=args.step_from, **view_arguments(args))
+        except ModelSourceError as exc:
+            print(f"diffract track: checkpoint {model_id!r} left out: {exc}", file=sys.stderr)
+            unreadable.append(model_id)
+            continue
         new.append(model_id)
     steps = session.models.steps()
     seen: dict[Any, str] = {}
@@ -171,7 +179,7 @@ def _add_new(session: Any, paths: Sequence[str], args: argparse.Namespace,
         seen[step] = model_id
     if new:
         say(f"added {len(new)} checkpoint(s): {', '.join(session.models.ordered(new))}")
-    return new
+    return new, unreadable
 
 
 def _mads(size: float) -> str:
@@ -250,9 +258,10 @@ def _alike(session: Any, ids: Sequence[str], say: Callable[[str], None]) -> list
 
 
 def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: argparse.Namespace,
-           say: Callable[[str], None]) -> list[Any]:
-    """Add what is new, compute what is absent; returns the apply reports."""
-    _add_new(session, checkpoints(paths), args, say)
+           say: Callable[[str], None]) -> tuple[list[Any], list[str]]:
+    """Add what is new, compute what is absent; returns the apply reports and the
+    checkpoints that could not be read."""
+    _, unreadable = _add_new(session, checkpoints(paths), args, say)
     ids = _alike(session, session.models.ordered(), say)
     interactive = sys.stderr.isatty() and not args.quiet
     against = {a.strip() for a in args.against.split(",") if a.strip()} - {"none"}
@@ -271,7 +280,7 @@ def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: arg
             reports += session.compute.apply_pairs(*fields, pairs=_pairs(ids, against),
                                                    errors="record",
                                                    recompute="stale").values()
-    return reports
+    return reports, unreadable
 
 
 def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
@@ -289,7 +298,7 @@ def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
         apply_settings(session, args.settings, args.conventions)
         try:
             while True:
-                reports = _round(session, args.paths, metrics, args, say)
+                reports, unreadable = _round(session, args.paths, metrics, args, say)
                 _movers(session, metrics, args.mad, say)
                 if args.report:
                     from diffract_report.trajectory_report import write_track_report
@@ -302,7 +311,7 @@ def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
             print("diffract track: interrupted; the store holds every committed result: run "
                   "the same command to go on.", file=sys.stderr)
             return EXIT_INTERRUPTED
-        if tell_failures(reports, say):
+        if tell_failures(reports, say) or unreadable:
             return EXIT_FAILED
     say(f"done in {time.perf_counter() - started:.1f} s")
     return EXIT_OK

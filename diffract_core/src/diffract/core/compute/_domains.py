@@ -14,8 +14,7 @@ type (an int is a valid float, a bool is neither); ``Annotated[..., Range(...)]`
 number; ``X | None`` also admits None. A keyword without a usable annotation takes the
 type of its default when that is a bool, int, float or str, and anything otherwise.
 ``configure_kernel`` and the configuration file check values against the domain, so a
-mistake is refused when it is made, not discovered as a wrong result later.
-"""
+mistake is refused when it is made, not discovered as a wrong result later."""
 
 from __future__ import annotations
 

@@ -13,8 +13,7 @@ class KernelApplyLevel(enum.Enum):
         parameters; outputs stored as ``field@models[m]``.
     CROSS_MODEL: once per parameter name shared by the two models in scope; a
         PARAMETER-level input arrives as a pair ``(value_in_a, value_in_b)``; outputs
-        stored as ``field@models[a,b]@params[name]``.
-    """
+        stored as ``field@models[a,b]@params[name]``."""
 
     PARAMETER = "parameter"
     IN_MODEL = "in_model"
@@ -26,8 +25,7 @@ class KernelExecutionProtocol(enum.Enum):
 
     SEQUENTIAL: one after another in the calling process.
     PARALLEL: on the configured process executor; the kernel must be a picklable
-        top-level function.
-    """
+        top-level function."""
 
     SEQUENTIAL = "sequential"
     PARALLEL = "parallel"

@@ -18,8 +18,7 @@ class Chunker:
     Sizes come from stored metadata (parameter shape and dtype, stored field sizes),
     so weight matrices make small chunks and scalars large ones. ``take(max_units)``
     returns the next chunk: at least one unit, at most ``max_units``, and no more input
-    bytes than ``budget`` (beyond its first unit).
-    """
+    bytes than ``budget`` (beyond its first unit)."""
 
     def __init__(self, step: Step, store: Store, budget: int) -> None:
         self.units = step.units

@@ -27,8 +27,7 @@ Every outcome belongs to one unit; nothing one unit does costs another its resul
   tensor, an I/O error), it returned the wrong number of values or a value no store can
   keep, a worker died: a ``failed`` note naming the cause, nothing stored, retried by
   the next apply. The run goes on and :class:`~diffract.errors.ApplyError` reports all
-  failures at the end (``apply(errors="record")`` only warns).
-"""
+  failures at the end (``apply(errors="record")`` only warns)."""
 
 from __future__ import annotations
 

@@ -163,8 +163,7 @@ class Inputs:
         ``lazy``, weights of file-backed models stay references for the workers to read.
 
         Tasks never wait on other tasks of the pool (a task that did could hold every
-        worker while the tasks it waits for sit in the queue).
-        """
+        worker while the tasks it waits for sit in the queue)."""
         return [self.threads.submit(self._gather_one, state, unit, lazy) for unit in chunk]
 
     @staticmethod
@@ -217,8 +216,7 @@ class Inputs:
         """The reason an input of this unit is undefined, when its producer said so.
 
         Aggregates over a model's parameters are not covered here: they see NaN entries
-        in their tuples and decide (see :meth:`_undefined_parts`).
-        """
+        in their tuples and decide (see :meth:`_undefined_parts`)."""
         for field, (producer, level) in state.producers.items():
             if state.spec.apply_level is KernelApplyLevel.IN_MODEL and (
                 level is KernelApplyLevel.PARAMETER

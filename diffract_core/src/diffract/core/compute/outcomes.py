@@ -3,8 +3,7 @@
 :class:`ApplyReport` counts the units computed per kernel and keeps every note recorded
 (failed, skipped, undefined); :class:`Progress` is one committed chunk;
 :func:`normalize_outputs` maps a return value onto the kernel's produce_fields, checking
-that a store can keep it.
-"""
+that a store can keep it."""
 
 from __future__ import annotations
 
@@ -102,8 +101,7 @@ def normalize_outputs(spec: KernelSpec, unit: str, result: Any) -> dict[str, Any
 
     Raises :class:`KernelOutputError` naming the kernel and the unit when the value does
     not fit produce_fields or holds something a store cannot keep; the runner records
-    that as the unit's failure.
-    """
+    that as the unit's failure."""
     produce = spec.produce_fields
     if isinstance(result, dict):
         keys = set(result)

@@ -4,8 +4,7 @@ Three stages stay apart: :func:`resolve` turns field names into kernels in topol
 order, :func:`validate_scope` checks pairwise kernels against the scope before any work,
 :func:`make_plan` selects the pending units of each kernel by field presence. The runner
 in ``execution`` consumes the plan; cutting a step into chunks is its job (the inputs'
-sizes are known only when the step starts).
-"""
+sizes are known only when the step starts)."""
 
 from __future__ import annotations
 
@@ -62,8 +61,7 @@ class Plan:
     """What one ``apply`` will run, in order.
 
     ``partial`` lists (field, kernel, siblings) for requested fields that are absent
-    while sibling outputs of the same kernel are present: such units are not pending.
-    """
+    while sibling outputs of the same kernel are present: such units are not pending."""
 
     requested: tuple[str, ...]
     scope: tuple[str, ...]
@@ -81,8 +79,7 @@ def resolve(fields: Iterable[str], registry: KernelRegistry) -> list[KernelSpec]
     Raises :class:`UnknownFieldError` for a field no kernel produces (every unknown one
     is checked, the first sorted is reported with a suggestion),
     :class:`MissingProducerError` for a dependency nobody produces, and
-    :class:`DependencyCycleError` with the cycle.
-    """
+    :class:`DependencyCycleError` with the cycle."""
     fields = list(fields)
     known = registry.fields()
     unknown = sorted(f for f in fields if f not in SOURCE_FIELDS and registry.producer(f) is None)
@@ -203,8 +200,7 @@ def make_plan(
     recompute); restrictions move pending parameters to ``Step.skipped`` with their
     reason. ``keep`` limits the parameters planned (a view's parameter filters);
     kernels over a whole model (IN_MODEL) then refuse to run, since they would
-    summarise only part of it under the model's name.
-    """
+    summarise only part of it under the model's name."""
     kernels = resolve(fields, registry)
     validate_scope(fields, registry, scope)
     if keep is not None:

@@ -7,8 +7,7 @@ owned by :mod:`diffract.plugins._runtime`, which fills the registry on first use
 the plugin catalog (every ``diffract_kernels`` hook); ``@session.compute.kernel``
 decorators add to it. Names two plugins claim are *contested*: neither kernel is
 registered, and using the name raises :class:`KernelConflictError` naming both
-providers and the setting that picks one.
-"""
+providers and the setting that picks one."""
 
 from __future__ import annotations
 
@@ -182,8 +181,7 @@ class KernelRegistry:
         """Set configuration keywords of a kernel (process-global, kept until exit).
 
         Every value is checked against its keyword's domain first; on any problem
-        nothing changes.
-        """
+        nothing changes."""
         with self._lock:
             self.check_config(name, kwargs)
             self._config.setdefault(name, {}).update(kwargs)

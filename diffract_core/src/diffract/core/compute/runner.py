@@ -1,7 +1,6 @@
 """The runner: a plan's steps, chunk by chunk, in this process or on the executor.
 
-See :mod:`diffract.core.compute.execution` for what becomes of every unit.
-"""
+See :mod:`diffract.core.compute.execution` for what becomes of every unit."""
 
 from __future__ import annotations
 
@@ -308,8 +307,7 @@ class Runner(Inputs):
         that kills every worker fails alone. A unit still running ``unit_timeout``
         seconds after the runner starts waiting for it fails, and the pool is replaced
         so that its worker stops. Ctrl-C cancels what is queued and stops the workers;
-        committed chunks stay.
-        """
+        committed chunks stay."""
         if chunk.futures is None:
             outcomes = self._in_process(state, chunk.runnable)
         else:

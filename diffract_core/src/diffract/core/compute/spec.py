@@ -7,8 +7,7 @@ parameters with defaults are configuration, each with a domain read from its ann
 
 Building a spec is two stages: :func:`_parse` reads the signature (the only
 ``inspect.signature`` call of the project), :func:`_validate` checks names, fields and
-options. The options a kernel may carry are listed once, in :class:`KernelOptions`.
-"""
+options. The options a kernel may carry are listed once, in :class:`KernelOptions`."""
 
 from __future__ import annotations
 
@@ -55,8 +54,7 @@ class Restriction:
     """A predicate on a parameter's metadata; a parameter that fails it is skipped.
 
     ``check(info)`` receives a :class:`~diffract.core.storage.ParamInfo` and returns True
-    when the kernel applies. ``reason`` is recorded for every skipped parameter.
-    """
+    when the kernel applies. ``reason`` is recorded for every skipped parameter."""
 
     check: Callable[[Any], bool] = attrs.field(eq=False, hash=False, repr=False)
     reason: str
@@ -115,8 +113,7 @@ class KernelOptions:
     receiving the stored NaN, e.g. to say how a fit failed; by default such a unit is
     undefined with its input's reason, without running) and ``optional_inputs`` (input
     fields read where they are stored and NaN elsewhere: never computed for this kernel,
-    only ordered before it when the same apply asks for them; PARAMETER kernels).
-    """
+    only ordered before it when the same apply asks for them; PARAMETER kernels)."""
 
     name: str | None = None
     require_fields: tuple[str, ...] | None = attrs.field(default=None, converter=_tuple_or_none)
@@ -171,8 +168,7 @@ class KernelSpec:
     one result per unit, in order, where an exception instance stands for that unit
     raising it. It must compute what ``function`` computes (it may batch same-shaped
     inputs, use several threads or a GPU). If it raises, the runner falls back to
-    ``function`` unit by unit.
-    """
+    ``function`` unit by unit."""
 
     name: str
     function: Callable[..., Any] = attrs.field(eq=False, hash=False, repr=_summary)
@@ -234,8 +230,7 @@ class KernelSpec:
 
         Raises :class:`KernelDefinitionError` naming the kernel for ``*args``/``**kwargs``,
         a ``require_fields`` list that does not match the required parameters, an
-        invalid field name, or a default outside its own annotated domain.
-        """
+        invalid field name, or a default outside its own annotated domain."""
         given = KernelOptions.of(options, where="KernelSpec.from_function")
         opts = given.over(getattr(fn, _MARK, KernelOptions()))
         if not callable(fn):
@@ -421,8 +416,7 @@ def kernel(fn: F | None = None, /, **options: Any) -> Any:
     produce_fields, apply_level, execution_protocol, restrictions, batch, hints,
     aliases, undefined_inputs, optional_inputs). A pack's
     ``diffract_kernels`` hook then yields ``KernelSpec.from_function(fn)``. Usable bare
-    (``@kernel``) or with options (``@kernel(apply_level=...)``).
-    """
+    (``@kernel``) or with options (``@kernel(apply_level=...)``)."""
     marks = KernelOptions.of(options, where="@kernel")
 
     def mark(f: F) -> F:

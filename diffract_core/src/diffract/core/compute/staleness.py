@@ -9,8 +9,7 @@ reaches everything downstream, and ``apply(..., recompute="stale")`` recomputes 
 those units.
 
 Values written before provenance was recorded have no stamp: their configuration is
-unknown, so they are never reported stale on their own.
-"""
+unknown, so they are never reported stale on their own."""
 
 from __future__ import annotations
 

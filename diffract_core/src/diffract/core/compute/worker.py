@@ -2,8 +2,7 @@
 reference points at, calling the kernel, turning every outcome into a tagged tuple.
 
 A worker process unpickles these functions, so this module imports only what they need
-(no planner, no runner, no store).
-"""
+(no planner, no runner, no store)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,7 @@ Values a store keeps (:func:`storable_problem` checks them before any commit): P
 and numpy numbers (bool, int, float), strings (a label such as ``best_fit``), numpy
 arrays of a numeric or boolean dtype, and tuples of numbers and arrays (nested tuples
 too). None, lists, dicts, torch tensors and other objects are refused, so every profile,
-durable or not, can keep every value.
-"""
+durable or not, can keep every value."""
 
 from __future__ import annotations
 
@@ -95,8 +94,7 @@ class Note:
 
     ``kind`` is ``skipped`` (a restriction or a missing input: nothing stored),
     ``undefined`` (the kernel said its outputs are undefined here: NaN stored) or
-    ``failed`` (the kernel raised: nothing stored, retried by the next apply).
-    """
+    ``failed`` (the kernel raised: nothing stored, retried by the next apply)."""
 
     kernel: str
     models: tuple[str, ...]
@@ -154,8 +152,7 @@ class Batch:
     ``values`` maps (model_id, param, field) to a per-parameter value; ``aggregates``
     maps a contextual name to a value; ``provenance`` maps each written field to what
     produced it; ``notes`` are recorded (replacing any note of the same kernel and
-    unit) and ``cleared_notes`` (Note.key tuples) removed.
-    """
+    unit) and ``cleared_notes`` (Note.key tuples) removed."""
 
     values: dict[tuple[str, str, str], Any] = attrs.field(factory=dict)
     aggregates: dict[str, Any] = attrs.field(factory=dict)
@@ -255,8 +252,7 @@ class Store(abc.ABC):
         reopen (:func:`diffract.plugins.open_model_source` rebuilds file-backed
         loaders). For an in-memory source it copies the weights when ``copy_weights``
         (reading them through ``load_raw``); without a copy, reads after a reopen raise
-        :class:`~diffract.errors.WeightsUnavailableError` and the units are skipped.
-        """
+        :class:`~diffract.errors.WeightsUnavailableError` and the units are skipped."""
 
     def source(self, model_id: str) -> ModelSource:
         """The source record of a model (what ``add_model`` was given)."""

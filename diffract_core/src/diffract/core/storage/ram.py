@@ -3,8 +3,7 @@
 Weights are never copied (``copy_weights`` does not apply: nothing outlives the
 process): the store keeps the loader that ``models.add`` built, which reads a tensor
 from the caller's model (or a memory-mapped file) when a chunk needs it.
-Commits are atomic under a lock; nothing survives the process.
-"""
+Commits are atomic under a lock; nothing survives the process."""
 
 from __future__ import annotations
 
