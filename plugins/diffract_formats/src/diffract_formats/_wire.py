@@ -117,6 +117,8 @@ def msgpack_value(buf: Any, pos: int, end: int, depth: int = 0) -> tuple[Any, in
             key, pos = msgpack_value(buf, pos, end, depth + 1)
             if isinstance(key, Span):
                 key = bytes(buf[key.start:key.stop]).decode("utf-8", "replace")
+            elif isinstance(key, (dict, list, tuple)):
+                raise WireError("a msgpack map key that is a map, a list or an extension")
             out[key], pos = msgpack_value(buf, pos, end, depth + 1)
         return out, pos
     if 0x90 <= b <= 0x9F or b in (0xDC, 0xDD):

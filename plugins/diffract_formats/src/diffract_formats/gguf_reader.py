@@ -13,6 +13,7 @@ is ``[out, in]`` as in every other format. Each parameter keeps its storage type
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -56,6 +57,7 @@ class GGUFFileReader(CheckpointReader):
                 if t.data_offset + int(t.n_bytes) > size:
                     raise ValueError(f"tensor {t.name!r} ends at byte "
                                      f"{t.data_offset + int(t.n_bytes)} of a {size}-byte file")
+                _check_size(gguf, t.name, t.tensor_type, shape, int(t.n_bytes))
                 self._tensors[t.name] = (t.tensor_type, shape, int(t.data_offset),
                                          int(t.n_bytes))
             self._config = self._read_config(reader)
@@ -106,7 +108,7 @@ class GGUFFileReader(CheckpointReader):
                                      "bytes): the file was truncated; download it again")
         return data
 
-    def read(self, name: str, index: Any = None) -> np.ndarray:
+    def _decode(self, name: str, index: Any) -> np.ndarray:
         kind, shape, _, _ = self._tensors[name]
         data = self._bytes(name)
         direct = _DIRECT.get(kind.name)
@@ -124,12 +126,36 @@ class GGUFFileReader(CheckpointReader):
         values = np.asarray(values)
         return values.copy() if index is None else values[to_slices(index)].copy()
 
+    def read(self, name: str, index: Any = None) -> np.ndarray:
+        """The tensor as float32 (or F16/F64 as stored); what cannot be decoded is a
+        ModelSourceError naming it."""
+        try:
+            return self._decode(name, index)
+        except ModelSourceError:
+            raise
+        except (ValueError, TypeError, IndexError) as exc:
+            raise error(self._path, f"tensor {name!r} cannot be decoded "
+                                     f"({type(exc).__name__}: {str(exc)[:200]}); the file is "
+                                     "corrupt, download or convert it again") from None
+
     def read_numpy(self, name: str, index: Any = None) -> np.ndarray:
         values = self.read(name, index)
         return values.astype(np.float32) if values.dtype == np.float16 else values
 
     def config(self) -> Mapping[str, Any]:
         return dict(self._config)
+
+
+def _check_size(gguf: Any, name: str, kind: Any, shape: tuple[int, ...], n_bytes: int) -> None:
+    """Refuse a tensor whose byte count is not what its type and shape take (ValueError)."""
+    block, type_size = gguf.GGML_QUANT_SIZES.get(kind, (1, 0))
+    elements = math.prod(shape)
+    if not type_size or elements % block or (shape and shape[-1] % block):
+        raise ValueError(f"tensor {name!r} of type {kind.name} has shape {shape}, which its "
+                         f"blocks of {block} do not divide")
+    if elements // block * type_size != n_bytes:
+        raise ValueError(f"tensor {name!r} takes {n_bytes} bytes where {kind.name} "
+                         f"{shape} takes {elements // block * type_size}")
 
 
 def _dequantised(gguf: Any) -> set[str]:

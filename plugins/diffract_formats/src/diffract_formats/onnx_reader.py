@@ -19,6 +19,7 @@ Each parameter's ``meta.orientation`` says which rule applied.
 
 from __future__ import annotations
 
+import math
 import mmap
 import sys
 from collections.abc import Iterator
@@ -39,6 +40,26 @@ FLOATS = {1: ("float32", "<f4"), 10: ("float16", "<f2"), 11: ("float64", "<f8"),
 
 
 
+#: The wire type each field read here must have (protobuf: 0 varint, 2 length-delimited):
+#: TensorProto's dims (either: packed or not), data_type, name, raw_data, external_data,
+#: data_location; NodeProto's input, op_type, attribute; AttributeProto's name and i.
+_WIRE = {"tensor": {1: (0, 2), 2: (0,), 8: (2,), 9: (2,), 13: (2,), 14: (0,)},
+         "node": {1: (2,), 4: (2,), 5: (2,)}, "attribute": {1: (2,), 3: (0,)},
+         "entry": {1: (2,), 2: (2,)}}
+#: The most dimensions an initializer may have (numpy's own limit is 64).
+MAX_RANK = 32
+
+
+def _fields(buf: Any, span: Span, message: str) -> Any:
+    """The fields of a message, each read field checked to have its wire type."""
+    wanted = _WIRE[message]
+    for number, wire, value in protobuf_fields(buf, span.start, span.stop):
+        if number in wanted and wire not in wanted[number]:
+            raise WireError(f"field {number} of a {message} has wire type {wire}, not "
+                            f"{' or '.join(map(str, wanted[number]))}")
+        yield number, wire, value
+
+
 def _text(buf: Any, span: Span) -> str:
     return bytes(buf[span.start:span.stop]).decode("utf-8", "replace")
 
@@ -57,7 +78,7 @@ def _initializer(buf: Any, span: Span) -> _Initializer:
     out = _Initializer()
     out.span = span
     location = 0
-    for number, wire, value in protobuf_fields(buf, span.start, span.stop):
+    for number, wire, value in _fields(buf, span, "tensor"):
         if number == 1:  # dims: packed or one per field
             if wire == 2:
                 pos = value.start
@@ -66,6 +87,8 @@ def _initializer(buf: Any, span: Span) -> _Initializer:
                     out.dims.append(dim)
             else:
                 out.dims.append(value)
+            if out.dims[-1] >= 1 << 63:  # an int64 below zero, as protobuf encodes it
+                raise WireError(f"a dimension of {out.dims[-1] - (1 << 64)}")
         elif number == 2:
             out.data_type = value
         elif number == 8:
@@ -73,8 +96,8 @@ def _initializer(buf: Any, span: Span) -> _Initializer:
         elif number == 9:
             out.raw = value
         elif number == 13:
-            entry = {n: _text(buf, v) for n, _, v in protobuf_fields(buf, value.start,
-                                                                      value.stop)}
+            entry = {n: _text(buf, v) for n, _, v in _fields(buf, value, "entry")
+                     if n in (1, 2)}
             out.external[entry.get(1, "")] = entry.get(2, "")
         elif number == 14:
             location = value
@@ -86,14 +109,14 @@ def _initializer(buf: Any, span: Span) -> _Initializer:
 def _uses(buf: Any, span: Span) -> tuple[str, list[str], dict[str, int]]:
     """A node's op_type, inputs and integer attributes."""
     op, inputs, attributes = "", [], {}
-    for number, _, value in protobuf_fields(buf, span.start, span.stop):
+    for number, _, value in _fields(buf, span, "node"):
         if number == 1:
             inputs.append(_text(buf, value))
         elif number == 4:
             op = _text(buf, value)
         elif number == 5:
             name, integer = "", None
-            for n, _, v in protobuf_fields(buf, value.start, value.stop):
+            for n, _, v in _fields(buf, value, "attribute"):
                 if n == 1:
                     name = _text(buf, v)
                 elif n == 3:
@@ -130,6 +153,9 @@ class OnnxReader(CheckpointReader):
         except (WireError, ValueError, OSError) as exc:  # mmap of an empty file: ValueError
             raise error(self._path, f"not a readable ONNX model: {exc}. The file is "
                                      "truncated or corrupt; export it again") from None
+        except (RecursionError, MemoryError, OverflowError) as exc:
+            raise error(self._path, f"not a readable ONNX model ({type(exc).__name__}); "
+                                     "export it again") from None
 
     def _walk(self, buf: Any) -> None:
         graph = next((v for n, w, v in protobuf_fields(buf, 0, len(buf)) if n == 7 and w == 2),
@@ -150,9 +176,15 @@ class OnnxReader(CheckpointReader):
         for init in inits:
             if init.data_type not in FLOATS or len(init.dims) < 2:
                 continue
+            if len(init.dims) > MAX_RANK:
+                raise WireError(f"initializer {init.name!r} has {len(init.dims)} dimensions, "
+                                f"more than {MAX_RANK}")
             self._inits[init.name] = init
             if init.external:
                 self._external(init)
+            elif init.raw is not None and len(init.raw) != self._nbytes(init):
+                raise WireError(f"initializer {init.name!r} holds {len(init.raw)} bytes of "
+                                f"raw data for dims {init.dims} ({self._nbytes(init)} bytes)")
             said = {turned for _, _, turned in votes.get(init.name, [])}
             uses = sorted({f"{op} input {'AB'[slot] if slot < 2 else slot}"
                            for op, slot, _ in votes.get(init.name, [])})
@@ -176,6 +208,24 @@ class OnnxReader(CheckpointReader):
                 raise WireError(f"initializer {init.name!r} is in {location!r}, which is "
                                 "missing beside the model")
             self._files.append(str(target))
+        span = []
+        for key in ("offset", "length"):
+            text = init.external.get(key, "") or "0"
+            if not (text.isascii() and text.isdigit()):
+                raise WireError(f"initializer {init.name!r} has external data {key} {text!r}, "
+                                "not a byte count")
+            span.append(int(text))
+        offset, length = span[0], span[1] or self._nbytes(init)
+        size = target.stat().st_size
+        if length != self._nbytes(init) or offset + length > size:
+            raise WireError(f"initializer {init.name!r} declares bytes {offset} to "
+                            f"{offset + length} of {location!r} ({size} bytes) for dims "
+                            f"{init.dims} ({self._nbytes(init)} bytes)")
+        init.external["offset"], init.external["length"] = str(offset), str(length)
+
+    @staticmethod
+    def _nbytes(init: _Initializer) -> int:
+        return math.prod(init.dims) * np.dtype(FLOATS[init.data_type][1]).itemsize
 
     @property
     def files(self) -> list[str]:
@@ -202,7 +252,14 @@ class OnnxReader(CheckpointReader):
 
     def _stored(self, name: str) -> np.ndarray:
         """The initializer as stored: dims as in the file, 16-bit floats as their bits
-        for bfloat16."""
+        for bfloat16; a value that does not decode is a ModelSourceError naming it."""
+        try:
+            return self._decode(name)
+        except (WireError, ValueError, OverflowError) as exc:
+            raise error(self._path, f"initializer {name!r} cannot be decoded ({exc}); the "
+                                     "model is corrupt, export it again") from None
+
+    def _decode(self, name: str) -> np.ndarray:
         init = self._inits[name]
         _, storage = FLOATS[init.data_type]
         count = int(np.prod(init.dims))

@@ -87,20 +87,35 @@ def kind_of(name: str, options: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _count(config: Mapping[str, Any], *keys: str) -> int | None:
+    """The first of ``keys`` the configuration holds, which must be a positive integer
+    (a ValueError naming the key otherwise: ``true`` is not one head, ``12.0`` or ``"12"``
+    not twelve)."""
+    for key in keys:
+        value = config.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"the configuration's {key} is {value!r}, not a positive integer; "
+                             f"fix config.json or give the geometry as view options")
+        return value
+    return None
+
+
 def geometry(config: Mapping[str, Any], options: Mapping[str, Any],
              name: str) -> tuple[int, int, int]:
     """(heads, kv_heads, head_dim) from the options, else the configuration."""
-    heads = options.get("heads") or config.get("num_attention_heads") or config.get(
-        "n_head") or config.get("num_heads")
+    heads = options.get("heads") or _count(config, "num_attention_heads", "n_head",
+                                           "num_heads")
     if not heads:
         raise ValueError(f"{name} is an attention weight, but the head count is unknown: the "
                          "model has no configuration with num_attention_heads; pass "
                          "view_options={'heads': N} (and kv_heads, head_dim)")
-    kv = (options.get("kv_heads") or config.get("num_key_value_heads")
-          or config.get("num_kv_heads") or config.get("n_head_kv")
+    kv = (options.get("kv_heads") or _count(config, "num_key_value_heads", "num_kv_heads",
+                                            "n_head_kv")
           or (1 if config.get("multi_query") else heads))
-    hidden = config.get("hidden_size") or config.get("n_embd") or config.get("d_model")
-    dim = options.get("head_dim") or config.get("head_dim") or (
+    hidden = _count(config, "hidden_size", "n_embd", "d_model")
+    dim = options.get("head_dim") or _count(config, "head_dim") or (
         hidden // heads if hidden else None)
     if heads % kv:
         raise ValueError(f"num_key_value_heads ({kv}) does not divide num_attention_heads "
@@ -225,7 +240,7 @@ def experts(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -
     are left to the ``conv`` rule."""
     shape = tuple(param.shape)
     declared = options.get("experts") or next(
-        (config[k] for k in _EXPERT_COUNT if config.get(k)), None)
+        (_count(config, k) for k in _EXPERT_COUNT if config.get(k)), None)
     if len(shape) != 3 or not (_expert_named(param.name) or declared is not None):
         return []
     if declared is not None and shape[0] != declared:
