@@ -209,7 +209,7 @@ class TestBadInput:
         views); an option no chosen rule takes is refused."""
         root = _checkpoint(tmp_path, _llama(rng), "{not json")
         with Session() as s:
-            with pytest.raises(ModelSourceError, match=r"config.json cannot be read as JSON"):
+            with pytest.raises(ModelSourceError, match=r"config.json. is not JSON Diffract can read"):
                 s.models.add(root, "m", views=["heads"])
             s.models.add(root, "plain")
             with pytest.raises(InvalidArgumentError, match=r"view_options \['experts'\] are "
