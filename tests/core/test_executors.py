@@ -114,6 +114,26 @@ class TestGroupedTasks:
             assert len(err.value.report.failures) == 1
             assert len(s.results.export_metrics("t_hang")["m"]) == 40
 
+    def test_a_unit_timeout_does_not_count_the_workers_start_up(self, monkeypatch):
+        """Workers that take 3 s to import the kernel's module (a busy machine) and a 1 s
+        unit_timeout: only the stuck unit fails (17 of 41 timed out under load before)."""
+        import os
+
+        from tests.resources import slow_start_kernels
+
+        monkeypatch.setenv("DIFFRACT_TEST_SLOW_IMPORT", "3")
+        monkeypatch.setenv("DIFFRACT_TEST_PARENT", str(os.getpid()))
+        model = {f"p{i:02d}": np.full((3, 3), float(i)) for i in range(20)}
+        model["victim"] = np.ones((7, 7))
+        with Session(config=_pool(unit_timeout=1.0)) as s:
+            s.compute.kernel(name="t_slow_hang", execution_protocol=PARALLEL)(
+                slow_start_kernels.slow_hang)
+            s.models.add(model, model_id="m")
+            with pytest.raises(ApplyError, match=r"t_slow_hang on m/victim: timed out") as err:
+                s.compute.apply("t_slow_hang")
+            assert len(err.value.report.failures) == 1
+            assert len(s.results.export_metrics("t_slow_hang")["m"]) == 20
+
 
 INTERRUPTED = textwrap.dedent("""
     import sys

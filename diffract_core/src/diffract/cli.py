@@ -173,10 +173,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         terminated.append(signum)
         raise _Terminated
 
-    try:
+    try:  # (the launcher held them while starting: see _diffract_launch)
         previous = signal.signal(signal.SIGTERM, on_term)
+        previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     except ValueError:  # not the main thread: leave signals alone
-        previous = None
+        previous = previous_int = None
     try:
         with warnings.catch_warnings():
             # each distinct warning of ours once; other libraries' as Python decides
@@ -196,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_int)
     return 128 + signal.SIGTERM if terminated and code == 130 else code
 
 

@@ -204,6 +204,15 @@ def _frames():
         frame = frame.f_back
 
 
+def _worker_ready(modules: tuple[str, ...], pause: float) -> int:
+    import importlib
+
+    for module in modules:
+        importlib.import_module(module)
+    time.sleep(pause)
+    return os.getpid()
+
+
 class ExecutorHandle:
     """The session's executor: built on first use, replaced when broken, stopped hard.
 
@@ -226,10 +235,29 @@ class ExecutorHandle:
     def get(self) -> Executor:
         if self._executor is None:
             self._executor = self._factory()
+            with contextlib.suppress(AttributeError):  # not warmed yet (see warm)
+                self._executor._diffract_warm = set()  # type: ignore[attr-defined]
         return self._executor
 
     def replace(self) -> None:
         self.shutdown(cancel=True)
+
+    def warm(self, modules: tuple[str, ...] = ()) -> None:
+        """Wait until each worker process of a fresh pool has answered, with ``modules``
+        (a kernel's) imported (an event, not a time): a unit timeout counts from the
+        result's wait, which must not include spawning and importing, seconds on a busy
+        machine."""
+        ex = self.get()
+        warmed, wanted = getattr(ex, "_diffract_warm", None), {"", *modules}
+        if not self.spawns or warmed is None or wanted <= warmed:  # "": the pool is up
+            return
+        workers, seen = int(getattr(ex, "_max_workers", 1)), set()
+        for _ in range(50):  # short naps spread the answers over the workers
+            seen |= {f.result() for f in [ex.submit(_worker_ready, modules, 0.05)
+                                          for _ in range(2 * workers)]}
+            if len(seen) >= workers:
+                break
+        warmed.update(wanted)
 
     def shutdown(self, *, cancel: bool = False, grace: float = 2.0) -> None:
         """Stop the executor. With ``cancel``, queued work is dropped and worker
