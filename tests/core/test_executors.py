@@ -180,6 +180,45 @@ class TestInterrupt:
         assert out.strip().splitlines()[-1].startswith("stored "), err
 
 
+HELD_POOL = textwrap.dedent("""
+    import multiprocessing, sys
+    import numpy as np
+    from diffract import KernelExecutionProtocol, Session
+    from tests.resources.kernels import squared_sum
+
+    if __name__ == "__main__":
+        config = {"parallel": {"executor": "processes", "pool_min_seconds": 0,
+                               "process_pool": {"max_workers": 2}}}
+        try:
+            with Session(config=config) as s:
+                s.compute.kernel(name="t_sq",
+                                 execution_protocol=KernelExecutionProtocol.PARALLEL)(squared_sum)
+                s.models.add({f"p{i}": np.ones((3, 3)) for i in range(8)}, model_id="m")
+                s.compute.apply("t_sq")  # the workers are up and idle now
+                print("ready", len(multiprocessing.active_children()), flush=True)
+                sys.stdin.readline()  # a notebook's session, held until the kernel stops
+        except KeyboardInterrupt:
+            print("stopped", flush=True)
+""")
+
+
+class TestQuietWorkers:
+    def test_ctrl_c_to_the_process_group_prints_no_worker_traceback(self, tmp_path):
+        """SIGINT to the whole group (a Jupyter kernel shutting down): the idle pool workers
+        print no KeyboardInterrupt traceback; the session stops them."""
+        script = tmp_path / "held.py"
+        script.write_text(HELD_POOL)
+        child = subprocess.Popen([sys.executable, str(script)], cwd=ROOT,
+                                 env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+        assert child.stdout.readline().split() == ["ready", "2"]  # two idle workers
+        os.killpg(child.pid, signal.SIGINT)
+        out, err = child.communicate(timeout=120)
+        assert out.strip() == "stopped", err
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
 UNGUARDED = textwrap.dedent("""
     import os
 

@@ -101,6 +101,11 @@ def watch_parent(parent: int, interval: float = 0.5) -> None:
 
 
 def _worker_start(threads: int, parent: int) -> None:
+    import signal
+
+    # Ctrl-C reaches the whole process group (a terminal, a Jupyter kernel shutting
+    # down): the session stops its workers itself, so they ignore it, with no traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     limit_threads(threads)
     watch_parent(parent)
 
