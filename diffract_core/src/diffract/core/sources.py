@@ -7,9 +7,9 @@ files (one checkpoint file, or a Hugging Face-style directory of shards) or in m
 store writes the record as JSON; after a reopen, :func:`diffract.core.models.open_source`
 builds the loaders again from it.
 
-Before every read a file's size and modification time are compared with the recorded
-ones: a file truncated or replaced after it was added is refused with what changed
-(reading it through a memory map would otherwise kill the process with a bus error)."""
+Before every read a file's size, modification time, inode and ctime are compared with
+the recorded ones (a rewrite with ``touch -r`` still moves the ctime): a file truncated,
+rewritten or replaced after it was added is refused with what changed."""
 
 from __future__ import annotations
 
@@ -83,6 +83,9 @@ class FileIdentity:
     size: int
     mtime_ns: int
     header_sha256: str
+    #: what ``touch -r`` cannot restore (0: not recorded by an older store)
+    inode: int = 0
+    ctime_ns: int = 0
 
     @classmethod
     def of(cls, path: str | os.PathLike[str]) -> FileIdentity:
@@ -91,7 +94,7 @@ class FileIdentity:
         st = p.stat()
         with p.open("rb") as fh:
             digest = hashlib.sha256(fh.read(_header_length(fh, st.st_size))).hexdigest()
-        return cls(str(p), st.st_size, st.st_mtime_ns, digest)
+        return cls(str(p), st.st_size, st.st_mtime_ns, digest, st.st_ino, st.st_ctime_ns)
 
     def change(self, *, full: bool = False) -> str | None:
         """What changed since the identity was taken (a phrase), or None.
@@ -108,6 +111,11 @@ class FileIdentity:
             return f"its size changed from {self.size} to {st.st_size} bytes"
         if st.st_mtime_ns != self.mtime_ns:
             return "it was modified (its modification time changed)"
+        if self.inode and st.st_ino != self.inode:
+            return "it was replaced by another file (its inode changed)"
+        if self.ctime_ns and st.st_ctime_ns != self.ctime_ns:
+            return ("it was written to or its status changed (its ctime moved) though its size "
+                    "and modification time are as they were")
         if full and FileIdentity.of(self.path).header_sha256 != self.header_sha256:
             return "its header changed"
         return None

@@ -146,8 +146,12 @@ def _add_new(session: Any, paths: Sequence[str], args: argparse.Namespace,
     stderr with the reason: the others are tracked)."""
     from diffract.errors import ModelSourceError
 
+    from diffract.errors import DuplicateModelError
+
     held = {r["model_id"]: r for r in session.models.list()}
     new, unreadable = [], []
+    # a tracked checkpoint that is gone (a Trainer's save_total_limit) keeps its results;
+    # only one that is there and differs is refused
     for model_id, what, _file in model_inputs(paths):
         if model_id in held:
             changed = session.store.source(model_id).changed_files()
@@ -162,6 +166,8 @@ def _add_new(session: Any, paths: Sequence[str], args: argparse.Namespace,
         except ModelSourceError as exc:
             print(f"diffract track: checkpoint {model_id!r} left out: {exc}", file=sys.stderr)
             unreadable.append(model_id)
+            continue
+        except DuplicateModelError:  # another track on this store added it meanwhile
             continue
         new.append(model_id)
     steps = session.models.steps()
@@ -261,7 +267,14 @@ def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: arg
            say: Callable[[str], None]) -> tuple[list[Any], list[str]]:
     """Add what is new, compute what is absent; returns the apply reports and the
     checkpoints that could not be read."""
-    _, unreadable = _add_new(session, checkpoints(paths), args, say)
+    try:
+        found = checkpoints(paths)
+    except UsageError as exc:  # the run's folder moved away while watched: wait for it
+        if args.watch is None or not session.model_ids:
+            raise
+        say(f"{exc} Watching for it again in {args.watch:g} s.")
+        found = []
+    _, unreadable = _add_new(session, found, args, say)
     ids = _alike(session, session.models.ordered(), say)
     interactive = sys.stderr.isatty() and not args.quiet
     against = {a.strip() for a in args.against.split(",") if a.strip()} - {"none"}
