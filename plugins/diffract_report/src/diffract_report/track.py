@@ -144,9 +144,7 @@ def _add_new(session: Any, paths: Sequence[str], args: argparse.Namespace,
     """Add the checkpoints the store lacks (step order); refuse changed ones, two with
     one step; returns the ids added and those that could not be read (each said on
     stderr with the reason: the others are tracked)."""
-    from diffract.errors import ModelSourceError
-
-    from diffract.errors import DuplicateModelError
+    from diffract.errors import DuplicateModelError, ModelSourceError
 
     held = {r["model_id"]: r for r in session.models.list()}
     new, unreadable = [], []
