@@ -30,6 +30,17 @@ def _values(path: Path) -> dict[str, np.ndarray]:
                 for p in s.models.params("m")}
 
 
+def _refused_peak(path: Path, match: str) -> int:
+    """Adding ``path`` is refused with ``match``; the peak of traced memory meanwhile."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ModelSourceError, match=match):
+            _add(path)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 @pytest.fixture
 def secret(tmp_path) -> Path:
     """A file outside the checkpoint's folder that a hostile file points at."""
@@ -112,15 +123,9 @@ class TestHdf5DeclaredSizes:
         path = _weights_file(tmp_path / "m.weights.h5", lambda h5: h5.create_dataset(
             "layers/dense/vars/0", shape=(100_000, 100_000), dtype="f4", fillvalue=1.0))
         assert path.stat().st_size < 100_000
-        tracemalloc.start()
-        try:
-            with pytest.raises(ModelSourceError, match=r"dataset '/layers/dense/vars/0' declares "
-                               r"40000000000 bytes but stores none of them: HDF5 would return "
-                               r"its fill value, a constant, not weights"):
-                _add(path)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        peak = _refused_peak(path, r"dataset '/layers/dense/vars/0' declares 40000000000 bytes "
+                                   r"but stores none of them: HDF5 would return its fill "
+                                   r"value, a constant, not weights")
         assert peak < 50_000_000
 
     def test_chunked_datasets_with_no_chunks_and_compression_bombs(self, tmp_path):
@@ -165,14 +170,8 @@ class TestSideFiles:
         """A 200 MB config.json compressed to kilobytes: refused past 16 MiB, memory bounded."""
         path = _archive(tmp_path / "m.keras", b'{"a": "' + b"x" * 200_000_000 + b'"}')
         assert path.stat().st_size < 2_000_000
-        tracemalloc.start()
-        try:
-            with pytest.raises(ModelSourceError, match=r"config.json' is larger than 16 MiB, "
-                               r"the most Diffract reads of a side file"):
-                _add(path)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        peak = _refused_peak(path, r"config.json' is larger than 16 MiB, the most Diffract "
+                                   r"reads of a side file")
         assert peak < 60_000_000
 
     @pytest.mark.parametrize("text", [b"[" * 200_000 + b"]" * 200_000,
