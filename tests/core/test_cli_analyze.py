@@ -594,9 +594,10 @@ class TestSignals:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and committed() == 0 and proc.poll() is None:
             time.sleep(0.05)
+        seen, alive = committed(), proc.poll() is None
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 143, err
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 143, (seen, alive, out[-1500:], err)
         assert "interrupted" in err and "Traceback" not in err
         again = _cli("analyze", *[str(tmp_path / f"m{i}.safetensors") for i in range(self.N)],
                      "--store", str(tmp_path / "store"), "--metrics", "pl_alpha,stable_rank",

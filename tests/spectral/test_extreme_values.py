@@ -70,3 +70,23 @@ class TestTheEdgesOfEachType:
         assert values[-1] == pytest.approx(lam_max, rel=rel)
         (batched,) = linalg.esd_batched_torch([tensor], precision=precision, device="cpu")
         assert batched[-1] == pytest.approx(lam_max, rel=rel)
+
+
+def test_starting_taichi_keeps_subnormal_numbers(tmp_path):
+    """ti.init turned on flush-to-zero in its thread: every subnormal of the program became
+    0 (numpy's 1e-310 * 2 too), and the subnormal spectra above came out undefined once a
+    fit had started Taichi. A fresh process: subnormals survive the fitter's start."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("taichi")
+    script = ("import numpy as np\n"
+              "from diffract_kernels_spectral import _taichi\n"
+              "_taichi.kernels()\n"
+              "print(float((np.array([1e-310]) * 2)[0]),"
+              " float((np.array([1e-40], np.float32) * np.float32(2))[0]))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    f64, f32 = map(float, done.stdout.split()[-2:])
+    assert f64 == 2e-310 and f32 == pytest.approx(2e-40, rel=1e-5)

@@ -35,8 +35,32 @@ def _start(ti: Any) -> None:
     except Exception:  # noqa: BLE001 - private API moved: start our own
         running = False
     if not running:
-        with contextlib.redirect_stdout(io.StringIO()):  # "[Taichi] Starting on arch=..."
+        # "[Taichi] Starting on arch=..." is printed; and ti.init turns on flush-to-zero
+        # (FTZ/DAZ) in this thread, which made every subnormal number of the program 0
+        # (numpy's included: 1e-310 * 2 gave 0.0): the environment is put back after it
+        with contextlib.redirect_stdout(io.StringIO()), _floating_point_environment_kept():
             ti.init(arch=ti.cpu, default_fp=ti.f64, log_level=ti.ERROR, offline_cache=True)
+
+
+@contextlib.contextmanager
+def _floating_point_environment_kept() -> Any:
+    """The calling thread's floating-point environment (x87 and SSE control words, with
+    the flush-to-zero bits) saved before and restored after, by C's fegetenv/fesetenv;
+    where libm cannot be loaded, as it was."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+        saved = ctypes.create_string_buffer(256)  # fenv_t is 32 bytes on x86-64 glibc
+        kept = libm.fegetenv(saved) == 0
+    except (OSError, AttributeError):
+        kept = False
+    try:
+        yield
+    finally:
+        if kept:
+            libm.fesetenv(saved)
 
 
 def _warm_up(tk: Any) -> None:
