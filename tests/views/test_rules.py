@@ -191,7 +191,7 @@ class TestBadInput:
         ({"q_proj.weight": np.ones((12, 4))}, ["heads"], {"heads": 4, "head_dim": 5},
          r"its output size is 12, not the 20 the head geometry gives"),
         ({"q_proj.weight": np.ones((12, 4))}, ["heads"], {},
-         r"the head count is unknown: the model has no configuration"),
+         r"the head count is unknown: no config.json beside the checkpoint"),
         ({"experts.w": np.ones((3, 4, 4))}, ["experts"], {"experts": 8},
          r"experts.w \(3, 4, 4\): its first dimension is 3, not the 8 experts"),
         ({"mlp.weight": np.ones((4, 4))}, ["heads"], {"heads": 2},

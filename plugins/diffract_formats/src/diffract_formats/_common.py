@@ -11,12 +11,38 @@ import numpy as np
 
 from diffract.errors import ModelSourceError
 
-__all__ = ["error", "kernel_entry", "library", "turn_kernel"]
+__all__ = ["ConfigBeside", "config_json", "error", "kernel_entry", "library", "turn_kernel"]
 
 
 def error(path: str | Path, problem: str) -> ModelSourceError:
     """A problem at the file boundary, naming the file; the core adds the model's name."""
     return ModelSourceError(f"{problem} ({str(path)!r})", model_id=None)
+
+
+def config_json(folder: str | Path) -> dict[str, Any]:
+    """The ``config.json`` of a checkpoint's folder (read bounded, by read_json_file), or
+    ``{}`` when there is none; one that is not a JSON object is an error naming it."""
+    from diffract.plugins import read_json_file
+
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        return {}
+    data = read_json_file(path)
+    if not isinstance(data, dict):
+        raise error(path, "config.json holds no JSON object; fix it, or give the geometry as "
+                          "view options")
+    return data
+
+
+class ConfigBeside:
+    """For a reader of one file: its configuration is the ``config.json`` beside the
+    file, as in a Hugging Face folder (``model.safetensors`` with its ``config.json``),
+    so view rules find the head geometry there."""
+
+    files: list[str]
+
+    def config(self) -> dict[str, Any]:
+        return config_json(Path(self.files[0]).parent)
 
 
 def library(module: str, path: str | Path, missing: str) -> Any:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from diffract.plugins import CheckpointReader, TensorEntry
-from diffract_formats._common import error, kernel_entry, turn_kernel
+from diffract_formats._common import ConfigBeside, error, kernel_entry, turn_kernel
 from diffract_formats._safetensors import _FP8 as _FP8_TABLES
 from diffract_formats._wire import Span, WireError, msgpack_value
 
@@ -97,7 +97,7 @@ def _storage(dtype: str) -> np.dtype:
     return np.dtype("<u2") if dtype == "bfloat16" else np.dtype(dtype).newbyteorder("<")
 
 
-class FlaxReader(CheckpointReader):
+class FlaxReader(ConfigBeside, CheckpointReader):
     """A Flax msgpack checkpoint: see the module docstring."""
 
     def __init__(self, path: str) -> None:

@@ -37,7 +37,7 @@ import numpy as np
 
 from diffract.errors import ModelSourceError
 from diffract.plugins import CheckpointReader, TensorEntry, read_json_file
-from diffract_formats._common import error, kernel_entry, library, turn_kernel
+from diffract_formats._common import ConfigBeside, error, kernel_entry, library, turn_kernel
 
 __all__ = ["KerasReader"]
 
@@ -94,7 +94,7 @@ def _var_name(layer: str, index: int, classes: dict[str, str]) -> str | None:
     return names[index] if index < len(names) else None
 
 
-class KerasReader(CheckpointReader):
+class KerasReader(ConfigBeside, CheckpointReader):
     """A ``.keras`` archive or an HDF5 weights file: see the module docstring."""
 
     def __init__(self, path: str) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from diffract.plugins import CheckpointReader, TensorEntry, to_slices
-from diffract_formats._common import error
+from diffract_formats._common import ConfigBeside, error
 from diffract_formats._wire import Span, WireError, protobuf_fields, varint
 
 __all__ = ["OnnxReader"]
@@ -139,7 +139,7 @@ def _turned(op: str, slot: int, attributes: dict[str, int]) -> bool | None:
     return None
 
 
-class OnnxReader(CheckpointReader):
+class OnnxReader(ConfigBeside, CheckpointReader):
     """An ``.onnx`` file: see the module docstring."""
 
     def __init__(self, path: str) -> None:

@@ -28,7 +28,7 @@ from diffract.plugins import (
     read_rows,
     to_slices,
 )
-from diffract_formats._common import error
+from diffract_formats._common import ConfigBeside, config_json, error
 from diffract_formats._safetensors import ITEMSIZE, SafetensorsError, SafetensorsFile
 from diffract_formats.torch_reader import TorchReader
 
@@ -41,7 +41,7 @@ HF_MARKERS = ("model.safetensors.index.json", "model.safetensors",
 
 
 
-class SafetensorsReader(CheckpointReader):
+class SafetensorsReader(ConfigBeside, CheckpointReader):
     """A ``.safetensors`` file, read with plain file reads (see ``_safetensors``)."""
 
     def __init__(self, path: str) -> None:
@@ -97,7 +97,7 @@ class SafetensorsReader(CheckpointReader):
         return self._rows(name, index, convert=True)
 
 
-class NpzReader(CheckpointReader):
+class NpzReader(ConfigBeside, CheckpointReader):
     """A numpy ``.npz`` file (``allow_pickle=False``); shapes come from the members'
     headers, so listing it reads no array."""
 
@@ -228,12 +228,5 @@ class HuggingFaceReader(CheckpointReader):
         return self._reader(name).read_numpy(name, index)
 
     def config(self) -> dict[str, Any]:
-        path = self._root / "config.json"
-        if not path.is_file():
-            return {}
-        data = read_json_file(path)
-        if not isinstance(data, dict):
-            raise error(path, "config.json holds no JSON object; fix it, or give the "
-                               "geometry as view options")
-        return data
+        return config_json(self._root)
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from diffract.errors import ModelWarning
 from diffract.plugins import CheckpointReader, TensorEntry, read_rows, to_slices
-from diffract_formats._common import error, library
+from diffract_formats._common import ConfigBeside, error, library
 
 __all__ = ["TorchReader"]
 
@@ -103,7 +103,7 @@ def _state_dict(state: Mapping[str, Any], path: str, key: str | None) -> Mapping
     return state
 
 
-class TorchReader(CheckpointReader):
+class TorchReader(ConfigBeside, CheckpointReader):
     """A torch state-dict file, or a training checkpoint holding one (``key`` names its
     entry when there are several). See the module docstring for how it is read."""
 

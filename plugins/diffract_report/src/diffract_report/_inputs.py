@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from diffract.errors import InvalidArgumentError
+from diffract.errors import InvalidArgumentError, ModelSourceError
 
 #: The WeightWatcher-like default set.
 DEFAULT_METRICS = ("pl_alpha", "pl_fit_quality", "alpha_weighted", "stable_rank", "log_norm",
@@ -249,6 +249,9 @@ def open_session(args: argparse.Namespace) -> Any:
 
 def view_arguments(args: argparse.Namespace) -> dict[str, Any]:
     """``views`` and ``view_options`` for models.add from --views and --view-option."""
+    if args.views is not None and not [v for v in args.views.split(",") if v.strip()]:
+        raise UsageError(f"--views {args.views!r} names no view rule; give one or more of "
+                         "heads, qkv, experts, conv (diffract plugins lists those installed).")
     if not args.views:
         if args.view_options:
             raise UsageError("--view-option needs --views.")
@@ -263,6 +266,17 @@ def view_arguments(args: argparse.Namespace) -> dict[str, Any]:
         except ValueError:
             options[key.strip()] = value
     return {"views": args.views, "view_options": options}
+
+
+_PY_OPTION = re.compile(r"""view_options=\{["'](\w+)["']: ([^,}]+)\}""")
+
+
+def shell_words(text: str) -> str:
+    """A message of the Python API in the command line's words: ``view_options={"heads":
+    N}`` becomes ``--view-option heads=N``, ``view_options`` ``--view-option``."""
+    text = _PY_OPTION.sub(r"--view-option \1=\2", text)
+    return re.sub(r"\bview_options\b", "--view-option", text).replace("views=[...]",
+                                                                      "--views")
 
 
 def add_models(session: Any, inputs: Sequence[tuple[str, Any, str | None]], *,
@@ -284,12 +298,15 @@ def add_models(session: Any, inputs: Sequence[tuple[str, Any, str | None]], *,
                 f"{held[model_id]['source']}, not from {file or 'this factory'}. Use another "
                 "--store, or rename the file."
             )
-        if lora:
-            session.models.add_lora(what, model_id)
-        else:
-            session.models.add(what, model_id=model_id, base_model_id=base,
-                               key=key if file is not None else None, step_from=step_from,
-                               **(views or {}))
+        try:
+            if lora:
+                session.models.add_lora(what, model_id)
+            else:
+                session.models.add(what, model_id=model_id, base_model_id=base,
+                                   key=key if file is not None else None, step_from=step_from,
+                                   **(views or {}))
+        except (InvalidArgumentError, ModelSourceError) as exc:  # in the shell's words
+            raise UsageError(shell_words(str(exc))) from None
     return [m for m, _, _ in inputs]
 
 

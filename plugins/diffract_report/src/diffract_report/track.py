@@ -34,6 +34,7 @@ from diffract_report._inputs import (
     check_metrics,
     model_inputs,
     open_session,
+    shell_words,
     view_arguments,
 )
 from diffract_report._output import ProgressBar, outcomes_reported_by_us, tell_failures
@@ -162,7 +163,8 @@ def _add_new(session: Any, paths: Sequence[str], args: argparse.Namespace,
             session.models.add(what, model_id=model_id, key=args.key,
                                step_from=args.step_from, **view_arguments(args))
         except ModelSourceError as exc:
-            print(f"diffract track: checkpoint {model_id!r} left out: {exc}", file=sys.stderr)
+            print(f"diffract track: checkpoint {model_id!r} left out: {shell_words(str(exc))}",
+                  file=sys.stderr)
             unreadable.append(model_id)
             continue
         except DuplicateModelError:  # another track on this store added it meanwhile

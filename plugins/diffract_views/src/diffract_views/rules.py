@@ -108,9 +108,10 @@ def geometry(config: Mapping[str, Any], options: Mapping[str, Any],
     heads = options.get("heads") or _count(config, "num_attention_heads", "n_head",
                                            "num_heads")
     if not heads:
-        raise ValueError(f"{name} is an attention weight, but the head count is unknown: the "
-                         "model has no configuration with num_attention_heads; pass "
-                         "view_options={'heads': N} (and kv_heads, head_dim)")
+        raise ValueError(f"{name} is an attention weight, but the head count is unknown: no "
+                         "config.json beside the checkpoint (nor its own metadata) gives "
+                         'num_attention_heads; pass view_options={"heads": N} (and kv_heads, '
+                         "head_dim)")
     kv = (options.get("kv_heads") or _count(config, "num_key_value_heads", "num_kv_heads",
                                             "n_head_kv")
           or (1 if config.get("multi_query") else heads))
