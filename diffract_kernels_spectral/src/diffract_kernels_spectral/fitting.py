@@ -129,6 +129,25 @@ def _fit_diffract(x: np.ndarray, min_tail: int, alpha_max: float | None = None) 
                        len(x), float(x[-1]), len(starts), "diffract")
 
 
+#: powerlaw 2.0 searches alpha in [0, 3] only (Power_Law.parameter_range).
+POWERLAW_ALPHA_MAX = 3.0
+
+
+def _check_library_bound(x: np.ndarray, xmin: float, alpha: float) -> None:
+    """Refuse (FitError) a library fit whose exponent is its search's bound: where the
+    exact MLE at the library's xmin exceeds 3, the library reports 3 (or near it, where
+    its Nelder-Mead refit stopped), which is no estimate. Small spectra (a head's 32-128
+    singular values) hit it often."""
+    tail = x[x >= xmin]
+    logs = float(np.sum(np.log(tail / xmin)))
+    exact = 1.0 + len(tail) / logs if logs > 0 else math.inf
+    if exact > POWERLAW_ALPHA_MAX or abs(alpha - POWERLAW_ALPHA_MAX) < 1e-6:
+        raise FitError(f"the powerlaw library's fit stopped on its bound alpha = 3 (it "
+                       f"searches [0, 3]; the exact MLE at its xmin {xmin:.4g} is "
+                       f"{exact:.4g}): not an estimate; fit_method='diffract' fits without "
+                       "that bound")
+
+
 def _fit_powerlaw_library(x: np.ndarray, xmin: Any, xmax: float | None) -> PowerLawFit:
     import powerlaw
 
@@ -145,6 +164,7 @@ def _fit_powerlaw_library(x: np.ndarray, xmin: Any, xmax: float | None) -> Power
     if not math.isfinite(fitted_xmin):
         raise FitError("the powerlaw library found no valid xmin for these data")
     n_tail = int(np.sum(x >= fitted_xmin))
+    _check_library_bound(x, fitted_xmin, alpha)
     n_cand = 0 if xmin is not None else len(np.unique(x)) - 1
     return PowerLawFit(
         alpha, fitted_xmin, d, sigma, n_tail, len(x), float(x[-1]), n_cand, "powerlaw"
