@@ -328,8 +328,9 @@ class Runner(Inputs):
                 indices: Iterable[int], group: int = 1) -> dict[tuple[int, ...], Future]:
         """One task per ``group`` consecutive units (one per unit when ``group`` is 1)."""
         spec, config, handle = state.spec, state.config, self.executors
-        if self.unit_timeout:  # the timeout then measures units, not workers starting
-            handle.warm((spec.function.__module__,))
+        # every worker up (SIGINT ignored, the kernel imported) before units go: a unit
+        # timeout measures units, and an idle pool has no worker still starting
+        handle.warm((spec.function.__module__,))
         order = list(indices)
         tasks = [tuple(order[k:k + group]) for k in range(0, len(order), group)]
         return {
