@@ -199,3 +199,27 @@ def test_a_head_count_that_is_not_a_positive_integer_is_refused(tmp_path, heads)
                                                + f"{heads!r}".replace(".", r"\.") +
                                                ", not a positive integer"):
         _add(tmp_path, views=["heads"])
+
+
+def test_a_gguf_array_declaring_more_items_than_the_file_holds(tmp_path, tool):
+    """An array of 3 ints re-declared with 2^60 items (2 KB file): the gguf library loops
+    over the declared length past the file's end and grew a fuzzing process to 23 GB
+    (OOM-killed); the header is walked with its counts checked first."""
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "m.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_array("llama.rope.dimension_sections", [1, 2, 3])
+    writer.add_tensor("w", np.ones((4, 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    blob = bytearray(path.read_bytes())
+    key = b"llama.rope.dimension_sections"
+    at = blob.index(key) + len(key) + 4 + 4  # the value type (array), the item type (int32)
+    assert int.from_bytes(blob[at:at + 8], "little") == 3
+    blob[at:at + 8] = (1 << 60).to_bytes(8, "little")
+    path.write_bytes(bytes(blob))
+    with pytest.raises(ModelSourceError, match=r"an array declares 1152921504606846976 items "
+                                               r"of 4 bytes, more than the \d+ bytes left"):
+        _add(path)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ class GGUFFileReader(CheckpointReader):
         gguf = _library(path)
         self._gguf = gguf
         try:
+            _precheck(self._path)
             reader = gguf.GGUFReader(self._path)
             size = os.path.getsize(self._path)
             self._tensors: dict[str, tuple[Any, tuple[int, ...], int, int]] = {}
@@ -144,6 +146,77 @@ class GGUFFileReader(CheckpointReader):
 
     def config(self) -> Mapping[str, Any]:
         return dict(self._config)
+
+
+#: Bytes of each GGUF metadata value type (8: string, 9: array, of variable size).
+_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def _precheck(path: str) -> None:
+    """Walk the header (metadata and tensor infos) with every count checked against the
+    bytes left, before the gguf library reads it: the library loops over a declared array
+    length even past the file's end, so a 2 KB file declaring 2^60 items grew a process
+    to 23 GB. Raises ValueError naming what lies."""
+    with open(path, "rb") as fh:
+        data = fh.read(min(os.path.getsize(path), 1 << 30))
+    if data[:4] != b"GGUF" or len(data) < 24:
+        raise ValueError("no GGUF header")
+    order = "<" if int.from_bytes(data[4:8], "little") & 0xFFFF else ">"
+    pos = 8
+
+    def take(fmt: str) -> int:
+        nonlocal pos
+        size = struct.calcsize(fmt)
+        if pos + size > len(data):
+            raise ValueError(f"the header ends at byte {len(data)} inside a value")
+        (value,) = struct.unpack_from(order + fmt, data, pos)
+        pos += size
+        return value
+
+    def skip(count: int, each: int, what: str) -> None:
+        nonlocal pos
+        if count * each > len(data) - pos:
+            raise ValueError(f"{what} declares {count} items of {each} bytes, more than the "
+                             f"{len(data) - pos} bytes left")
+        pos += count * each
+
+    def value(kind: int, depth: int = 0) -> None:
+        if kind in _SCALAR:
+            skip(1, _SCALAR[kind], "a value")
+        elif kind == 8:
+            skip(take("Q"), 1, "a string")
+        elif kind == 9 and depth < 4:
+            item, count = take("I"), take("Q")
+            if item in _SCALAR:
+                skip(count, _SCALAR[item], "an array")
+            else:
+                skip(count, 8, "an array")  # each string or array has an 8-byte length
+                pos_back = pos - count * 8
+                _rewind(pos_back)
+                for _ in range(count):
+                    value(item, depth + 1)
+        else:
+            raise ValueError(f"metadata value type {kind} is not GGUF's")
+
+    def _rewind(to: int) -> None:
+        nonlocal pos
+        pos = to
+
+    tensors, fields = take("Q"), take("Q")
+    skip(fields, 12, "the metadata")  # a key length and a type, at least
+    _rewind(pos - fields * 12)
+    for _ in range(fields):
+        skip(take("Q"), 1, "a metadata key")
+        value(take("I"))
+    skip(tensors, 24, "the tensor list")  # a name length, n_dims, type and offset
+    _rewind(pos - tensors * 24)
+    for _ in range(tensors):
+        skip(take("Q"), 1, "a tensor name")
+        dims = take("I")
+        if dims > 8:
+            raise ValueError(f"a tensor of {dims} dimensions")
+        skip(dims, 8, "a tensor's dimensions")
+        skip(1, 12, "a tensor's type and offset")
 
 
 def _check_size(gguf: Any, name: str, kind: Any, shape: tuple[int, ...], n_bytes: int) -> None:
