@@ -14,6 +14,7 @@ is ``[out, in]`` as in every other format. Each parameter keeps its storage type
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import struct
 from collections.abc import Iterator, Mapping
@@ -157,11 +158,17 @@ def _precheck(path: str) -> None:
     bytes left, before the gguf library reads it: the library loops over a declared array
     length even past the file's end, so a 2 KB file declaring 2^60 items grew a process
     to 23 GB. Raises ValueError naming what lies."""
-    with open(path, "rb") as fh:
-        data = fh.read(min(os.path.getsize(path), 1 << 30))
-    if data[:4] != b"GGUF" or len(data) < 24:
+    with open(path, "rb") as fh:  # mapped: only the header's pages are read (the gguf
+        if os.path.getsize(path) < 24:  # library maps the whole file next anyway)
+            raise ValueError("no GGUF header")
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            _walk_header(data)
+
+
+def _walk_header(data: Any) -> None:
+    if data[:4] != b"GGUF":
         raise ValueError("no GGUF header")
-    order = "<" if int.from_bytes(data[4:8], "little") & 0xFFFF else ">"
+    order = "<" if int.from_bytes(data[4:8], "little") & 0xFFFF else ">"  # as the library
     pos = 8
 
     def take(fmt: str) -> int:
