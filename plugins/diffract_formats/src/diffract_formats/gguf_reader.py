@@ -180,11 +180,14 @@ def _walk_header(data: Any) -> None:
         pos += size
         return value
 
-    def skip(count: int, each: int, what: str) -> None:
-        nonlocal pos
+    def need(count: int, each: int, what: str) -> None:
         if count * each > len(data) - pos:
             raise ValueError(f"{what} declares {count} items of {each} bytes, more than the "
                              f"{len(data) - pos} bytes left")
+
+    def skip(count: int, each: int, what: str) -> None:
+        nonlocal pos
+        need(count, each, what)
         pos += count * each
 
     def value(kind: int, depth: int = 0) -> None:
@@ -196,27 +199,19 @@ def _walk_header(data: Any) -> None:
             item, count = take("I"), take("Q")
             if item in _SCALAR:
                 skip(count, _SCALAR[item], "an array")
-            else:
-                skip(count, 8, "an array")  # each string or array has an 8-byte length
-                pos_back = pos - count * 8
-                _rewind(pos_back)
-                for _ in range(count):
-                    value(item, depth + 1)
+                return
+            need(count, 8, "an array")  # each string or array has an 8-byte length
+            for _ in range(count):
+                value(item, depth + 1)
         else:
             raise ValueError(f"metadata value type {kind} is not GGUF's")
 
-    def _rewind(to: int) -> None:
-        nonlocal pos
-        pos = to
-
     tensors, fields = take("Q"), take("Q")
-    skip(fields, 12, "the metadata")  # a key length and a type, at least
-    _rewind(pos - fields * 12)
+    need(fields, 12, "the metadata")  # a key length and a type, at least
     for _ in range(fields):
         skip(take("Q"), 1, "a metadata key")
         value(take("I"))
-    skip(tensors, 24, "the tensor list")  # a name length, n_dims, type and offset
-    _rewind(pos - tensors * 24)
+    need(tensors, 24, "the tensor list")  # a name length, n_dims, type and offset
     for _ in range(tensors):
         skip(take("Q"), 1, "a tensor name")
         dims = take("I")
