@@ -91,3 +91,22 @@ with Session() as s:
     assert ("the 'analyze' command comes from the diffract-report distribution, which is not "
             "installed") in run.stderr and "pip install diffract-report" in run.stderr
     assert "No model format is installed: pip install diffract-formats" in run.stdout
+
+
+def test_no_core_module_imports_another_distribution_of_the_repository():
+    """Plugins import the core, never the other way (issue 37): not at the top of a
+    module, and not inside a function either (where a pack once hid behind a call-time
+    ImportError). Every import statement of the core's sources is read."""
+    import ast
+
+    ours = {p.name for p in (ROOT / "plugins").iterdir() if p.is_dir()}
+    ours |= {"diffract_kernels_spectral", "diffract_kernels_alignment", "kernel_fun"}
+    found = []
+    for path in sorted((ROOT / "diffract_core" / "src").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.name}:{node.lineno} {n}" for n in names
+                      if n.split(".")[0] in ours]
+    assert "diffract_report" in ours and "diffract_formats" in ours  # the list is real
+    assert found == [], found

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from diffract import Session
+from diffract_kernels_spectral import sparsity_schedule
 
 
 def _hill(eigenvalues: np.ndarray, k: int) -> float:
@@ -241,8 +242,8 @@ class TestSchedule:
             s.compute.apply("pl_alpha_hill")
             alpha = {n: r["pl_alpha_hill"] for n, r in
                      s.results.export_metrics("pl_alpha_hill")["m"].items()}
-            got = s.results.schedule("alphapruning", 0.7, epsilon=0.2)
-            blocks = s.results.schedule("alphapruning", 0.7, epsilon=0.2, by="block")
+            got = sparsity_schedule(s, "alphapruning", 0.7, epsilon=0.2)
+            blocks = sparsity_schedule(s, "alphapruning", 0.7, epsilon=0.2, by="block")
         names = [n for n in model if model[n].ndim == 2]
         assert sorted(got) == sorted(names)
         a = np.array([alpha[n] for n in names])
@@ -264,23 +265,23 @@ class TestSchedule:
         with Session() as s:
             s.models.add(self._model(rng), model_id="m")
             with pytest.raises(InvalidArgumentError, match="has no stored 'pl_alpha_hill'"):
-                s.results.schedule("alphapruning", 0.7)
+                sparsity_schedule(s, "alphapruning", 0.7)
             s.compute.apply("pl_alpha_hill")
             with pytest.raises(InvalidArgumentError, match="choose a smaller epsilon"):
-                s.results.schedule("alphapruning", 0.9, epsilon=0.5)
+                sparsity_schedule(s, "alphapruning", 0.9, epsilon=0.5)
             with pytest.raises(InvalidArgumentError, match="sparsity must be between 0 and 1"):
-                s.results.schedule("alphapruning", 70)
+                sparsity_schedule(s, "alphapruning", 70)
             with pytest.raises(InvalidArgumentError, match="Unknown schedule 'owl'"):
-                s.results.schedule("owl", 0.7)
+                sparsity_schedule(s, "owl", 0.7)
             s.models.add({"w": np.ones((4, 4))}, model_id="n")
             with pytest.raises(InvalidArgumentError, match="pass model_id="):
-                s.results.schedule("alphapruning", 0.7)
-            whole = s.results.schedule("alphapruning", 0.7, model_id="m")
+                sparsity_schedule(s, "alphapruning", 0.7)
+            whole = sparsity_schedule(s, "alphapruning", 0.7, model_id="m")
             assert len(whole) == 8
-            assert s.filter(["m"]).results.schedule("alphapruning", 0.7) == whole  # a view
+            assert sparsity_schedule(s.filter(["m"]), "alphapruning", 0.7) == whole  # a view
             two = ["model.layers.0.q.weight", "model.layers.3.v.weight"]
-            assert sorted(s.filter(["m"], param_names=two).results.schedule(
-                "alphapruning", 0.7)) == sorted(two)  # its parameters only
+            assert sorted(sparsity_schedule(
+                s.filter(["m"], param_names=two), "alphapruning", 0.7)) == sorted(two)  # its parameters only
 
 
 def test_analyze_writes_the_schedule_the_api_computes(tmp_path):
@@ -299,7 +300,7 @@ def test_analyze_writes_the_schedule_the_api_computes(tmp_path):
     with Session() as s:
         s.models.add(tmp_path / "m.npz", model_id="m")
         s.compute.apply("pl_alpha_hill")
-        assert written == s.results.schedule("alphapruning", 0.6, epsilon=0.25, by="block")
+        assert written == sparsity_schedule(s, "alphapruning", 0.6, epsilon=0.25, by="block")
     bad = subprocess.run([sys.executable, "-m", "diffract.cli", "analyze", str(tmp_path / "m.npz"),
                           "--schedule", "alphapruning"], capture_output=True, text=True,
                          cwd=tmp_path)

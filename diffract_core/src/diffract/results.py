@@ -190,22 +190,6 @@ class ResultsAPI(ScopedAPI):
 
         return trajectory(self, self._canonical(field), by)
 
-    def schedule(self, method: str = "alphapruning", sparsity: float = 0.7, *,
-                 metric: str | None = None, epsilon: float = 0.3, by: str = "layer",
-                 model_id: str | None = None) -> dict[str, float]:
-        """Per-layer sparsity from a stored metric, by parameter name: AlphaPruning's
-        mapping, see :mod:`diffract_kernels_spectral.schedule` (the spectral pack)."""
-        from diffract.session_view import SessionView
-
-        try:
-            from diffract_kernels_spectral.schedule import schedule
-        except ImportError:
-            raise InvalidArgumentError("Schedules come with the spectral pack: pip install "
-                                       "diffract-kernels-spectral.") from None
-        view = SessionView(self._session, self._scope)
-        return schedule(view, method, sparsity, metric=metric and self._canonical(metric),
-                        epsilon=epsilon, by=by, model_id=model_id)
-
     # -- aggregates -------------------------------------------------------------------
     def _aggregate_items(self, fields: tuple[str, ...]) -> dict[str, Any]:
         store = self._session.store

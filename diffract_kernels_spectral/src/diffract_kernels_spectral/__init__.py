@@ -4,6 +4,8 @@
 ``power_law_pvalue``, ``power_law_alpha_interval`` and ``compare_distributions`` work on
 spectra computed anywhere;
 the kernels (see :mod:`diffract_kernels_spectral.kernels`) call them.
+``sparsity_schedule(session, "alphapruning", 0.7)`` turns a stored alpha into per-layer
+pruning ratios.
 """
 
 from diffract_kernels_spectral._records import (
@@ -21,6 +23,7 @@ from diffract_kernels_spectral.fitting import (
     fit_power_law,
     fit_truncated_power_law,
 )
+from diffract_kernels_spectral.schedule import sparsity_schedule
 from diffract_kernels_spectral.significance import (
     compare_distributions,
     power_law_alpha_interval,
@@ -46,4 +49,5 @@ __all__ = [
     "fit_truncated_power_law",
     "power_law_alpha_interval",
     "power_law_pvalue",
+    "sparsity_schedule",
 ]

@@ -1,5 +1,6 @@
-"""Per-layer allocations from a stored metric: what ``session.results.schedule(...)``
-and ``diffract analyze --schedule`` compute.
+"""Per-layer allocations from a stored metric: what
+``diffract_kernels_spectral.sparsity_schedule(session, ...)`` and ``diffract analyze
+--schedule`` compute (the spectral pack's, not the core's: the core knows no metric).
 
 ``alphapruning`` is the layer-wise sparsity of AlphaPruning (Lu et al., NeurIPS 2024):
 layers whose ESD is less heavy-tailed (larger alpha: less trained, so less to lose) are
@@ -24,7 +25,7 @@ import numpy as np
 
 from diffract.errors import DiffractWarning, InvalidArgumentError
 
-__all__ = ["METHODS", "alphapruning", "block_of"]
+__all__ = ["METHODS", "alphapruning", "block_of", "sparsity_schedule"]
 
 METHODS = ("alphapruning",)
 _BLOCK = re.compile(r"^(.*?\.\d+)(?:\.|$)")
@@ -85,11 +86,12 @@ def alphapruning(metric: Mapping[str, float], sizes: Mapping[str, int], sparsity
     return {name: float(r) for name, r in zip(names, ratios, strict=True)}
 
 
-def schedule(session: Any, method: str, sparsity: float, *, metric: str | None = None,
-             epsilon: float = 0.3, by: str = "layer",
-             model_id: str | None = None) -> dict[str, float]:
-    """What ``session.results.schedule`` returns: the method applied to one model's
-    stored metric (its matrices in the scope of ``session``, a session or a filtered
+def sparsity_schedule(session: Any, method: str = "alphapruning", sparsity: float = 0.7, *,
+                      metric: str | None = None, epsilon: float = 0.3, by: str = "layer",
+                      model_id: str | None = None) -> dict[str, float]:
+    """Per-layer sparsity by parameter name: ``method`` (AlphaPruning's mapping, see the
+    module docstring) applied to one model's stored ``metric`` (``pl_alpha_hill`` by
+    default), over its matrices in the scope of ``session`` (a session or a filtered
     view of one; views of parameters left out)."""
     if method not in METHODS:
         raise InvalidArgumentError(f"Unknown schedule {method!r}; known: {list(METHODS)}.")

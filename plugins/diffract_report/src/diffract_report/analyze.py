@@ -152,11 +152,17 @@ def _write_schedules(view: object, model_ids: list[str], args: argparse.Namespac
 
     from diffract.errors import InvalidArgumentError
 
+    try:
+        from diffract_kernels_spectral import sparsity_schedule
+    except ImportError:
+        raise UsageError("--schedule comes with the spectral pack: pip install "
+                         "diffract-kernels-spectral.") from None
+
     written = []
     for model_id in model_ids:
         try:
-            ratios = view.results.schedule(  # type: ignore[attr-defined]
-                args.schedule, args.sparsity, metric=args.schedule_metric,
+            ratios = sparsity_schedule(
+                view, args.schedule, args.sparsity, metric=args.schedule_metric,
                 epsilon=args.epsilon, by=args.schedule_by, model_id=model_id)
         except InvalidArgumentError as exc:
             raise UsageError(str(exc)) from None
