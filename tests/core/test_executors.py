@@ -219,6 +219,54 @@ class TestQuietWorkers:
         assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
 
 
+#: Ctrl-C lands the moment a worker process has been started, before the parent has
+#: handed it its start-up data (a real Ctrl-C during start-up can land there).
+SPAWN_INTERRUPTED = textwrap.dedent("""
+    import signal
+    from multiprocessing import util
+    import numpy as np
+    from diffract import KernelExecutionProtocol, Session
+    from tests.resources.kernels import squared_sum
+
+    if __name__ == "__main__":
+        started = util.spawnv_passfds
+
+        def start_then_interrupt(path, args, passfds):
+            pid = started(path, args, passfds)
+            if "--multiprocessing-fork" in args:  # a worker (not the resource tracker)
+                signal.raise_signal(signal.SIGINT)
+            return pid
+
+        util.spawnv_passfds = start_then_interrupt
+        config = {"parallel": {"executor": "processes", "pool_min_seconds": 0,
+                               "process_pool": {"max_workers": 2}}}
+        try:
+            with Session(config=config) as s:
+                s.compute.kernel(name="t_sq",
+                                 execution_protocol=KernelExecutionProtocol.PARALLEL)(squared_sum)
+                s.models.add({f"p{i}": np.ones((3, 3)) for i in range(8)}, model_id="m")
+                s.compute.apply("t_sq")
+            print("not interrupted", flush=True)
+        except KeyboardInterrupt:
+            print("stopped", flush=True)
+""")
+
+
+class TestInterruptedStart:
+    def test_ctrl_c_while_a_worker_starts_leaves_it_no_traceback(self, tmp_path):
+        """Found by CI: Ctrl-C between a worker's start and the hand-over of its start-up
+        data made the worker read an empty pipe and print multiprocessing's EOFError
+        traceback. The interrupt waits for the hand-over, then stops the apply as ever
+        (stderr is read to its end: every worker has exited)."""
+        script = tmp_path / "spawn_interrupted.py"
+        script.write_text(SPAWN_INTERRUPTED)
+        run = subprocess.run([sys.executable, str(script)], cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)},
+                             capture_output=True, text=True, timeout=180)
+        assert run.stdout.strip() == "stopped", run.stderr
+        assert "Traceback" not in run.stderr, run.stderr
+
+
 UNGUARDED = textwrap.dedent("""
     import os
 

@@ -20,7 +20,9 @@ import ast
 import contextlib
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -79,18 +81,14 @@ def watch_parent(parent: int, interval: float = 0.5) -> None:
     pool) is gone, so a killed session leaves no workers behind holding its files and
     pipes. A daemon thread polls the parent's pid (Linux and macOS re-parent orphans, so
     ``os.getppid()`` changes; elsewhere, ``os.kill(parent, 0)`` fails)."""
-    import threading
-
     def alive() -> bool:
-        if os.getppid() != parent:
-            return False
         try:
             os.kill(parent, 0)
         except ProcessLookupError:
             return False
         except OSError:  # exists, not ours to signal
-            return True
-        return True
+            pass
+        return os.getppid() == parent
 
     def watch() -> None:
         while alive():
@@ -101,8 +99,6 @@ def watch_parent(parent: int, interval: float = 0.5) -> None:
 
 
 def _worker_start(threads: int, parent: int) -> None:
-    import signal
-
     # Ctrl-C reaches the whole process group (a terminal, a Jupyter kernel shutting
     # down): the session stops its workers itself, so they ignore it, with no traceback
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -218,6 +214,25 @@ def _worker_ready(modules: tuple[str, ...], pause: float) -> int:
     return os.getpid()
 
 
+@contextlib.contextmanager
+def _interrupt_after():
+    """Hold Ctrl-C until the block ends: a worker started just before it would find its
+    start-up data missing and print multiprocessing's traceback."""
+    came: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if main else None
+    if previous is None:  # not the main thread, or a handler Python did not set
+        yield
+        return
+    signal.signal(signal.SIGINT, lambda number, frame: came.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if came:
+        signal.raise_signal(signal.SIGINT)
+
+
 class ExecutorHandle:
     """The session's executor: built on first use, replaced when broken, stopped hard.
 
@@ -258,8 +273,9 @@ class ExecutorHandle:
             return
         workers, seen = int(getattr(ex, "_max_workers", 1)), set()
         for _ in range(50):  # short naps spread the answers over the workers
-            seen |= {f.result() for f in [ex.submit(_worker_ready, modules, 0.05)
-                                          for _ in range(2 * workers)]}
+            with _interrupt_after():  # a submit can start a worker
+                futures = [ex.submit(_worker_ready, modules, 0.05) for _ in range(2 * workers)]
+            seen |= {f.result() for f in futures}
             if len(seen) >= workers:
                 break
         warmed.update(wanted)
