@@ -222,7 +222,7 @@ class TestQuietWorkers:
 #: Ctrl-C lands the moment a worker process has been started, before the parent has
 #: handed it its start-up data (a real Ctrl-C during start-up can land there).
 SPAWN_INTERRUPTED = textwrap.dedent("""
-    import signal
+    import os, signal, sys
     from multiprocessing import util
     import numpy as np
     from diffract import KernelExecutionProtocol, Session
@@ -234,7 +234,8 @@ SPAWN_INTERRUPTED = textwrap.dedent("""
         def start_then_interrupt(path, args, passfds):
             pid = started(path, args, passfds)
             if "--multiprocessing-fork" in args:  # a worker (not the resource tracker)
-                signal.raise_signal(signal.SIGINT)
+                os.killpg(0, signal.SIGINT) if sys.argv[1] == "group" else signal.raise_signal(
+                    signal.SIGINT)
             return pid
 
         util.spawnv_passfds = start_then_interrupt
@@ -253,16 +254,20 @@ SPAWN_INTERRUPTED = textwrap.dedent("""
 
 
 class TestInterruptedStart:
-    def test_ctrl_c_while_a_worker_starts_leaves_it_no_traceback(self, tmp_path):
+    @pytest.mark.parametrize("to", ["session", "group"])
+    def test_ctrl_c_while_a_worker_starts_leaves_it_no_traceback(self, tmp_path, to):
         """Found by CI: Ctrl-C between a worker's start and the hand-over of its start-up
         data made the worker read an empty pipe and print multiprocessing's EOFError
-        traceback. The interrupt waits for the hand-over, then stops the apply as ever
-        (stderr is read to its end: every worker has exited)."""
+        traceback. The interrupt waits for the hand-over, then stops the apply as ever.
+        Sent to the whole group (a terminal's Ctrl-C), it also reaches the worker while
+        its Python starts, before it can ignore it: no KeyboardInterrupt traceback there
+        either. stderr is read to its end: every worker has exited."""
         script = tmp_path / "spawn_interrupted.py"
         script.write_text(SPAWN_INTERRUPTED)
-        run = subprocess.run([sys.executable, str(script)], cwd=ROOT,
+        run = subprocess.run([sys.executable, str(script), to], cwd=ROOT,
                              env={**os.environ, "PYTHONPATH": str(ROOT)},
-                             capture_output=True, text=True, timeout=180)
+                             capture_output=True, text=True, timeout=180,
+                             start_new_session=True)
         assert run.stdout.strip() == "stopped", run.stderr
         assert "Traceback" not in run.stderr, run.stderr
 

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import importlib
 import multiprocessing
 import os
 import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
@@ -189,7 +191,7 @@ def spawn_problem(function: Callable[..., Any]) -> str | None:
         return None
     from_top_level = any(
         f.f_globals.get("__name__") == "__main__" and f.f_code.co_name == "<module>"
-        for f in _frames()
+        for f, _ in traceback.walk_stack(None)
     )
     if from_top_level and not _has_main_guard(path):
         return (f"{os.path.basename(path)!r} has no 'if __name__ == \"__main__\":' guard, so "
@@ -198,16 +200,7 @@ def spawn_problem(function: Callable[..., Any]) -> str | None:
     return None
 
 
-def _frames():
-    frame = sys._getframe(1)
-    while frame is not None:
-        yield frame
-        frame = frame.f_back
-
-
 def _worker_ready(modules: tuple[str, ...], pause: float) -> int:
-    import importlib
-
     for module in modules:
         importlib.import_module(module)
     time.sleep(pause)
@@ -217,17 +210,24 @@ def _worker_ready(modules: tuple[str, ...], pause: float) -> int:
 @contextlib.contextmanager
 def _interrupt_after():
     """Hold Ctrl-C until the block ends: a worker started just before it would find its
-    start-up data missing and print multiprocessing's traceback."""
+    start-up data missing and print multiprocessing's traceback. The signal is blocked
+    in this thread too, so a worker started here begins with it blocked (a terminal's
+    Ctrl-C reaches the worker's whole start-up, until ``_worker_start`` ignores it)."""
     came: list[int] = []
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGINT) if main else None
     if previous is None:  # not the main thread, or a handler Python did not set
         yield
         return
+    blocks = hasattr(signal, "pthread_sigmask")  # POSIX
     signal.signal(signal.SIGINT, lambda number, frame: came.append(number))
+    if blocks:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
+        if blocks:  # one held by the mask is handled now, by the handler above
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         signal.signal(signal.SIGINT, previous)
     if came:
         signal.raise_signal(signal.SIGINT)
