@@ -195,10 +195,29 @@ def test_a_head_count_that_is_not_a_positive_integer_is_refused(tmp_path, heads)
               str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": heads,
                                                       "hidden_size": 24}))
-    with pytest.raises(ModelSourceError, match=r"the configuration's num_attention_heads is "
-                                               + f"{heads!r}".replace(".", r"\.") +
-                                               ", not a positive integer"):
+    with pytest.raises(ModelSourceError) as caught:
         _add(tmp_path, views=["heads"])
+    assert (f"num_attention_heads is {heads!r} in {tmp_path / 'config.json'}, not a positive "
+            'integer; fix it there or pass view_options={"heads": N}') in str(caught.value)
+
+
+def test_the_command_line_names_the_file_and_its_own_option(tmp_path, capsys):
+    """The same refusal from the shell: exit 2, the file, --view-option (not Python)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from diffract.cli import main
+
+    save_file({"model.layers.0.self_attn.q_proj.weight": torch.ones(24, 24)},
+              str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 3,
+                                                      "num_key_value_heads": 1.5,
+                                                      "hidden_size": 24}))
+    assert main(["analyze", str(tmp_path / "model.safetensors"), "--views", "heads"]) == 2
+    err = capsys.readouterr().err
+    assert (f"num_key_value_heads is 1.5 in {tmp_path / 'config.json'}, not a positive "
+            "integer; fix it there or pass --view-option kv_heads=N") in err
+    assert "view_options" not in err
 
 
 def test_a_gguf_array_declaring_more_items_than_the_file_holds(tmp_path, tool):

@@ -82,7 +82,7 @@ def test_analyze_splits_summarises_and_reports_views(pair, tmp_path):
     assert run.returncode == 0, run.stderr
     assert ("base: heads split 8 of 8 parameters into 24 views "
             "(model.layers.*.self_attn.k_proj.weight") in run.stdout
-    assert "base: stable_rank over each parameter's views" in run.stdout
+    assert "base: median [min, max] over each parameter's views" in run.stdout
     dump = _cli("analyze", str(base), "--views", "heads", "--metrics", "stable_rank",
                 "--format", "json", cwd=tmp_path)
     records = {r["param"]: r for r in json.loads(dump.stdout)}
@@ -118,5 +118,5 @@ def test_the_report_tables_experts(tmp_path):
                "--report", str(tmp_path / "r.html"), cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     text = (tmp_path / "r.html").read_text()
-    table = re.search(r'<table[^>]* id="experts-moe">(.*?)</table>', text).group(1)
+    table = re.search(r'<table[^>]* id="experts-moe-stable_rank">(.*?)</table>', text).group(1)
     assert "<th>0</th><th>1</th><th>2</th>" in table and "mlp.experts.down_proj" in table

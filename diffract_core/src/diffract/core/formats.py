@@ -230,8 +230,8 @@ def open_path(path: Path, model_id: str, format: str | None = None,
         format_options=tuple(sorted(options.items())))
     reading = _Reading(fmt, str(path), files, dict(source.weight_map), model_id, options,
                        reader)
-    return kept, source, reading.load, reading.raw, lambda: dict(
-        _named(model_id, reader.config))
+    return kept, source, reading.load, reading.raw, lambda: _named(  # a reader's own
+        model_id, reader.config)  # mapping: it may say where it was read (``source``)
 
 
 def reopen(source: ModelSource, model_id: str) -> tuple[Callable, Callable]:

@@ -19,6 +19,15 @@ def error(path: str | Path, problem: str) -> ModelSourceError:
     return ModelSourceError(f"{problem} ({str(path)!r})", model_id=None)
 
 
+class Config(dict):
+    """A model's configuration, and where it was read (``source``: view rules name it
+    in their errors)."""
+
+    def __init__(self, data: dict[str, Any], source: str) -> None:
+        super().__init__(data)
+        self.source = source
+
+
 def config_json(folder: str | Path) -> dict[str, Any]:
     """The ``config.json`` of a checkpoint's folder (read bounded, by read_json_file), or
     ``{}`` when there is none; one that is not a JSON object is an error naming it."""
@@ -31,7 +40,7 @@ def config_json(folder: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise error(path, "config.json holds no JSON object; fix it, or give the geometry as "
                           "view options")
-    return data
+    return Config(data, str(path))
 
 
 class ConfigBeside:

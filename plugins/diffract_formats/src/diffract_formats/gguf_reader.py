@@ -25,7 +25,7 @@ import numpy as np
 
 from diffract.errors import ModelSourceError
 from diffract.plugins import CheckpointReader, TensorEntry, to_slices
-from diffract_formats._common import error, library
+from diffract_formats._common import Config, error, library
 
 __all__ = ["GGUFFileReader"]
 
@@ -146,7 +146,7 @@ class GGUFFileReader(CheckpointReader):
         return values.astype(np.float32) if values.dtype == np.float16 else values
 
     def config(self) -> Mapping[str, Any]:
-        return dict(self._config)
+        return Config(self._config, f"{self._path}'s metadata")
 
 
 #: Bytes of each GGUF metadata value type (8: string, 9: array, of variable size).

@@ -126,8 +126,13 @@
       el("rect", {x: x1 + 16, y: y0 + (y1 - y0) * (19 - k) / 20, width: 12,
                   height: (y1 - y0) / 20 + 0.5, fill: colour(k / 19)}, g);
     }
-    el("text", {x: x1 + 32, y: y0 + 8, "class": "tick"}, g, isFinite(hi) ? fmt(hi) : "");
-    el("text", {x: x1 + 32, y: y1, "class": "tick"}, g, isFinite(lo) ? fmt(lo) : "");
+    if (!isFinite(lo)) return;  /* nothing defined: the page says why, in words */
+    for (var t = 0; t <= 4; t++) {  /* the colour bar's scale: five values, ends included */
+      var value = lo + (hi - lo) * t / 4, y = y1 - (y1 - y0) * t / 4;
+      el("line", {x1: x1 + 28, x2: x1 + 31, y1: y, y2: y, stroke: "#555"}, g);
+      el("text", {x: x1 + 33, y: y + 3, "class": "tick cbar"}, g, fmt(value));
+      if (hi === lo) break;
+    }
   }
 
   function panel(svg, p, left, top, width, height) {

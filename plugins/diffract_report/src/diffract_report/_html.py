@@ -293,7 +293,8 @@ def _percent(x: float) -> str:
 
 
 def _model_section(session: Any, root: Any, model_id: str, number: int, table: dict[str, Any],
-                   fields: list[str], record: dict[str, Any] | None, plots: bool) -> list[str]:
+                   fields: list[str], record: dict[str, Any] | None, plots: bool,
+                   view_fields: Sequence[str] | None = None) -> list[str]:
     """A model's heading, its charts, its per-layer table (rows linking to their ESD
     plots, flagged rows highlighted) and the ESD plots (charts only with ``plots``)."""
     parts = [f"<h2 id='model-{number}'>{_esc(model_id)}</h2>"]
@@ -330,7 +331,7 @@ def _model_section(session: Any, root: Any, model_id: str, number: int, table: d
     rows_in = {name: row for name, row in table.get(model_id, {}).items()
                if name not in params or params[name].parent is None}
     if plots and any(p.parent for p in params.values()):
-        parts += _view_parts(session, model_id, fields)
+        parts += _view_parts(session, model_id, fields, view_fields)
     rows = [[name, "x".join(map(str, params[name].shape)),
              *(row.get(f) if np.ndim(row.get(f, 0)) == 0 else None for f in fields)]
             for name, row in rows_in.items()]
@@ -345,43 +346,51 @@ def _model_section(session: Any, root: Any, model_id: str, number: int, table: d
     return parts
 
 
-def _view_parts(session: Any, model_id: str, fields: Sequence[str]) -> list[str]:
-    """A model's views: a parameter x head heat map per field (alpha, stable rank when
-    stored), a parameter x expert table, and each field over each parameter's views."""
-    from diffract_report.views import head_grid, view_summary
+def _view_parts(session: Any, model_id: str, fields: Sequence[str],
+                view_fields: Sequence[str] | None = None) -> list[str]:
+    """A model's views: a parameter x head heat map per view field (``view_fields``, or
+    alpha and stable rank), or in words why a field has nothing to show; a parameter x
+    expert table; and each field over each parameter's views."""
+    from diffract_report.views import head_grid, undefined_reasons, view_summary
 
     parts = ["<h3>Views</h3>"]
     known = set(session.compute.list_available_metrics())
-    for field in [f for f in ("pl_alpha", "stable_rank") if f in known]:
+    shown = [f for f in (view_fields or ("pl_alpha", "stable_rank")) if f in known]
+    for field in shown:
         rows, heads, matrix = head_grid(session, model_id, field)
-        if rows:
+        if rows and np.isfinite(matrix).any():
             parts.append(_chart({"w": 1040, "h": int(min(1400, 70 + 14 * len(rows))),
                                  "panels": [{"title": f"{field} per head", "xlabel": "head",
                                              "heat": {"rows": rows, "cols": heads,
                                                       "z": [_num(r) for r in matrix]}}]}))
-    scalar = [f for f in fields if f not in ("warning", "esd")]
-    experts: dict[str, dict[int, Any]] = {}
+        elif rows:
+            reasons = undefined_reasons(session, model_id, field)
+            why = ("; ".join(f"{n} &times; {_esc(r)}" for n, r in reasons[:5]) if reasons
+                   else f"it was not computed on the views (add {_esc(field)} to --metrics)")
+            parts.append(f"<p class=nothing><b>{_esc(field)} per head</b>: nothing to show, "
+                         f"no head has a value: {why}.</p>")
+    scalar = list(view_fields or ()) or [f for f in fields if f not in ("warning", "esd")]
     params = getattr(session, "session", session).models.params(model_id)
-    values = session.results.export_metrics(*scalar[:1]).get(model_id, {}) if scalar else {}
-    for p in params:
-        label = p.meta_dict.get("view", "")
-        if p.parent is not None and label.startswith("expert="):
-            experts.setdefault(p.parent, {})[int(label[7:])] = values.get(p.name, {}).get(
-                scalar[0]) if scalar else None
-    if experts:
-        count = max(len(v) for v in experts.values())
-        parts.append(f"<h4>{_esc(scalar[0] if scalar else '')} per expert</h4>"
-                     "<div class=scroll>" + html_table(
-                         ["parameter", *map(str, range(count))],
-                         [[parent, *(row.get(e) for e in range(count))]
-                          for parent, row in experts.items()], table_id=f"experts-{model_id}")
-                     + "</div>")
     for field in scalar[:2]:
+        experts: dict[str, dict[int, Any]] = {}
+        values = session.results.export_metrics(field).get(model_id, {})
+        for p in params:
+            label = p.meta_dict.get("view", "")
+            if p.parent is not None and label.startswith("expert="):
+                experts.setdefault(p.parent, {})[int(label[7:])] = values.get(
+                    p.name, {}).get(field)
+        if experts:
+            count = max(len(v) for v in experts.values())
+            parts.append(f"<h4>{_esc(field)} per expert</h4><div class=scroll>" + html_table(
+                ["parameter", *map(str, range(count))],
+                [[parent, *(row.get(e) for e in range(count))] for parent, row in
+                 experts.items()], table_id=f"experts-{model_id}-{field}") + "</div>")
+    for field in scalar[:4] if view_fields else scalar[:2]:
         summary = view_summary(session, model_id, field)
         if summary:
             parts.append(f"<h4>{_esc(field)} over each parameter's views</h4><div class=scroll>"
-                         + html_table(["parameter", "views", "mean", "median", "min", "max"],
-                                      [list(r.values()) for r in summary],
+                         + html_table(["parameter", "views", "defined", "mean", "median", "min",
+                                       "max"], [list(r.values()) for r in summary],
                                       table_id=f"views-{model_id}-{field}") + "</div>")
     return parts
 
@@ -397,6 +406,7 @@ def write_html(
     sections: Sequence[str] = (),
     lead: Sequence[str] = (),
     detail: Sequence[str] | None = None,
+    view_metrics: Sequence[str] | None = None,
 ) -> Path:
     """One self-contained HTML file (styles, script, data and charts inline; opens
     offline): a table of contents; the summary (with the conventions in effect, and
@@ -405,7 +415,8 @@ def write_html(
     stored scalar field when None; flagged layers highlighted, each row linking to its
     ESD plot) and every layer's ESD (when ``plots`` and ``esd`` is stored), for the
     models of ``detail`` (all when None); ``lead`` (HTML fragments after the summary) and
-    ``sections`` (after the models); and the run's provenance: versions, kernel
+    ``sections`` (after the models); ``view_metrics``: the fields drawn per head (alpha
+    and stable rank when None); and the run's provenance: versions, kernel
     configuration, inputs with their files' header hashes, time taken, ``command``.
     Returns the path."""
     root = getattr(session, "session", session)
@@ -445,7 +456,7 @@ def write_html(
     for number, model_id in enumerate(model_ids):
         if detail is None or model_id in detail:
             parts += _model_section(session, root, model_id, number, table, fields,
-                                    summaries.get(model_id), plots)
+                                    summaries.get(model_id), plots, view_metrics)
     counter = iter(range(1_000_000))
     parts += [re.sub(r"<h2>", lambda _: f"<h2 id='section-{next(counter)}'>", s)
               for s in sections]

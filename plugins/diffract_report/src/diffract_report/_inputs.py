@@ -23,6 +23,12 @@ from diffract.errors import InvalidArgumentError, ModelSourceError
 DEFAULT_METRICS = ("pl_alpha", "pl_fit_quality", "alpha_weighted", "stable_rank", "log_norm",
                    "spectral_norm", "mp_softrank", "num_spikes", "warning")
 
+#: What views (heads, experts) get by default: metrics defined on a spectrum of a few
+#: dozen points that tell a trained head from a random one of its shape (measured in
+#: docs/views.md with benchmarks/head_metrics.py). A power-law fit needs min_tail=50
+#: points in its tail, which a 32- or 64-row head does not have.
+VIEW_METRICS = ("pl_alpha_hill", "stable_rank", "spectral_norm", "matrix_entropy")
+
 #: Which distribution brings a field that is not installed (a hint, not a registry;
 #: tests/core/test_cli_analyze.py checks it against the installed packs).
 PACK_OF = {

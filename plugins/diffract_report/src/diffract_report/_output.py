@@ -99,22 +99,35 @@ def table_rows(session: Any, view: Any, model_id: str, metrics: Sequence[str],
 
 def view_tables(session: Any, view: Any, model_id: str, metrics: Sequence[str],
                 console: Any | None, say: Callable[[str], None]) -> None:
-    """When the model has views: what each rule split, and the first scalar metric
-    summarised over each parameter's views (the export formats list every view)."""
-    from diffract_report.views import split_lines, view_summary
+    """When the model has views: what each rule split, then per parameter with views
+    each scalar metric's median and range over its views (the export formats list every
+    view), and why the values left undefined are undefined (reasons grouped)."""
+    from diffract_report.views import split_lines, undefined_reasons, view_summary
 
     lines = split_lines(session, model_id)
     if not lines:
         return
     for line in lines:
         say(line)
-    field = next((m for m in metrics if m != "warning"), None)
-    rows = [[r["parameter"], r["views"], r["mean"], r["median"], r["min"], r["max"]]
-            for r in view_summary(view, model_id, field)] if field else []
-    if rows:
-        print_table(f"{model_id}: {field} over each parameter's views",
-                    ["parameter", "views", "mean", "median", "min", "max"], rows, console,
-                    keys=1)
+    fields = [m for m in metrics if m not in ("warning", "esd")]
+    summaries = {f: view_summary(view, model_id, f) for f in fields}
+    if not any(summaries.values()):
+        return
+    first = next(iter(summaries.values()))
+    rows = [[r["parameter"], r["views"]] for r in first]
+    for field in fields:
+        for row, r in zip(rows, summaries[field], strict=True):
+            row.append(f"{format_value(r['median'])} [{format_value(r['min'])}, "
+                       f"{format_value(r['max'])}]" if r["defined"] else "undefined")
+    print_table(f"{model_id}: median [min, max] over each parameter's views",
+                ["parameter", "views", *fields], rows, console, keys=2)
+    for field in fields:
+        reasons = undefined_reasons(view, model_id, field)
+        if reasons:
+            total = sum(n for n, _ in reasons)
+            say(f"{model_id}: {field} undefined on {total} view(s):")
+            for count, reason in reasons[:5]:
+                say(f"  {count} x {reason}")
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]],

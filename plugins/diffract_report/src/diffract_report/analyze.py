@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 from diffract_report._inputs import (
     DEFAULT_METRICS,
@@ -14,6 +15,7 @@ from diffract_report._inputs import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
+    VIEW_METRICS,
     UsageError,
     add_inputs,
     add_session_arguments,
@@ -41,7 +43,8 @@ def configure_analyze(p: argparse.ArgumentParser) -> None:
                    help=".safetensors file, Hugging Face-style directory, torch state-dict "
                         "file, or module:factory returning an nn.Module")
     p.add_argument("--metrics", metavar="a,b,...",
-                   help=f"fields to compute (default: {','.join(DEFAULT_METRICS)})")
+                   help=f"fields to compute (default: {','.join(DEFAULT_METRICS)}; with "
+                        f"--views, the views get {','.join(VIEW_METRICS)})")
     p.add_argument("--schedule", choices=["alphapruning"],
                    help="write per-layer sparsity ratios (JSON keyed by parameter name): "
                         "alphapruning maps each layer's --schedule-metric onto sparsity x "
@@ -93,9 +96,17 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
             wanted.append(args.schedule_metric)
         if (args.plot or args.report) and "esd" in session.compute.list_available_metrics():
             wanted.append("esd")  # the ESD plots draw it
+        view_fields = list(VIEW_METRICS) if args.views and not args.metrics else []
+        if view_fields:
+            check_metrics(session, view_fields)
         try:
-            with ProgressBar(interactive) as bar:
-                report = run_apply(view, wanted, bar)
+            reports = []
+            if view_fields:  # parents and views together: each parent is read once
+                with ProgressBar(interactive) as bar:
+                    reports.append(run_apply(view, view_fields, bar))
+            with ProgressBar(interactive) as bar:  # the parents' spectra are stored now
+                reports.append(run_apply(_parents(session, view, model_ids) if view_fields
+                                         else view, wanted, bar))
         except KeyboardInterrupt:
             where = (f"rerun the same command with --store {args.store} to resume"
                      if args.store else "use --store PATH to keep results across runs")
@@ -109,7 +120,7 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
             for model_id in model_ids:
                 rows = table_rows(session, view, model_id, metrics, args.include_1d)
                 print_table(f"{model_id}: {len(rows)} layers", header, rows, console)
-                view_tables(session, view, model_id, metrics, console, say)
+                view_tables(session, view, model_id, view_fields or metrics, console, say)
             for record in summaries:
                 if record["layers"]:  # alpha was asked for
                     say("")
@@ -118,7 +129,8 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                         say(line)
         written = []
         if args.out or not to_terminal:
-            written = write_outputs(view, metrics, args.format, args.out, summaries)
+            written = write_outputs(view, _union(metrics, view_fields), args.format, args.out,
+                                    summaries)
         if args.plot:
             from diffract_report.viz import plot_model
 
@@ -134,15 +146,26 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
             from diffract_report.report import write_html
 
             written.append(write_html(view, args.report, metrics=metrics,
+                                      view_metrics=view_fields or None,
                                       seconds=time.perf_counter() - started,
                                       command=" ".join(["diffract", *sys.argv[1:]])))
         tell = say if to_terminal else (lambda s: print(s, file=sys.stderr))
         for path in written:
             tell(f"wrote {path}")
-        if tell_failures([report], tell):
+        if tell_failures(reports, tell):
             return EXIT_FAILED
         tell(f"done in {time.perf_counter() - started:.1f} s")
     return EXIT_OK
+
+
+def _parents(session: Any, view: Any, model_ids: list[str]) -> Any:
+    """``view`` without the parameters' views (the default metrics are the parents')."""
+    return view.filter(param_names=[p.name for m in model_ids for p in session.models.params(m)
+                                    if p.parent is None])
+
+
+def _union(first: list[str], second: list[str]) -> list[str]:
+    return list(dict.fromkeys([*first, *second]))
 
 
 def _write_schedules(view: object, model_ids: list[str], args: argparse.Namespace) -> list:

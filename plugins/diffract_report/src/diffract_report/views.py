@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["head_grid", "rank_heads", "split_lines", "view_summary"]
+__all__ = ["head_grid", "rank_heads", "split_lines", "undefined_reasons", "view_summary"]
 
 
 def _params(session: Any, model_id: str) -> list[Any]:
@@ -42,15 +42,18 @@ def split_lines(session: Any, model_id: str) -> list[str]:
 
 
 def view_summary(session: Any, model_id: str, field: str) -> list[dict[str, Any]]:
-    """Per parameter with views: how many hold a number in ``field``, and its mean,
-    median, min and max over them (NaN where none does)."""
+    """Per parameter with views: its number of views, how many hold a number in
+    ``field`` (``defined``), and its mean, median, min and max over them (NaN where none
+    does)."""
     rows = session.results.export_metrics(field).get(model_id, {})
     groups: dict[str, list[float]] = {}
+    counts: dict[str, int] = {}
     for p in _params(session, model_id):
         if p.parent is None:
             continue
         value = rows.get(p.name, {}).get(field)
         groups.setdefault(p.parent, [])
+        counts[p.parent] = counts.get(p.parent, 0) + 1
         if isinstance(value, (int, float, np.number)) and math.isfinite(value):
             groups[p.parent].append(float(value))
     out = []
@@ -58,9 +61,29 @@ def view_summary(session: Any, model_id: str, field: str) -> list[dict[str, Any]
         v = np.asarray(values)
         stats = ((float(v.mean()), float(np.median(v)), float(v.min()), float(v.max()))
                  if v.size else (math.nan,) * 4)
-        out.append(dict(zip(("parameter", "views", "mean", "median", "min", "max"),
-                            (parent, len(v), *stats), strict=True)))
+        out.append(dict(zip(("parameter", "views", "defined", "mean", "median", "min", "max"),
+                            (parent, counts[parent], len(v), *stats), strict=True)))
     return out
+
+
+def undefined_reasons(session: Any, model_id: str, field: str) -> list[tuple[int, str]]:
+    """Why ``field`` is undefined or was skipped on views of ``model_id``: (count,
+    reason) pairs, most frequent first, the reasons grouped by their text with each
+    view's own name taken out."""
+    root = getattr(session, "session", session)
+    producer = root.registry.producer(field)
+    if producer is None:
+        return []
+    views = {f"{model_id}/{p.name}": p.name for p in _params(session, model_id)
+             if p.parent is not None}
+    counts: dict[str, int] = {}
+    for note in session.results.export_notes():
+        name = views.get(note["unit"])
+        if name is not None and note["kernel"] == producer.name \
+                and note["kind"] in ("undefined", "skipped"):
+            reason = note["reason"].replace(name, "<view>")
+            counts[reason] = counts.get(reason, 0) + 1
+    return sorted(((n, r) for r, n in counts.items()), key=lambda item: -item[0])
 
 
 def _head(label: str) -> int | None:

@@ -87,17 +87,18 @@ def kind_of(name: str, options: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _count(config: Mapping[str, Any], *keys: str) -> int | None:
+def _count(config: Mapping[str, Any], option: str, *keys: str) -> int | None:
     """The first of ``keys`` the configuration holds, which must be a positive integer
-    (a ValueError naming the key otherwise: ``true`` is not one head, ``12.0`` or ``"12"``
-    not twelve)."""
+    (a ValueError naming the key, the file it came from and the view option to pass
+    instead otherwise: ``true`` is not one head, ``12.0`` or ``"12"`` not twelve)."""
     for key in keys:
         value = config.get(key)
         if value is None:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"the configuration's {key} is {value!r}, not a positive integer; "
-                             f"fix config.json or give the geometry as view options")
+            where = getattr(config, "source", None) or "the model's configuration"
+            raise ValueError(f"{key} is {value!r} in {where}, not a positive integer; fix it "
+                             f'there or pass view_options={{"{option}": N}}')
         return value
     return None
 
@@ -105,22 +106,23 @@ def _count(config: Mapping[str, Any], *keys: str) -> int | None:
 def geometry(config: Mapping[str, Any], options: Mapping[str, Any],
              name: str) -> tuple[int, int, int]:
     """(heads, kv_heads, head_dim) from the options, else the configuration."""
-    heads = options.get("heads") or _count(config, "num_attention_heads", "n_head",
+    heads = options.get("heads") or _count(config, "heads", "num_attention_heads", "n_head",
                                            "num_heads")
     if not heads:
         raise ValueError(f"{name} is an attention weight, but the head count is unknown: no "
                          "config.json beside the checkpoint (nor its own metadata) gives "
                          'num_attention_heads; pass view_options={"heads": N} (and kv_heads, '
                          "head_dim)")
-    kv = (options.get("kv_heads") or _count(config, "num_key_value_heads", "num_kv_heads",
-                                            "n_head_kv")
+    kv = (options.get("kv_heads") or _count(config, "kv_heads", "num_key_value_heads",
+                                            "num_kv_heads", "n_head_kv")
           or (1 if config.get("multi_query") else heads))
-    hidden = _count(config, "hidden_size", "n_embd", "d_model")
-    dim = options.get("head_dim") or _count(config, "head_dim") or (
+    hidden = _count(config, "head_dim", "hidden_size", "n_embd", "d_model")
+    dim = options.get("head_dim") or _count(config, "head_dim", "head_dim") or (
         hidden // heads if hidden else None)
     if heads % kv:
         raise ValueError(f"num_key_value_heads ({kv}) does not divide num_attention_heads "
-                         f"({heads}); fix the configuration or pass view_options kv_heads")
+                         f'({heads}); fix the configuration or pass view_options={{"kv_heads": '
+                         f"N}}")
     return int(heads), int(kv), int(dim) if dim else 0
 
 
