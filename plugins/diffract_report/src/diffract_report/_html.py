@@ -375,9 +375,10 @@ def _view_parts(session: Any, model_id: str, fields: Sequence[str],
         experts: dict[str, dict[int, Any]] = {}
         values = session.results.export_metrics(field).get(model_id, {})
         for p in params:
-            label = p.meta_dict.get("view", "")
-            if p.parent is not None and label.startswith("expert="):
-                experts.setdefault(p.parent, {})[int(label[7:])] = values.get(
+            label = re.fullmatch(r"expert=(\d+)(?:,part=(\w+))?", p.meta_dict.get("view", ""))
+            if p.parent is not None and label:  # a packed gate_up_proj: a row per part
+                row = f"{p.parent}[part={label.group(2)}]" if label.group(2) else p.parent
+                experts.setdefault(row, {})[int(label.group(1))] = values.get(
                     p.name, {}).get(field)
         if experts:
             count = max(len(v) for v in experts.values())

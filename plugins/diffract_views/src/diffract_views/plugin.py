@@ -18,8 +18,9 @@ def diffract_param_views() -> Iterator[ViewRule]:
                    "a fused QKV matrix in its q, k, v parts; gate_up_proj in gate and up",
                    check=rules.check, options=rules.HEAD_OPTIONS)
     yield ViewRule("experts", rules.experts,
-                   "a 3-D MoE tensor [E, out, in] in its E matrices",
-                   check=rules.check, options=("experts", "expert_layout"))
+                   "a 3-D MoE tensor [E, out, in] in its E matrices; a packed gate_up_proj "
+                   "per expert in gate and up",
+                   check=rules.check, options=("experts", "expert_layout", "gate_up"))
     yield ViewRule("conv", rules.conv,
                    "a convolution [out, in, kh, kw] per spatial position",
                    check=rules.check)

@@ -66,6 +66,8 @@ def check(options: Mapping[str, Any]) -> list[str]:
     if options.get("expert_layout") not in (None, "out_in", "in_out"):
         problems.append(f"expert_layout must be 'out_in' or 'in_out', got "
                         f"{options['expert_layout']!r}")
+    if options.get("gate_up") not in (None, "halves", "interleaved"):
+        problems.append(f"gate_up must be 'halves' or 'interleaved', got {options['gate_up']!r}")
     patterns = options.get("patterns", {})
     if not isinstance(patterns, Mapping) or not set(patterns) <= set(KINDS):
         problems.append(f"patterns maps kinds {sorted(KINDS)} to regular expressions, got "
@@ -236,22 +238,57 @@ def _expert_named(name: str) -> bool:
     return re.search(r"expert", name, re.IGNORECASE) is not None
 
 
+#: Model types whose packed experts are stored ``[E, in, out]`` (transformers' Llama 4
+#: and GPT-OSS); those with interleaved gate and up columns (GPT-OSS: ``gate_up[..., ::2]``
+#: is the gate, ``[..., 1::2]`` the up projection).
+_IN_OUT_EXPERTS = ("llama4", "llama4_text", "gpt_oss")
+_INTERLEAVED_GATE_UP = ("gpt_oss",)
+
+
+def _expert_layout(config: Mapping[str, Any], options: Mapping[str, Any]) -> str:
+    """``out_in`` (``[E, out, in]``: Mixtral, Qwen3-MoE, DeepSeek in transformers 5) or
+    ``in_out``: the option, else by the model type (the shapes cannot tell: a
+    ``down_proj`` has the hidden size first in one layout, last in the other)."""
+    if options.get("expert_layout"):
+        return str(options["expert_layout"])
+    return "in_out" if config.get("model_type") in _IN_OUT_EXPERTS else "out_in"
+
+
 def experts(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> list[View]:
     """A 3-D tensor ``[E, out, in]`` (``expert_layout="in_out"``: ``[E, in, out]``) in its
     E matrices: one whose name says expert, or any 3-D tensor of a model whose
     configuration (or ``experts=``) declares experts; other 3-D tensors (convolutions)
-    are left to the ``conv`` rule."""
+    are left to the ``conv`` rule. A packed ``gate_up_proj`` (transformers 5's MoE
+    layers) gives each expert's gate and up projections apart (``expert=3,part=gate``):
+    the first and second half of its output rows, or GPT-OSS's interleaved columns
+    (``gate_up="interleaved"``)."""
     shape = tuple(param.shape)
     declared = options.get("experts") or next(
-        (_count(config, k) for k in _EXPERT_COUNT if config.get(k)), None)
+        (_count(config, "experts", k) for k in _EXPERT_COUNT if config.get(k)), None)
     if len(shape) != 3 or not (_expert_named(param.name) or declared is not None):
         return []
     if declared is not None and shape[0] != declared:
         raise ValueError(f"{param.name} {shape}: its first dimension is {shape[0]}, not the "
                          f"{declared} experts the configuration declares; pass view_options "
                          "experts (or check that the tensor is [E, out, in])")
-    transposed = options.get("expert_layout") == "in_out"
-    return [View(f"expert={e}", (e,), transposed) for e in range(shape[0])]
+    transposed = _expert_layout(config, options) == "in_out"
+    if not re.search(r"(^|\.)gate_up_proj(\.weight)?$", param.name):
+        return [View(f"expert={e}", (e,), transposed) for e in range(shape[0])]
+    out_size = shape[2] if transposed else shape[1]
+    if out_size % 2:
+        raise ValueError(f"{param.name} {shape}: an output size of {out_size} does not split "
+                         "into gate and up; pass view_options expert_layout (out_in, in_out)")
+    interleaved = options.get("gate_up", "interleaved" if config.get("model_type") in
+                              _INTERLEAVED_GATE_UP else "halves") == "interleaved"
+    half = out_size // 2
+    parts = {"gate": (0, out_size, 2) if interleaved else (0, half),
+             "up": (1, out_size, 2) if interleaved else (half, out_size)}
+    views = []
+    for e in range(shape[0]):
+        for part, rows in parts.items():
+            index = (e, slice(None), rows) if transposed else (e, rows)
+            views.append(View(f"expert={e},part={part}", index, transposed))
+    return views
 
 
 def conv(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> list[View]:
