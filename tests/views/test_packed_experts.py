@@ -6,6 +6,7 @@ library's own forward multiplies by. Models are built from a config (no download
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import subprocess
@@ -163,4 +164,20 @@ def test_bad_options_are_refused_before_anything_is_added(tmp_path, options, mes
     with Session() as s:
         with pytest.raises(InvalidArgumentError, match=message):
             s.models.add(folder, "m", views={"experts": options})
+        assert s.models.model_ids == []
+
+
+def test_an_expert_count_other_than_the_configs_is_refused(tmp_path):
+    """config.json says 4 experts, the tensors hold 3: refused naming both, nothing added
+    (the count is read from the configuration, not only from view options)."""
+    from diffract.errors import ModelSourceError
+
+    folder, _ = _packed_checkpoint(_qwen3_moe(), tmp_path / "ckpt")
+    config = json.loads((folder / "config.json").read_text())
+    config["num_local_experts"] = E + 1  # what Qwen3MoeConfig writes for num_experts
+    (folder / "config.json").write_text(json.dumps(config))
+    with Session() as s:
+        with pytest.raises(ModelSourceError, match=f"its first dimension is {E}, not the "
+                                                   f"{E + 1} experts the configuration"):
+            s.models.add(folder, "m", views=["experts"])
         assert s.models.model_ids == []
