@@ -28,6 +28,7 @@ from diffract_report._inputs import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    VIEW_METRICS,
     UsageError,
     add_session_arguments,
     apply_settings,
@@ -219,6 +220,30 @@ def _movers(session: Any, metrics: Sequence[str], k: float, say: Callable[[str],
         say(line)
 
 
+def _head_movers(session: Any, args: argparse.Namespace, say: Callable[[str], None]) -> None:
+    """With views: the heads that moved most between consecutive checkpoints (1 - the
+    overlap of their top singular subspaces with the previous checkpoint's), and all of
+    them in ``head_moves.csv`` under ``--out``."""
+    import csv
+
+    from diffract_report.views import head_moves
+
+    moves = head_moves(session)
+    if not moves:
+        return
+    say("heads that moved most (1 - l_subspace_overlap with the previous checkpoint):")
+    for r in moves[:TOP]:
+        say(f"  step {r['from_step']} -> {r['step']}  {r['head']}  {r['change']:.3g}")
+    if args.out:
+        path = Path(args.out) / "head_moves.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, ["step", "from_step", "checkpoint", "head", "change"])
+            writer.writeheader()
+            writer.writerows(moves)
+        say(f"wrote {path}")
+
+
 def sudden_lines(flagged: Sequence[tuple[float, str, Any, str, float]], k: float) -> list[str]:
     """The sudden changes ((size, field, step, layer, change) each) grouped by step and
     layer: the (step, layer) flagged by the most metrics first, then by size."""
@@ -264,9 +289,11 @@ def _alike(session: Any, ids: Sequence[str], say: Callable[[str], None]) -> list
 
 
 def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: argparse.Namespace,
-           say: Callable[[str], None]) -> tuple[list[Any], list[str]]:
-    """Add what is new, compute what is absent; returns the apply reports and the
-    checkpoints that could not be read."""
+           say: Callable[[str], None], view_fields: Sequence[str] = ()) -> tuple[list[Any],
+                                                                              list[str]]:
+    """Add what is new, compute what is absent (``view_fields`` first, on parameters and
+    views together, then ``metrics`` on the parameters alone, when given); returns the
+    apply reports and the checkpoints that could not be read."""
     try:
         found = checkpoints(paths)
     except UsageError as exc:  # the run's folder moved away while watched: wait for it
@@ -280,15 +307,20 @@ def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: arg
     against = {a.strip() for a in args.against.split(",") if a.strip()} - {"none"}
     known = set(session.compute.list_available_metrics())
     fields = [f for f in ALIGNMENT if f in known] if against else []
-    stale = session.results.stale(*metrics, *fields)
+    stale = session.results.stale(*metrics, *view_fields, *fields)
     if stale:
         kernels = sorted({r["kernel"] for r in stale})
         say(f"{len(stale)} stored result(s) of {', '.join(kernels)} were computed with "
             "another configuration than this one: recomputing them (and what depends on "
             "them), as apply(..., recompute='stale') does.")
     with ProgressBar(interactive) as bar, outcomes_reported_by_us():
-        reports = [session.compute.apply(*metrics, errors="record", progress=bar,
-                                         recompute="stale")]
+        reports = [session.compute.apply(*view_fields, errors="record", progress=bar,
+                                         recompute="stale")] if view_fields else []
+        parents = session.filter(param_names=[
+            p.name for m in session.model_ids for p in session.models.params(m)
+            if p.parent is None]) if view_fields else session
+        reports.append(parents.compute.apply(*metrics, errors="record", progress=bar,
+                                             recompute="stale"))
         if fields and len(ids) > 1:
             reports += session.compute.apply_pairs(*fields, pairs=_pairs(ids, against),
                                                    errors="record",
@@ -305,18 +337,23 @@ def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
         raise UsageError(f"--against takes previous, first or none, got {sorted(bad)}.")
     metrics = [m.strip() for m in (args.metrics or ",".join(DEFAULT_METRICS)).split(",")
                if m.strip()]
+    view_fields = list(VIEW_METRICS) if args.views and not args.metrics else []
     session = open_session(args)
     with session:
-        check_metrics(session, metrics)
+        check_metrics(session, [*metrics, *view_fields])
         apply_settings(session, args.settings, args.conventions)
         try:
             while True:
-                reports, unreadable = _round(session, args.paths, metrics, args, say)
+                reports, unreadable = _round(session, args.paths, metrics, args, say,
+                                             view_fields)
                 _movers(session, metrics, args.mad, say)
+                _head_movers(session, args, say)
                 if args.report:
                     from diffract_report.trajectory_report import write_track_report
 
-                    say(f"wrote {write_track_report(session, args.report, metrics, args.mad)}")
+                    written = write_track_report(session, args.report, metrics, args.mad,
+                                                 view_fields)
+                    say(f"wrote {written}")
                 if args.watch is None:
                     break
                 time.sleep(args.watch)

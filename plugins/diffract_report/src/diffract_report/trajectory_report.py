@@ -61,7 +61,52 @@ def _alignment(session: Any, field: str) -> dict[str, list[tuple[float, float]]]
     return {k: v for k, v in curves.items() if v}
 
 
-def track_sections(session: Any, metrics: Sequence[str], k: float) -> list[str]:
+def _head_sections(session: Any, view_fields: Sequence[str]) -> list[str]:
+    """With head views: per attention matrix, a heads x steps heat map of how much each
+    head moved since the previous checkpoint (1 - l_subspace_overlap) and of the first
+    view metric; then the heads that moved most, ranked."""
+    from diffract_report.views import head_moves
+
+    moves = head_moves(session)
+    field = next(iter(view_fields), None)
+    frame = session.results.trajectory(field, by="view") if field else None
+    if not moves and (frame is None or frame.empty):
+        return []
+    parts = ["<h3 id='heads'>Heads across the run</h3><div class=charts>"]
+    grids: dict[str, dict[str, dict[Any, float]]] = {}
+    for r in moves:
+        parent, head = r["head"].rsplit("[", 1)
+        grids.setdefault(parent, {}).setdefault(head.rstrip("]"), {})[r["step"]] = r["change"]
+    for parent, heads in grids.items():
+        labels = sorted(heads, key=_head_number)
+        steps = sorted({s for h in heads.values() for s in h})
+        parts.append(_chart({"w": 1040, "h": int(min(900, 90 + 14 * len(labels))), "panels": [{
+            "title": f"{parent}: 1 - l_subspace_overlap with the previous checkpoint",
+            "xlabel": "step", "heat": {"rows": labels, "cols": [str(s) for s in steps],
+                                       "axis": "step",
+                                       "z": [_num([heads[h].get(s, np.nan) for s in steps])
+                                             for h in labels]}}]}))
+    if frame is not None and not frame.empty and not frame.isna().all().all():
+        for parent in dict.fromkeys(str(c).rsplit("[", 1)[0] for c in frame.columns):
+            part = frame[[c for c in frame.columns if str(c).startswith(parent + "[")]]
+            parts.append(_heat(part, f"{parent}: {field} per head and step"))
+    parts.append("</div>")
+    if moves:
+        parts.append("<h4>Heads that moved most between consecutive checkpoints</h4>"
+                     "<div class=scroll>" + html_table(
+                         ["step", "from step", "head", "1 - l_subspace_overlap"],
+                         [[r["step"], r["from_step"], r["head"], r["change"]]
+                          for r in moves[:50]], table_id="head-moves") + "</div>")
+    return parts
+
+
+def _head_number(label: str) -> tuple[int, str]:
+    digits = "".join(ch for ch in label if ch.isdigit())
+    return (int(digits) if digits else -1, label)
+
+
+def track_sections(session: Any, metrics: Sequence[str], k: float,
+                   view_fields: Sequence[str] = ()) -> list[str]:
     """The run's sections (HTML fragments with their ``<h2>``)."""
     parts = ["<h2 id='training-run'>Training run</h2>"]
     ids = session.models.ordered()
@@ -109,6 +154,7 @@ def track_sections(session: Any, metrics: Sequence[str], k: float) -> list[str]:
                      "most metrics flag first)</h3>")
         parts.append(html_table(["metric", "step", "layer", "change", "MADs"], flagged_rows,
                                 table_id="sudden", flagged=[True] * len(flagged_rows)))
+    parts += _head_sections(session, view_fields)
     if movers_rows:
         parts.append("<h3>Movers: per interval, the layer that changed most</h3>"
                      "<div class=scroll>" + html_table(
@@ -118,11 +164,13 @@ def track_sections(session: Any, metrics: Sequence[str], k: float) -> list[str]:
 
 
 def write_track_report(session: Any, path: str | Path, metrics: Sequence[str],
-                       k: float = 10.0) -> Path:
-    """The report of a tracked run: its sections, then the latest checkpoint in full."""
+                       k: float = 10.0, view_fields: Sequence[str] = ()) -> Path:
+    """The report of a tracked run: its sections, then the latest checkpoint in full
+    (``view_fields``: the metrics computed on the views, drawn per head)."""
     from diffract_report._html import write_html
 
     ids = session.models.ordered()
     return write_html(session, path, metrics=list(metrics), detail=ids[-1:],
-                      lead=track_sections(session, metrics, k), command="diffract track")
+                      lead=track_sections(session, metrics, k, view_fields),
+                      command="diffract track", view_metrics=list(view_fields) or None)
 

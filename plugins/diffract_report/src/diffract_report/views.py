@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["head_grid", "rank_heads", "split_lines", "undefined_reasons", "view_summary"]
+__all__ = ["head_grid", "head_moves", "rank_heads", "split_lines", "undefined_reasons",
+           "view_summary"]
 
 
 def _params(session: Any, model_id: str) -> list[Any]:
@@ -134,3 +135,18 @@ def rank_heads(session: Any, pair: Sequence[str], fields: Sequence[str],
               for name, values in table.items()
               if by in values and math.isfinite(values[by])]
     return sorted(ranked, key=lambda r: -r["change"])
+
+
+def head_moves(session: Any, by: str = "l_subspace_overlap") -> list[dict[str, Any]]:
+    """Over a tracked run: every head's change between each checkpoint and the one
+    before it (``1 - by``, as :func:`rank_heads` ranks a pair), with the later
+    checkpoint's step; the largest changes first. Pairs without ``by`` give nothing."""
+    root = getattr(session, "session", session)
+    ids = root.models.ordered(session.model_ids)
+    steps = {m: s.get("step") for m, s in root.models.steps().items()}
+    moves = []
+    for before, after in zip(ids, ids[1:], strict=False):
+        for r in rank_heads(session, (before, after), (), by):
+            moves.append({"step": steps.get(after), "from_step": steps.get(before),
+                          "checkpoint": after, "head": r["head"], "change": r["change"]})
+    return sorted(moves, key=lambda r: -r["change"])
