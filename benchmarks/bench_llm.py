@@ -11,7 +11,7 @@ here on each shape), peak RSS and bytes read (``/proc/self/io`` rchar). WeightWa
 analyze() runs on the same checkpoint when it is installed and ``--ww`` is given (it holds
 the whole model in memory as float32).
 
-    python benchmarks/bench_llm.py [--dir /tmp/diffract-olmo2-1b] [--ww] [--only views]
+    python benchmarks/bench_llm.py [--dir /tmp/diffract-olmo2-1b] [--ww] [--only default,views]
 
 Correctness is tested on small shapes: tests/views (views equal numpy slices, fields on a
 view equal the field on the slice), tests/executors (Dask equals sequential).
@@ -133,7 +133,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", type=Path, default=Path("/tmp/diffract-olmo2-1b"))
     parser.add_argument("--ww", action="store_true", help="also time WeightWatcher")
-    parser.add_argument("--only", help="run only the runs whose name holds this text")
+    parser.add_argument("--only", help="run only the runs whose name holds one of these "
+                                       "comma-separated texts (e.g. default,views)")
     args = parser.parse_args()
     header("OLMo-2-1B-shaped checkpoint (bf16, 4 shards): diffract analyze from process start",
            ["diffract-core", "diffract-kernels-spectral", "diffract-views",
@@ -159,16 +160,20 @@ def main() -> None:
                                 len(matrices), floor_s),
             "processes, 2 workers": (base + ["/tmp/bench-llm-d", "--executor", "processes"],
                                      len(matrices), floor_s)}
-    rows = []
+    rows, walls = [], {}
     for name, (argv, units, ideal) in runs.items():
-        if args.only and args.only not in name:
+        if args.only and not any(o and o in name for o in args.only.split(",")):
             continue
         stats = run(argv)
+        walls[name] = stats["wall"]
         rows.append([name, f"{stats['wall']:.1f}", f"{stats['cpu'] / units:.3f}",
                      f"{stats['cpu'] / ideal:.2f}x", f"{stats['rss_mib']:.0f}",
                      f"{stats['read_mib']:.0f}"])
         print(f"# {name}: {stats}", flush=True)
     table(["run", "wall s", "core-s / matrix", "cpu / floor", "peak RSS MiB", "read MiB"], rows)
+    if "default metrics" in walls and "--views heads" in walls:
+        print(f"# the head views add {walls['--views heads'] - walls['default metrics']:.1f} s "
+              f"({walls['--views heads'] / walls['default metrics']:.2f}x the default run)")
     if args.ww:
         done = subprocess.run([sys.executable, "-c", WW, str(args.dir)], capture_output=True,
                               text=True)

@@ -77,3 +77,42 @@ class TestTheLibraryBound:
                 assert row["pl_alpha"] is None or math.isnan(row["pl_alpha"]), row
             else:
                 assert text.splitlines()[1].split(",")[-1] in ("", "nan"), text
+
+    def test_the_table_report_schedule_and_trajectory_say_undefined(self, rng, tmp_path,
+                                                                    capsys):
+        """The same capped spectrum beside a normal matrix: the terminal table prints no
+        3 for it and its summary gives the reason; the report's layer table holds no
+        number there; a schedule from pl_alpha leaves it out (with a warning), and the
+        run's trajectory is NaN at it."""
+        import re
+        import warnings
+
+        from diffract.cli import main
+        from diffract_kernels_spectral import sparsity_schedule
+
+        lam = _capped(rng)
+        q, _ = np.linalg.qr(rng.standard_normal((40, 40)))
+        state = {"capped.weight": q @ np.diag(np.sqrt(lam)),
+                 "normal.weight": rng.standard_t(3, (300, 200))}
+        np.savez(tmp_path / "m.npz", **state)
+        report = tmp_path / "r.html"
+        assert main(["analyze", str(tmp_path / "m.npz"), "--metrics", "pl_alpha,alpha_weighted",
+                     "--set", "power_law_fit.min_tail=5", "--report", str(report)]) in (0, 1)
+        out = capsys.readouterr().out
+        row = next(line for line in out.splitlines() if line.startswith("capped.weight"))
+        assert row.split()[2:] == ["nan", "nan"], row
+        assert "stopped on its bound alpha = 3" in out
+        cells = re.search(r'<tr><td data-v="capped\.weight">(.*?)</tr>', report.read_text())
+        assert cells, report.read_text()[:500]
+        values = re.findall(r'<td data-v="([^"]*)">', cells.group(1))
+        assert values == ["40x40", "nan", "nan"], values  # shape, pl_alpha, alpha_weighted
+        with Session() as s:
+            s.models.add(state, model_id="m")
+            s.compute.configure_kernel("power_law_fit", min_tail=5)
+            s.compute.apply("pl_alpha", errors="record")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ratios = sparsity_schedule(s, "alphapruning", 0.5, metric="pl_alpha")
+            assert sorted(ratios) == ["normal.weight"]
+            assert any("capped.weight" in str(w.message) for w in caught)
+            assert math.isnan(s.results.trajectory("pl_alpha")["capped.weight"].iloc[0])
