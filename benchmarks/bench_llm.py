@@ -42,9 +42,14 @@ if __name__ == "__main__":
     code = main(sys.argv[1:])
     io = dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())
     usage = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    # this process's own peak (VmHWM): ru_maxrss keeps the peak of the process that
+    # started it across exec, so a benchmark that held 3 GiB before starting the run
+    # would have its run report 3 GiB
+    own = next(int(line.split()[1]) for line in open("/proc/self/status")
+               if line.startswith("VmHWM:"))
     print(json.dumps({"code": code, "wall": time.perf_counter() - start,
                       "cpu": sum(u.ru_utime + u.ru_stime for u in usage),
-                      "rss_mib": max(u.ru_maxrss for u in usage) / 1024,
+                      "rss_mib": max(own, usage[1].ru_maxrss) / 1024,
                       "read_mib": int(io["rchar"]) / 2**20}), file=sys.stderr)
 """
 
@@ -60,8 +65,9 @@ state = {}
 for file in sorted(glob.glob(sys.argv[1] + "/*.safetensors")):
     state.update({k: v.float() for k, v in load_file(file).items()})
 ww.WeightWatcher(model=state).analyze()
-print(json.dumps({"wall": time.perf_counter() - start,
-                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+own = next(int(line.split()[1]) for line in open("/proc/self/status")
+           if line.startswith("VmHWM:"))  # this process's peak, not its parent's
+print(json.dumps({"wall": time.perf_counter() - start, "rss_mib": own / 1024}))
 """
 
 
