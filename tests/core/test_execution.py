@@ -327,3 +327,48 @@ class TestChunkSizes:
             sizes["fast"] = np.diff([0] + [e.done for e in events]).tolist()
         assert sizes["slow"][0] == 1 and max(sizes["slow"]) <= 4 and sum(sizes["slow"]) == 12
         assert sizes["fast"][0] == 1 and len(sizes["fast"]) <= 4 and sum(sizes["fast"]) == 40
+
+
+class TestDemand:
+    """An intermediate field is computed where a pending unit reads it, not merely
+    because it is absent: a tracked run erases its pairs' overlap matrices, and the next
+    apply recomputed them, and the SVDs under them, for stored results."""
+
+    def _kernels(self, session, calls):
+        def t_mid(weights):
+            calls.append("mid")
+            return float(np.sum(weights))
+
+        def t_top(t_mid):
+            calls.append("top")
+            return 2.0 * t_mid
+
+        session.compute.kernel(name="t_mid")(t_mid)
+        session.compute.kernel(name="t_top")(t_top)
+
+    def test_an_erased_intermediate_under_stored_results_is_left_alone(self, session):
+        calls = []
+        self._kernels(session, calls)
+        session.models.add({"a": np.ones((3, 3)), "b": np.ones((2, 2))}, model_id="m")
+        session.compute.apply("t_top")
+        assert sorted(calls) == ["mid", "mid", "top", "top"]
+        session.results.erase("t_mid")
+        calls.clear()
+        report = session.compute.apply("t_top")
+        assert calls == [] and dict(report.computed) == {}
+        assert session.results.export_metrics("t_top")["m"]["a"]["t_top"] == 18.0
+
+    def test_it_is_computed_where_a_consumer_needs_it(self, session):
+        calls = []
+        self._kernels(session, calls)
+        session.models.add({"a": np.ones((3, 3)), "b": np.ones((2, 2))}, model_id="m")
+        session.compute.apply("t_top")
+        session.results.erase("t_mid")
+        session.filter(param_names=["b"]).results.erase("t_top")
+        calls.clear()
+        session.compute.apply("t_top")
+        assert calls == ["mid", "top"]  # b only: a's t_top is stored
+        assert session.results.export_metrics("t_top")["m"]["b"]["t_top"] == 8.0
+        calls.clear()
+        session.compute.apply("t_mid")  # asked for: computed wherever it is absent
+        assert calls == ["mid"]

@@ -137,6 +137,55 @@ class TestIncremental:
                 "configuration") in capsys.readouterr().out
 
 
+class TestStoreSize:
+    """A tracked run keeps what the next checkpoint's alignment reads, not every
+    checkpoint's singular vectors (issue 39 item 1): the store grew 3.9x faster than the
+    run, by each checkpoint's U and V and each pair's k x k overlap matrices."""
+
+    def _stored(self, store):
+        with Session(profile="local", path=store) as s:
+            ids = s.models.ordered()
+            fields = {m: set(s.store.fields(m)) for m in ids}
+            overlaps = [n for n in s.store.aggregate_names() if n.startswith("l_overlap@")]
+            values = s.results.export_aggregates(
+                "l_subspace_overlap", "avg_max_l_agreement", "sval_rel_change",
+                export_format="list")
+        return ids, fields, overlaps, sorted((r["field"], r["models"], r["param"],
+                                              float(r["value"])) for r in values)
+
+    def test_only_the_first_and_latest_vectors_stay_and_values_are_unchanged(
+            self, tmp_path, decompositions, capsys):
+        _run(tmp_path / "all", range(1000, 7000, 1000))
+        (tmp_path / "run").mkdir()
+        for step in range(1000, 6000, 1000):
+            os.rename(tmp_path / "all" / f"checkpoint-{step}",
+                      tmp_path / "run" / f"checkpoint-{step}")
+        glob = str(tmp_path / "run" / "checkpoint-*")
+        lean, kept = str(tmp_path / "lean"), str(tmp_path / "kept")
+        assert _track(glob, "--store", lean, "--metrics", METRICS) == 0
+        assert _track(glob, "--store", kept, "--metrics", METRICS, "--keep-vectors") == 0
+        ids, fields, overlaps, values = self._stored(lean)
+        assert overlaps == []  # the pairwise k x k matrices are gone
+        assert [m for m in ids if "weights_lsvs" in fields[m]] == [ids[0], ids[-1]]
+        assert not any("weights_rsvs" in f for f in fields.values())
+        assert all("esd" in f for f in fields.values())  # the spectra stay
+        kept_ids, kept_fields, kept_overlaps, kept_values = self._stored(kept)
+        assert kept_overlaps and all("weights_rsvs" in f for f in kept_fields.values())
+        assert values == kept_values  # bit for bit: the same vectors, before they went
+        # an unchanged run computes nothing; a new checkpoint pairs with what stayed
+        decompositions.update(esd=0, svd=0)
+        assert _track(glob, "--store", lean, "--metrics", METRICS) == 0
+        assert decompositions == {"esd": 0, "svd": 0}
+        os.rename(tmp_path / "all" / "checkpoint-6000", tmp_path / "run" / "checkpoint-6000")
+        assert _track(glob, "--store", lean, "--metrics", METRICS) == 0
+        assert decompositions == {"esd": 3, "svd": 3}  # the new checkpoint's own, only
+        assert _track(glob, "--store", kept, "--metrics", METRICS, "--keep-vectors") == 0
+        ids, fields, _, values = self._stored(lean)
+        assert [m for m in ids if "weights_lsvs" in fields[m]] == [ids[0], "checkpoint-6000"]
+        assert values == self._stored(kept)[3]
+        capsys.readouterr()
+
+
 class TestRefusals:
     def test_a_changed_checkpoint_is_refused_with_what_changed(self, tmp_path, capsys):
         _run(tmp_path / "run", range(1000, 3000, 1000))

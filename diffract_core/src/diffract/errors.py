@@ -46,10 +46,7 @@ standard way catches these too)::
 The unknown-name errors sit under two parents where they also belong to a family
 (``UnknownKernelError`` is a ``KernelError``, ``UnknownFieldError`` a ``FieldError``,
 ``UnknownModelError`` a ``ModelError``, ``UnknownProfileError`` a ``StorageError``).
-Kernel packs derive their own errors from these; the spectral pack's are in
-``diffract_kernels_spectral.errors`` (``FitError``: the data admit no fit, the field is
-NaN with the reason; ``FitArgumentError``: a bad argument, a ValueError;
-``FitUnavailableError``: the fit method cannot run here).
+Kernel packs derive their own errors from these.
 
 :class:`FieldUndefined` is not an error: a kernel raises it to say its outputs are
 undefined for one input (NaN is stored with the reason).

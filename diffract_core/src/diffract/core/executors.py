@@ -2,13 +2,9 @@
 
 An executor is a factory returning a ``concurrent.futures.Executor``-shaped object:
 ``sequential`` (in the calling thread), ``threads`` and ``processes`` here; ``dask`` from
-the diffract-executor-dask plugin.
-
-The process executor uses the ``spawn`` start method: forking a process that already
-runs threads (the prefetch pool, torch's intra-op pool) can deadlock, and spawned
-workers import kernels by their module path, which is what makes a kernel picklable.
-Each worker limits its BLAS, OpenMP and torch threads to its share of the cores, so two
-workers on two cores do not run four threads.
+the diffract-executor-dask plugin. Processes are spawned (forking a process that runs
+threads can deadlock; spawned workers import kernels by their module path), and each
+limits its BLAS, OpenMP and torch threads to its share of the cores.
 
 :class:`ExecutorHandle` is what a session holds: it creates the executor on first use,
 replaces it when a worker died or hung (terminating what is left of the old one), and
@@ -79,10 +75,8 @@ def limit_threads(threads: int) -> None:
 
 
 def watch_parent(parent: int, interval: float = 0.5) -> None:
-    """In a worker process: exit at once when ``parent`` (the process that started the
-    pool) is gone, so a killed session leaves no workers behind holding its files and
-    pipes. A daemon thread polls the parent's pid (Linux and macOS re-parent orphans, so
-    ``os.getppid()`` changes; elsewhere, ``os.kill(parent, 0)`` fails)."""
+    """In a worker: exit once ``parent`` is gone (a killed session leaves no workers
+    holding its files); a daemon thread polls its pid and ours's parent."""
     def alive() -> bool:
         try:
             os.kill(parent, 0)
@@ -162,15 +156,10 @@ def _has_main_guard(path: str) -> bool:
 
 
 def spawn_problem(function: Callable[..., Any]) -> str | None:
-    """Why spawned worker processes cannot run ``function`` for this program (a phrase
-    that ends with the fix), or None when they can.
-
-    They cannot when the program was read from standard input (a worker starts by
-    running the main program's file, and there is none), when the kernel is defined in
-    a main program that has no file of its own (``-c``, a notebook cell, an interactive
-    session: workers cannot import it), or when the apply was started by a script
-    without an ``if __name__ == "__main__":`` guard (every worker would run the script
-    again). A worker never starts workers of its own."""
+    """Why spawned workers cannot run ``function`` for this program (a phrase ending
+    with the fix), or None: a program read from standard input, a kernel defined in a
+    main program with no file (``-c``, a notebook), a script without an ``if __name__ ==
+    "__main__":`` guard (every worker would run it again), or a worker itself."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     if multiprocessing.parent_process() is not None:
@@ -209,10 +198,8 @@ def _worker_ready(modules: tuple[str, ...], pause: float) -> int:
 
 @contextlib.contextmanager
 def _interrupt_after():
-    """Hold Ctrl-C until the block ends: a worker started just before it would find its
-    start-up data missing and print multiprocessing's traceback. The signal is blocked
-    in this thread too, so a worker started here begins with it blocked (a terminal's
-    Ctrl-C reaches the worker's whole start-up, until ``_worker_start`` ignores it)."""
+    """Hold Ctrl-C until the block ends (a worker started just before it would miss its
+    start-up data); blocked here too, so a worker starts with it blocked."""
     came: list[int] = []
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGINT) if main else None

@@ -64,6 +64,11 @@ def configure_track(p: argparse.ArgumentParser) -> None:
                         "own history (default: %(default)s)")
     p.add_argument("--watch", type=float, metavar="SECONDS",
                    help="poll for new checkpoints every SECONDS until interrupted")
+    p.add_argument("--keep-vectors", action="store_true",
+                   help="keep every checkpoint's singular vectors and the pairwise overlap "
+                        "matrices in the store (by default only the first and the latest "
+                        "checkpoint's left vectors stay: what the next checkpoint's "
+                        "alignment reads)")
     add_session_arguments(p)
     p.set_defaults(profile="local")
 
@@ -325,7 +330,35 @@ def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: arg
             reports += session.compute.apply_pairs(*fields, pairs=_pairs(ids, against),
                                                    errors="record",
                                                    recompute="stale").values()
+    if fields and not args.keep_vectors:
+        _prune(session, ids, {*metrics, *view_fields})
     return reports, unreadable
+
+
+#: What the alignment fields were computed from and no later round reads: the pairwise
+#: overlap matrices (k x k per layer and pair), every checkpoint's right singular vectors
+#: (no alignment field of track's reads them), and the left ones of every checkpoint but
+#: the first (the reference) and the latest (the next one's predecessor).
+_PAIRWISE_INTERMEDIATES = ("l_overlap",)
+_SVD_GROUP = ("weights_lsvs", "weights_svals", "weights_rsvs")
+
+
+def _prune(session: Any, ids: Sequence[str], asked: set[str]) -> None:
+    """Erase what the later rounds do not need (see _PAIRWISE_INTERMEDIATES), so that a
+    checkpoint grows the store by its scalars and spectra, not by its singular vectors;
+    the alignment values are those of the same vectors kept (they are computed before
+    this). A field the user asked for stays."""
+    known = set(session.compute.list_available_metrics())
+    pairwise = [f for f in _PAIRWISE_INTERMEDIATES if f in known and f not in asked]
+    if pairwise:
+        session.results.erase(*pairwise)
+    if not set(_SVD_GROUP) <= known or asked & set(_SVD_GROUP):
+        return
+    middle = list(ids[1:-1])
+    if middle:  # the whole group: a unit is recomputed only when all of it is absent
+        session.filter(model_ids=middle).results.erase(*_SVD_GROUP)
+    session.filter(model_ids=[ids[0], ids[-1]] if len(ids) > 1 else ids[:1]).results.erase(
+        "weights_rsvs")
 
 
 def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:

@@ -1,10 +1,9 @@
 """The planner: requested fields -> ordered steps of pending units, as plain data.
 
 Three stages stay apart: :func:`resolve` turns field names into kernels in topological
-order, :func:`validate_scope` checks pairwise kernels against the scope before any work,
-:func:`make_plan` selects the pending units of each kernel by field presence. The runner
-in ``execution`` consumes the plan; cutting a step into chunks is its job (the inputs'
-sizes are known only when the step starts)."""
+order, :func:`validate_scope` checks pairwise kernels against the scope, :func:`make_plan`
+selects each kernel's pending units by field presence and demand. The runner cuts steps
+into chunks (the inputs' sizes are known only when a step starts)."""
 
 from __future__ import annotations
 
@@ -172,12 +171,8 @@ def _passes(spec: KernelSpec, info: ParamInfo) -> str | None:
     return None
 
 
-def _note_partial(
-    partial: dict[tuple[str, str], set[str]],
-    spec: KernelSpec,
-    requested: set[str],
-    present: list[bool],
-) -> None:
+def _note_partial(partial: dict[tuple[str, str], set[str]], spec: KernelSpec,
+                  requested: set[str], present: list[bool]) -> None:
     """Record requested outputs absent from a unit where sibling outputs are present."""
     outputs = spec.produce_fields
     for f, here in zip(outputs, present, strict=True):
@@ -195,12 +190,10 @@ def make_plan(
 ) -> Plan:
     """Resolve, validate the scope and select pending units by field presence.
 
-    A unit is pending for a kernel only when *all* the kernel's outputs are absent
-    there, or when ``forced`` names it ((kernel, models, param): stale units to
-    recompute); restrictions move pending parameters to ``Step.skipped`` with their
-    reason. ``keep`` limits the parameters planned (a view's parameter filters);
-    kernels over a whole model (IN_MODEL) then refuse to run, since they would
-    summarise only part of it under the model's name."""
+    A unit is pending when *all* its kernel's outputs are absent there, or ``forced``
+    names it ((kernel, models, param): stale), and, for an intermediate kernel, a later
+    pending unit reads it; restrictions move units to ``Step.skipped``. ``keep`` limits
+    the parameters (a view's filters); IN_MODEL kernels then refuse to run."""
     kernels = resolve(fields, registry)
     validate_scope(fields, registry, scope)
     if keep is not None:
@@ -270,9 +263,29 @@ def make_plan(
     return Plan(
         requested=tuple(fields),
         scope=tuple(scope),
-        steps=tuple(steps),
+        steps=_demanded(steps, requested),
         partial=tuple((f, k, tuple(sorted(s))) for (f, k), s in sorted(partial.items())),
     )
+
+
+def _demanded(steps: list[Step], requested: set[str]) -> tuple[Step, ...]:
+    """Pending units of intermediate kernels (no requested output) kept only where a
+    later pending unit reads them: an erased intermediate whose consumers are stored is
+    not recomputed (a tracked run drops its pairs' overlap matrices)."""
+    out: list[Step] = []
+    for step in reversed(steps):
+        made = set(step.kernel.produce_fields)
+        if made & requested or not step.units:
+            out.append(step)
+            continue
+        readers = [u for s in out if made & set(s.kernel.require_fields) for u in s.units]
+        on: dict[str | None, set[str]] = {}  # param (None: a whole model) -> models read
+        for u in readers:
+            on.setdefault(u.param, set()).update(u.models)
+        out.append(attrs.evolve(step, units=tuple(u for u in step.units if any(
+            m in on.get(u.param, ()) or m in on.get(None, ()) or (u.param is None and any(
+                m in v for v in on.values())) for m in u.models))))
+    return tuple(reversed(out))
 
 
 def downstream_fields(fields: Iterable[str], registry: KernelRegistry) -> set[str]:
