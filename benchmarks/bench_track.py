@@ -93,8 +93,8 @@ def track(paths: list[Path], store: Path, counts: Path, kill_after: float | None
                PYTHONPATH=os.pathsep.join([str(counts.parent / "site"),
                                            os.environ.get("PYTHONPATH", "")]))
     env.pop("DIFFRACT_STRICT_PLUGINS", None)
-    command = [sys.executable, "-m", "diffract.cli", "track", *map(str, paths), "--store",
-               str(store), "--quiet"]
+    command = ["/usr/bin/time", "-f", "peak-kib %M", sys.executable, "-m", "diffract.cli",
+               "track", *map(str, paths), "--store", str(store), "--quiet"]
     start = time.perf_counter()
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -108,8 +108,14 @@ def track(paths: list[Path], store: Path, counts: Path, kill_after: float | None
     if kill_after is None and proc.returncode != 0:
         raise SystemExit(f"track failed ({proc.returncode}):\n{out}\n{err}")
     calls = counts.read_text().split()
+    peak = [int(line.split()[1]) for line in err.splitlines() if line.startswith("peak-kib ")]
     return {"wall": wall, "esd": calls.count("esd"), "svd": calls.count("svd"),
-            "code": proc.returncode, "out": out}
+            "code": proc.returncode, "out": out, "peak_mib": peak[-1] / 1024 if peak else 0.0}
+
+
+def size(path: Path) -> int:
+    """Bytes of the files under ``path``."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def values(store: Path, model_ids: list[str]) -> dict:
@@ -199,7 +205,12 @@ def main() -> None:
     parser.add_argument("--kill-of", type=int, default=6,
                         help="checkpoints in the SIGKILL-and-resume check (default 6)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--read-back", metavar="STORE", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.read_back:  # in a process of its own, so that its peak memory is its own
+        table(["read back (reopened local store)", "first s", "median s", "ram s",
+               "vs 0.027 s"], read_back(Path(args.read_back), args.repeats))
+        return
     header("diffract track: 20 GPT-2-small checkpoints, then a 21st",
            ["diffract-core", "diffract-report", "numpy"])
     root = Path(args.dir)
@@ -212,13 +223,21 @@ def main() -> None:
     subprocess.run(["rm", "-rf", str(store), str(work / "killed")], check=True)
 
     full = track(paths[:20], store, counts)
+    after_20 = size(store)
     added = track(paths, store, counts)
+    after_21 = size(store)
     rows = [["track 20 checkpoints", f"{full['wall']:.1f}", full["esd"], full["svd"],
-             "20 x 48 = 960"],
+             "20 x 48 = 960", f"{full['peak_mib']:.0f}"],
             ["track: add the 21st", f"{added['wall']:.1f}", added["esd"], added["svd"],
-             "48"]]
+             "48", f"{added['peak_mib']:.0f}"]]
     print()
-    table(["run", "wall s", "ESDs", "SVDs", "SVDs expected"], rows)
+    table(["run", "wall s", "ESDs", "SVDs", "SVDs expected", "peak RSS MiB"], rows)
+    one = size(paths[0])
+    run_bytes = sum(size(p) for p in paths[:20])
+    print(f"# store after 20 checkpoints: {after_20 / 2**20:.0f} MiB, {after_20 / run_bytes:.3f} "
+          f"of their {run_bytes / 2**20:.0f} MiB (target <= 0.10); the 21st grew it by "
+          f"{(after_21 - after_20) / 2**20:.1f} MiB, {(after_21 - after_20) / one:.4f} of its "
+          f"{one / 2**20:.0f} MiB (target <= 0.02)")
     ratio = added["wall"] / full["wall"]
     print(f"# the 21st costs {ratio:.3f} of the full run (target <= 0.1); SVDs once per "
           f"matrix per checkpoint: {full['svd'] == 960 and added['svd'] == 48}")
@@ -236,8 +255,13 @@ def main() -> None:
     subprocess.run(["rm", "-rf", str(work / "whole")], check=True)
 
     print()
-    table(["read back (reopened local store)", "first s", "median s", "ram s",
-           "vs 0.027 s"], read_back(store, args.repeats))
+    reading = subprocess.run(["/usr/bin/time", "-f", "peak-kib %M", sys.executable, __file__,
+                              "--read-back", str(store), "--repeats", str(args.repeats)],
+                             capture_output=True, text=True)
+    print(reading.stdout, end="")
+    peak = [line for line in reading.stderr.splitlines() if line.startswith("peak-kib ")]
+    print(f"# read-back peak RSS: {int(peak[-1].split()[1]) / 1024:.0f} MiB" if peak
+          else f"# read-back failed:\n{reading.stderr[-2000:]}")
 
 
 if __name__ == "__main__":
