@@ -186,6 +186,16 @@ class TestStoreSize:
         capsys.readouterr()
 
 
+    def test_without_the_first_as_reference_only_the_latest_vectors_stay(self, tmp_path):
+        _run(tmp_path / "run", range(1000, 5000, 1000))
+        store = str(tmp_path / "lean")
+        assert _track(str(tmp_path / "run"), "--store", store, "--metrics", "stable_rank",
+                      "--against", "previous") == 0
+        ids, fields, overlaps, values = self._stored(store)
+        assert [m for m in ids if "weights_lsvs" in fields[m]] == [ids[-1]]
+        assert overlaps == [] and len({r[1] for r in values}) == 3  # the 3 previous pairs
+
+
 class TestRefusals:
     def test_a_changed_checkpoint_is_refused_with_what_changed(self, tmp_path, capsys):
         _run(tmp_path / "run", range(1000, 3000, 1000))

@@ -331,7 +331,7 @@ def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: arg
                                                    errors="record",
                                                    recompute="stale").values()
     if fields and not args.keep_vectors:
-        _prune(session, ids, {*metrics, *view_fields})
+        _prune(session, ids, {*metrics, *view_fields}, first="first" in against)
     return reports, unreadable
 
 
@@ -343,22 +343,24 @@ _PAIRWISE_INTERMEDIATES = ("l_overlap",)
 _SVD_GROUP = ("weights_lsvs", "weights_svals", "weights_rsvs")
 
 
-def _prune(session: Any, ids: Sequence[str], asked: set[str]) -> None:
+def _prune(session: Any, ids: Sequence[str], asked: set[str], first: bool = True) -> None:
     """Erase what the later rounds do not need (see _PAIRWISE_INTERMEDIATES), so that a
     checkpoint grows the store by its scalars and spectra, not by its singular vectors;
     the alignment values are those of the same vectors kept (they are computed before
-    this). A field the user asked for stays."""
+    this). A field the user asked for stays; the first checkpoint's vectors stay only
+    when the run is aligned with it (``first``)."""
     known = set(session.compute.list_available_metrics())
     pairwise = [f for f in _PAIRWISE_INTERMEDIATES if f in known and f not in asked]
     if pairwise:
         session.results.erase(*pairwise)
     if not set(_SVD_GROUP) <= known or asked & set(_SVD_GROUP):
         return
-    middle = list(ids[1:-1])
-    if middle:  # the whole group: a unit is recomputed only when all of it is absent
-        session.filter(model_ids=middle).results.erase(*_SVD_GROUP)
-    session.filter(model_ids=[ids[0], ids[-1]] if len(ids) > 1 else ids[:1]).results.erase(
-        "weights_rsvs")
+    kept = list(dict.fromkeys([*ids[:1 if first else 0], *ids[-1:]]))
+    gone = [m for m in ids if m not in kept]
+    if gone:  # the whole group: a unit is recomputed only when all of it is absent
+        session.filter(model_ids=gone).results.erase(*_SVD_GROUP)
+    if kept:
+        session.filter(model_ids=kept).results.erase("weights_rsvs")
 
 
 def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
