@@ -400,3 +400,17 @@ def test_the_report_of_a_run_tracked_with_head_views(tmp_path, capsys):
     first_row = first_row[:first_row.index("</tr>")]
     assert ">6000<" in first_row and "layers.1.self_attn.q_proj.weight" in first_row
     assert '<table class="sortable" id="movers">' in text
+
+
+def test_a_categorical_field_is_not_ranked_by_movement(tmp_path, capsys):
+    """pl_fit_quality holds words: no 'moved most ... undefined' line for it, and no
+    heat map of it in the report; the numeric fields beside it still are."""
+    _run(tmp_path / "run", range(1000, 5000, 1000))
+    assert _track(str(tmp_path / "run"), "--store", str(tmp_path / "store"), "--metrics",
+                  "pl_fit_quality,stable_rank", "--against", "none",
+                  "--report", str(tmp_path / "r.html")) == 0
+    out = capsys.readouterr().out
+    assert "stable_rank moved most" in out and "pl_fit_quality moved most" not in out
+    text = (tmp_path / "r.html").read_text()
+    assert "stable_rank per layer and step" in text
+    assert "pl_fit_quality per layer and step" not in text

@@ -40,7 +40,8 @@ from diffract_report._inputs import (
 )
 from diffract_report._output import ProgressBar, outcomes_reported_by_us, tell_failures
 
-__all__ = ["changes", "checkpoints", "configure_track", "sudden", "sudden_lines", "track"]
+__all__ = ["categorical", "changes", "checkpoints", "configure_track", "sudden",
+           "sudden_lines", "track"]
 
 #: Pairwise fields of the alignment with the predecessor and the first checkpoint.
 ALIGNMENT = ("l_subspace_overlap", "avg_max_l_agreement", "sval_rel_change")
@@ -136,6 +137,13 @@ def sudden(frame: Any, k: float) -> list[tuple[Any, str, float, float]]:
     return sorted(out, key=lambda r: -r[3])
 
 
+def categorical(session: Any, field: str) -> bool:
+    """Whether ``field`` holds words (``pl_fit_quality``: "ok", "poor"), which a
+    trajectory reads as NaN and which move by no amount."""
+    return any(isinstance(row.get(field), str) for rows in
+               session.results.export_metrics(field).values() for row in rows.values())
+
+
 def _pairs(ids: Sequence[str], against: set[str]) -> list[tuple[str, str]]:
     pairs = []
     for i, model_id in enumerate(ids[1:], start=1):
@@ -206,8 +214,8 @@ def _movers(session: Any, metrics: Sequence[str], k: float, say: Callable[[str],
         if field in ("warning",):
             continue
         frame = session.results.trajectory(field)
-        if frame.empty or len(frame) < 2:
-            continue
+        if frame.empty or len(frame) < 2 or categorical(session, field):
+            continue  # a categorical field (pl_fit_quality) does not move by an amount
         last, whole = changes(frame)
         steps = list(frame.index)
         parts = []
