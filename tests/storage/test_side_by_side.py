@@ -82,6 +82,26 @@ class TestTwoTracksOnOneStore:
         assert total == distinct == _rows(tmp_path / "alone")[0]
 
 
+    def test_a_model_added_by_another_process_meanwhile_is_a_duplicate(self, tmp_path):
+        """Found by CI under load: between a session's check that a model is new and its
+        commit, the other track committed the same checkpoint; the store raised a
+        StorageError, which track reported as fatal (exit 2). It is a DuplicateModelError,
+        which track skips, and nothing of the second add is written."""
+        from diffract.errors import DuplicateModelError
+
+        path = _checkpoint(tmp_path / "run", 100) / "model.safetensors"
+        with Session(profile="local", path=tmp_path / "s") as first, \
+                Session(profile="local", path=tmp_path / "s") as second:
+            real = second.store.model_ids
+            second.store.model_ids = lambda: []  # its check ran before the other's commit
+            first.models.add(path, "checkpoint-100")
+            with pytest.raises(DuplicateModelError, match="already in the store"):
+                second.models.add(path, "checkpoint-100")
+            second.store.model_ids = real
+            assert second.store.model_ids() == ["checkpoint-100"]
+            assert len(second.models.params("checkpoint-100")) == 4
+
+
 class TestFilesThatMove:
     def test_watch_survives_the_folder_going_away_and_coming_back(self, tmp_path):
         """--watch over a run folder that is removed and recreated with a new checkpoint."""

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from diffract.errors import ModelSourceError, StorageError
+from diffract.errors import DuplicateModelError, ModelSourceError, StorageError
 from diffract.plugins import (
     Batch,
     ModelSource,
@@ -134,8 +134,10 @@ class LocalStore(StoreDirectory, Store):
                     rows.append((model_id, info.name, dtype, kind, blob, path))
             with self._transaction() as db:
                 if db.execute("SELECT 1 FROM models WHERE model_id = ?", (model_id,)).fetchone():
-                    raise StorageError(f"Model {model_id!r} is already in the store at "
-                                       f"{str(self.root)!r}.")
+                    # another process committed it since the session checked: a duplicate
+                    raise DuplicateModelError(f"Model {model_id!r} is already in the store at "
+                                              f"{str(self.root)!r} (another process added "
+                                              "it).", model_id=model_id)
                 position = db.execute(
                     "SELECT COALESCE(MAX(position), 0) + 1 FROM models").fetchone()[0]
                 db.execute("INSERT INTO models VALUES (?, ?, ?, ?)",
