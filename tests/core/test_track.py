@@ -186,6 +186,25 @@ class TestStoreSize:
         capsys.readouterr()
 
 
+    def test_the_first_round_prunes_checkpoint_by_checkpoint(self, tmp_path, monkeypatch):
+        """Five checkpoints in one round: after each checkpoint's pairs, at most two
+        checkpoints hold vectors (the first and that one), not all five until the end."""
+        import diffract_report.track as track_module
+
+        _run(tmp_path / "run", range(1000, 6000, 1000))
+        held = []
+        real = track_module._prune
+
+        def prune(session, ids, *args, **kwargs):
+            real(session, ids, *args, **kwargs)
+            held.append(sum("weights_lsvs" in session.store.fields(m)
+                            for m in session.models.ordered()))
+
+        monkeypatch.setattr(track_module, "_prune", prune)
+        assert _track(str(tmp_path / "run"), "--store", str(tmp_path / "s"), "--metrics",
+                      "stable_rank") == 0
+        assert held == [2, 2, 2, 2]  # once per new checkpoint after the first
+
     def test_without_the_first_as_reference_only_the_latest_vectors_stay(self, tmp_path):
         _run(tmp_path / "run", range(1000, 5000, 1000))
         store = str(tmp_path / "lean")

@@ -334,12 +334,16 @@ def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: arg
             if p.parent is None]) if view_fields else session
         reports.append(parents.compute.apply(*metrics, errors="record", progress=bar,
                                              recompute="stale"))
-        if fields and len(ids) > 1:
-            reports += session.compute.apply_pairs(*fields, pairs=_pairs(ids, against),
-                                                   errors="record",
-                                                   recompute="stale").values()
-    if fields and not args.keep_vectors:
-        _prune(session, ids, {*metrics, *view_fields}, first="first" in against)
+        pairs = _pairs(ids, against) if fields else []
+        # checkpoint by checkpoint, pruning after each: the store never holds more than
+        # the reference's, the previous and the current checkpoint's vectors
+        for later in dict.fromkeys(b for _, b in pairs):
+            reports += session.compute.apply_pairs(
+                *fields, pairs=[p for p in pairs if p[1] == later], errors="record",
+                recompute="stale").values()
+            if not args.keep_vectors:
+                _prune(session, ids[:ids.index(later) + 1], {*metrics, *view_fields},
+                       first="first" in against)
     return reports, unreadable
 
 
