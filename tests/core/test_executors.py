@@ -343,6 +343,11 @@ class TestSpawnSafety:
             assert "PARALLEL kernels run in this process" in told[0]
             assert ("has no 'if __name__ == \"__main__\":' guard" if how == "script"
                     else "read from standard input") in told[0]
+            # said at the user's apply() line, not at a line of Diffract's own
+            line = 1 + UNGUARDED.splitlines().index('    s.compute.apply("t_sq", "t_pid")')
+            where = str(script) if how == "script" else "<stdin>"
+            assert told[0].startswith(f"{where}:{line}: ExecutorWarning"), run.stderr
+            assert "runner.py" not in run.stderr and "in_process" not in run.stderr
 
     def test_a_guarded_script_keeps_the_pool(self, tmp_path):
         """With the guard, the work goes to the worker processes, the top level runs once."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -48,8 +49,7 @@ __all__ = ["Runner"]
 
 log = logging.getLogger(__name__)
 
-#: Reasons already told (once per process): why the pool could not be used.
-_TOLD: set[str] = set()
+_TOLD: set[str] = set()  #: why the pool could not be used, told once per process
 
 #: Chunks on the executor awaiting their results while the next one is submitted (more
 #: would hold more inputs than the read budget counts on: measured, a second one does
@@ -269,15 +269,18 @@ class Runner(Inputs):
                 future.cancel()
 
     def _pool_unusable(self, spec: KernelSpec) -> bool:
-        """Whether this program cannot use the executor's spawned workers for ``spec``
-        (then the step runs here, with the same values), said once per reason."""
+        """Whether this program cannot use spawned workers for ``spec`` (then it runs here,
+        with the same values), said once per reason."""
         problem = spawn_problem(spec.function) if self.executors.spawns else None
         if problem is not None and problem not in _TOLD:
             _TOLD.add(problem)
+            frame, level = sys._getframe(), 1  # said at the user's line, not at ours
+            while frame.f_back and frame.f_globals.get("__name__", "").startswith("diffract"):
+                frame, level = frame.f_back, level + 1
             warnings.warn(ExecutorWarning(
                 f"PARALLEL kernels run in this process, not on the {self.executors.name!r} "
                 f"executor's worker processes: {problem}. The values are the same."),
-                stacklevel=2)
+                stacklevel=level)
         return problem is not None
 
     def _in_process(self, state: StepState, runnable: list[tuple[Unit, Any]]) -> list[Any]:
