@@ -433,3 +433,39 @@ def test_a_categorical_field_is_not_ranked_by_movement(tmp_path, capsys):
     text = (tmp_path / "r.html").read_text()
     assert "stable_rank per layer and step" in text
     assert "pl_fit_quality per layer and step" not in text
+
+
+@pytest.mark.parametrize("fmt", ["table", "json"])
+def test_out_writes_the_trajectories_and_the_alignment(tmp_path, capsys, fmt):
+    """track --out DIR (issue 33 item 9): it accepted --out, --format and --plot and did
+    nothing with them. Each numeric metric's trajectory is written, equal to
+    results.trajectory(); the pairs' alignment as CSV; --plot is refused with where the
+    charts are; --format json without --out is refused."""
+    import json
+
+    _run(tmp_path / "run", range(1000, 4000, 1000))
+    out = tmp_path / "out"
+    assert _track(str(tmp_path / "run"), "--store", str(tmp_path / "s"), "--metrics",
+                  "stable_rank,pl_fit_quality", "--out", str(out), "--format", fmt) == 0
+    ext = "csv" if fmt == "table" else "json"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [f"trajectory-stable_rank.{ext}", "alignment.csv"])  # no words-valued trajectory
+    with Session(profile="local", path=tmp_path / "s") as s:
+        frame = s.results.trajectory("stable_rank")
+        pairs = s.results.export_aggregates("l_subspace_overlap", export_format="list")
+    if fmt == "json":
+        written = json.loads((out / "trajectory-stable_rank.json").read_text())
+        got = pd.DataFrame.from_dict(written, orient="index")
+        got.index = got.index.astype(int)
+    else:
+        got = pd.read_csv(out / "trajectory-stable_rank.csv", index_col="step")
+    pd.testing.assert_frame_equal(got, frame, check_names=False, check_column_type=False)
+    rows = pd.read_csv(out / "alignment.csv")
+    assert len(rows[rows["field"] == "l_subspace_overlap"]) == len(pairs) == 3 * 3
+    capsys.readouterr()
+    assert _track(str(tmp_path / "run"), "--store", str(tmp_path / "s"), "--plot",
+                  str(tmp_path / "p")) == 2
+    assert "--report FILE.html" in capsys.readouterr().err
+    assert _track(str(tmp_path / "run"), "--store", str(tmp_path / "s"), "--format",
+                  "json") == 2
+    assert "give --out DIR" in capsys.readouterr().err

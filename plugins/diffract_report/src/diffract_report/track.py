@@ -257,6 +257,44 @@ def _head_movers(session: Any, args: argparse.Namespace, say: Callable[[str], No
         say(f"wrote {path}")
 
 
+def _write_trajectories(session: Any, metrics: Sequence[str],
+                        args: argparse.Namespace) -> list[Path]:
+    """Under ``--out``: per numeric metric its trajectory (one row per checkpoint, by
+    step; a column per parameter), ``trajectory-<metric>.<csv|json|parquet>``, and with
+    views ``trajectory-<metric>-views``; the alignment with the previous and the first
+    checkpoint as ``alignment.csv`` (every pair, layer and field)."""
+    folder = Path(args.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    ext = "csv" if args.format == "table" else args.format
+    written = []
+    for field in dict.fromkeys(metrics):
+        if field == "warning" or categorical(session, field):
+            continue
+        for by, suffix in (("param", ""), ("view", "-views")):
+            frame = session.results.trajectory(field, by=by)
+            if frame.empty:
+                continue
+            path = folder / f"trajectory-{field}{suffix}.{ext}"
+            if ext == "csv":
+                frame.to_csv(path)
+            elif ext == "json":
+                frame.to_json(path, orient="index", indent=1)
+            else:
+                try:
+                    frame.to_parquet(path)
+                except ImportError:
+                    raise UsageError("--format parquet needs pyarrow: pip install pyarrow "
+                                     "(or use --format csv).") from None
+            written.append(path)
+    known = set(session.compute.list_available_metrics())
+    fields = [f for f in ALIGNMENT if f in known]
+    if fields and any(True for _ in session.results.export_aggregates(
+            *fields, export_format="list")):
+        written.append(session.results.export_aggregates(*fields, export_format="csv",
+                                                         path=folder / "alignment.csv"))
+    return written
+
+
 def sudden_lines(flagged: Sequence[tuple[float, str, Any, str, float]], k: float) -> list[str]:
     """The sudden changes ((size, field, step, layer, change) each) grouped by step and
     layer: the (step, layer) flagged by the most metrics first, then by size."""
@@ -379,6 +417,12 @@ def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
     started = time.perf_counter()
     if args.store is None:
         raise UsageError("track keeps the run in a durable store: give --store PATH.")
+    if args.plot:
+        raise UsageError("track draws its charts in --report FILE.html (heat maps of every "
+                         "metric over the steps); --plot is analyze's, for one checkpoint.")
+    if args.format != "table" and not args.out:
+        raise UsageError(f"--format {args.format} writes the trajectories as files: give --out "
+                         "DIR.")
     bad = {a.strip() for a in args.against.split(",")} - {"previous", "first", "none", ""}
     if bad:
         raise UsageError(f"--against takes previous, first or none, got {sorted(bad)}.")
@@ -395,6 +439,9 @@ def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
                                              view_fields)
                 _movers(session, metrics, args.mad, say)
                 _head_movers(session, args, say)
+                if args.out:
+                    for path in _write_trajectories(session, [*metrics, *view_fields], args):
+                        say(f"wrote {path}")
                 if args.report:
                     from diffract_report.trajectory_report import write_track_report
 
