@@ -318,13 +318,16 @@ class TestWeightWatcherNames:
         session.compute.apply("pl_alpha", "alpha_weighted")
         (record,) = summarize(session)
         assert record["conventions"] == "csn"
-        assert ("conventions: csn; WeightWatcher's numbers: --conventions weightwatcher"
-                in summary_lines(record)[-1])
+        assert ("conventions: csn (Clauset, Shalizi and Newman's exact power-law fit, tails "
+                "of at least 50 points; presets: docs/spectral.md); WeightWatcher's numbers: "
+                "--conventions weightwatcher" in summary_lines(record)[-1])
         session.compute.configure_conventions("weightwatcher")
         (record,) = summarize(session)
         assert "conventions: weightwatcher (WeightWatcher 0.7.7's" in summary_lines(record)[-1]
         session.compute.configure_kernel("power_law_fit", min_tail=7)
         assert summarize(session)[0]["conventions"] == "custom"
+        assert "conventions: custom (settings of your own, matching no preset" in \
+            summary_lines(summarize(session)[0])[-1]
 
     def test_the_report_highlights_flagged_layers_and_names_the_conventions(self, session,
                                                                           rng, tmp_path):
@@ -343,4 +346,4 @@ class TestWeightWatcherNames:
         text = html.unescape(path.read_text())
         flagged = [name for name, row in rows.items() if row["warning"]]
         assert flagged and text.count("<tr class=bad>") == len(flagged)
-        assert "<p id=conventions>conventions: csn; WeightWatcher's numbers" in text
+        assert "<p id=conventions>conventions: csn (Clauset, Shalizi and Newman's" in text

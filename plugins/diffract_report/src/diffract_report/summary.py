@@ -177,14 +177,25 @@ def summary_lines(record: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+#: What the presets of this repository's spectral pack mean, in a few words (a
+#: newcomer reads "csn" as nothing); docs/spectral.md describes every preset.
+_GLOSS = {"csn": "Clauset, Shalizi and Newman's exact power-law fit, tails of at least 50 "
+                 "points",
+          "diffract-0.3": "the original Diffract 0.3.1's ESD scale and alpha limit",
+          "custom": "settings of your own, matching no preset"}
+
+
 def conventions_line(conventions: str) -> str:
-    """One line naming the conventions in effect and, unless they are WeightWatcher's,
-    how to get its numbers (empty when no pack provides presets)."""
+    """One line naming the conventions in effect, what they mean and, unless they are
+    WeightWatcher's, how to get its numbers (empty when no pack provides presets)."""
     if not conventions:
         return ""
-    if "weightwatcher" in conventions.split(", "):
+    names = conventions.split(", ")
+    if "weightwatcher" in names:
         return f"conventions: {conventions} (WeightWatcher 0.7.7's numbers)"
-    return f"conventions: {conventions}; WeightWatcher's numbers: --conventions weightwatcher"
+    glosses = "; ".join(_GLOSS[n] for n in names if n in _GLOSS)
+    return (f"conventions: {conventions} ({glosses + '; ' if glosses else ''}presets: "
+            "docs/spectral.md); WeightWatcher's numbers: --conventions weightwatcher")
 
 
 def pair_matrix(session: Any, field: str) -> tuple[list[str], list[str], Any]:
