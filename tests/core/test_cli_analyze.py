@@ -720,3 +720,24 @@ def test_fit_quality_is_shown_next_to_alpha_with_the_poor_fits_reasons(tmp_path)
     assert short and f"    {len(short)} x {short[0]}\n" in run.stdout
     html = (tmp_path / "r.html").read_text()
     assert f"Poor power-law fits (pl_fit_quality) on {len(poor)} layer(s)" in html
+
+
+def test_a_layer_without_a_warning_has_an_empty_warning_cell(tmp_path, capsys):
+    """A 2 x 384 matrix has no alpha, so no warning applies: the table's warning cell is
+    empty (it printed 'nan'); a flagged layer keeps its word."""
+    from diffract.cli import main
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "m.npz", tiny=rng.standard_normal((2, 384)),
+             big=rng.standard_t(3, (400, 300)))
+    assert main(["analyze", str(tmp_path / "m.npz"), "--metrics", "pl_alpha,warning"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("tiny", "big"))}
+    assert rows["tiny"][2:] == ["nan"]  # pl_alpha undefined, the warning cell empty
+    from diffract import Session
+
+    with Session() as s:
+        s.models.add(tmp_path / "m.npz", "m")
+        s.compute.apply("warning", errors="record")
+        word = s.results.export_metrics("warning")["m"]["big"]["warning"]
+    assert rows["big"][3:] == ([word] if word else [])  # a word only where one applies

@@ -93,7 +93,9 @@ def table_rows(session: Any, view: Any, model_id: str, metrics: Sequence[str],
         shape = params[name].shape if name in params else ()
         if (len(shape) < 2 and not include_1d) or (name in params and params[name].parent):
             continue
-        rows.append([name, "x".join(map(str, shape)), *(row.get(m) for m in metrics)])
+        rows.append([name, "x".join(map(str, shape)), *(
+            "" if m == "warning" and not isinstance(row.get(m), str) else row.get(m)
+            for m in metrics)])  # no warning applies: an empty cell, as WeightWatcher's
     return rows
 
 
