@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -730,7 +731,10 @@ def test_a_layer_without_a_warning_has_an_empty_warning_cell(tmp_path, capsys):
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "m.npz", tiny=rng.standard_normal((2, 384)),
              big=rng.standard_t(3, (400, 300)))
-    assert main(["analyze", str(tmp_path / "m.npz"), "--metrics", "pl_alpha,warning"]) == 0
+    assert main(["analyze", str(tmp_path / "m.npz"), "--metrics", "pl_alpha,warning",
+                 "--report", str(tmp_path / "r.html")]) == 0
+    cells = re.search(r'<tr><td data-v="tiny">(.*?)</tr>', (tmp_path / "r.html").read_text())
+    assert cells and re.findall(r'<td data-v="([^"]*)">', cells.group(1))[-1] == ""
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()
             if line.startswith(("tiny", "big"))}
     assert rows["tiny"][2:] == ["nan"]  # pl_alpha undefined, the warning cell empty

@@ -333,7 +333,8 @@ def _model_section(session: Any, root: Any, model_id: str, number: int, table: d
     if plots and any(p.parent for p in params.values()):
         parts += _view_parts(session, model_id, fields, view_fields)
     rows = [[name, "x".join(map(str, params[name].shape)),
-             *(row.get(f) if np.ndim(row.get(f, 0)) == 0 else None for f in fields)]
+             *("" if f == "warning" and not isinstance(row.get(f), str)  # none applies
+               else row.get(f) if np.ndim(row.get(f, 0)) == 0 else None for f in fields)]
             for name, row in rows_in.items()]
     flagged = [isinstance(row.get("warning"), str) and bool(row["warning"])
                for row in rows_in.values()]
