@@ -82,6 +82,33 @@ class TestTwoTracksOnOneStore:
         assert total == distinct == _rows(tmp_path / "alone")[0]
 
 
+    def test_a_round_waits_for_the_other_tracks_round(self, tmp_path):
+        """Found by CI: one track erased the vectors the other's pairs were reading (exit
+        1). Rounds on one store take turns: with the round lock held elsewhere, a track
+        says it waits, and finishes (exit 0) once it is released."""
+        run = tmp_path / "run"
+        _checkpoint(run, 100)
+        store = tmp_path / "s"
+        first = _track(str(run / "checkpoint-*"), "--store", str(store), "--metrics",
+                       "frob_norm")
+        assert first.communicate(timeout=600) and first.returncode == 0
+        _checkpoint(run, 200)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", "import fcntl, sys; fh = open(sys.argv[1], 'a'); "
+             "fcntl.flock(fh, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+             str(store / ".track.lock")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True)
+        assert holder.stdout.readline() == "held\n"
+        second = _track(str(run / "checkpoint-*"), "--store", str(store), "--metrics",
+                        "frob_norm", env={**ENV, "PYTHONUNBUFFERED": "1"})
+        said = [second.stdout.readline()]
+        assert "waiting for another diffract track" in said[0], said
+        holder.stdin.close()  # the other round ends
+        holder.wait(timeout=60)
+        out, err = second.communicate(timeout=600)
+        assert second.returncode == 0, err
+        assert "added 1 checkpoint(s): checkpoint-200" in out
+
     def test_a_model_added_by_another_process_meanwhile_is_a_duplicate(self, tmp_path):
         """Found by CI under load: between a session's check that a model is new and its
         commit, the other track committed the same checkpoint; the store raised a
@@ -141,7 +168,7 @@ class TestFilesThatMove:
             _checkpoint(run, step)
         store = str(tmp_path / "s")
         first = _track(str(run / "checkpoint-*"), "--store", store, "--metrics", "frob_norm")
-        assert first.wait(timeout=600) == 0, first.stderr.read()
+        assert first.communicate(timeout=600) and first.returncode == 0
         before = _values(tmp_path / "s")["metrics"]
         shutil.rmtree(run / "checkpoint-100")
         _checkpoint(run, 400)

@@ -14,6 +14,7 @@ change beyond ``--mad`` median absolute deviations of that layer's own history);
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import sys
 import time
@@ -135,6 +136,28 @@ def sudden(frame: Any, k: float) -> list[tuple[Any, str, float, float]]:
             if size > k:
                 out.append((frame.index[i + 1], str(column), float(diffs[i]), float(size)))
     return sorted(out, key=lambda r: -r[3])
+
+
+@contextlib.contextmanager
+def _one_round_at_a_time(store: str, say: Callable[[str], None]) -> Any:
+    """Rounds of the tracks sharing a store take turns (an exclusive lock on
+    ``<store>/.track.lock``): a round erases vectors that another's pairs may be reading
+    (two tracks at once failed a unit that way). Where there is no ``fcntl``, no lock."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    with open(Path(store) / ".track.lock", "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("waiting for another diffract track on this store to finish its round")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def categorical(session: Any, field: str) -> bool:
@@ -435,8 +458,9 @@ def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
         apply_settings(session, args.settings, args.conventions)
         try:
             while True:
-                reports, unreadable = _round(session, args.paths, metrics, args, say,
-                                             view_fields)
+                with _one_round_at_a_time(args.store, say):
+                    reports, unreadable = _round(session, args.paths, metrics, args, say,
+                                                 view_fields)
                 _movers(session, metrics, args.mad, say)
                 _head_movers(session, args, say)
                 if args.out:
