@@ -145,10 +145,12 @@ def _one_round_at_a_time(store: str, say: Callable[[str], None]) -> Any:
     (two tracks at once failed a unit that way). Where there is no ``fcntl``, no lock."""
     try:
         import fcntl
-    except ImportError:  # Windows
+
+        fh = open(Path(store) / ".track.lock", "a")  # noqa: SIM115 - closed below
+    except (ImportError, OSError):  # Windows; a read-only store (its writes say so)
         yield
         return
-    with open(Path(store) / ".track.lock", "a") as fh:
+    with fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
