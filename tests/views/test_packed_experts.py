@@ -95,11 +95,11 @@ def test_the_layout_is_the_librarys(tmp_path):
                 w = views[f"{prefix}gate_up_proj[expert={e},part={part}]"]
                 assert w.shape == (FFN, H)  # [out, in], as every matrix is reported
                 np.testing.assert_allclose(x.numpy() @ w.T.astype(np.float64), want.numpy(),
-                                           rtol=1e-5, atol=1e-5)
+                                           rtol=1e-12, atol=1e-12)
             w = views[f"{prefix}down_proj[expert={e}]"]
             assert w.shape == (H, FFN)
             np.testing.assert_allclose(gate.numpy() @ w.T.astype(np.float64), down.numpy(),
-                                       rtol=1e-5, atol=1e-5)
+                                       rtol=1e-12, atol=1e-12)
 
 
 def test_views_equal_numpy_slices_of_the_packed_tensors(tmp_path):

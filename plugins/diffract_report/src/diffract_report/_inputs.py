@@ -351,6 +351,12 @@ def scope(session: Any, model_ids: Sequence[str], args: argparse.Namespace) -> A
     return view.filter(param_names=names)
 
 
+def parents_only(session: Any, view: Any, model_ids: Sequence[str]) -> Any:
+    """``view`` without the parameters' views (the default metrics are the parents')."""
+    return view.filter(param_names=[p.name for m in model_ids for p in session.models.params(m)
+                                    if p.parent is None])
+
+
 def apply_settings(session: Any, settings: Sequence[str], conventions: str | None = None) -> None:
     """The --conventions preset, then the --set values (which win), all checked."""
     if conventions:

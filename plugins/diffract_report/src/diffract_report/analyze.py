@@ -7,7 +7,6 @@ import sys
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
 
 from diffract_report._inputs import (
     DEFAULT_METRICS,
@@ -23,6 +22,7 @@ from diffract_report._inputs import (
     check_metrics,
     model_inputs,
     open_session,
+    parents_only,
     scope,
 )
 from diffract_report._output import (
@@ -105,7 +105,7 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                 with ProgressBar(interactive) as bar:
                     reports.append(run_apply(view, view_fields, bar))
             with ProgressBar(interactive) as bar:  # the parents' spectra are stored now
-                reports.append(run_apply(_parents(session, view, model_ids) if view_fields
+                reports.append(run_apply(parents_only(session, view, model_ids) if view_fields
                                          else view, wanted, bar))
         except KeyboardInterrupt:
             where = (f"rerun the same command with --store {args.store} to resume"
@@ -156,12 +156,6 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
             return EXIT_FAILED
         tell(f"done in {time.perf_counter() - started:.1f} s")
     return EXIT_OK
-
-
-def _parents(session: Any, view: Any, model_ids: list[str]) -> Any:
-    """``view`` without the parameters' views (the default metrics are the parents')."""
-    return view.filter(param_names=[p.name for m in model_ids for p in session.models.params(m)
-                                    if p.parent is None])
 
 
 def _union(first: list[str], second: list[str]) -> list[str]:

@@ -36,6 +36,7 @@ from diffract_report._inputs import (
     check_metrics,
     model_inputs,
     open_session,
+    parents_only,
     shell_words,
     view_arguments,
 )
@@ -313,8 +314,8 @@ def _write_trajectories(session: Any, metrics: Sequence[str],
             written.append(path)
     known = set(session.compute.list_available_metrics())
     fields = [f for f in ALIGNMENT if f in known]
-    if fields and any(True for _ in session.results.export_aggregates(
-            *fields, export_format="list")):
+    stored = {name.split("@", 1)[0] for name in session.store.aggregate_names()}
+    if set(fields) & stored:
         written.append(session.results.export_aggregates(*fields, export_format="csv",
                                                          path=folder / "alignment.csv"))
     return written
@@ -392,9 +393,8 @@ def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: arg
     with ProgressBar(interactive) as bar, outcomes_reported_by_us():
         reports = [session.compute.apply(*view_fields, errors="record", progress=bar,
                                          recompute="stale")] if view_fields else []
-        parents = session.filter(param_names=[
-            p.name for m in session.model_ids for p in session.models.params(m)
-            if p.parent is None]) if view_fields else session
+        parents = parents_only(session, session, session.model_ids) if view_fields \
+            else session
         reports.append(parents.compute.apply(*metrics, errors="record", progress=bar,
                                              recompute="stale"))
         pairs = _pairs(ids, against) if fields else []
