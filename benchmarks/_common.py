@@ -38,6 +38,9 @@ def header(title: str, packages: Sequence[str]) -> None:
     print(f"# {title}")
     print(f"# commit {commit}; {platform.python_implementation()} {platform.python_version()}; "
           f"{platform.machine()}, {cpus} CPUs; " + "; ".join(versions))
+    if hasattr(os, "getloadavg"):
+        print("# load average (1, 5, 15 min) at the start: "
+              + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
 
 
 def table(header_row: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

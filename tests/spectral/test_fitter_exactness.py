@@ -54,11 +54,11 @@ def bound_passes(monkeypatch):
     real = _taichi.kernels()
     calls = []
 
-    def ks_bounds(*args):
-        calls.append(len(args[2]))
-        return real.ks_bounds(*args)
+    def ks_lower(*args):
+        calls.append(len(args[8]))
+        return real.ks_lower(*args)
 
-    monkeypatch.setattr(_taichi, "kernels", lambda: SimpleNamespace(ks_bounds=ks_bounds, ks_exact=real.ks_exact))
+    monkeypatch.setattr(_taichi, "kernels", lambda: SimpleNamespace(ks_lower=ks_lower, ks_exact=real.ks_exact))
     return calls
 
 
@@ -128,14 +128,15 @@ def test_exact_ties_go_to_the_smallest_xmin(monkeypatch, n):
     """When every candidate's KS distance is exactly equal, the fit is the smallest xmin
     (as an ordered scan would pick), on both paths of the search. Real data almost
     never tie exactly, so the rule is checked with distances made equal on purpose."""
-    def ks_exact(logx, first, starts, ends, alphas, stride, stops, out):
+    def ks_exact(logx, first, starts, ends, alphas, stride, stops, hints, out):
         out[:] = 0.25
 
-    def ks_bounds(logx, first, starts, ends, alphas, stride, stops, lower, upper):
+    def ks_lower(logx, first, grid, grid_logx, grid_first, grid_from, grid_to, hints, starts,
+                 ends, alphas, stops, lower, where):
         lower[:] = 0.25
-        upper[:] = 0.25
+        where[:] = starts
 
-    monkeypatch.setattr(_taichi, "kernels", lambda: SimpleNamespace(ks_bounds=ks_bounds, ks_exact=ks_exact))
+    monkeypatch.setattr(_taichi, "kernels", lambda: SimpleNamespace(ks_lower=ks_lower, ks_exact=ks_exact))
     monkeypatch.setattr(fitting, "DENSE_MAX_POINTS", 0)
     x = pareto(np.random.default_rng(n), n, 2.5)
     fit = fit_power_law(x, fit_method="diffract")

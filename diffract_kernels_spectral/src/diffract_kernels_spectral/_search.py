@@ -14,14 +14,22 @@ from diffract_kernels_spectral.errors import FitArgumentError, FitError
 
 __all__ = ["candidate_range"]
 
-#: Candidates scanned exactly first (smallest upper bounds) to set the pruning threshold.
+#: Evenly spread candidates scanned exactly first, to set the pruning threshold.
 _SEEDS = 8
+#: Survivors of a bounds pass scanned exactly (smallest bounds) to lower the threshold.
+_PASS_SEEDS = 16
+#: Candidates of a set scouted (bounded without pruning) for seeds before the passes.
+_SCOUTS = 4096
+#: Offsets (in xmin order) from a set's best candidate scanned exactly after each pass.
+_NEAR_OFFSETS = np.r_[-(2 ** np.arange(12))[::-1], np.arange(-15, 16), 2 ** np.arange(12)]
 #: Grid of the exact scan's first pass (see ``ks_exact``).
 _EXACT_STRIDE = 16
 #: Grid of the first bounds pass, as a multiple of sqrt(n); later passes are 4x finer.
-_COARSE = 1.0
+_COARSE = 0.5
 #: Bounds passes repeat while more candidates than this survive.
 _REFINE_ABOVE = 256
+#: How much finer each bounds pass is than the last.
+_REFINE = 4
 #: Finest bounds pass (below it the exact scan is as cheap).
 _MIN_BOUND_STRIDE = 8
 #: Elements of one block of the dense pass (bounds its memory: 8 MiB per array).
@@ -98,7 +106,11 @@ def _exact_fit(x: np.ndarray, start: int) -> tuple[float, float]:
 
 def _left_ecdf(tail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distinct tail values and the fraction of the tail strictly below each."""
-    values, first = np.unique(tail, return_index=True)
+    if len(tail) and np.all(tail[1:] >= tail[:-1]):  # sorted (the fits' tails): one pass
+        first = np.flatnonzero(np.r_[True, tail[1:] != tail[:-1]])
+        values = tail[first]
+    else:
+        values, first = np.unique(tail, return_index=True)
     return values, first / len(tail)
 
 
@@ -126,10 +138,11 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
 
     1. Exact distances of a few evenly spread candidates per set give its threshold
        ``best``.
-    2. A coarse pass (every ``sqrt(n)``-th tail point) bounds each other candidate's
-       distance from below and above; a candidate whose lower bound exceeds its set's
-       ``best`` is dropped (its scan stops there). The candidates with the smallest
-       upper bounds are scanned exactly, which can only lower ``best``.
+    2. A coarse pass (every ``sqrt(n)``-th tail point, coarse to fine, see ``ks_lower``)
+       bounds each other candidate's distance from below; a candidate whose bound
+       exceeds its set's ``best`` is dropped (its scan stops there). The survivors of
+       smallest bound are scanned exactly, which can only lower ``best``; the next pass
+       takes a 4x finer grid.
     3. Every survivor is scanned exactly (interval-skipping scan, see ``ks_exact``),
        stopping once it exceeds its set's ``best``. The minimum is exact: nothing dropped
        could have been smaller.
@@ -139,7 +152,7 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
     k = _taichi.kernels()
     offsets = np.cumsum([0] + [len(x) for x in xs])
     logx = np.log(np.concatenate(xs))
-    first = np.concatenate([np.searchsorted(x, x, side="left") + o
+    first = np.concatenate([_first_index(x) + o
                             for x, o in zip(xs, offsets, strict=False)]).astype(np.int32)
     # Candidates of every set in one list; a fixed shuffle per set spreads the long
     # tails (the early candidates) over the threads.
@@ -152,6 +165,7 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
                              zip(xs, starts_list, orders, strict=True)])
     cbase = np.cumsum([0] + [len(st) for st in starts_list])
     dist = np.full(len(glob), np.inf)
+    peak = np.full(len(glob), -1, dtype=np.int32)  # where a candidate's largest gap was seen
     best = np.full(len(xs), np.inf)
     fine = _EXACT_STRIDE
 
@@ -161,61 +175,140 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
         out = np.empty(len(idx))
         k.ks_exact(logx, first, np.ascontiguousarray(glob[idx]),
                    np.ascontiguousarray(ends[idx]), np.ascontiguousarray(alphas[idx]),
-                   fine, np.ascontiguousarray(best[cand_set[idx]]), out)
+                   fine, np.ascontiguousarray(best[cand_set[idx]]),
+                   np.ascontiguousarray(peak[idx]), out)
         dist[idx] = out
         np.minimum.at(best, cand_set[idx], out)
 
-    # 1. small sets are scanned whole; the others get probes
-    first_pass, alive = [], []
+    n_of = np.diff(offsets)
+    stride = np.maximum(4, (np.sqrt(n_of) * _COARSE).astype(int))
+
+    def bounds(sel: np.ndarray, stop: np.ndarray) -> np.ndarray:
+        """ks_lower of the candidates ``sel`` at their sets' strides, stopping above
+        ``stop`` (per candidate); remembers where each saw its largest gap."""
+        lower, where = np.empty(len(sel)), np.empty(len(sel), dtype=np.int32)
+        strides = stride[cand_set[sel]]
+        for st_val in np.unique(strides):
+            part = np.flatnonzero(strides == st_val)
+            ids = sel[part]
+            grid, grid_from, grid_to = _grid(offsets, n_of, int(st_val), glob[ids],
+                                             cand_set[ids])
+            lo, at = np.empty(len(part)), np.empty(len(part), dtype=np.int32)
+            hints = np.where(peak[ids] >= 0, np.searchsorted(grid, peak[ids]), -1)
+            k.ks_lower(logx, first, grid, logx[grid], first[grid], grid_from, grid_to,
+                       hints.astype(np.int32), np.ascontiguousarray(glob[ids]),
+                       np.ascontiguousarray(ends[ids]), np.ascontiguousarray(alphas[ids]),
+                       np.ascontiguousarray(stop[part]), lo, at)
+            lower[part], where[part] = lo, at
+        peak[sel] = where
+        return lower
+
+    def likely(sel: np.ndarray, lower: np.ndarray) -> np.ndarray:
+        """Per set, the ``_PASS_SEEDS`` candidates of ``sel`` most likely to be best: a
+        small bound plus the rise of the CDFs between grid points (a loose upper bound:
+        a short tail's few grid points bound it from below poorly)."""
+        rise = np.sqrt(stride[cand_set[sel]]) / (ends[sel] - glob[sel])
+        order = np.lexsort((lower + rise, cand_set[sel]))
+        in_set = cand_set[sel][order]
+        return sel[order[np.arange(len(order)) - np.searchsorted(in_set, in_set)
+                         < _PASS_SEEDS]]
+
+    positions: dict[int, np.ndarray] = {}  # per set, where each sorted candidate went
+
+    def near_best() -> np.ndarray:
+        """Per set, the unscanned candidates next to its best one (in xmin order: at
+        offsets 1, 2, ..., then doubling): distances change little from one xmin to
+        the next, so these often hold a smaller one."""
+        found = []
+        for i, position in positions.items():
+            here = int(orders[i][np.argmin(dist[cbase[i]:cbase[i + 1]])])
+            near = np.clip(here + _NEAR_OFFSETS, 0, len(position) - 1)
+            ids = cbase[i] + position[near]
+            found.append(ids[np.isinf(dist[ids])])
+        return np.unique(np.concatenate(found)) if found else np.empty(0, dtype=np.int64)
+
+    # 1. small sets are scanned whole; the others get probes: a few evenly spread
+    # candidates, then the likeliest of a scouting pass over every few candidates
+    first_pass, alive, scouts = [], [], []
     for i, st in enumerate(starts_list):
         count = len(st)
         ids = np.arange(cbase[i], cbase[i + 1])
         if count <= 4 * _SEEDS:
             first_pass.append(ids)
             continue
-        probe = ids[np.argsort(orders[i])[np.linspace(0, count - 1, _SEEDS).astype(int)]]
+        position = np.empty(count, dtype=np.int64)  # where each sorted candidate went
+        position[orders[i]] = np.arange(count)
+        positions[i] = position
+        probe = ids[position[np.linspace(0, count - 1, _SEEDS).astype(int)]]
         first_pass.append(probe)
-        alive.append(np.setdiff1d(ids, probe))
+        alive.append(ids[~np.isin(ids, probe)])
+        if count > _SCOUTS:
+            scouts.append(ids[position[::count // _SCOUTS]])
     exact(np.concatenate(first_pass))
     scanned = sum(len(p) for p in first_pass)
     alive_all = np.concatenate(alive) if alive else np.empty(0, dtype=np.int64)
+    if scouts:
+        scout = np.concatenate(scouts)
+        scout = scout[np.isinf(dist[scout])]
+        seeds = likely(scout, bounds(scout, np.full(len(scout), np.inf)))
+        exact(seeds)
+        near = near_best()
+        exact(near)
+        seeds = np.r_[seeds, near]
+        scanned += len(seeds)
+        alive_all = alive_all[~np.isin(alive_all, seeds)]
     # 2. bounds passes while a set has many survivors (all sets here have one size n
     # per replicate batch; the stride follows each set's n)
-    n_of = np.diff(offsets)
-    stride = np.maximum(4, (np.sqrt(n_of) * _COARSE).astype(int))
     while len(alive_all):
         counts = np.bincount(cand_set[alive_all], minlength=len(xs))
         refine = (counts > _REFINE_ABOVE) & (stride >= _MIN_BOUND_STRIDE)
-        sel = alive_all[refine[cand_set[alive_all]]]
+        chosen = refine[cand_set[alive_all]]
+        sel, untouched = alive_all[chosen], alive_all[~chosen]
         if not len(sel):
             break
-        lower, upper = np.empty(len(sel)), np.empty(len(sel))
-        for st_val in np.unique(stride[cand_set[sel]]):
-            part = np.flatnonzero(stride[cand_set[sel]] == st_val)
-            lo, hi = np.empty(len(part)), np.empty(len(part))
-            ids = sel[part]
-            k.ks_bounds(logx, first, np.ascontiguousarray(glob[ids]),
-                        np.ascontiguousarray(ends[ids]), np.ascontiguousarray(alphas[ids]),
-                        int(st_val), np.ascontiguousarray(best[cand_set[ids]]), lo, hi)
-            lower[part], upper[part] = lo, hi
-        seeds = []
-        for i in np.unique(cand_set[sel]):
-            mine = np.flatnonzero(cand_set[sel] == i)
-            seeds.append(sel[mine[np.argsort(upper[mine], kind="stable")[:_SEEDS]]])
-        seeds = np.concatenate(seeds)
+        lower = bounds(sel, best[cand_set[sel]])
+        # The lower bound multiplies by 1/m where the exact pass divides: allow rounding.
+        below = lower - 1e-12 <= best[cand_set[sel]]
+        # the likeliest survivors are scanned exactly (which can only lower the best),
+        # then the others are held against the lowered best
+        seeds = likely(sel[below], lower[below])
         exact(seeds)
+        near = near_best()
+        exact(near)
+        seeds = np.r_[seeds, near]
         scanned += len(seeds)
-        # The coarse pass multiplies by 1/m where the exact pass divides: allow rounding.
-        kept = sel[lower - 1e-12 <= best[cand_set[sel]]]
-        untouched = alive_all[~refine[cand_set[alive_all]]]
-        alive_all = np.setdiff1d(np.concatenate([kept, untouched]), seeds)
-        stride = np.where(refine, stride // 4, stride)
+        below &= lower - 1e-12 <= best[cand_set[sel]]
+        dropped = np.zeros(len(glob), dtype=bool)
+        dropped[seeds] = True
+        alive = sel[below]
+        alive_all = np.concatenate([alive[~dropped[alive]], untouched])
+        stride = np.where(refine, stride // _REFINE, stride)
     # 3. every survivor, exactly
     exact(alive_all)
     scanned += len(alive_all)
     winners = [_smallest_winner(orders[i], dist[cbase[i]:cbase[i + 1]])
                for i in range(len(xs))]
     return winners, scanned
+
+
+def _first_index(x: np.ndarray) -> np.ndarray:
+    """Per point of sorted ``x``, the first index holding its value (in one pass)."""
+    new = np.r_[True, x[1:] != x[:-1]]
+    return np.maximum.accumulate(np.where(new, np.arange(len(x)), 0))
+
+
+def _grid(offsets: np.ndarray, n_of: np.ndarray, stride: int, starts: np.ndarray,
+          sets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The points at which ``ks_lower`` bounds the distances (every ``stride``-th index of
+    each data set and its last, ascending) and, per candidate (``starts``, in data sets
+    ``sets``), the range of grid indices in its tail: ``(grid, from, to)``."""
+    counts = (n_of - 2) // stride + 2  # indices 0, stride, ... below n - 1, and n - 1
+    base = np.r_[0, np.cumsum(counts)]
+    grid = np.concatenate([np.r_[np.arange(o, o + n - 1, stride), o + n - 1]
+                           for o, n in zip(offsets[:-1], n_of, strict=True)]).astype(np.int32)
+    local = starts - offsets[sets]
+    start = np.minimum(-(-local // stride), counts[sets] - 1) + base[sets]
+    return grid, start.astype(np.int32), base[sets + 1].astype(np.int32)
 
 
 def _dense_ks(x: np.ndarray, starts: np.ndarray, cdf: Any) -> np.ndarray:

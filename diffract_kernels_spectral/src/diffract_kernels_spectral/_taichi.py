@@ -75,9 +75,13 @@ def _warm_up(tk: Any) -> None:
     first = np.arange(3, dtype=np.int32)
     starts, ends = np.zeros(1, dtype=np.int32), np.full(1, 3, dtype=np.int32)
     alphas, stops = np.full(1, 2.0), np.full(1, np.inf)
-    lower, upper, out = np.zeros(1), np.zeros(1), np.zeros(1)
-    tk.ks_bounds(logx, first, starts, ends, alphas, 1, stops, lower, upper)
-    tk.ks_exact(logx, first, starts, ends, alphas, 1, stops, out)
+    lower, out = np.zeros(1), np.zeros(1)
+    grid = np.arange(3, dtype=np.int32)
+    zero, three = np.zeros(1, dtype=np.int32), np.full(1, 3, dtype=np.int32)
+    tk.ks_lower(logx, first, grid, logx, grid, zero, three, zero, starts, ends, alphas,
+                stops, lower, zero.copy())
+    tk.ks_exact(logx, first, starts, ends, alphas, 1, stops, np.full(1, -1, dtype=np.int32),
+                out)
 
 
 def kernels() -> SimpleNamespace:
@@ -96,7 +100,7 @@ def kernels() -> SimpleNamespace:
                 from diffract_kernels_spectral import _taichi_kernels as tk
 
                 _warm_up(tk)
-                _STATE["kernels"] = SimpleNamespace(ks_bounds=tk.ks_bounds, ks_exact=tk.ks_exact)
+                _STATE["kernels"] = SimpleNamespace(ks_lower=tk.ks_lower, ks_exact=tk.ks_exact)
             except ImportError as exc:
                 _STATE["error"] = (
                     f"taichi is not installed ({exc}). Install the extra: "

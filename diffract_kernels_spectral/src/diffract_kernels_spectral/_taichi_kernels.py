@@ -11,45 +11,72 @@ import taichi as ti
 
 F64 = ti.types.ndarray(dtype=ti.f64, ndim=1)
 I32 = ti.types.ndarray(dtype=ti.i32, ndim=1)
+#: Grid points on either side of a hint that ``ks_lower`` visits first.
+_NEAR = 8
+#: Points on either side of a hint that ``ks_exact`` visits first.
+_EXACT_NEAR = 32
 
 
 @ti.kernel
-def ks_bounds(
-    logx: F64, first: I32, starts: I32, ends: I32, alphas: F64, stride: ti.i32,
-    stops: F64, lower: F64, upper: F64,
+def ks_lower(
+    logx: F64, first: I32, grid: I32, grid_logx: F64, grid_first: I32, grid_from: I32,
+    grid_to: I32, hints: I32, starts: I32, ends: I32, alphas: F64, stops: F64,
+    lower: F64, where: I32,
 ):
-    """Per candidate, a lower and an upper bound on its KS distance from every
-    ``stride``-th tail point.
+    """Per candidate, a lower bound on its KS distance: the largest gap at the grid
+    points of its tail (``grid[g]`` for ``g`` in ``[grid_from, grid_to)``, with their
+    logs and first indices gathered: every stride-th point of the data set, and its
+    last), or any value above ``stop_above`` as soon as one gap exceeds it (such a
+    candidate cannot win); ``where`` is the data index of the largest gap found.
 
-    The CDFs are monotone, so between two probed points ``|T - A| <= max(T(next) -
-    A(prev), A(next) - T(prev))``. A candidate whose lower bound exceeds ``stop_above``
-    cannot win: its scan stops and its upper bound is +inf.
+    The grid is shared by all candidates (small, so it stays in cache). The points
+    next to ``hints[c]`` (a grid index: where a coarser pass found the largest gap, or
+    -1) come first, then the grid coarse to fine (every 2^b-th point, then the odd
+    multiples of 2^(b-1), ...): a gap follows a smooth, bridge-like curve over the tail,
+    so these find a large one after a few evaluations and a losing candidate stops
+    there.
     """
     for c in range(starts.shape[0]):
         s = starts[c]
-        n = ends[c]
         stop_above = stops[c]
-        inv_m = 1.0 / ti.cast(n - s, ti.f64)
+        inv_m = 1.0 / ti.cast(ends[c] - s, ti.f64)
         e = 1.0 - alphas[c]
         l0 = logx[s]
-        prev_t = 0.0
-        prev_a = 0.0
+        lo_g = grid_from[c]
+        count = grid_to[c] - lo_g
         lo = 0.0
-        hi = 0.0
-        j = s
-        while j < n - 1:
-            j = ti.min(j + stride, n - 1)
-            t = 1.0 - ti.exp(e * (logx[j] - l0))
-            a = ti.cast(first[j] - s, ti.f64) * inv_m
-            lo = ti.max(lo, ti.abs(t - a))
-            hi = ti.max(hi, ti.max(t - prev_a, a - prev_t))
-            prev_t = t
-            prev_a = a
-            if lo > stop_above:
-                hi = ti.math.inf
-                break
+        at = lo_g
+        hint = hints[c]
+        if hint >= 0:
+            for d in range(2 * _NEAR + 1):
+                g = ti.min(ti.max(hint + d - _NEAR, lo_g), lo_g + count - 1)
+                t = 1.0 - ti.exp(e * (grid_logx[g] - l0))
+                gap = ti.abs(t - ti.cast(grid_first[g] - s, ti.f64) * inv_m)
+                if gap > lo:
+                    lo = gap
+                    at = g
+        step = 1
+        while step * 2 <= count:
+            step *= 2
+        h = step  # every multiple of step first, then the odd multiples of each half
+        i = h
+        inc = h
+        while h >= 1 and lo <= stop_above:
+            while i <= count:
+                g = lo_g - 1 + i
+                t = 1.0 - ti.exp(e * (grid_logx[g] - l0))
+                gap = ti.abs(t - ti.cast(grid_first[g] - s, ti.f64) * inv_m)
+                if gap > lo:
+                    lo = gap
+                    at = g
+                if lo > stop_above:
+                    break
+                i += inc
+            inc = h
+            h //= 2
+            i = h
         lower[c] = lo
-        upper[c] = hi
+        where[c] = grid[at]
 
 
 @ti.func
@@ -61,12 +88,13 @@ def _cdfs(logx: ti.template(), first: ti.template(), s, m, e, l0, j):
 @ti.kernel
 def ks_exact(
     logx: F64, first: I32, starts: I32, ends: I32, alphas: F64, stride: ti.i32,
-    stops: F64, out: F64,
+    stops: F64, hints: I32, out: F64,
 ):
     """Per candidate, the exact KS distance, or any value above ``stop_above`` as soon as
     the distance is known to exceed it (such a candidate cannot win).
 
-    Pass one takes the distance at every ``stride``-th tail point. Pass two visits the
+    First the points next to ``hints[c]`` (a data index: where a bounds pass saw the
+    largest gap, or -1): a candidate that loses usually loses there. Pass one takes the distance at every ``stride``-th tail point. Pass two visits the
     intervals between them and scans an interval's interior only when its monotone
     upper bound ``max(T(next) - A(prev), A(next) - T(prev))`` exceeds the distance found
     so far: the other intervals cannot hold a larger gap.
@@ -79,8 +107,14 @@ def ks_exact(
         e = 1.0 - alphas[c]
         l0 = logx[s]
         d = 0.0
+        hint = hints[c]
+        if hint >= 0:
+            for w in range(2 * _EXACT_NEAR + 1):
+                k = ti.min(ti.max(hint + w - _EXACT_NEAR, s), n - 1)
+                tk, ak = _cdfs(logx, first, s, m, e, l0, k)
+                d = ti.max(d, ti.abs(tk - ak))
         j = s
-        while j < n:
+        while j < n and d <= stop_above:
             t, a = _cdfs(logx, first, s, m, e, l0, j)
             d = ti.max(d, ti.abs(t - a))
             if j == n - 1 or d > stop_above:
