@@ -415,6 +415,46 @@ class TestPoolOnlyWhenWorthIt:
             pids = {r["t_pid"] for r in s.results.export_metrics("t_pid")["m"].values()}
             assert pids == {os.getpid()}
 
+    def test_the_pool_is_worth_what_it_saves_over_its_start_up(self):
+        """A pool of W workers saves ``left * (1 - cores / W)`` seconds over this process
+        when the work kept ``cores`` busy here (a batch path runs a solver per core): it
+        starts only when that exceeds its start-up."""
+        from diffract.core.compute.runner import pool_pays
+
+        assert pool_pays(10.0, 1.0, 2, 2.0)  # one core busy here: saves 5 s
+        assert not pool_pays(10.0, 2.0, 2, 2.0)  # both busy already: saves nothing
+        assert not pool_pays(10.0, 1.7, 2, 2.0)  # saves 1.5 s, less than the start-up
+        assert not pool_pays(3.0, 1.0, 2, 2.0)
+        assert not pool_pays(100.0, 1.0, 1, 2.0)  # one worker is this process again
+        assert pool_pays(6.0, 0.0, 4, 2.0)  # idle work counts as one core: saves 4.5 s
+        assert not pool_pays(6.0, 9.0, 4, 2.0)
+
+    def test_work_left_is_estimated_by_its_bytes_not_its_unit_count(self):
+        """Four large units first, then many tiny ones: the work left is tiny, so no pool
+        starts (timed per unit, the large units' time made the rest look like 14 s)."""
+        model = {f"big{i}": np.zeros((2000, 2000), dtype=np.float32) for i in range(4)}
+        model.update({f"small{i}": np.zeros((10, 10)) for i in range(36)})
+        with Session(config={"parallel": {"executor": "processes",
+                                          "process_pool": {"max_workers": 2}}}) as s:
+            s.compute.kernel(name="t_idle", execution_protocol=PARALLEL)(test_kernels.idle_pid)
+            s.models.add(model, model_id="m")
+            s.compute.apply("t_idle")
+            pids = {r["t_idle"] for r in s.results.export_metrics("t_idle")["m"].values()}
+        assert pids == {os.getpid()}
+
+    def test_enough_work_that_keeps_one_core_busy_goes_to_the_pool(self):
+        """Equal units whose rest, timed here, is worth more than the pool's start-up
+        (36 units of 0.2 s idle: 3.6 s saved by two workers) run on the workers."""
+        model = {f"p{i}": np.zeros((100, 100)) for i in range(40)}
+        with Session(config={"parallel": {"executor": "processes",
+                                          "process_pool": {"max_workers": 2}}}) as s:
+            s.compute.kernel(name="t_idle", execution_protocol=PARALLEL)(test_kernels.idle_pid)
+            s.compute.configure_kernel("t_idle", per_element=2e-5)
+            s.models.add(model, model_id="m")
+            s.compute.apply("t_idle")
+            pids = {r["t_idle"] for r in s.results.export_metrics("t_idle")["m"].values()}
+        assert os.getpid() in pids and len(pids - {os.getpid()}) >= 1
+
     def test_progress_events_count_failures_and_rate(self):
         """Each progress event carries failed units and a positive rate."""
         events = []

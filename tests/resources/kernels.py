@@ -74,3 +74,14 @@ def tick(weights: np.ndarray, *, log: str = "", seconds: float = 1.0) -> float:
         fh.write("x\n")
     time.sleep(seconds)
     return float(weights.size)
+
+
+def idle_pid(weights: np.ndarray, *, per_element: float = 1e-7) -> int:
+    """The process id that ran the kernel, after idling ``per_element`` seconds per
+    element of ``weights`` (work whose cost follows the unit's size and keeps no core
+    busy: what a pool can spread)."""
+    import os
+    import time
+
+    time.sleep(weights.size * per_element)
+    return os.getpid()

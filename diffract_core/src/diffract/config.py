@@ -7,8 +7,8 @@ Keys and defaults (every key is optional)::
                                   # "sequential", or one a plugin provides ("dask");
                                   # also spelt [executor] name = "..."
     unit_timeout = 0              # seconds a PARALLEL unit may run; 0 = no limit
-    pool_min_seconds = 2.0        # a PARALLEL step goes to the executor only when the
-                                  # work left is estimated above this (0: always)
+    pool_min_seconds = 2.0        # a PARALLEL step goes to the executor only when it
+                                  # saves more than this, its start-up (0: always)
 
     [parallel.thread_pool]
     max_workers = 8               # threads prefetching inputs; default min(8, CPUs)

@@ -94,10 +94,11 @@ def ks_exact(
     the distance is known to exceed it (such a candidate cannot win).
 
     First the points next to ``hints[c]`` (a data index: where a bounds pass saw the
-    largest gap, or -1): a candidate that loses usually loses there. Pass one takes the distance at every ``stride``-th tail point. Pass two visits the
-    intervals between them and scans an interval's interior only when its monotone
-    upper bound ``max(T(next) - A(prev), A(next) - T(prev))`` exceeds the distance found
-    so far: the other intervals cannot hold a larger gap.
+    largest gap, or -1): a candidate that loses usually loses there. Pass one takes the
+    distance at every ``stride``-th tail point. Pass two visits the intervals between
+    them and scans an interval's interior only when its monotone upper bound
+    ``max(T(next) - A(prev), A(next) - T(prev))`` exceeds the distance found so far: the
+    other intervals cannot hold a larger gap.
     """
     for c in range(starts.shape[0]):
         s = starts[c]

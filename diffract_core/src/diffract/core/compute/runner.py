@@ -51,17 +51,21 @@ log = logging.getLogger(__name__)
 
 _TOLD: set[str] = set()  #: why the pool could not be used, told once per process
 
-#: Chunks on the executor awaiting their results while the next one is submitted (more
-#: would hold more inputs than the read budget counts on: measured, a second one does
-#: not help a Dask cluster either).
+#: Chunks awaiting results while the next is submitted (more would hold more inputs than
+#: the read budget counts on; a second one did not help a Dask cluster either).
 PIPELINE = 1
 
-#: Units shorter than this (seconds of one worker's time) are grouped into executor
-#: tasks of about this length: a task costs the executor a few milliseconds of its own
-#: (Dask's scheduler, on the machine's cores too), which a 10 ms fit would double.
+#: Shorter units (seconds of one worker's time) are grouped into tasks of about this
+#: length: a task costs an executor milliseconds, which a 10 ms fit would double.
 GROUP_SECONDS = 0.05
-#: The most units one task holds.
-GROUP_MAX = 16
+GROUP_MAX = 16  #: the most units one task holds
+
+
+def pool_pays(left: float, cores: float, workers: int, start_up: float) -> bool:
+    """Whether ``workers`` processes save more than their ``start_up`` on ``left`` seconds
+    of work that kept ``cores`` busy here: ``left * (1 - cores / workers)``."""
+    workers = max(workers, 1)
+    return left * (1.0 - min(max(cores, 1.0), workers) / workers) >= start_up
 
 
 @attrs.define
@@ -74,10 +78,8 @@ class _Chunk:
     runnable: list[tuple[Unit, Any]] = attrs.field(factory=list)
     #: unit indices (one task: several units when they are short) -> the task's future
     futures: dict[tuple[int, ...], Future] | None = None
-    #: units per executor task (short units are grouped; see GROUP_SECONDS)
-    group: int = 1
-    #: seconds the workers spent on the chunk's tasks, as they measured them
-    busy: float = 0.0
+    group: int = 1  #: units per executor task (short units are grouped; see GROUP_SECONDS)
+    busy: float = 0.0  #: seconds the workers spent on the chunk's tasks, as they measured
 
     def note(self, spec: KernelSpec, unit: Unit, kind: str, reason: str) -> None:
         self.batch.notes.append(Note(spec.name, unit.models, unit.param, kind, reason))
@@ -174,12 +176,9 @@ class Runner(Inputs):
         state = self._state(step, position)
         chunker = Chunker(step, self.store, self.cache.read_budget())
         report.computed.setdefault(spec.name, 0)
-        # Chunks grow from one unit to what takes about chunk_seconds, so an interrupt
-        # (Ctrl-C, a kill) loses at most a few seconds of work whatever the kernel costs.
+        # Chunks grow to about chunk_seconds of work: what an interrupt can lose.
         per_unit: float | None = None
         parallel = spec.execution_protocol is KernelExecutionProtocol.PARALLEL
-        # A PARALLEL kernel goes to the executor once the work left is worth a pool
-        # (its start-up costs seconds): measured on the first chunk, run here.
         in_process = parallel and self._pool_unusable(spec)
         use_pool = (parallel and self.pool_min_seconds <= 0 and not self.executors.inline
                     and not in_process)
@@ -200,20 +199,23 @@ class Runner(Inputs):
         undecided = parallel and not use_pool and not self.executors.inline and not in_process
         group = 1  # units per executor task, from the measured time per unit
 
-        def finished(units: int, seconds: float, failures: int, busy: float = 0.0) -> None:
+        def finished(chunk: Sequence[Unit], seconds: float, failures: int, busy: float = 0.0,
+                     cpu: float = 0.0) -> None:
             nonlocal done, failed, per_unit, size, use_pool, lazy, chunks, undecided, group
+            units = len(chunk)
             done += units
             failed += failures
             chunks += 1
             each = seconds / max(units, 1)
-            # The first chunk pays the kernel's one-off costs (imports, library
-            # warm-up: 0.2 s for an esd that then takes 10 ms), so the pool is judged
-            # on the second chunk's time alone; both are kept small until then.
+            # The first chunk pays one-off costs (imports, warm-up): the pool is judged
+            # on the second chunk's time alone (see pool_pays); both are kept small.
             per_unit = each if per_unit is None or chunks == 2 else 0.5 * (per_unit + each)
-            left = len(step.units) - done
-            if undecided and chunks >= 2:
+            if undecided and chunks >= 2:  # the rest's time by its bytes (units differ)
                 undecided = False
-                if per_unit * left >= self.pool_min_seconds:
+                rest = sum(map(chunker.cost_of, step.units[done:]))
+                if pool_pays(seconds * rest / max(sum(map(chunker.cost_of, chunk)), 1),
+                             cpu / max(seconds, 1e-9), self.parallel_workers,
+                             self.pool_min_seconds):
                     use_pool = True
                     lazy = self.executors.reads_files
             size = max(smallest, int(self.chunk_seconds / max(per_unit, 1e-6)))
@@ -221,8 +223,7 @@ class Runner(Inputs):
                 size = smallest
             if use_pool:  # per_unit is wall time over the workers: keep them all busy
                 size = max(size, 2 * self.parallel_workers)
-            # one unit's time on one worker: as the workers measured it when they ran the
-            # chunk (the wall time seen here includes the executor's latency)
+            # one unit's time on one worker, as the workers measured it (not our wall time)
             unit_seconds = (busy / max(units, 1) if busy > 0
                             else per_unit * self.parallel_workers)
             group = max(1, min(GROUP_MAX, int(GROUP_SECONDS / max(unit_seconds, 1e-6))))
@@ -236,7 +237,7 @@ class Runner(Inputs):
             oldest = inflight.pop(0)
             failures = self._finish_chunk(state, oldest, report)
             now = time.perf_counter()
-            finished(len(oldest.units), now - last, failures, oldest.busy)
+            finished(oldest.units, now - last, failures, oldest.busy)
             last = now
 
         try:
@@ -245,9 +246,7 @@ class Runner(Inputs):
                 following = chunker.take(size)
                 pending = self._prefetch(state, following, lazy) if following else []
                 if use_pool:
-                    # Pipelined: chunks are submitted before the earlier ones are
-                    # awaited (up to PIPELINE deep), so the workers never idle at a
-                    # chunk's end, whatever the executor's latency.
+                    # Pipelined (PIPELINE deep): the workers never idle at a chunk's end.
                     chunk = self._prepare(state, current, inputs)
                     # groups small enough that every worker gets two tasks of the chunk
                     chunk.group = max(1, min(group, len(chunk.runnable)
@@ -257,10 +256,11 @@ class Runner(Inputs):
                     if len(inflight) > PIPELINE:
                         finish_oldest()
                 else:
-                    started = time.perf_counter()
+                    started, cpu = time.perf_counter(), time.process_time()
                     failures = self._run_chunk(state, current, inputs, report)
                     last = time.perf_counter()
-                    finished(len(current), last - started, failures)
+                    finished(current, last - started, failures,
+                             cpu=time.process_time() - cpu)
                 current = following
             while inflight:
                 finish_oldest()
@@ -331,8 +331,8 @@ class Runner(Inputs):
                 indices: Iterable[int], group: int = 1) -> dict[tuple[int, ...], Future]:
         """One task per ``group`` consecutive units (one per unit when ``group`` is 1)."""
         spec, config, handle = state.spec, state.config, self.executors
-        # every worker up (SIGINT ignored, the kernel imported) before units go: a unit
-        # timeout measures units, and an idle pool has no worker still starting
+        # every worker up (SIGINT ignored, the kernel imported) first: a unit timeout
+        # measures units, not workers starting
         handle.warm((spec.function.__module__,))
         order = list(indices)
         tasks = [tuple(order[k:k + group]) for k in range(0, len(order), group)]
