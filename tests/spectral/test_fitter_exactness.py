@@ -141,3 +141,55 @@ def test_exact_ties_go_to_the_smallest_xmin(monkeypatch, n):
     x = pareto(np.random.default_rng(n), n, 2.5)
     fit = fit_power_law(x, fit_method="diffract")
     assert fit.xmin == np.sort(x)[0]
+
+
+def test_every_bound_is_sound_and_every_candidate_left_out_is_beaten():
+    """On sets that take several bounds passes, every distance the search computes is
+    held to the exhaustive scan: each lower bound at most the candidate's distance, each
+    exact scan its distance (or a value above the threshold it stopped at), and each
+    candidate never scanned exactly has a bound above the best distance (one that could
+    win was not left out). The final answer alone would miss a lost survivor that
+    happens not to be the winner on these sets."""
+    real = _taichi.kernels()
+    seen = {"lower": [], "exact": []}
+
+    def ks_lower(*args):
+        real.ks_lower(*args)
+        seen["lower"].append((args[8].copy(), args[12].copy()))
+
+    def ks_exact(logx, first, starts, ends, alphas, stride, stops, hints, out):
+        real.ks_exact(logx, first, starts, ends, alphas, stride, stops, hints, out)
+        seen["exact"].append((starts.copy(), out.copy(), stops.copy()))
+
+    kernels = SimpleNamespace(ks_lower=ks_lower, ks_exact=ks_exact)
+    rng = np.random.default_rng(20261201)
+    sets = [pareto(rng, 6000, 2.3), pareto(rng, 15_000, 2.0),
+            np.concatenate([rng.lognormal(0, 1, 4000), pareto(rng, 6000, 2.5, 3.0)]),
+            heavy_esd(rng, 1500, 3000, 2.2)]
+    passes = []
+    for x in sets:
+        seen["lower"].clear()
+        seen["exact"].clear()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_taichi, "kernels", lambda: kernels)
+            mp.setattr(fitting, "DENSE_MAX_POINTS", 0)
+            fit = fit_power_law(x, fit_method="diffract", min_tail=MIN_TAIL)
+        rows = exhaustive(x, MIN_TAIL)
+        xs = np.sort(x[x > 0])
+        distance = dict(zip(np.searchsorted(xs, rows[:, 0]).tolist(), rows[:, 2], strict=True))
+        d_best = rows[:, 2].min()
+        assert fit.ks_distance == pytest.approx(d_best, rel=1e-10)
+        passes.append(len(seen["lower"]))
+        bound = {}
+        for starts, lower in seen["lower"]:
+            for s, lo in zip(starts.tolist(), lower.tolist(), strict=True):
+                assert lo <= distance[s] + 1e-12, f"bound {lo} above the distance {distance[s]}"
+                bound[s] = max(bound.get(s, 0.0), lo)
+        scanned = set()
+        for starts, out, stops in seen["exact"]:
+            for s, d, stop in zip(starts.tolist(), out.tolist(), stops.tolist(), strict=True):
+                assert d <= distance[s] + 1e-12 and (d >= distance[s] - 1e-12 or d > stop)
+                scanned.add(s)
+        left_out = [s for s in distance if s not in scanned and not bound.get(s, 0.0) > d_best]
+        assert left_out == [], f"{len(left_out)} candidate(s) neither scanned nor beaten"
+    assert min(passes) >= 1 and max(passes) >= 3  # the scouting pass and bounds passes

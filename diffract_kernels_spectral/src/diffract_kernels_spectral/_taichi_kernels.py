@@ -51,9 +51,9 @@ def ks_lower(
             for d in range(2 * _NEAR + 1):
                 g = ti.min(ti.max(hint + d - _NEAR, lo_g), lo_g + count - 1)
                 t = 1.0 - ti.exp(e * (grid_logx[g] - l0))
-                gap = ti.abs(t - ti.cast(grid_first[g] - s, ti.f64) * inv_m)
-                if gap > lo:
-                    lo = gap
+                near = ti.abs(t - ti.cast(grid_first[g] - s, ti.f64) * inv_m)
+                if near > lo:
+                    lo = near
                     at = g
         step = 1
         while step * 2 <= count:
@@ -112,8 +112,8 @@ def ks_exact(
         if hint >= 0:
             for w in range(2 * _EXACT_NEAR + 1):
                 k = ti.min(ti.max(hint + w - _EXACT_NEAR, s), n - 1)
-                tk, ak = _cdfs(logx, first, s, m, e, l0, k)
-                d = ti.max(d, ti.abs(tk - ak))
+                th, ah = _cdfs(logx, first, s, m, e, l0, k)
+                d = ti.max(d, ti.abs(th - ah))
         j = s
         while j < n and d <= stop_above:
             t, a = _cdfs(logx, first, s, m, e, l0, j)

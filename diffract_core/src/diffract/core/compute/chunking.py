@@ -13,14 +13,14 @@ MAX_UNITS_PER_CHUNK = 1024
 
 
 class Chunker:
-    """Cuts a step's units into chunks, one at a time, by bytes and by units.
-
-    Sizes come from stored metadata (parameter shape and dtype, stored field sizes),
-    so weight matrices make small chunks and scalars large ones. ``take(max_units)``
+    """Cuts a step's units into chunks, one at a time, by bytes (from stored metadata:
+    weight matrices make small chunks, scalars large ones) and by units. ``take(max_units)``
     returns the next chunk: at least one unit, at most ``max_units``, and no more input
-    bytes than ``budget`` (beyond its first unit)."""
+    bytes than ``budget`` (beyond its first unit). ``largest_first`` takes the units by
+    decreasing bytes (workers then end together, not waiting on a large last one)."""
 
-    def __init__(self, step: Step, store: Store, budget: int) -> None:
+    def __init__(self, step: Step, store: Store, budget: int,
+                 largest_first: bool = False) -> None:
         self.units = step.units
         self.budget = budget
         self.position = 0
@@ -34,6 +34,8 @@ class Chunker:
             for f in self._require
             if f not in SOURCE_FIELDS
         }
+        if largest_first:
+            self.units = tuple(sorted(self.units, key=self.cost_of, reverse=True))
 
     def cost_of(self, unit: Unit) -> int:
         """Estimated bytes of the unit's inputs."""

@@ -64,8 +64,7 @@ GROUP_MAX = 16  #: the most units one task holds
 def pool_pays(left: float, cores: float, workers: int, start_up: float) -> bool:
     """Whether ``workers`` processes save more than their ``start_up`` on ``left`` seconds
     of work that kept ``cores`` busy here: ``left * (1 - cores / workers)``."""
-    workers = max(workers, 1)
-    return left * (1.0 - min(max(cores, 1.0), workers) / workers) >= start_up
+    return workers > 1 and left * (1.0 - min(max(cores, 1.0), workers) / workers) >= start_up
 
 
 @attrs.define
@@ -174,15 +173,15 @@ class Runner(Inputs):
         if not step.units:
             return
         state = self._state(step, position)
-        chunker = Chunker(step, self.store, self.cache.read_budget())
         report.computed.setdefault(spec.name, 0)
         # Chunks grow to about chunk_seconds of work: what an interrupt can lose.
         per_unit: float | None = None
         parallel = spec.execution_protocol is KernelExecutionProtocol.PARALLEL
+        chunker = Chunker(step, self.store, self.cache.read_budget(), largest_first=parallel)
         in_process = parallel and self._pool_unusable(spec)
         use_pool = (parallel and self.pool_min_seconds <= 0 and not self.executors.inline
                     and not in_process)
-        # Parallel and batched kernels need chunks that keep every worker busy.
+        # parallel and batched kernels: chunks that keep every worker busy
         smallest = (self.parallel_workers if parallel
                     else self.batch_units if spec.batch is not None else 1)
         if use_pool:  # two units per worker: one running, one queued behind it
@@ -212,7 +211,7 @@ class Runner(Inputs):
             per_unit = each if per_unit is None or chunks == 2 else 0.5 * (per_unit + each)
             if undecided and chunks >= 2:  # the rest's time by its bytes (units differ)
                 undecided = False
-                rest = sum(map(chunker.cost_of, step.units[done:]))
+                rest = sum(map(chunker.cost_of, chunker.units[done:]))
                 if pool_pays(seconds * rest / max(sum(map(chunker.cost_of, chunk)), 1),
                              cpu / max(seconds, 1e-9), self.parallel_workers,
                              self.pool_min_seconds):
@@ -224,13 +223,12 @@ class Runner(Inputs):
             if use_pool:  # per_unit is wall time over the workers: keep them all busy
                 size = max(size, 2 * self.parallel_workers)
             # one unit's time on one worker, as the workers measured it (not our wall time)
-            unit_seconds = (busy / max(units, 1) if busy > 0
-                            else per_unit * self.parallel_workers)
+            unit_seconds = busy / max(units, 1) if busy > 0 else per_unit * self.parallel_workers
             group = max(1, min(GROUP_MAX, int(GROUP_SECONDS / max(unit_seconds, 1e-6))))
             if self.progress is not None:
                 rate = done / max(time.perf_counter() - begun, 1e-9)
-                self.progress(Progress(spec.name, done, len(step.units), *position,
-                                       failed=failed, rate=rate))
+                self.progress(Progress(spec.name, done, len(step.units), *position, failed=failed,
+                                       rate=rate))
 
         def finish_oldest() -> None:
             nonlocal last
