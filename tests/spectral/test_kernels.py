@@ -322,6 +322,19 @@ class TestTopK:
         np.testing.assert_allclose(np.abs(np.sum(tu * u, axis=0)), 1.0, atol=1e-10)
         assert linalg.svd_torch(w, "cpu", top_k=5)[1].shape == (5,)
 
+    def test_float32_vectors_are_the_float64_ones_rounded(self, rng):
+        """svd vectors="float32": U and V^T are the float64 SVD's rounded to float32,
+        the singular values the float64 ones, bit for bit."""
+        from diffract_kernels_spectral.kernels import svd
+
+        w = rng.standard_normal((60, 40))
+        u, s, vt = svd(w)
+        u32, s32, vt32 = svd(w, vectors="float32")
+        assert u.dtype == vt.dtype == np.float64 and u32.dtype == vt32.dtype == np.float32
+        np.testing.assert_array_equal(u32, u.astype(np.float32))
+        np.testing.assert_array_equal(vt32, vt.astype(np.float32))
+        np.testing.assert_array_equal(s32, s)
+
     def test_top_k_in_a_session(self, rng):
         """svd top_k keeps that many triplets in the stored fields."""
         with Session() as session:

@@ -18,7 +18,7 @@ import contextlib
 import glob
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +71,9 @@ def configure_track(p: argparse.ArgumentParser) -> None:
                    help="keep every checkpoint's singular vectors and the pairwise overlap "
                         "matrices in the store (by default only the first and the latest "
                         "checkpoint's left vectors stay: what the next checkpoint's "
-                        "alignment reads)")
+                        "alignment reads). Vectors are kept in float32 (the alignment "
+                        "values move by about 1e-8); --set svd.vectors=float64 keeps them "
+                        "in float64")
     add_session_arguments(p)
     p.set_defaults(profile="local")
 
@@ -438,6 +440,22 @@ def _prune(session: Any, ids: Sequence[str], asked: set[str], first: bool = True
         session.filter(model_ids=kept).results.erase("weights_rsvs")
 
 
+@contextlib.contextmanager
+def _float32_vectors(session: Any) -> Iterator[None]:
+    """The svd kernel keeps its vectors in float32 while the track runs (half the bytes of
+    the vectors kept for the next checkpoint; see its docstring), then as it was (kernel
+    configuration is process-wide); ``--set svd.vectors=float64`` overrides it."""
+    if "svd" not in session.compute.list_available_kernels():
+        yield
+        return
+    before = session.compute.kernel_config("svd")["vectors"]
+    session.compute.configure_kernel("svd", vectors="float32")
+    try:
+        yield
+    finally:
+        session.compute.configure_kernel("svd", vectors=before)
+
+
 def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
     started = time.perf_counter()
     if args.store is None:
@@ -455,7 +473,7 @@ def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
                if m.strip()]
     view_fields = list(VIEW_METRICS) if args.views and not args.metrics else []
     session = open_session(args)
-    with session:
+    with session, _float32_vectors(session):
         check_metrics(session, [*metrics, *view_fields])
         apply_settings(session, args.settings, args.conventions)
         try:
