@@ -392,23 +392,29 @@ def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: arg
         say(f"{len(stale)} stored result(s) of {', '.join(kernels)} were computed with "
             "another configuration than this one: recomputing them (and what depends on "
             "them), as apply(..., recompute='stale') does.")
+    # nothing stale at the start: presence is all there is to check (the staleness
+    # walk reads every stamp of the store, per apply: a round's cost grew with the run)
+    mode = "stale" if stale else "presence"
+    keep = {*metrics, *view_fields}
     with ProgressBar(interactive) as bar, outcomes_reported_by_us():
         reports = [session.compute.apply(*view_fields, errors="record", progress=bar,
-                                         recompute="stale")] if view_fields else []
+                                         recompute=mode)] if view_fields else []
         parents = parents_only(session, session, session.model_ids) if view_fields \
             else session
         reports.append(parents.compute.apply(*metrics, errors="record", progress=bar,
-                                             recompute="stale"))
+                                             recompute=mode))
         pairs = _pairs(ids, against) if fields else []
-        # checkpoint by checkpoint, pruning after each: the store never holds more than
-        # the reference's, the previous and the current checkpoint's vectors
+        # checkpoint by checkpoint, pruning after each that computed something: the store
+        # never holds more than the reference's, the previous and the current vectors
         for later in dict.fromkeys(b for _, b in pairs):
-            reports += session.compute.apply_pairs(
+            done = session.compute.apply_pairs(
                 *fields, pairs=[p for p in pairs if p[1] == later], errors="record",
-                recompute="stale").values()
-            if not args.keep_vectors:
-                _prune(session, ids[:ids.index(later) + 1], {*metrics, *view_fields},
-                       first="first" in against)
+                recompute=mode).values()
+            reports += done
+            if not args.keep_vectors and any(sum(r.computed.values()) for r in done):
+                _prune(session, ids[:ids.index(later) + 1], keep, first="first" in against)
+        if pairs and not args.keep_vectors:  # what a round killed before its prune left
+            _prune(session, ids, keep, first="first" in against)
     return reports, unreadable
 
 
