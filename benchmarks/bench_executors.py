@@ -87,16 +87,13 @@ def run(mode: str, args: argparse.Namespace, scratch: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-GPT2_SHAPES = {"attn.c_attn.weight": (768, 2304), "attn.c_proj.weight": (768, 768),
-               "mlp.c_fc.weight": (768, 3072), "mlp.c_proj.weight": (3072, 768)}
-
-
 def gpt2_small(folder: Path) -> Path:
     """GPT-2 small's 48 weight matrices (float32, Student-t entries), built once."""
     path = folder / "gpt2-small.safetensors"
     if not path.exists():
         import numpy as np
         import torch
+        from bench_track import SHAPES as GPT2_SHAPES  # GPT-2 small's four matrices
         from safetensors.torch import save_file
 
         rng = np.random.default_rng(0)

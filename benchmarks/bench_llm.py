@@ -71,9 +71,11 @@ print(json.dumps({"wall": time.perf_counter() - start, "rss_mib": own / 1024}))
 """
 
 
-def shapes() -> dict[str, tuple[int, int]]:
-    out = {"model.embed_tokens.weight": (VOCAB, HIDDEN), "lm_head.weight": (VOCAB, HIDDEN)}
-    for i in range(LAYERS):
+def shapes(layers: int = LAYERS, vocab: int = VOCAB) -> dict[str, tuple[int, int]]:
+    """OLMo-2-1B's weight matrices (``layers`` blocks, ``vocab`` embedding rows): name ->
+    shape, the embeddings first."""
+    out = {"model.embed_tokens.weight": (vocab, HIDDEN), "lm_head.weight": (vocab, HIDDEN)}
+    for i in range(layers):
         a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
         out.update({a + "q_proj.weight": (HIDDEN, HIDDEN), a + "k_proj.weight": (HIDDEN, HIDDEN),
                     a + "v_proj.weight": (HIDDEN, HIDDEN), a + "o_proj.weight": (HIDDEN, HIDDEN),

@@ -212,20 +212,13 @@ def build_llm(folder: Path, count: int, layers: int, vocab: int) -> list[Path]:
 
     import numpy as np
     import torch
-    from bench_llm import CONFIG, HIDDEN, MLP
+    from bench_llm import CONFIG, shapes
     from safetensors.torch import save_file
 
     paths = [folder / f"checkpoint-{(i + 1) * STEP}" for i in range(count)]
     if all((p / "model.safetensors.index.json").exists() for p in paths):
         return paths
-    names = [("model.embed_tokens.weight", (vocab, HIDDEN))]
-    for i in range(layers):
-        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        names += [(a + x, (HIDDEN, HIDDEN)) for x in ("q_proj", "k_proj", "v_proj", "o_proj")]
-        names += [(m + "gate_proj", (MLP, HIDDEN)), (m + "up_proj", (MLP, HIDDEN)),
-                  (m + "down_proj", (HIDDEN, MLP))]
-    names = [(n if n.endswith(".weight") else n + ".weight", s) for n, s in names]
-    names.append(("lm_head.weight", (vocab, HIDDEN)))
+    names = list(shapes(layers, vocab).items())
     quarter = -(-len(names) // 4)
     shards = [names[k:k + quarter] for k in range(0, len(names), quarter)]
     weight_map = {}

@@ -231,7 +231,7 @@ class TestStoreSize:
         monkeypatch.setattr(track_module, "_prune", prune)
         assert _track(str(tmp_path / "run"), "--store", str(tmp_path / "s"), "--metrics",
                       "stable_rank") == 0
-        assert held == [2, 2, 2, 2, 2]  # once per new checkpoint after the first, and at the end
+        assert held == [2, 2, 2, 2]  # once per new checkpoint after the first
 
     def test_a_round_with_nothing_new_walks_the_store_once(self, tmp_path, monkeypatch):
         """Rerun over checkpoints all computed: staleness is checked once for the round

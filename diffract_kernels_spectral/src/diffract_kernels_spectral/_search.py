@@ -227,6 +227,14 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
             found.append(ids[np.isinf(dist[ids])])
         return np.unique(np.concatenate(found)) if found else np.empty(0, dtype=np.int64)
 
+    def seed(likeliest: np.ndarray) -> np.ndarray:
+        """Scans ``likeliest`` exactly, then the candidates next to each set's best (see
+        near_best); returns every candidate it scanned."""
+        exact(likeliest)
+        near = near_best()
+        exact(near)
+        return np.r_[likeliest, near]
+
     # 1. small sets are scanned whole; the others get probes: a few evenly spread
     # candidates, then the likeliest of a scouting pass over every few candidates
     first_pass, alive, scouts = [], [], []
@@ -250,11 +258,7 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
     if scouts:
         scout = np.concatenate(scouts)
         scout = scout[np.isinf(dist[scout])]
-        seeds = likely(scout, bounds(scout, np.full(len(scout), np.inf)))
-        exact(seeds)
-        near = near_best()
-        exact(near)
-        seeds = np.r_[seeds, near]
+        seeds = seed(likely(scout, bounds(scout, np.full(len(scout), np.inf))))
         scanned += len(seeds)
         alive_all = alive_all[~np.isin(alive_all, seeds)]
     # 2. bounds passes while a set has many survivors (all sets here have one size n
@@ -271,11 +275,7 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
         below = lower - 1e-12 <= best[cand_set[sel]]
         # the likeliest survivors are scanned exactly (which can only lower the best),
         # then the others are held against the lowered best
-        seeds = likely(sel[below], lower[below])
-        exact(seeds)
-        near = near_best()
-        exact(near)
-        seeds = np.r_[seeds, near]
+        seeds = seed(likely(sel[below], lower[below]))
         scanned += len(seeds)
         below &= lower - 1e-12 <= best[cand_set[sel]]
         dropped = np.zeros(len(glob), dtype=bool)

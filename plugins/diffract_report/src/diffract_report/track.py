@@ -406,14 +406,16 @@ def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: arg
         pairs = _pairs(ids, against) if fields else []
         # checkpoint by checkpoint, pruning after each that computed something: the store
         # never holds more than the reference's, the previous and the current vectors
+        pruned = False
         for later in dict.fromkeys(b for _, b in pairs):
             done = session.compute.apply_pairs(
                 *fields, pairs=[p for p in pairs if p[1] == later], errors="record",
                 recompute=mode).values()
             reports += done
-            if not args.keep_vectors and any(sum(r.computed.values()) for r in done):
+            pruned = not args.keep_vectors and any(sum(r.computed.values()) for r in done)
+            if pruned:
                 _prune(session, ids[:ids.index(later) + 1], keep, first="first" in against)
-        if pairs and not args.keep_vectors:  # what a round killed before its prune left
+        if pairs and not args.keep_vectors and not pruned:  # what a killed round left
             _prune(session, ids, keep, first="first" in against)
     return reports, unreadable
 
