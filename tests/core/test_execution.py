@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from diffract import FieldUndefined, Restriction, Session
-from diffract.core.compute.execution import KernelApplyLevel, KernelExecutionProtocol, chunk_units
+from diffract.core.compute.execution import Chunker, KernelApplyLevel, KernelExecutionProtocol
 from diffract.core.compute.planner import Step, Unit, resolve
 from diffract.core.compute.spec import KernelSpec
 from diffract.core.sources import ModelSource
@@ -184,6 +184,14 @@ class TestFailuresAndUndefined:
             "at least 2 dimensions)")
 
 
+def chunk_sizes(step, store, budget, max_units=1024, spread=1, largest_first=False):
+    chunker = Chunker(step, store, budget, largest_first=largest_first)
+    sizes = []
+    while not chunker.done:
+        sizes.append(len(chunker.take(max_units, spread)))
+    return sizes
+
+
 class TestChunks:
     def test_chunks_follow_the_read_budget(self):
         """Weight-sized inputs make small chunks, every chunk has at least one unit."""
@@ -192,9 +200,27 @@ class TestChunks:
         store.add_model("m", infos, ModelSource("memory"), lambda name: np.zeros((10, 10)))
         spec = KernelSpec.from_function(test_kernels.squared_sum)
         step = Step(spec, tuple(Unit(("m",), i.name) for i in infos))
-        sizes = [len(c) for c in chunk_units(step, store, budget=1700)]
-        assert sizes == [2, 2, 1]
-        assert [len(c) for c in chunk_units(step, store, budget=10)] == [1] * 5
+        assert chunk_sizes(step, store, budget=1700) == [2, 2, 1]
+        assert chunk_sizes(step, store, budget=10) == [1] * 5
+
+    def test_a_large_first_unit_gets_company_for_the_other_workers(self):
+        """Largest first, a chunk for two workers grows past max_units until its bytes are
+        twice its first unit's (that unit does not run alone while the other waits), and
+        never past the read budget."""
+        store = RamStore()
+        shapes = [(10, 10)] * 6 + [(40, 10)]  # 800 B each, one of 3200 B
+        infos = [ParamInfo("m", f"p{i}", s, "float64") for i, s in enumerate(shapes)]
+        store.add_model("m", infos, ModelSource("memory"), lambda name: np.zeros((10, 10)))
+        spec = KernelSpec.from_function(test_kernels.squared_sum)
+        step = Step(spec, tuple(Unit(("m",), i.name) for i in infos))
+        chunker = Chunker(step, store, 10**6, largest_first=True)
+        assert chunker.costs == sorted(chunker.costs, reverse=True) and chunker.costs[0] == 3200
+        assert chunker.units[0].param == "p6"
+        big = dict(budget=10**6, max_units=2, largest_first=True)
+        assert chunk_sizes(step, store, **big) == [2, 2, 2, 1]
+        assert chunk_sizes(step, store, spread=2, **big) == [5, 2]  # 3200 + 4 x 800 = 6400
+        assert chunk_sizes(step, store, budget=4000, max_units=2, spread=2,
+                           largest_first=True) == [2, 2, 2, 1]
 
     def test_crash_loses_only_the_chunk_in_flight_and_apply_resumes(self, arrays):
         """An interrupt mid-apply keeps committed chunks; the next apply computes the rest."""

@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from . import _lapack
+
 __all__ = [
     "as_matrix",
     "device_of",
@@ -56,12 +58,9 @@ def one_blas_thread() -> Iterator[None]:
     computed it. The batch paths keep the cores busy with one solver per core.
     """
     global _one_thread_users, _one_thread_limiter
-    from scipy import linalg as _  # noqa: F401 - load scipy's BLAS before limiting
-    from threadpoolctl import ThreadpoolController
-
     with _ONE_THREAD_LOCK:
         if _one_thread_users == 0:
-            _one_thread_limiter = ThreadpoolController().limit(limits=1)
+            _one_thread_limiter = _limit_to_one_thread()
         _one_thread_users += 1
     try:
         yield
@@ -69,8 +68,23 @@ def one_blas_thread() -> Iterator[None]:
         with _ONE_THREAD_LOCK:
             _one_thread_users -= 1
             if _one_thread_users == 0:
-                _one_thread_limiter.restore_original_limits()
+                _one_thread_limiter()
                 _one_thread_limiter = None
+
+
+def _limit_to_one_thread() -> Callable[[], None]:
+    """Every BLAS our decompositions use on one thread; returns what restores them.
+    Where numpy's bundled OpenBLAS does all of it (:mod:`._lapack`), only its count is
+    set; elsewhere threadpoolctl limits every library loaded, scipy's included."""
+    bundled = _lapack.library()
+    if bundled is not None:
+        before = bundled.get_threads()
+        bundled.set_threads(1)
+        return lambda: bundled.set_threads(before)
+    from scipy import linalg as _  # noqa: F401 - load scipy's BLAS before limiting
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController().limit(limits=1).restore_original_limits
 
 
 def as_matrix(weights: np.ndarray) -> np.ndarray:
@@ -120,8 +134,6 @@ def esd(weights: np.ndarray, precision: str = "float64") -> np.ndarray:
     exactly 0 and the relative error of the others is ``~eps32 lambda_max / lambda``
     (on MiniLM, up to 2e-4 on stable_rank and 7e-4 on the entropy).
     """
-    from scipy.linalg import eigh
-
     if precision not in _PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(_PRECISIONS)}, got {precision!r}")
     w = as_matrix(weights)
@@ -136,12 +148,21 @@ def esd(weights: np.ndarray, precision: str = "float64") -> np.ndarray:
         w = np.ldexp(w, -exponent)
     with one_blas_thread():
         gram = _gram(w, np.dtype(_PRECISIONS[precision]))
-        values = eigh(gram, eigvals_only=True, driver="evr", check_finite=False,
-                      overwrite_a=True)
+        values = _eigvalsh(gram)
     values = np.sort(values.astype(np.float64)) * scale**2
     top = float(values[-1]) if len(values) else 0.0
     values[values <= noise_floor(len(values), max(top, 0.0), precision)] = 0.0
     return values
+
+
+def _eigvalsh(gram: np.ndarray) -> np.ndarray:
+    """All eigenvalues of a Gram matrix by LAPACK's ``?syevr``: numpy's bundled library
+    when there is one (no scipy import, the GIL released), else scipy's; same bits."""
+    if _lapack.library() is not None:
+        return _lapack.eigvalsh(gram)
+    from scipy.linalg import eigh
+
+    return eigh(gram, eigvals_only=True, driver="evr", check_finite=False, overwrite_a=True)
 
 
 def singular_values(weights: np.ndarray) -> np.ndarray:

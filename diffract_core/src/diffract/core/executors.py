@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any
 
 __all__ = [
@@ -130,6 +130,7 @@ def check_process_options(config: Any, options: Mapping[str, Any]) -> list[str]:
 
 
 def process_executor(config: Any, options: Mapping[str, Any]) -> Executor:
+    from concurrent.futures import ProcessPoolExecutor  # 10 ms: only when a pool is made
     workers = int(options.get("max_workers", config.process_workers))
     return ProcessPoolExecutor(
         max_workers=workers,

@@ -65,7 +65,7 @@ def configure_analyze(p: argparse.ArgumentParser) -> None:
 
 
 def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
-    from diffract_report.report import summarize, summary_lines
+    from diffract_report.summary import summarize, summary_lines
 
     started = time.perf_counter()
     metrics = [m.strip() for m in (args.metrics or ",".join(DEFAULT_METRICS)).split(",")

@@ -6,7 +6,7 @@ from diffract.core.compute.planner import Step, Unit
 from diffract.core.compute.spec import SOURCE_FIELDS
 from diffract.core.storage.base import Store
 
-__all__ = ["MAX_UNITS_PER_CHUNK", "Chunker", "chunk_units"]
+__all__ = ["MAX_UNITS_PER_CHUNK", "Chunker"]
 
 #: Most units one chunk holds, however small they are: bounds what a crash can lose.
 MAX_UNITS_PER_CHUNK = 1024
@@ -17,11 +17,11 @@ class Chunker:
     weight matrices make small chunks, scalars large ones) and by units. ``take(max_units)``
     returns the next chunk: at least one unit, at most ``max_units``, and no more input
     bytes than ``budget`` (beyond its first unit). ``largest_first`` takes the units by
-    decreasing bytes (workers then end together, not waiting on a large last one)."""
+    decreasing bytes (workers then end together, not waiting on a large last one);
+    ``costs[i]`` is the estimated input bytes of ``units[i]``."""
 
     def __init__(self, step: Step, store: Store, budget: int,
                  largest_first: bool = False) -> None:
-        self.units = step.units
         self.budget = budget
         self.position = 0
         self._require = step.kernel.require_fields
@@ -34,11 +34,13 @@ class Chunker:
             for f in self._require
             if f not in SOURCE_FIELDS
         }
+        costed = [(self._cost(u), u) for u in step.units]
         if largest_first:
-            self.units = tuple(sorted(self.units, key=self.cost_of, reverse=True))
+            costed.sort(key=lambda pair: pair[0], reverse=True)
+        self.costs = [cost for cost, _ in costed]
+        self.units = tuple(unit for _, unit in costed)
 
-    def cost_of(self, unit: Unit) -> int:
-        """Estimated bytes of the unit's inputs."""
+    def _cost(self, unit: Unit) -> int:
         total = 0
         for field in self._require:
             for m in unit.models:
@@ -60,24 +62,19 @@ class Chunker:
     def done(self) -> bool:
         return self.position >= len(self.units)
 
-    def take(self, max_units: int = MAX_UNITS_PER_CHUNK) -> tuple[Unit, ...]:
+    def take(self, max_units: int = MAX_UNITS_PER_CHUNK, spread: int = 1) -> tuple[Unit, ...]:
+        """The next chunk. With ``spread`` workers sharing it, it also grows past
+        ``max_units`` until its bytes are ``spread`` times its first unit's, so that a
+        large first unit does not run alone while the other workers wait for it."""
         start = end = self.position
         used = 0
         limit = min(max(1, max_units), MAX_UNITS_PER_CHUNK)
-        while end < len(self.units) and end - start < limit:
-            cost = self.cost_of(self.units[end])
-            if end > start and used + cost > self.budget:
+        while end < len(self.units) and end - start < MAX_UNITS_PER_CHUNK:
+            cost = self.costs[end]
+            if end > start and (used + cost > self.budget or end - start >= limit
+                                and used >= spread * self.costs[start]):
                 break
             used += cost
             end += 1
         self.position = end
         return tuple(self.units[start:end])
-
-
-def chunk_units(step: Step, store: Store, budget: int) -> list[tuple[Unit, ...]]:
-    """Every chunk of a step by bytes alone (see :class:`Chunker`)."""
-    chunker = Chunker(step, store, budget)
-    chunks = []
-    while not chunker.done:
-        chunks.append(chunker.take())
-    return chunks

@@ -32,7 +32,7 @@ Every outcome belongs to one unit; nothing one unit does costs another its resul
 from __future__ import annotations
 
 from diffract.core.compute._enums import KernelApplyLevel, KernelExecutionProtocol
-from diffract.core.compute.chunking import MAX_UNITS_PER_CHUNK, Chunker, chunk_units
+from diffract.core.compute.chunking import MAX_UNITS_PER_CHUNK, Chunker
 from diffract.core.compute.outcomes import ApplyReport, Progress, normalize_outputs
 from diffract.core.compute.runner import Runner
 
@@ -44,6 +44,5 @@ __all__ = [
     "Progress",
     "Chunker",
     "Runner",
-    "chunk_units",
     "normalize_outputs",
 ]

@@ -187,7 +187,8 @@ class Runner(Inputs):
         if use_pool:  # two units per worker: one running, one queued behind it
             smallest = 2 * self.parallel_workers
         size = smallest
-        current = chunker.take(size)
+        spread = self.parallel_workers if parallel else 1
+        current = chunker.take(size, spread)
         lazy = use_pool and self.executors.reads_files  # workers read the files themselves
         pending = self._prefetch(state, current, lazy)
         done = failed = 0
@@ -211,8 +212,8 @@ class Runner(Inputs):
             per_unit = each if per_unit is None or chunks == 2 else 0.5 * (per_unit + each)
             if undecided and chunks >= 2:  # the rest's time by its bytes (units differ)
                 undecided = False
-                rest = sum(map(chunker.cost_of, chunker.units[done:]))
-                if pool_pays(seconds * rest / max(sum(map(chunker.cost_of, chunk)), 1),
+                rest = sum(chunker.costs[done:])
+                if pool_pays(seconds * rest / max(sum(chunker.costs[done - units:done]), 1),
                              cpu / max(seconds, 1e-9), self.parallel_workers,
                              self.pool_min_seconds):
                     use_pool = True
@@ -241,7 +242,7 @@ class Runner(Inputs):
         try:
             while current:
                 inputs = [f.result() for f in pending]
-                following = chunker.take(size)
+                following = chunker.take(size, spread)
                 pending = self._prefetch(state, following, lazy) if following else []
                 if use_pool:
                     # Pipelined (PIPELINE deep): the workers never idle at a chunk's end.
