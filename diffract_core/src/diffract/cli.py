@@ -180,8 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         previous = previous_int = None
     try:
         with warnings.catch_warnings():
-            # each distinct warning of ours once; other libraries' as Python decides
+            # ours once each, others as Python decides; no file or line the user never wrote
             warnings.simplefilter("default", DiffractWarning)
+            warnings.showwarning = lambda message, category, *_, **__: print(
+                f"{category.__name__}: {message}", file=sys.stderr)
             code = _run(argv, chosen)
     except KeyboardInterrupt:
         print(f"{name}: interrupted; what was committed is kept.", file=sys.stderr)

@@ -26,6 +26,7 @@ from diffract.errors import (
     UndefinedValuesWarning,
     UnknownConventionsError,
     UnknownKernelError,
+    warn,
 )
 
 __all__ = ["ComputeAPI"]
@@ -86,15 +87,11 @@ class ComputeAPI(ScopedAPI):
         keep = None if self._scope.whole_models else self._scope.keeps
         plan = make_plan(list(fields), registry, session.store, scope, forced, keep)
         for field, kernel_name, siblings in plan.partial:
-            warnings.warn(
-                PartialOutputWarning(
-                    f"Field {field!r} is absent for some units, but kernel {kernel_name!r} "
-                    f"also produces {list(siblings)}, which are present there, so apply() "
-                    "skips those units. Erase the whole group to recompute: "
-                    f"session.results.erase({', '.join(repr(f) for f in (field, *siblings))})."
-                ),
-                stacklevel=2,
-            )
+            warn(PartialOutputWarning(
+                f"Field {field!r} is absent for some units, but kernel {kernel_name!r} "
+                f"also produces {list(siblings)}, which are present there, so apply() "
+                "skips those units. Erase the whole group to recompute: "
+                f"session.results.erase({', '.join(repr(f) for f in (field, *siblings))})."))
         if unit_timeout is not None and not unit_timeout > 0:
             raise InvalidArgumentError(f"unit_timeout must be > 0 seconds, got {unit_timeout!r}.")
         with session._lock:
@@ -105,15 +102,14 @@ class ComputeAPI(ScopedAPI):
         if report.failures:
             if errors == "raise":
                 raise ApplyError(report)
-            warnings.warn(FailedUnitsWarning(
-                f"{len(report.failures)} unit(s) failed; see report.failures."), stacklevel=2)
+            warn(FailedUnitsWarning(f"{len(report.failures)} unit(s) failed; see report.failures."))
         new_undefined = [n for n in report.undefined if n.kernel in report.computed]
         if new_undefined:
             groups = len({(n.kernel, n.reason) for n in new_undefined})
-            warnings.warn(UndefinedValuesWarning(
+            warn(UndefinedValuesWarning(
                 f"{len(new_undefined)} value(s) came out undefined (NaN) for {groups} "
                 "reason(s): apply() returns an ApplyReport, and report.summary() groups "
-                "them; session.results.export_notes() lists each."), stacklevel=2)
+                "them; session.results.export_notes() lists each."))
         return report
 
     def apply_pairs(
@@ -166,9 +162,8 @@ class ComputeAPI(ScopedAPI):
         if combined.failures:
             if errors == "raise":
                 raise ApplyError(combined)
-            warnings.warn(FailedUnitsWarning(
-                f"{len(combined.failures)} unit(s) failed over {len(chosen)} pair(s); see the "
-                "reports' failures."), stacklevel=2)
+            warn(FailedUnitsWarning(f"{len(combined.failures)} unit(s) failed over "
+                                    f"{len(chosen)} pair(s); see the reports' failures."))
         return reports
 
     def configure_kernel(self, name: str, **kwargs: Any) -> None:

@@ -56,6 +56,8 @@ Warnings derive from :class:`DiffractWarning`."""
 from __future__ import annotations
 
 import difflib
+import sys
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -103,6 +105,7 @@ __all__ = [
     "UnknownProfileError",
     "WeightsUnavailableError",
     "did_you_mean",
+    "warn",
 ]
 
 
@@ -488,3 +491,13 @@ class ExecutorWarning(DiffractWarning):
 class ModelWarning(DiffractWarning):
     """A model was added without some of its parameters (e.g. a fine-tuning delta's
     parameters that its base lacks); the message names them."""
+
+
+def warn(warning: Warning) -> None:
+    """Issue ``warning`` at the user's own line: the first frame outside Diffract's
+    packages and pluggy (which calls the plugins)."""
+    frame, level = sys._getframe(1), 2
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
+            ("diffract", "pluggy", "kernel_fun")):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(warning, stacklevel=level)

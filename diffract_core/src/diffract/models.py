@@ -4,7 +4,6 @@ fine-tuning deltas, LoRA adapters; with views of their parameters) and look at t
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +15,7 @@ from diffract.errors import (
     ModelError,
     ModelSourceError,
     ModelWarning,
+    warn,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -211,11 +211,11 @@ class ModelsAPI:
             lambda name: store.load_weights(base_model_id, name),
             lambda name: store.load_tensor(base_model_id, name))
         if left_out:
-            warnings.warn(ModelWarning(
+            warn(ModelWarning(
                 f"{len(left_out)} parameter(s) of {opened.infos[0].model_id!r} have no "
                 f"parameter of the same name and shape in base {base_model_id!r} and are "
                 f"left out of the delta: {left_out[:5]}{' ...' if len(left_out) > 5 else ''}"
-            ), stacklevel=3)
+            ))
         return opened
 
     def add_lora(

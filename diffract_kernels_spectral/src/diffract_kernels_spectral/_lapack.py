@@ -62,7 +62,8 @@ def library() -> _Bundled | None:
     if config.get("name") != "scipy-openblas":
         return None
     root = os.path.dirname(os.path.dirname(np.__file__))
-    candidates = [path for pattern in ("numpy.libs/*scipy_openblas64_*", "numpy/.dylibs/*scipy_openblas64_*")
+    patterns = ("numpy.libs/*scipy_openblas64_*", "numpy/.dylibs/*scipy_openblas64_*")
+    candidates = [path for pattern in patterns
                   for path in sorted(glob.glob(os.path.join(root, pattern)))]
     for path in candidates:
         try:

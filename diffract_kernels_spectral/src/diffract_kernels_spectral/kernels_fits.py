@@ -64,7 +64,8 @@ def _power_law_fits(units: list[dict[str, Any]], **config: Any) -> list[Any]:
     for i, result in zip(threaded, linalg.parallel_map(lambda i: fit(units[i]), threaded),
                          strict=True):
         out[i] = result
-    return [fit(unit) if result is None else result for unit, result in zip(units, out)]
+    return [fit(unit) if result is None else result
+            for unit, result in zip(units, out, strict=True)]
 
 
 @kernel(

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import math
 import re
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from diffract.errors import DiffractWarning, InvalidArgumentError
+from diffract.errors import DiffractWarning, InvalidArgumentError, warn
 
 __all__ = ["METHODS", "alphapruning", "block_of", "sparsity_schedule"]
 
@@ -58,10 +57,10 @@ def alphapruning(metric: Mapping[str, float], sizes: Mapping[str, int], sparsity
               if isinstance(v, int | float) and math.isfinite(v)}
     left_out = sorted(set(metric) - set(usable))
     if left_out:
-        warnings.warn(DiffractWarning(
+        warn(DiffractWarning(
             f"{len(left_out)} parameter(s) have no defined metric and are left out of the "
             f"schedule (prune them at the target sparsity or not at all): "
-            f"{', '.join(left_out[:5])}{' ...' if len(left_out) > 5 else ''}"), stacklevel=3)
+            f"{', '.join(left_out[:5])}{' ...' if len(left_out) > 5 else ''}"))
     if not usable:
         raise InvalidArgumentError("No parameter has a defined metric to schedule from; "
                                    "compute it first (e.g. apply('pl_alpha_hill')).")

@@ -23,7 +23,6 @@ import importlib.metadata as md
 import logging
 import os
 import re
-import warnings
 from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 import attrs
 import pluggy
 
-from diffract.errors import PluginConflictError, PluginLoadError, PluginWarning
+from diffract.errors import PluginConflictError, PluginLoadError, PluginWarning, warn
 from diffract.plugins import hookspec
 from diffract.plugins.types import (
     Command,
@@ -92,7 +91,7 @@ def _env_prefer() -> dict[str, str]:
         name, sep, dist = entry.partition("=")
         if not sep or not name.strip() or not dist.strip():
             message = f"DIFFRACT_PREFER entry {entry!r} is not name=distribution; ignored."
-            warnings.warn(PluginWarning(message), stacklevel=3)
+            warn(PluginWarning(message))
             continue
         out[name.strip()] = dist.strip()
     return out
@@ -196,7 +195,7 @@ class DiffractPluginManager(pluggy.PluginManager):
             raise cls(message, distribution=record.distribution, version=record.version)
         if message not in self._warned:  # once per manager, however often it collects
             self._warned.add(message)
-            warnings.warn(PluginWarning(message), stacklevel=3)
+            warn(PluginWarning(message))
 
     def load_entry_points(
         self, allow: Iterable[str] | None = None, deny: Iterable[str] | None = None

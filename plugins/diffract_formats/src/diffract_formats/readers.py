@@ -11,7 +11,6 @@ the model's name.
 from __future__ import annotations
 
 import sys
-import warnings
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from diffract.errors import ModelWarning
+from diffract.errors import ModelWarning, warn
 from diffract.plugins import (
     CheckpointReader,
     TensorEntry,
@@ -67,9 +66,9 @@ class SafetensorsReader(ConfigBeside, CheckpointReader):
 
     def entries(self) -> Iterator[TensorEntry]:
         for name, what in self._file.skipped.items():
-            warnings.warn(ModelWarning(
+            warn(ModelWarning(
                 f"{Path(self._file.path).name}: tensor {name!r} is {what}, which Diffract "
-                "does not analyse; it is left out, the others are read"), stacklevel=4)
+                "does not analyse; it is left out, the others are read"))
         for name, shape, dtype in self._file.floats():
             yield TensorEntry(name, shape, dtype)
 

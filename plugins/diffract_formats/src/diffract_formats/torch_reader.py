@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import re
 import sys
-import warnings
 import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from diffract.errors import ModelWarning
+from diffract.errors import ModelWarning, warn
 from diffract.plugins import CheckpointReader, TensorEntry, read_rows, to_slices
 from diffract_formats._common import ConfigBeside, error, library
 
@@ -91,10 +90,10 @@ def _state_dict(state: Mapping[str, Any], path: str, key: str | None) -> Mapping
     if all(not isinstance(v, Mapping) for v in state.values()):
         return state  # a plain state dict (entries that are no tensors are named later)
     if len(candidates) == 1:
-        warnings.warn(ModelWarning(
+        warn(ModelWarning(
             f"{name} is a training checkpoint: its state dict is entry {candidates[0]!r} "
             f"(entries {sorted(map(str, state))}); pass key= (diffract analyze --key) to "
-            "read another"), stacklevel=4)
+            "read another"))
         return state[candidates[0]]
     if len(candidates) > 1:
         raise error(path, f"{name} is a training checkpoint with several state dicts: "

@@ -63,9 +63,8 @@ class Chunker:
         return self.position >= len(self.units)
 
     def take(self, max_units: int = MAX_UNITS_PER_CHUNK, spread: int = 1) -> tuple[Unit, ...]:
-        """The next chunk. With ``spread`` workers sharing it, it also grows past
-        ``max_units`` until its bytes are ``spread`` times its first unit's, so that a
-        large first unit does not run alone while the other workers wait for it."""
+        """The next chunk; for ``spread`` workers, grown past ``max_units`` until its bytes
+        are ``spread`` times its first unit's (that unit does not run alone)."""
         start = end = self.position
         used = 0
         limit = min(max(1, max_units), MAX_UNITS_PER_CHUNK)

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import BrokenExecutor, CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
@@ -43,7 +41,7 @@ from diffract.core.compute.worker import (
 from diffract.core.executors import ExecutorHandle, spawn_problem
 from diffract.core.sources import ModelSource
 from diffract.core.storage.base import Batch, Note, Provenance, Store, contextual_name
-from diffract.errors import ExecutorWarning, KernelOutputError
+from diffract.errors import ExecutorWarning, KernelOutputError, warn
 
 __all__ = ["Runner"]
 
@@ -273,13 +271,9 @@ class Runner(Inputs):
         problem = spawn_problem(spec.function) if self.executors.spawns else None
         if problem is not None and problem not in _TOLD:
             _TOLD.add(problem)
-            frame, level = sys._getframe(), 1  # said at the user's line, not at ours
-            while frame.f_back and frame.f_globals.get("__name__", "").startswith("diffract"):
-                frame, level = frame.f_back, level + 1
-            warnings.warn(ExecutorWarning(
+            warn(ExecutorWarning(
                 f"PARALLEL kernels run in this process, not on the {self.executors.name!r} "
-                f"executor's worker processes: {problem}. The values are the same."),
-                stacklevel=level)
+                f"executor's worker processes: {problem}. The values are the same."))
         return problem is not None
 
     def _in_process(self, state: StepState, runnable: list[tuple[Unit, Any]]) -> list[Any]:
