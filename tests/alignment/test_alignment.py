@@ -248,7 +248,8 @@ class TestScopeAndPairs:
                 s.models.add({"w": np.ones((3, 3))}, model_id="b")
                 with pytest.raises(MissingProducerError, match=r"Kernel 'l_overlap' requires field "
                                    r"'weights_lsvs', which no registered kernel produces\..* Install "
-                                   r"diffract-kernels-spectral \(pip install diffract-kernels-spectral\)"):
+                                   r"diffract-kernels-spectral \(pip install diffract-kernels-spectral \(from a "
+                                   r"checkout of Diffract: pip install \./diffract_kernels_spectral\)\)"):
                     s.filter(["a", "b"]).compute.apply("avg_l_agreement")
         finally:
             set_plugin_manager(previous)

@@ -432,22 +432,6 @@ class TestFirstHourFriction:
         assert len(caught) == 1
 
 
-def test_the_install_hints_name_every_field_of_each_pack():
-    """The CLI's field -> distribution table (hints for packs that are not installed)
-    holds exactly what each installed pack produces: it cannot drift."""
-    from diffract_report._inputs import PACK_OF
-
-    with Session() as s:
-        records = s.compute.list_available_metrics(verbose=True)
-    checked = 0
-    for dist, fields in PACK_OF.items():
-        produced = {r["field"] for r in records if r["provider"].split(" ")[0] == dist}
-        if produced:
-            assert set(fields) == produced, dist
-            checked += 1
-    assert checked >= 1
-
-
 class TestSummaryKnownAnswers:
     def test_shares_means_and_reasons(self):
         alphas = [1.5, 2.5, 3.0, 4.0, 7.0, float("nan")]

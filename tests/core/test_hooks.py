@@ -292,7 +292,8 @@ class TestCommands:
         assert run.stderr.strip() == (
             "diffract: error: the 'analyze' command comes from the diffract-report "
             "distribution, which is not installed (or is disabled by DIFFRACT_PLUGINS/"
-            "DIFFRACT_DISABLE_PLUGINS): pip install diffract-report.")
+            "DIFFRACT_DISABLE_PLUGINS): pip install diffract-report (from a checkout of "
+            "Diffract: pip install ./plugins/diffract_report).")
 
 
 def test_a_kernel_with_undefined_inputs_runs_where_its_input_is_undefined():

@@ -15,11 +15,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from diffract.plugins import Catalog
 
-#: Commands of distributions that may not be installed: what to install for each.
-COMMAND_HINTS = {"analyze": "diffract-report", "compare": "diffract-report",
-                 "demo": "diffract-report", "track": "diffract-report"}
-
-
 def run_plugins(args: argparse.Namespace) -> int:
     from diffract.plugins import get_catalog
 
@@ -119,11 +114,14 @@ def _missing(name: str, catalog: Catalog) -> str | None:
     contested = catalog.conflict_message("commands", name)
     if contested is not None:
         return f"command {contested}"
-    dist = COMMAND_HINTS.get(name)
+    from diffract.errors import install_hint, provider_of
+
+    dist = provider_of("commands", name)
     if dist is None:
         return None
     return (f"the {name!r} command comes from the {dist} distribution, which is not installed "
-            f"(or is disabled by DIFFRACT_PLUGINS/DIFFRACT_DISABLE_PLUGINS): pip install {dist}")
+            f"(or is disabled by DIFFRACT_PLUGINS/DIFFRACT_DISABLE_PLUGINS): "
+            f"{install_hint(dist)}")
 
 
 def _run(argv: list[str], chosen: str | None) -> int:

@@ -62,13 +62,11 @@ class ComputeAPI(ScopedAPI):
         if recompute not in ("presence", "stale"):
             raise InvalidArgumentError(
                 f"recompute must be 'presence' (compute what is absent) or 'stale' (also "
-                f"recompute what is stale), got {recompute!r}."
-            )
+                f"recompute what is stale), got {recompute!r}.")
         if not fields:
             raise InvalidArgumentError(
                 "apply() needs at least one field name, e.g. apply('frob_norm'). "
-                "List them with session.compute.list_available_kernels()."
-            )
+                "List them with session.compute.list_available_kernels().")
         session = self._session
         scope = self._scope_ids()
         registry = session.registry
@@ -137,15 +135,13 @@ class ComputeAPI(ScopedAPI):
         elif isinstance(pairs, str):
             raise InvalidArgumentError(
                 f"pairs must be 'all', 'first', 'consecutive' or a list of (a, b) model id "
-                f"pairs, got {pairs!r}."
-            )
+                f"pairs, got {pairs!r}.")
         else:
             chosen = [tuple(p) for p in pairs]
             bad = [p for p in chosen if len(p) != 2 or p[0] == p[1]]
             if bad:
                 raise InvalidArgumentError(
-                    f"pairs must hold two different model ids each, got {bad[:3]}."
-                )
+                    f"pairs must hold two different model ids each, got {bad[:3]}.")
             self._session._check_ids(sorted({m for p in chosen for m in p}))
         if errors not in ("raise", "record"):
             raise InvalidArgumentError(f"errors must be 'raise' or 'record', got {errors!r}.")

@@ -105,6 +105,8 @@ __all__ = [
     "UnknownProfileError",
     "WeightsUnavailableError",
     "did_you_mean",
+    "install_hint",
+    "provider_of",
     "warn",
 ]
 
@@ -247,6 +249,10 @@ class UnknownFieldError(FieldError, UnknownNameError):
     def __init__(self, field: str, known: Iterable[str], *, action: str = "requested",
                  hint: str | None = None) -> None:
         known = list(known)
+        dist = None if hint else provider_of("fields", field)
+        hint = hint or dist and (f"{field!r} comes from {dist}, which is not installed (or is "
+                                 f"disabled by DIFFRACT_PLUGINS/DIFFRACT_DISABLE_PLUGINS): "
+                                 f"{install_hint(dist)}.")
         lead = f" {hint}" if hint else did_you_mean(field, known)
         super().__init__(
             f"Unknown field {field!r} {action}.{lead} "
@@ -264,7 +270,8 @@ class MissingProducerError(FieldError):
 
     def __init__(self, field: str, consumer: str, known: Iterable[str], *,
                  install: str | None = None) -> None:
-        fix = (f"Install {install} (pip install {install}), which produces it."
+        install = install or provider_of("fields", field)
+        fix = (f"Install {install} ({install_hint(install)}), which produces it."
                if install else f"Install the kernel pack that produces {field!r} or register "
                "a kernel for it.")
         super().__init__(
@@ -493,11 +500,34 @@ class ModelWarning(DiffractWarning):
     parameters that its base lacks); the message names them."""
 
 
+_OURS = ("diffract", "pluggy", "kernel_fun")
+
+
 def warn(warning: Warning) -> None:
-    """Issue ``warning`` at the user's own line: the first frame outside Diffract's
-    packages and pluggy (which calls the plugins)."""
+    """``warning`` said at the user's line: the first frame not Diffract's nor pluggy's."""
     frame, level = sys._getframe(1), 2
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
-            ("diffract", "pluggy", "kernel_fun")):
+    while frame.f_back and frame.f_globals.get("__name__", "").startswith(_OURS):
         frame, level = frame.f_back, level + 1
     warnings.warn(warning, stacklevel=level)
+
+
+def _distributions() -> dict[str, dict[str, Any]]:
+    """The repository's distributions: what each provides, where (tools/distributions.py)."""
+    import json
+    from importlib import resources
+
+    return json.loads(resources.files("diffract").joinpath("distributions.json").read_text())
+
+
+def provider_of(kind: str, name: str) -> str | None:
+    """The distribution whose ``kind`` (fields, commands, formats ...) has ``name``."""
+    return next((d for d, has in _distributions().items() if name in has.get(kind, ())), None)
+
+
+def install_hint(distribution: str, extra: str = "") -> str:
+    """``pip install`` for ``distribution`` (and ``extra``), and from a checkout."""
+    path = _distributions().get(distribution, {}).get("path")
+    name, local = (f"'{distribution}[{extra}]'", f"'./{path}[{extra}]'") if extra else (
+        distribution, f"./{path}")
+    return f"pip install {name}" + (f" (from a checkout of Diffract: pip install {local})"
+                                    if path else "")

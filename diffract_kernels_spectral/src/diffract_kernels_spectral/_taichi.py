@@ -21,6 +21,7 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
+from diffract.errors import install_hint
 from diffract_kernels_spectral.errors import FitUnavailableError
 
 __all__ = ["available", "kernels", "unavailable_reason"]
@@ -104,7 +105,7 @@ def kernels() -> SimpleNamespace:
             except ImportError as exc:
                 _STATE["error"] = (
                     f"taichi is not installed ({exc}). Install the extra: "
-                    "pip install 'diffract-kernels-spectral[taichi]', or use "
+                    f"{install_hint('diffract-kernels-spectral', 'taichi')}, or use "
                     "fit_method='powerlaw'."
                 )
             except Exception as exc:  # noqa: BLE001 - any start-up failure

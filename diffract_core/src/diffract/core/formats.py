@@ -24,7 +24,7 @@ import numpy as np
 from diffract.core.sources import FileIdentity, ModelSource
 from diffract.core.tensors import readable, to_numpy
 from diffract.core.views import Index
-from diffract.errors import ModelSourceError
+from diffract.errors import ModelSourceError, install_hint, provider_of
 
 __all__ = ["CheckpointReader", "FORMATS_DISTRIBUTION", "TensorEntry", "find_format",
            "open_path", "reopen"]
@@ -111,9 +111,9 @@ def _unknown(path: Path, model_id: str, formats: Mapping[str, Any]) -> ModelSour
     more = (f"More formats come from plugins with a diffract_model_formats hook "
             f"(docs/plugins.md; `diffract plugins` lists the installed formats: "
             f"{', '.join(formats)})." if formats else
-            f"No model format is installed: pip install {FORMATS_DISTRIBUTION} (safetensors, "
-            "torch files, .npz, Hugging Face-style directories, ONNX, Flax .msgpack; "
-            f"{FORMATS_DISTRIBUTION}[keras,gguf] adds Keras/HDF5 and GGUF).")
+            f"No model format is installed: {install_hint(FORMATS_DISTRIBUTION)} "
+            "(safetensors, torch files, .npz, Hugging Face-style directories, ONNX, Flax "
+            f".msgpack; {FORMATS_DISTRIBUTION}[keras,gguf] adds Keras/HDF5 and GGUF).")
     return ModelSourceError(
         f"Model {model_id!r}: {problem} ({str(path)!r}). {more} A torch module or a state "
         "dict needs no format.", model_id=model_id)
@@ -245,8 +245,9 @@ def reopen(source: ModelSource, model_id: str) -> tuple[Callable, Callable]:
         raise ModelSourceError(
             f"Model {model_id!r} was added from {source.path!r} with model format {name!r}, "
             f"which is not installed now (installed: {', '.join(sorted(formats)) or 'none'}). "
-            f"Install the plugin that provides it (the common ones: pip install "
-            f"{FORMATS_DISTRIBUTION}).", model_id=model_id)
+            f"Install the plugin that provides it (the common ones: "
+            f"{install_hint(provider_of('formats', name) or FORMATS_DISTRIBUTION)}).",
+            model_id=model_id)
     reading = _Reading(formats[name], source.path or "", source.files, dict(source.weight_map),
                        model_id, dict(source.format_options))
     return reading.load, reading.raw

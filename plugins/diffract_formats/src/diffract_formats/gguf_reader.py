@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from diffract.errors import ModelSourceError
+from diffract.errors import ModelSourceError, install_hint
 from diffract.plugins import CheckpointReader, TensorEntry, to_slices
 from diffract_formats._common import Config, error, library
 
@@ -39,8 +39,8 @@ _CONFIG = {"attention.head_count": "num_attention_heads",
 
 
 def _library(path: str) -> Any:
-    return library("gguf", path, "reading a GGUF file needs the gguf library: pip install "
-                                 "diffract-formats[gguf]")
+    return library("gguf", path, "reading a GGUF file needs the gguf library: "
+                                 + install_hint("diffract-formats", "gguf"))
 
 
 class GGUFFileReader(CheckpointReader):

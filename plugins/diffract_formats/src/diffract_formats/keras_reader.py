@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from diffract.errors import ModelSourceError
+from diffract.errors import ModelSourceError, install_hint
 from diffract.plugins import CheckpointReader, TensorEntry, read_json_file
 from diffract_formats._common import ConfigBeside, error, kernel_entry, library, turn_kernel
 
@@ -53,8 +53,8 @@ _VAR_NAMES = {"Dense": ("kernel", "bias"), "EinsumDense": ("kernel", "bias"),
 
 
 def _h5py(path: str) -> Any:
-    return library("h5py", path, "reading a Keras/HDF5 file needs h5py: pip install "
-                                 "diffract-formats[keras]")
+    return library("h5py", path, "reading a Keras/HDF5 file needs h5py: "
+                                 + install_hint("diffract-formats", "keras"))
 
 
 def _classes(config: Any) -> dict[str, str]:

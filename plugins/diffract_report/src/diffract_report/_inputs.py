@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from diffract.errors import InvalidArgumentError, ModelSourceError
+from diffract.errors import InvalidArgumentError, ModelSourceError, install_hint, provider_of
 
 #: The WeightWatcher-like default set.
 DEFAULT_METRICS = ("pl_alpha", "pl_fit_quality", "alpha_weighted", "stable_rank", "log_norm",
@@ -31,39 +31,6 @@ VIEW_METRICS = ("pl_alpha_hill", "stable_rank", "spectral_norm", "matrix_entropy
 
 #: Which distribution brings a field that is not installed (a hint, not a registry;
 #: tests/core/test_cli_analyze.py checks it against the installed packs).
-PACK_OF = {
-    "diffract-kernels-spectral": (
-        "ERG_gap", "alpha_weighted", "aspect_ratio", "best_fit", "detX_num", "detX_val",
-        "effective_rank", "esd", "esd_max", "esd_min", "esd_rand", "esd_rand_max",
-        "esd_rand_min", "esd_scale", "exp_concentration", "exp_ks_distance", "exp_lambda",
-        "exp_presence", "exp_scale", "exp_xmin", "greater_dim", "hard_rank",
-        "log_alpha_norm", "log_norm", "log_prod_frob_norm", "log_prod_spectral_norm",
-        "log_spectral_norm", "lower_dim", "lr_exp_R", "lr_exp_p", "lr_lognormal_R",
-        "lr_lognormal_p", "lr_tpl_R", "lr_tpl_p", "matrix_entropy", "matrix_rank",
-        "max_weights_sval", "min_weights_sval", "model_log_norm", "model_log_spectral_norm",
-        "model_pl_alpha_norm", "model_tpl_alpha_norm", "mp_bulk_max", "mp_bulk_std",
-        "mp_concentration", "mp_esd_max", "mp_esd_min", "mp_ks", "mp_num_spikes",
-        "mp_presence", "mp_soft_rank", "mp_softrank", "mp_sval_max", "nuclear_norm",
-        "num_fingers", "num_pl_spikes", "num_spikes", "pl_alpha", "pl_alpha_ci_high",
-        "pl_alpha_ci_low", "pl_alpha_farms", "pl_alpha_hill", "pl_alpha_norm", "pl_concentration",
-        "pl_fit_quality", "pl_fit_quality_reason", "pl_ks_distance", "pl_n_tail",
-        "pl_presence", "pl_pvalue",
-        "pl_sigma", "pl_xmax", "pl_xmin", "rand_distance", "rank_loss", "spectral_norm",
-        "squared_frob_norm",
-        "stable_rank", "svals", "tpl_alpha", "tpl_alpha_norm", "tpl_concentration",
-        "tpl_ks_distance", "tpl_lambda", "tpl_presence", "tpl_scale", "tpl_xmin",
-        "tw_esd_bound", "tw_num_spikes", "w1_rand_distance", "warning", "weak_rank_loss",
-        "weights_lsvs", "weights_rand", "weights_rsvs", "weights_std", "weights_svals",
-        "ww_maxdist", "ww_softrank",
-    ),
-    "diffract-kernels-alignment": (
-        "l_overlap", "r_overlap", "l_agreement", "r_agreement", "max_l_agreement",
-        "max_r_agreement", "avg_l_agreement", "avg_r_agreement", "avg_max_l_agreement",
-        "avg_max_r_agreement", "l_subspace_overlap", "r_subspace_overlap",
-        "l_principal_angles", "r_principal_angles", "sval_rel_change", "intruder_dimensions",
-    ),
-}
-
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -228,10 +195,10 @@ def check_metrics(session: Any, metrics: Sequence[str]) -> None:
         conflict = session.registry.conflict(field)
         if conflict is not None:  # installed twice, not missing: say who claims it
             raise UsageError(f"Metric {field!r}: {conflict}")
-        pack = next((d for d, fields in PACK_OF.items() if field in fields), None)
+        pack = provider_of("fields", field)
         if pack is not None:
             raise UsageError(f"Metric {field!r} comes from {pack}, which is not installed: "
-                             f"pip install {pack}.")
+                             f"{install_hint(pack)}.")
         from diffract.errors import UnknownFieldError
 
         raise UnknownFieldError(field, sorted(known))

@@ -167,13 +167,13 @@ def _write_schedules(view: object, model_ids: list[str], args: argparse.Namespac
     import json
     from pathlib import Path
 
-    from diffract.errors import InvalidArgumentError
+    from diffract.errors import InvalidArgumentError, install_hint
 
     try:
         from diffract_kernels_spectral import sparsity_schedule
     except ImportError:
-        raise UsageError("--schedule comes with the spectral pack: pip install "
-                         "diffract-kernels-spectral.") from None
+        raise UsageError("--schedule comes with the spectral pack: "
+                         f"{install_hint('diffract-kernels-spectral')}.") from None
 
     written = []
     for model_id in model_ids:

@@ -67,31 +67,6 @@ class Restriction:
             reason=f"needs a parameter of at least {ndim} dimensions",
         )
 
-    @classmethod
-    def max_ndim(cls, ndim: int) -> Restriction:
-        """Apply only to parameters with at most ``ndim`` dimensions."""
-        return cls(
-            check=lambda info: len(info.shape) <= ndim,
-            reason=f"needs a parameter of at most {ndim} dimensions",
-        )
-
-    @classmethod
-    def min_numel(cls, numel: int) -> Restriction:
-        """Apply only to parameters with at least ``numel`` elements."""
-        return cls(
-            check=lambda info: info.numel >= numel,
-            reason=f"needs a parameter of at least {numel} elements",
-        )
-
-    @classmethod
-    def name_matches(cls, pattern: str) -> Restriction:
-        """Apply only to parameters whose name matches the regular expression."""
-        rx = re.compile(pattern)
-        return cls(
-            check=lambda info: rx.search(info.name) is not None,
-            reason=f"applies only to parameters whose name matches {pattern!r}",
-        )
-
 
 def _tuple_or_none(value: Iterable[Any] | None) -> tuple[Any, ...] | None:
     return tuple(value) if value is not None else None
