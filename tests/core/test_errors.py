@@ -20,10 +20,33 @@ def _error_classes():
 
 class TestTree:
     def test_every_public_error_is_in_the_documented_tree(self):
-        """Each DiffractError subclass of diffract.errors appears in the module's tree."""
-        tree = errors.__doc__
-        missing = [cls.__name__ for cls in _error_classes() if f" {cls.__name__}" not in tree]
+        """Each DiffractError subclass of diffract.errors appears in docs/compute.md's tree,
+        under a parent it derives from."""
+        import re
+        from pathlib import Path
+
+        doc = (Path(__file__).resolve().parents[2] / "docs" / "compute.md").read_text()
+        tree = doc.split("## Errors and warnings", 1)[1].split("```text\n", 1)[1]
+        tree = tree.split("```", 1)[0]
+        drawn, parents = [], {}
+        for line in tree.splitlines():
+            match = re.match(r"^([│ ├└─]*)(\w+)", line)
+            if match is None or match.group(1) and not re.search("[├└]", match.group(1)):
+                continue  # a description's second line
+            depth = len(match.group(1)) // 4
+            drawn.append((depth, match.group(2)))
+        stack: list[str] = []
+        for depth, name in drawn:
+            del stack[depth:]
+            if stack:
+                parents[name] = stack[-1]
+            stack.append(name)
+        missing = [cls.__name__ for cls in _error_classes() if cls.__name__ not in
+                   {name for _, name in drawn}]
         assert missing == []
+        for name, parent in parents.items():
+            assert issubclass(getattr(errors, name), getattr(errors, parent)), (name, parent)
+        assert len(parents) >= 25
 
     def test_unknown_names_are_one_family_of_value_errors(self):
         """Every Unknown*Error is an UnknownNameError, hence an InvalidArgumentError and a

@@ -4,44 +4,7 @@ Every error raised on purpose by Diffract derives from :class:`DiffractError` an
 the offending object as an attribute (``kernel``, ``field``, ``model_id``,
 ``distribution`` ...). Messages say which object, what is wrong and what to do.
 
-Hierarchy (``(ValueError)``: also a ValueError, so code that catches bad arguments the
-standard way catches these too)::
-
-    DiffractError
-    ├── InvalidArgumentError (ValueError)  a bad argument to a public call
-    │   ├── UnknownNameError               .name: a name nothing registered (every "unknown")
-    │   │   ├── UnknownKernelError         .kernel
-    │   │   ├── UnknownConfigKeyError      .kernel, .keys: configure_kernel keywords it lacks
-    │   │   ├── UnknownFieldError          .field: a field no kernel produces
-    │   │   ├── UnknownModelError          .model_id
-    │   │   ├── UnknownProfileError        .profile
-    │   │   ├── UnknownExecutorError       .executor
-    │   │   ├── UnknownOpError             .op
-    │   │   ├── UnknownConventionsError    .conventions: a preset no pack provides
-    │   │   └── UnknownFormatError         .format: an export format nobody registered
-    │   └── InvalidConfigValueError        .kernel, .problems: values outside their domain
-    ├── ConfigError (ValueError)           .key: bad configuration file or key
-    ├── KernelError                        .kernel
-    │   ├── KernelDefinitionError (ValueError)  a function that cannot be a kernel
-    │   ├── KernelConflictError (ValueError)    two kernels claim one name or field (.providers)
-    │   └── KernelOutputError              a kernel's return value does not fit (recorded
-    │                                      as that unit's failure, see ApplyError)
-    ├── FieldError (ValueError)            .field
-    │   ├── MissingProducerError           a kernel requires a field no kernel produces
-    │   ├── DependencyCycleError           kernels that require each other's outputs
-    │   └── ScopeValidationError           a pairwise kernel on a scope that is not a pair
-    ├── ModelError (ValueError)            .model_id
-    │   ├── DuplicateModelError
-    │   ├── EmptyModelError                a model with no parameters
-    │   └── ModelSourceError               something models.add cannot read
-    │       └── WeightsUnavailableError    weights not kept across a reopen (units skipped)
-    ├── MergeConflictError (ValueError)    session.merge met values that differ (.conflicts)
-    ├── StorageError                       a storage profile failed or was misused
-    ├── ExecutorError                      an executor cannot run (bad options)
-    ├── PluginError                        .distribution, .version
-    │   ├── PluginLoadError                (strict mode) a plugin failed to import or answer
-    │   └── PluginConflictError            (strict mode) two plugins provide one name
-    └── ApplyError                         some units failed; .report holds everything
+The whole hierarchy, drawn as a tree: docs/compute.md, "Errors and warnings".
 
 The unknown-name errors sit under two parents where they also belong to a family
 (``UnknownKernelError`` is a ``KernelError``, ``UnknownFieldError`` a ``FieldError``,

@@ -75,6 +75,12 @@ class ResultsAPI(ScopedAPI):
     """``session.results``: export metrics and aggregates, erase fields, read notes,
     bring in values computed elsewhere."""
 
+    def __repr__(self) -> str:  # what a cell ending with session.results shows
+        ids, store = self._scope_ids(), self._session.store
+        stored = sorted(set().union(*(store.fields(m) for m in ids), set()))
+        return (f"ResultsAPI(models={ids}, fields={stored}; export_metrics(...), "
+                "trajectory(...), to_pandas(...) read them)")
+
     def _check_format(self, export_format: str) -> None:
         if export_format not in _BUILTIN and export_format not in _FORMATTERS:
             raise UnknownFormatError(export_format, [*_BUILTIN, *_FORMATTERS])

@@ -8,6 +8,7 @@ that a store can keep it."""
 from __future__ import annotations
 
 import types
+from html import escape as esc
 from typing import Any
 
 import attrs
@@ -17,7 +18,7 @@ from diffract.core.compute.spec import KernelSpec
 from diffract.core.storage.base import STORABLE_TYPES, Note, storable_problem
 from diffract.errors import KernelOutputError
 
-__all__ = ["ApplyReport", "Progress", "is_nan", "normalize_outputs"]
+__all__ = ["ApplyReport", "Progress", "Summary", "is_nan", "normalize_outputs"]
 
 
 @attrs.define
@@ -49,16 +50,21 @@ class ApplyReport:
 
     def reasons(self, kind: str | None = None) -> dict[tuple[str, str, str], list[str]]:
         """Notes grouped: (kind, kernel, reason) -> the units it applies to (``kind``
-        limits it to ``"failed"``, ``"skipped"`` or ``"undefined"``)."""
+        limits it to ``"failed"``, ``"skipped"`` or ``"undefined"``). Reasons that differ
+        only by naming their own unit are one group, keyed by its first unit's text."""
         groups: dict[tuple[str, str, str], list[str]] = {}
+        first: dict[tuple[str, str, str], tuple[str, str, str]] = {}
         for n in self.notes:
             if kind is None or n.kind == kind:
-                groups.setdefault((n.kind, n.kernel, n.reason), []).append(n.unit)
+                text = n.reason.replace(n.unit, "\0")
+                text = text.replace(n.param, "\0") if n.param else text
+                key = first.setdefault((n.kind, n.kernel, text), (n.kind, n.kernel, n.reason))
+                groups.setdefault(key, []).append(n.unit)
         return groups
 
-    def summary(self, failures: int = 5) -> str:
-        """A few lines: units computed per kernel, counts per outcome with their
-        reasons grouped, and the first ``failures`` failures."""
+    def summary(self, failures: int = 5) -> Summary:
+        """A few lines (:class:`Summary`): units computed per kernel, counts per outcome
+        with their reasons grouped, and the first ``failures`` failures."""
         lines = [f"computed: {sum(self.computed.values())} unit(s) "
                  f"({', '.join(f'{k} {v}' for k, v in self.computed.items()) or 'nothing'})"]
         for kind in ("failed", "undefined", "skipped"):
@@ -72,13 +78,24 @@ class ApplyReport:
             for (_, kernel, reason), units in shown[:limit]:
                 more = f" and {len(units) - 1} more" if len(units) > 1 else ""
                 lines.append(f"  {kernel} on {units[0]}{more}: {reason}")
-        return "\n".join(lines)
+        return Summary("\n".join(lines))
 
     def __repr__(self) -> str:
         counts = {k: len(self._kind(k)) for k in ("failed", "undefined", "skipped")}
         return (f"ApplyReport(computed={sum(self.computed.values())}, "
                 + ", ".join(f"{k}={v}" for k, v in counts.items())
                 + "; .summary() for reasons)")
+
+    def _repr_html_(self) -> str:  # a notebook cell's view of it
+        items = "".join(f"<li>{esc(line)}</li>" for line in self.summary().splitlines())
+        return f"<div><b>ApplyReport</b> of {esc(', '.join(self.requested))}<ul>{items}</ul></div>"
+
+
+class Summary(str):
+    """Text whose repr is itself: a cell ending with it shows lines, not a quoted string."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 @attrs.frozen
