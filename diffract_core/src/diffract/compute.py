@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 
+from diffract._notebook import notebook_progress
 from diffract.core.compute.execution import ApplyReport, Progress
 from diffract.core.compute.planner import make_plan
 from diffract.core.compute.registry import SESSION_PROVIDER
@@ -39,7 +40,7 @@ class ComputeAPI(ScopedAPI):
         self,
         *fields: str,
         errors: str = "raise",
-        progress: Callable[[Progress], None] | None = None,
+        progress: Callable[[Progress], None] | bool | None = None,
         recompute: str = "presence",
         unit_timeout: float | None = None,
     ) -> ApplyReport:
@@ -56,7 +57,8 @@ class ComputeAPI(ScopedAPI):
         :class:`~diffract.errors.ApplyError` is raised at the end
         (``errors="record"`` returns the report instead, after a warning).
         ``progress`` is called after each committed chunk with a
-        :class:`~diffract.core.compute.execution.Progress` record."""
+        :class:`~diffract.core.compute.execution.Progress` record; left at None, a Jupyter
+        notebook shows a bar redrawn in the cell's output (False: nothing)."""
         if errors not in ("raise", "record"):
             raise InvalidArgumentError(f"errors must be 'raise' or 'record', got {errors!r}.")
         if recompute not in ("presence", "stale"):
@@ -75,8 +77,7 @@ class ComputeAPI(ScopedAPI):
             raise ModelError(
                 "There are no models in scope. Add one with session.models.add(model, "
                 "model_id=...) before applying.",
-                model_id=None,
-            )
+                model_id=None)
         forced: frozenset = frozenset()
         if recompute == "stale":
             forced = frozenset(
@@ -93,7 +94,7 @@ class ComputeAPI(ScopedAPI):
         if unit_timeout is not None and not unit_timeout > 0:
             raise InvalidArgumentError(f"unit_timeout must be > 0 seconds, got {unit_timeout!r}.")
         with session._lock:
-            runner = session._runner(progress)
+            runner = session._runner(notebook_progress() if progress is None else progress or None)
             if unit_timeout is not None:
                 runner.unit_timeout = float(unit_timeout)
             report = runner.run(plan)
@@ -147,12 +148,12 @@ class ComputeAPI(ScopedAPI):
             raise InvalidArgumentError(f"errors must be 'raise' or 'record', got {errors!r}.")
         reports: dict[tuple[str, str], ApplyReport] = {}
         combined = ApplyReport(requested=tuple(fields))
+        shown = notebook_progress() or False  # one bar for every pair
         for a, b in chosen:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
                 report = ComputeAPI(self._session, self._scope.narrow((a, b))).apply(
-                    *fields, errors="record", recompute=recompute
-                )
+                    *fields, errors="record", recompute=recompute, progress=shown)
             reports[(a, b)] = report
             combined.notes.extend(report.notes)
         if combined.failures:

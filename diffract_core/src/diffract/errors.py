@@ -151,8 +151,7 @@ class UnknownKernelError(KernelError, UnknownNameError):
             f"Known kernels: {_listing(known)}. "
             "List them with `diffract kernels -v` (in Python: "
             "session.compute.list_available_kernels()).",
-            kernel=kernel,
-        )
+            kernel=kernel)
         self.name = kernel
 
 
@@ -166,8 +165,7 @@ class UnknownConfigKeyError(KernelError, UnknownNameError):
         super().__init__(
             f"Kernel {kernel!r} has no configuration keyword "
             f"{', '.join(repr(k) for k in keys)}.{hints} It accepts: {accepted}.",
-            kernel=kernel,
-        )
+            kernel=kernel)
         self.keys = tuple(keys)
         self.name = keys[0]
 
@@ -185,8 +183,7 @@ class InvalidConfigValueError(KernelError, InvalidArgumentError):
             + "\n  ".join(problems)
             + "\nNothing was changed; see the kernel's signature (diffract kernels -v) for "
             "the values each keyword accepts.",
-            kernel=kernel,
-        )
+            kernel=kernel)
         self.problems = tuple(problems)
 
 
@@ -223,8 +220,7 @@ class UnknownFieldError(FieldError, UnknownNameError):
             "produces each (in Python: session.compute.list_available_metrics(True)); install "
             "the kernel pack that produces it, or register a kernel with "
             "@session.compute.kernel().",
-            field=field,
-        )
+            field=field)
         self.name = field
 
 
@@ -240,8 +236,7 @@ class MissingProducerError(FieldError):
         super().__init__(
             f"Kernel {consumer!r} requires field {field!r}, which no registered kernel "
             f"produces.{did_you_mean(field, known)} {fix}",
-            field=field,
-        )
+            field=field)
         self.install = install
         self.consumer = consumer
 
@@ -254,8 +249,7 @@ class DependencyCycleError(FieldError):
             "Kernels depend on each other in a cycle: "
             + " -> ".join(repr(f) for f in cycle)
             + ". Break the cycle by changing one kernel's require_fields.",
-            field=cycle[0],
-        )
+            field=cycle[0])
         self.cycle = tuple(cycle)
 
 

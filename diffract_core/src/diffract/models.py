@@ -29,8 +29,7 @@ def _check_model_id(model_id: Any) -> None:
         raise ModelError(
             f"model_id must be a non-empty string without ',', '[', ']', '@' or '/' (they "
             f"delimit contextual field names and parameter ids), got {model_id!r}.",
-            model_id=str(model_id),
-        )
+            model_id=str(model_id))
 
 
 def _view_rules(views: Any, shared: Mapping[str, Any] | None = None
@@ -199,8 +198,7 @@ class ModelsAPI:
             raise DuplicateModelError(
                 f"Model id {model_id!r} is already in this session. Choose another "
                 "model_id, or open a new session to replace it.",
-                model_id=model_id,
-            )
+                model_id=model_id)
 
     def _delta(self, opened: Any, base_model_id: str) -> Any:
         from diffract.core.derived import delta_model

@@ -27,8 +27,7 @@ def implementations(name: str) -> list[Any]:
             f"No plugin offers an op named {name!r}.{did_you_mean(name, known)} "
             f"Offered ops: {known or 'none'}. Install the package that provides it "
             "(e.g. kernel-fun-gpu for causal_conv1d).",
-            op=name,
-        )
+            op=name)
     return sorted(specs, key=lambda op: -op.priority)
 
 
@@ -53,8 +52,7 @@ def resolve(name: str, *args: Any, **kwargs: Any) -> Callable[..., Any]:
     raise UnknownOpError(
         f"No implementation of {name!r} supports this call ({reasons}) and none offers a "
         "reference to fall back on.",
-        op=name,
-    )
+        op=name)
 
 
 def call(name: str, *args: Any, **kwargs: Any) -> Any:

@@ -137,8 +137,7 @@ class Session:
             raise ConfigError(
                 "Invalid kernel configuration; nothing was applied:\n  "
                 + "\n  ".join(problems),
-                key="kernels",
-            )
+                key="kernels")
         for name, values in tables.items():
             self.registry.configure(name, **values)
 
@@ -220,8 +219,7 @@ class Session:
         if unknown:
             raise UnknownModelError(
                 f"Unknown model id(s) {unknown}. Models in this session: {known}.",
-                model_id=unknown[0],
-            )
+                model_id=unknown[0])
         if len(set(ids)) != len(ids):
             raise ModelError(f"filter() lists a model twice: {list(ids)}.", model_id=None)
         return ids
@@ -248,5 +246,4 @@ class Session:
             parallel_workers=self.config.process_workers,
             batch_units=self.config.thread_workers,
             unit_timeout=self.config.unit_timeout or None,
-            pool_min_seconds=self.config.pool_min_seconds,
-        )
+            pool_min_seconds=self.config.pool_min_seconds)

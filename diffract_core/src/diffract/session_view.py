@@ -49,8 +49,7 @@ class SessionView:
             if outside:
                 raise UnknownModelError(
                     f"Model id(s) {outside} are outside this view's scope {self.model_ids}.",
-                    model_id=outside[0],
-                )
+                    model_id=outside[0])
         return SessionView(self.session,
                            self.scope.narrow(ids, param_names, param_types, param_ids))
 

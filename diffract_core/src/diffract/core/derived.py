@@ -57,8 +57,7 @@ def delta_model(
             f"Model {model_id!r} shares no parameter (same name and shape) with its base "
             f"{base_id!r}, so there is no difference to analyse. Check base_model_id, or "
             "rename parameters with parameter_overrides.",
-            model_id=model_id,
-        )
+            model_id=model_id)
     infos = [ParamInfo(model_id, i.name, i.shape, i.dtype, i.ptype,
                        tuple(sorted({**dict(i.meta), "delta_of": base_id}.items())))
              for i in kept]

@@ -109,8 +109,7 @@ def sequential_executor(config: Any, options: Mapping[str, Any]) -> Executor:
 def thread_executor(config: Any, options: Mapping[str, Any]) -> Executor:
     return ThreadPoolExecutor(
         max_workers=int(options.get("max_workers", config.process_workers)),
-        thread_name_prefix="diffract-kernel",
-    )
+        thread_name_prefix="diffract-kernel")
 
 
 def check_process_options(config: Any, options: Mapping[str, Any]) -> list[str]:

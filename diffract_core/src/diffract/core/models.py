@@ -103,8 +103,7 @@ def _from_mapping(model_id: str, mapping: Mapping[str, Any], description: str,
         raise ModelSourceError(
             f"Model {model_id!r}: entries {bad[:10]} are neither torch tensors nor numpy arrays."
             f"{hint} Pass a mapping of parameter names to tensors.",
-            model_id=model_id,
-        )
+            model_id=model_id)
     kept = {str(k): v for k, v in mapping.items() if _is_float(v)}
     modules = modules or {}
     infos = [
@@ -326,14 +325,12 @@ def read_model(source: Any, model_id: str, format: str | None = None,
             f"Model {model_id!r}: cannot read a {type(source).__module__}."
             f"{type(source).__qualname__}. Pass a torch.nn.Module, a state dict (names to "
             "tensors or arrays), a checkpoint file or a checkpoint directory.",
-            model_id=model_id,
-        )
+            model_id=model_id)
     if not opened.infos:
         raise EmptyModelError(
             f"Model {model_id!r} has no floating-point parameters, so there is nothing to "
             "analyse. Check that you passed the model (or its state dict), not an empty "
             "container.",
-            model_id=model_id,
-        )
+            model_id=model_id)
     return opened
 

@@ -128,8 +128,7 @@ class FileIdentity:
                 f"Model {model_id!r}: file {self.path!r} changed since the model was added: "
                 f"{change}. Restore the file, or add it again under a new model id (the "
                 "stored results belong to the old weights).",
-                model_id=model_id,
-            )
+                model_id=model_id)
 
 
 @attrs.frozen

@@ -19,14 +19,12 @@ def readable(t: Any) -> Any:
         raise ModelSourceError(
             "the parameter is on the meta device and has no data; load real weights into "
             "the model (load_state_dict, to_empty + init) before analysing it",
-            model_id=None,
-        )
+            model_id=None)
     if t.layout is not sys.modules["torch"].strided:
         raise ModelSourceError(
             f"the parameter is a {t.layout} tensor; add the dense weights instead "
             "(tensor.to_dense())",
-            model_id=None,
-        )
+            model_id=None)
     return t.detach()
 
 

@@ -33,8 +33,7 @@ def diffract_storage_profiles() -> Iterator[StorageProfile]:
         name="ram",
         factory=_ram,
         description="In-process memory; the embedded default. Nothing survives the process.",
-        durable=False,
-    )
+        durable=False)
 
 
 @hookimpl

@@ -396,8 +396,7 @@ class DiffractPluginManager(pluggy.PluginManager):
                 f"{' and '.join(providers)}; neither is used. Pick one with "
                 f"[plugins] prefer = {{ {claimed} = \"<distribution>\" }} in the "
                 "configuration (or DIFFRACT_PREFER), or uninstall one.",
-                conflict=True,
-            )
+                conflict=True)
         return kept, contested
 
 
@@ -420,8 +419,7 @@ def make_plugin_manager(
     distribution that should provide it."""
     pm = DiffractPluginManager(
         strict=_env_flag("DIFFRACT_STRICT_PLUGINS") if strict is None else strict,
-        prefer=_env_prefer() if prefer is None else prefer,
-    )
+        prefer=_env_prefer() if prefer is None else prefer)
     if builtins:
         from diffract import __version__
         from diffract.plugins import _builtin
@@ -430,6 +428,5 @@ def make_plugin_manager(
     if autoload:
         pm.load_entry_points(
             allow=allow if allow is not None else _env_list("DIFFRACT_PLUGINS"),
-            deny=deny if deny is not None else _env_list("DIFFRACT_DISABLE_PLUGINS"),
-        )
+            deny=deny if deny is not None else _env_list("DIFFRACT_DISABLE_PLUGINS"))
     return pm

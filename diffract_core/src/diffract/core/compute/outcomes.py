@@ -129,8 +129,7 @@ def normalize_outputs(spec: KernelSpec, unit: str, result: Any) -> dict[str, Any
                 f"its produce_fields {produce}: missing {missing}, unexpected {extra}. "
                 "Return exactly one entry per produced field.",
                 kernel=spec.name,
-                unit=unit,
-            )
+                unit=unit)
         values = result
     elif isinstance(result, tuple):
         if len(result) != len(produce):
@@ -139,8 +138,7 @@ def normalize_outputs(spec: KernelSpec, unit: str, result: Any) -> dict[str, Any
                 f"but it produces {len(produce)} field(s) {produce}. Return one value per "
                 "produced field, in order.",
                 kernel=spec.name,
-                unit=unit,
-            )
+                unit=unit)
         values = dict(zip(produce, result, strict=True))
     else:
         if len(produce) != 1:
@@ -148,8 +146,7 @@ def normalize_outputs(spec: KernelSpec, unit: str, result: Any) -> dict[str, Any
                 f"Kernel {spec.name!r} returned a single {type(result).__name__} for {unit}, "
                 f"but it produces {len(produce)} fields {produce}. Return a tuple or a dict.",
                 kernel=spec.name,
-                unit=unit,
-            )
+                unit=unit)
         values = {produce[0]: result}
     for field, value in values.items():
         problem = storable_problem(value)
@@ -163,8 +160,7 @@ def normalize_outputs(spec: KernelSpec, unit: str, result: Any) -> dict[str, Any
                 f"Kernel {spec.name!r} returned {problem} for field {field!r} on {unit}, "
                 f"which no store can keep. Return {STORABLE_TYPES}{undefined_hint}.",
                 kernel=spec.name,
-                unit=unit,
-            )
+                unit=unit)
     return values
 
 

@@ -160,8 +160,7 @@ def validate_scope(fields: Iterable[str], registry: KernelRegistry, scope: Seque
             field=field,
             kernel=root.name,
             dependency=dependency,
-            scope=list(scope),
-        )
+            scope=list(scope))
 
 
 def _passes(spec: KernelSpec, info: ParamInfo) -> str | None:

@@ -56,8 +56,7 @@ class KernelRegistry:
                     f"Kernel {spec.name!r} from {spec.provider} clashes with the kernel of "
                     f"that name from {old.provider}. Register it under another name "
                     "(name=...) or uninstall one of the providers.",
-                    kernel=spec.name,
-                )
+                    kernel=spec.name)
             clashes = sorted(
                 f"{f!r} (already produced by {self._producers[f]!r} from "
                 f"{self._specs[self._producers[f]].provider})"
@@ -68,8 +67,7 @@ class KernelRegistry:
                 raise KernelConflictError(
                     f"Kernel {spec.name!r} from {spec.provider} produces fields another kernel "
                     f"already produces: {', '.join(clashes)}. Rename its produce_fields.",
-                    kernel=spec.name,
-                )
+                    kernel=spec.name)
             owner = self._producers.get
             taken = sorted(
                 f"{n!r}" for n in (*spec.produce_fields, *dict(spec.aliases))
@@ -80,8 +78,7 @@ class KernelRegistry:
                 raise KernelConflictError(
                     f"Kernel {spec.name!r} from {spec.provider}: {', '.join(taken)} already "
                     "name(s) another kernel's field (as a field or an alias). Rename them.",
-                    kernel=spec.name,
-                )
+                    kernel=spec.name)
             if replacing:
                 log.info("replacing session kernel %r", spec.name)
                 self._drop(spec.name)
@@ -92,14 +89,6 @@ class KernelRegistry:
             stale = set(self._config.get(spec.name, ())) - set(spec.config_defaults)
             for key in stale:
                 del self._config[spec.name][key]
-
-    def unregister(self, name: str) -> KernelSpec:
-        """Remove a kernel (and its configuration); returns its spec."""
-        with self._lock:
-            spec = self.get(name)
-            self._drop(name)
-            self._config.pop(name, None)
-            return spec
 
     def _drop(self, name: str) -> None:
         spec = self._specs.pop(name)

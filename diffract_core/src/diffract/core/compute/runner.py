@@ -146,8 +146,7 @@ class Runner(Inputs):
             producers=producers,
             notes=notes,
             file_sources=self._file_sources(models),
-            position=position,
-        )
+            position=position)
 
     def _file_sources(self, models: Iterable[str]) -> dict[str, ModelSource]:
         out = {}

@@ -64,8 +64,7 @@ class Restriction:
         """Apply only to parameters with at least ``ndim`` dimensions."""
         return cls(
             check=lambda info: len(info.shape) >= ndim,
-            reason=f"needs a parameter of at least {ndim} dimensions",
-        )
+            reason=f"needs a parameter of at least {ndim} dimensions")
 
 
 def _tuple_or_none(value: Iterable[Any] | None) -> tuple[Any, ...] | None:
@@ -211,14 +210,12 @@ class KernelSpec:
         if not callable(fn):
             raise KernelDefinitionError(
                 f"A kernel must be a function, got {type(fn).__name__}.",
-                kernel=str(opts.name or fn),
-            )
+                kernel=str(opts.name or fn))
         name = opts.name or getattr(fn, "__name__", None)
         if not name or not _FIELD_NAME.match(name):
             raise KernelDefinitionError(
                 f"Kernel name {name!r} is not valid: use letters, digits, '_' and '.'.",
-                kernel=str(name),
-            )
+                kernel=str(name))
         return _validate(fn, name, _parse(fn, name), opts, provider)
 
 
@@ -250,8 +247,7 @@ def _parse(fn: Callable[..., Any], name: str) -> _Signature:
                 f"Kernel {name!r} takes {star}{p.name}: kernels may not take *args or "
                 "**kwargs, because Diffract reads their inputs and configuration from "
                 "the signature. Name each input field and configuration keyword.",
-                kernel=name,
-            )
+                kernel=name)
         if p.default is p.empty:
             required.append(p.name)
         else:
@@ -267,8 +263,7 @@ def _check_fields(name: str, fields: tuple[str, ...], produce: tuple[str, ...]) 
             raise KernelDefinitionError(
                 f"Kernel {name!r}: {field!r} is not a valid field name "
                 "(letters, digits, '_' and '.'; '@' is reserved for contextual names).",
-                kernel=name,
-            )
+                kernel=name)
     if len(set(produce)) != len(produce):
         raise KernelDefinitionError(
             f"Kernel {name!r} lists a produced field twice: {produce}.", kernel=name
@@ -277,8 +272,7 @@ def _check_fields(name: str, fields: tuple[str, ...], produce: tuple[str, ...]) 
         raise KernelDefinitionError(
             f"Kernel {name!r} may not produce {sorted(SOURCE_FIELDS & set(produce))}: "
             "those fields come from models.add.",
-            kernel=name,
-        )
+            kernel=name)
 
 
 def _check_aliases(name: str, aliases: tuple[tuple[str, str], ...],
@@ -301,15 +295,13 @@ def _check_kinds(name: str, fn: Callable[..., Any], opts: KernelOptions) -> None
     if opts.apply_level is not None and not isinstance(opts.apply_level, KernelApplyLevel):
         raise KernelDefinitionError(
             f"Kernel {name!r}: apply_level must be a KernelApplyLevel, got {opts.apply_level!r}.",
-            kernel=name,
-        )
+            kernel=name)
     protocol = opts.execution_protocol
     if protocol is not None and not isinstance(protocol, KernelExecutionProtocol):
         raise KernelDefinitionError(
             f"Kernel {name!r}: execution_protocol must be a KernelExecutionProtocol, "
             f"got {protocol!r}.",
-            kernel=name,
-        )
+            kernel=name)
     if protocol is KernelExecutionProtocol.PARALLEL:
         try:
             pickle.dumps(fn)
@@ -324,8 +316,7 @@ def _check_kinds(name: str, fn: Callable[..., Any], opts: KernelOptions) -> None
         if not isinstance(r, Restriction):
             raise KernelDefinitionError(
                 f"Kernel {name!r}: restrictions must be Restriction records, got {r!r}.",
-                kernel=name,
-            )
+                kernel=name)
 
 
 def _validate(
@@ -338,8 +329,7 @@ def _validate(
             f"Kernel {name!r}: require_fields {tuple(fields)} has {len(fields)} "
             f"entries but the function has {len(sig.required)} required parameters "
             f"{sig.required}. Give one field per parameter without a default.",
-            kernel=name,
-        )
+            kernel=name)
     produce = opts.produce_fields or (name,)
     _check_fields(name, fields, produce)
     optional = tuple(opts.optional_inputs or ())
@@ -362,8 +352,7 @@ def _validate(
         raise KernelDefinitionError(
             f"Kernel {name!r}: default(s) outside their own annotation: "
             f"{'; '.join(bad_defaults)}. Fix the default or the annotation.",
-            kernel=name,
-        )
+            kernel=name)
     return KernelSpec(
         name=name,
         function=fn,
@@ -380,8 +369,7 @@ def _validate(
         field_hints=opts.hints or (),
         aliases=opts.aliases or (),
         undefined_inputs=bool(opts.undefined_inputs),
-        optional_inputs=optional,
-    )
+        optional_inputs=optional)
 
 
 def kernel(fn: F | None = None, /, **options: Any) -> Any:
