@@ -599,8 +599,12 @@ class TestSignals:
             _save(tmp_path / f"m{i}.safetensors", i, shapes=((900, 700), (700, 900)),
                   bias=False)
         env = {k: v for k, v in os.environ.items() if k != "DIFFRACT_STRICT_PLUGINS"}
-        launch = ("import sys, _diffract_launch; sys.stderr.write('ready\\n'); "
-                  "sys.stderr.flush(); sys.exit(_diffract_launch.main())")
+        # "ready" once the launcher's first statement (its handlers) has run: before it,
+        # no program can help (a loaded machine did deliver the signal in between)
+        launch = ("import signal, sys, _diffract_launch; "
+                  "signal.signal(signal.SIGINT, _diffract_launch._early); "
+                  "sys.stderr.write('ready\\n'); sys.stderr.flush(); "
+                  "sys.exit(_diffract_launch.main())")
         proc = subprocess.Popen(
             [sys.executable, "-c", launch, "analyze",
              *[str(tmp_path / f"m{i}.safetensors") for i in range(self.N)],

@@ -124,7 +124,9 @@ class TestContent:
 
         names = ["encoder.layer.0.attn.q.weight", "encoder.layer.0.mlp.weight",
                  "encoder.layer.1.attn.q.weight"]
-        assert _short_names(names) == ["0.attn.q", "0.mlp", "1.attn.q"]
+        # the prefix ends at the layer index: its word stays (issue 33 item 8)
+        assert _short_names(names) == ["layer.0.attn.q", "layer.0.mlp", "layer.1.attn.q"]
+        assert _short_names(["blocks.attn.q.weight", "blocks.mlp.weight"]) == ["attn.q", "mlp"]
 
     def test_the_table_fits_a_1280_pixel_window(self, report):
         """Headers may wrap at their underscores (<wbr>), never cells; the page is capped

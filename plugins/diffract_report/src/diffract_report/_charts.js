@@ -84,6 +84,20 @@
     };
   }
 
+  function shorten(name, n) {  /* cut in the middle: the layer index and the leaf stay */
+    if (name.length <= n) return name;
+    var parts = name.split("."), at = -1;
+    parts.forEach(function (q, i) { if (at < 0 && /^\d+$/.test(q)) at = i; });
+    var head = at >= 0 && at < parts.length - 1 ? parts.slice(Math.max(0, at - 1), at + 1)
+      .join(".") : "", tail = parts[parts.length - 1];
+    for (var k = parts.length - 2; k > at; k--) {
+      if (head.length + 1 + parts[k].length + 1 + tail.length > n) break;
+      tail = parts[k] + "." + tail;
+    }
+    var cut = head ? head + "\u2026" + tail : "\u2026" + tail;
+    return cut.length <= n ? cut : "\u2026" + name.slice(-(n - 1));
+  }
+
   function colour(t) {  /* 0..1 -> a viridis-like ramp */
     var stops = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
     var x = Math.max(0, Math.min(1, t)) * (stops.length - 1), i = Math.min(3, Math.floor(x));
@@ -103,7 +117,7 @@
     el("text", {x: (x0 + x1) / 2, y: top + 14, "text-anchor": "middle", "class": "ct"}, g,
        p.title || "");
     z.forEach(function (r, i) {
-      var label = rows[i].length > 40 ? "\u2026" + rows[i].slice(-39) : rows[i];
+      var label = shorten(rows[i], 40);
       if (ch >= 8) el("text", {x: x0 - 4, y: y0 + ch * (i + 0.7), "text-anchor": "end",
                                "class": "tick"}, g, label);
       r.forEach(function (v, j) {
@@ -135,6 +149,33 @@
     }
   }
 
+  function occupied(p, X, Y, y0, y1, cats) {  /* pixels the data cover, every 6 or so */
+    var out = [];
+    p.series.forEach(function (s) {
+      if (s.kind === "vline") {
+        for (var q = y1; q < y0; q += 6) out.push([X(s.x), q]);
+      } else if (s.kind === "bars") {
+        s.y.forEach(function (v, i) {
+          for (var q = Y(v); q < y0; q += 6) out.push([(X(s.x0[i]) + X(s.x1[i])) / 2, q]);
+        });
+      } else if (s.kind !== "hband") {
+        var pts = [];
+        (s.x || []).forEach(function (x, i) {
+          var y = s.y[i];
+          if (y !== null && isFinite(y) && !(p.ylog && y <= 0)) pts.push([cats ? X(i) : X(x),
+                                                                           Y(y)]);
+        });
+        pts.forEach(function (q, i) {  /* a line's segments too */
+          var r = pts[i + 1], n = s.kind === "line" && r ?
+            Math.ceil(Math.hypot(r[0] - q[0], r[1] - q[1]) / 6) : 1;
+          for (var k = 0; k < n; k++) out.push(r && n > 1 ? [q[0] + (r[0] - q[0]) * k / n,
+                                                              q[1] + (r[1] - q[1]) * k / n] : q);
+        });
+      }
+    });
+    return out;
+  }
+
   function panel(svg, p, left, top, width, height) {
     if (p.heat) return heat(svg, p, left, top, width, height);
     var cats = p.cats, longest = 0;
@@ -143,6 +184,23 @@
     var x0 = left + m.l, x1 = left + width - m.r, y0 = top + height - m.b, y1 = top + m.t;
     var xd = cats ? [-0.5, cats.length - 0.5] : extent(p, "x"), yd = extent(p, "y");
     var X = scale(xd, [x0, x1], p.xlog && !cats), Y = scale(yd, [y0, y1], p.ylog);
+    /* the legend: in the corner of the plot that holds no data, else above the plot */
+    var legend = p.series.filter(function (s) { return s.label; }).map(function (s) {
+      return [s.label, s.color || "#1f77b4", s.kind]; });
+    var lw = 30 + 6 * Math.max.apply(null, legend.map(function (t) { return t[0].length; })
+      .concat([0])), lh = 15 * legend.length + 4, place = null;
+    if (legend.length) {
+      var taken = occupied(p, X, Y, y0, y1, cats);
+      [[x1, y1], [x0 + lw + 8, y1], [x1, y0 - lh], [x0 + lw + 8, y0 - lh]].forEach(function (c) {
+        if (!place && !taken.some(function (q) { return q[0] >= c[0] - lw - 8 &&
+            q[0] <= c[0] && q[1] >= c[1] && q[1] <= c[1] + lh; })) place = c;
+      });
+      if (!place) {  /* every corner holds data: the plot moves down to make room */
+        y1 += lh;
+        Y = scale(yd, [y0, y1], p.ylog);
+        place = [x1, y1 - lh - 2];
+      }
+    }
     var g = el("g", {}, svg);
     el("text", {x: (x0 + x1) / 2, y: top + 14, "text-anchor": "middle", "class": "ct"}, g,
        p.title || "");
@@ -158,7 +216,7 @@
         if (i % every) return;
         var x = X(i) + 3, lab = el("text", {x: x, y: y0 + 8, "class": "tick",
           transform: "rotate(-90 " + x + " " + (y0 + 8) + ")", "text-anchor": "end"}, g,
-          c.length > 24 ? "\u2026" + c.slice(-23) : c);
+          shorten(c, 24));
         el("title", {}, lab, c);
       });
     } else {
@@ -178,7 +236,7 @@
     var clip = "c" + Math.random().toString(36).slice(2);
     el("rect", {x: x0, y: y1, width: x1 - x0, height: y0 - y1},
        el("clipPath", {id: clip}, el("defs", {}, g)));
-    var body = el("g", {"clip-path": "url(#" + clip + ")"}, g), legend = [];
+    var body = el("g", {"clip-path": "url(#" + clip + ")"}, g);
     p.series.forEach(function (s) {
       var color = s.color || "#1f77b4", xs = s.x || [], pts;
       if (s.kind === "hband") {
@@ -215,10 +273,11 @@
           });
         }
       }
-      if (s.label) legend.push([s.label, color, s.kind]);
     });
+    if (legend.length) el("g", {"class": "legend", "data-box": [place[0] - lw - 8, place[1],
+      lw + 8, lh].join(",")}, g);
     legend.forEach(function (item, i) {
-      var y = y1 + 12 + 15 * i, x = x1 - 8;
+      var y = place[1] + 12 + 15 * i, x = place[0] - 8;
       el("text", {x: x - 22, y: y + 4, "text-anchor": "end", "class": "tick"}, g, item[0]);
       el("line", {x1: x - 18, x2: x, y1: y, y2: y, stroke: item[1], "stroke-width": 3,
                   "stroke-dasharray": item[2] === "vline" ? "4,3" : ""}, g);

@@ -31,7 +31,14 @@ from diffract_report.summary import (
     format_value,
     summarize,
 )
-from diffract_report.viz import DEPTH_FIELDS, ESD_FIELDS, mp_density, short_names
+from diffract_report.viz import (
+    DEPTH_FIELDS,
+    ESD_FIELDS,
+    linear_range,
+    linear_title,
+    mp_density,
+    short_names,
+)
 
 __all__ = ["figure_html", "html_table", "write_html"]
 
@@ -156,25 +163,27 @@ def esd_chart(row: dict[str, Any], shape: Sequence[int] | None) -> dict[str, Any
                         "label": f"power law, alpha {alpha:.2f}"},
                        {"kind": "vline", "x": float(xmin), "color": RED,
                         "label": f"xmin {xmin:.3g}"}]
-    bins = np.linspace(lo, hi, max(10, min(80, esd.size // 3)) + 1)
-    counts, _ = np.histogram(esd, bins=bins)
+    top, beyond = linear_range(esd, row.get("mp_bulk_max"))
+    bins = np.linspace(lo, max(top, lo * (1 + 1e-9)), max(10, min(80, esd.size // 3)) + 1)
+    counts, _ = np.histogram(esd[esd <= top], bins=bins)
     lin_series: list[dict[str, Any]] = [{
         "kind": "bars", "x0": _num(bins[:-1]), "x1": _num(bins[1:]), "color": BLUE,
         "y": _num(counts / (esd.size * np.diff(bins))), "label": "ESD"}]
     if shape is not None and len(shape) >= 2:
         n, m = int(shape[0]), int(np.prod(shape[1:]))
-        x = np.linspace(lo, hi, 200)
+        x = np.linspace(lo, top, 200)
         lin_series.append({"kind": "line", "x": _num(x), "color": ORANGE,
                            "y": _num(mp_density(x, float(esd.sum()), n, m)
                                      * (min(n, m) / esd.size)), "label": "Marchenko-Pastur"})
         edge = row.get("mp_bulk_max")
-        if edge is not None and math.isfinite(edge):
+        if edge is not None and math.isfinite(edge) and edge <= top:
             lin_series.append({"kind": "vline", "x": float(edge), "color": ORANGE,
                                "label": "bulk edge"})
     return {"w": 1040, "h": 300, "panels": [
         {"title": "log-log ESD", "xlog": True, "ylog": True, "series": log_series,
          "xlabel": "eigenvalue of W^T W", "ylabel": "density"},
-        {"title": "linear ESD", "series": lin_series, "xlabel": "eigenvalue of W^T W",
+        {"title": linear_title(esd, top, beyond), "series": lin_series,
+         "xlabel": "eigenvalue of W^T W",
          "ylabel": "density"}]}
 
 

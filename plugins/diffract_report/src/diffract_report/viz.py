@@ -75,6 +75,24 @@ def mp_density(x: np.ndarray, total: float, n: int, m: int) -> np.ndarray:
     return out
 
 
+def linear_range(esd: np.ndarray, edge: Any = None) -> tuple[float, int]:
+    """Where the linear ESD panel ends, and how many eigenvalues lie beyond: all of them
+    are shown unless a few outliers would squeeze the bulk into the first bin (the
+    largest over 4x the 99th percentile); then the panel ends at the bulk (that
+    percentile, or 1.2x the Marchenko-Pastur edge where that is larger) and says how many
+    lie beyond it, up to which value."""
+    hi, q = float(esd.max()), float(np.quantile(esd, 0.99))
+    if hi <= 4 * q:
+        return hi, 0
+    top = max(q, 1.2 * edge if edge is not None and math.isfinite(edge) and edge < hi else q)
+    return top, int(np.count_nonzero(esd > top))
+
+
+def linear_title(esd: np.ndarray, top: float, beyond: int) -> str:
+    return ("linear ESD" if not beyond else f"linear ESD, the bulk: {beyond} eigenvalue(s) "
+            f"beyond {top:.3g}, up to {float(esd.max()):.3g}")
+
+
 def esd_figure(session: Any, model_id: str, param: str) -> Any:
     """The figure ``plot_esd`` saves (a matplotlib Figure)."""
     row = esd_rows(session.filter(param_ids=[f"{model_id}/{param}"]), model_id).get(param)
@@ -120,23 +138,24 @@ def _draw_esd(model_id: str, param: str, fits: dict[str, Any], shape: Any) -> An
         axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     log_ax.legend(fontsize=8)
     # linear: histogram and the Marchenko-Pastur bulk of a random matrix like it
-    counts, edges = np.histogram(esd, bins=max(10, min(80, esd.size // 3)))
+    top, beyond = linear_range(esd, fits.get("mp_bulk_max"))
+    counts, edges = np.histogram(esd[esd <= top], bins=max(10, min(80, esd.size // 3)))
     lin_ax.stairs(counts / (esd.size * np.diff(edges)), edges, fill=True, color="tab:blue",
                   alpha=0.6, label="ESD")  # one artist, not a patch per bin
     if shape is not None and len(shape) >= 2:
         n, m = int(shape[0]), int(np.prod(shape[1:]))
-        x = np.linspace(lo, hi, 400)
+        x = np.linspace(lo, top, 400)
         lin_ax.plot(x, mp_density(x, float(esd.sum()), n, m) * (min(n, m) / esd.size),
                     color="tab:orange", label="Marchenko-Pastur")
         edge = fits.get("mp_bulk_max")
-        if edge is not None and math.isfinite(edge):
+        if edge is not None and math.isfinite(edge) and edge <= top:
             lin_ax.axvline(edge, color="tab:orange", ls="--", lw=1, label="bulk edge")
     lin_ax.set_xlabel("eigenvalue of W^T W")
-    lin_ax.set_title("linear ESD", y=1.0)
+    lin_ax.set_title(linear_title(esd, top, beyond), y=1.0, fontsize=9 if beyond else None)
     lin_ax.legend(fontsize=8)
     fig.suptitle(f"{model_id} / {param}", fontsize=10)
     # fixed margins: tight_layout drew every figure twice more to measure its labels
-    fig.subplots_adjust(left=0.08, right=0.985, bottom=0.13, top=0.87, wspace=0.2)
+    fig.subplots_adjust(left=0.1, right=0.985, bottom=0.13, top=0.87, wspace=0.22)
     return fig
 
 
@@ -170,7 +189,8 @@ def depth_figure(session: Any, model_id: str,
 
 
 def short_names(names: Sequence[str]) -> list[str]:
-    """Layer names without their common prefix and a trailing ``.weight``."""
+    """Layer names without their common prefix and a trailing ``.weight``; a prefix that
+    ends at the layer index keeps its last word (``layer.3.mlp``, not ``3.mlp``)."""
     if not names:
         return []
     prefix = names[0]
@@ -178,6 +198,8 @@ def short_names(names: Sequence[str]) -> list[str]:
         while not name.startswith(prefix):
             prefix = prefix[:-1]
     prefix = prefix[: prefix.rfind(".") + 1] if "." in prefix else ""
+    if prefix and all(re.match(r"\d+(\.|$)", n[len(prefix):]) for n in names):
+        prefix = prefix[: prefix[:-1].rfind(".") + 1]
     return [re.sub(r"\.weight$", "", n[len(prefix):]) or n for n in names]
 
 
