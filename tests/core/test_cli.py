@@ -118,3 +118,28 @@ class TestCliWithBrokenPlugins:
                 "    pick one: [plugins] prefer = { abs_max = \"clash-pack\" }  "
                 "(or DIFFRACT_PREFER=abs_max=clash-pack)") in run.stdout
         assert "    withheld (conflicts): frob_norm, abs_max, row_max_other" in run.stdout
+
+
+def test_the_demo_trains_on_one_thread_and_gives_the_threads_back(tmp_path, monkeypatch):
+    """Its small products on one torch thread (on two, a loaded machine made 600 steps
+    take 35 s instead of 3), the caller's thread count restored after, even on error."""
+    torch = pytest.importorskip("torch")
+    from diffract_report import demo
+
+    seen = []
+    monkeypatch.setattr(demo, "STEPS", 120)
+    real = demo._train
+    monkeypatch.setattr(demo, "_train", lambda *a: seen.append(torch.get_num_threads())
+                        or real(*a))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        saved = demo.train_run(tmp_path / "run")
+        assert seen == [1] and torch.get_num_threads() == 2
+        assert [p.name for p, _ in saved] == ["step-0100.pt"]
+        monkeypatch.setattr(demo, "_train", lambda *a: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            demo.train_run(tmp_path / "again")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

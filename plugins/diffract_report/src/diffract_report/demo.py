@@ -47,6 +47,18 @@ def train_run(folder: Path, seed: int = 0, width: int = 256) -> list[tuple[Path,
 
     import torch
 
+    threads = torch.get_num_threads()
+    # One thread: these small products gain nothing from two, and on a loaded machine
+    # torch's threads wait on each other (600 steps: 2.9 s on one, 35 s on two at load 3)
+    torch.set_num_threads(1)
+    try:
+        return _train(torch, OrderedDict, folder, seed, width)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(torch: Any, OrderedDict: Any, folder: Path, seed: int,
+           width: int) -> list[tuple[Path, float]]:
     torch.manual_seed(seed)
     teacher = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Tanh(),
                                   torch.nn.Linear(128, 10))
