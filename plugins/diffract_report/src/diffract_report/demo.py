@@ -1,6 +1,6 @@
 """``diffract demo``: a real (small) training run, tracked as ``diffract track`` tracks one.
 
-1. Trains an MLP (64 -> 256 -> 256 -> 256 -> 10) with Adam on labels from a random
+1. Trains an MLP (64 -> 192 -> 192 -> 192 -> 10) with Adam on labels from a random
    teacher network, for 600 steps: a linear learning-rate warm-up, then a cosine decay.
    One event is planted: for steps 375-379 the learning rate of ``fc2`` alone is 100
    times what it should be (a misconfigured parameter group). A checkpoint (torch file,
@@ -40,7 +40,7 @@ MARKER = ".diffract-demo"
 OUTPUTS = (MARKER, "run", "store", "plots", "report.html", "checkpoints")
 
 
-def train_run(folder: Path, seed: int = 0, width: int = 256) -> list[tuple[Path, float]]:
+def train_run(folder: Path, seed: int = 0, width: int = 192) -> list[tuple[Path, float]]:
     """Train the model described in the module docstring, saving a checkpoint every
     :data:`EVERY` steps from :data:`FIRST`; returns (file, training loss then)."""
     from collections import OrderedDict
