@@ -72,3 +72,7 @@ def test_a_results_view_says_what_it_holds():
             "export_metrics(...), trajectory(...), to_pandas(...) read them)")
         assert repr(s.filter(model_ids=["n"]).results).startswith(
             "ResultsAPI(models=['n'], fields=[];")
+        assert s.results._repr_html_() == (
+            "<div><b>Results</b> of 2 model(s): m, n<br>fields stored: esd, esd_scale, "
+            "stable_rank<br><code>export_metrics(...)</code>, <code>trajectory(field)</code>"
+            ", <code>to_pandas()</code> read them</div>")

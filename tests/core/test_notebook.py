@@ -25,6 +25,7 @@ APPLY = """\
 report = s.compute.apply("pl_alpha", "stable_rank")
 report"""
 SUMMARY = "report.summary()"
+RESULTS = "s.results"
 QUIET = """\
 quiet = Session()
 quiet.models.add({"w": rng.standard_normal((50, 40))}, model_id="q")
@@ -35,7 +36,8 @@ print("quiet done")"""
 @pytest.fixture(scope="module")
 def executed():
     book = nbformat.v4.new_notebook()
-    book.cells = [nbformat.v4.new_code_cell(c) for c in (SETUP, APPLY, SUMMARY, QUIET)]
+    book.cells = [nbformat.v4.new_code_cell(c) for c in (SETUP, APPLY, SUMMARY, QUIET,
+                                                         RESULTS)]
     nbclient.NotebookClient(book, timeout=600, kernel_name="python3").execute()
     return book.cells
 
@@ -65,6 +67,13 @@ def test_a_cell_ending_with_the_report_shows_its_html_view(executed):
     assert lines[0].startswith("computed: ") and len(lines) >= 3, lines
     assert not summary.data["text/plain"].startswith("'") and "\\n" not in summary.data[
         "text/plain"]
+
+
+def test_a_cell_ending_with_the_results_shows_what_they_hold(executed):
+    (result,) = _outputs(executed[4], "execute_result")
+    assert result.data["text/html"].startswith("<div><b>Results</b> of 1 model(s): m<br>"
+                                               "fields stored: esd, esd_scale, pl_alpha")
+    assert result.data["text/plain"].startswith("ResultsAPI(models=['m'], fields=['esd'")
 
 
 def test_progress_false_shows_nothing(executed):

@@ -75,11 +75,23 @@ class ResultsAPI(ScopedAPI):
     """``session.results``: export metrics and aggregates, erase fields, read notes,
     bring in values computed elsewhere."""
 
-    def __repr__(self) -> str:  # what a cell ending with session.results shows
+    def _stored(self) -> tuple[list[str], list[str]]:
         ids, store = self._scope_ids(), self._session.store
-        stored = sorted(set().union(*(store.fields(m) for m in ids), set()))
+        return ids, sorted(set().union(*(store.fields(m) for m in ids), set()))
+
+    def __repr__(self) -> str:  # what a cell ending with session.results shows
+        ids, stored = self._stored()
         return (f"ResultsAPI(models={ids}, fields={stored}; export_metrics(...), "
                 "trajectory(...), to_pandas(...) read them)")
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        ids, stored = self._stored()
+        return (f"<div><b>Results</b> of {len(ids)} model(s): {escape(', '.join(ids))}<br>"
+                f"fields stored: {escape(', '.join(stored)) or 'none yet'}<br><code>"
+                "export_metrics(...)</code>, <code>trajectory(field)</code>, <code>to_pandas"
+                "()</code> read them</div>")
 
     def _check_format(self, export_format: str) -> None:
         if export_format not in _BUILTIN and export_format not in _FORMATTERS:
