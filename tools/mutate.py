@@ -55,6 +55,11 @@ class Mutant:
 
 
 MUTANTS = [
+    Mutant("views-experts-turned-by-default", "plugins/diffract_views/src/diffract_views/rules.py",
+           'return "in_out" if config.get("model_type") in _IN_OUT_EXPERTS else "out_in"',
+           'return "out_in" if config.get("model_type") in _IN_OUT_EXPERTS else "in_out"',
+           ("tests/views/test_rules.py",),
+           "experts without expert_layout read [E, in, out] as if they were [E, out, in]"),
     # -- FARMS as its paper's code places the windows (issue 36) ---------------------------
     Mutant("farms-even-placement-by-default", SPECTRAL + "kernels_pruning.py",
            'placement: Literal["paper", "even"] = "paper",',

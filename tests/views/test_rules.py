@@ -171,6 +171,32 @@ class TestOtherRules:
             want = w[e] if layout == "out_in" else w[e].T
             np.testing.assert_array_equal(views[f"mlp.experts.down_proj[expert={e}]"], want)
 
+    def test_experts_default_layout_without_the_option(self, rng, tmp_path):
+        """No expert_layout: [E, out, in] (Mixtral, Qwen3-MoE in transformers 5), unless
+        the config's model type is one that stores [E, in, out] (issue 36)."""
+        from safetensors.numpy import save_file
+
+        from diffract_views.rules import _IN_OUT_EXPERTS
+
+        w = rng.standard_normal((3, 5, 8))
+        with Session() as s:
+            s.models.add({"mlp.experts.down_proj": w}, "m", views=["experts"])
+            views = _views(s)
+        assert len(views) == 3
+        for e in range(3):
+            np.testing.assert_array_equal(views[f"mlp.experts.down_proj[expert={e}]"], w[e])
+        assert _IN_OUT_EXPERTS  # and a model type that stores them turned is turned back
+        folder = tmp_path / "moe"
+        folder.mkdir()
+        save_file({"mlp.experts.down_proj": w}, str(folder / "model.safetensors"))
+        (folder / "config.json").write_text(
+            '{"model_type": "%s"}' % sorted(_IN_OUT_EXPERTS)[0])
+        with Session() as s:
+            s.models.add(folder, "m", views=["experts"])
+            views = _views(s)
+        for e in range(3):
+            np.testing.assert_array_equal(views[f"mlp.experts.down_proj[expert={e}]"], w[e].T)
+
     def test_conv_positions(self, rng):
         """[out, in, kh, kw] per position: kh * kw matrices of out x in."""
         w = rng.standard_normal((8, 3, 2, 3))
