@@ -190,7 +190,7 @@ class TestOtherRules:
         folder.mkdir()
         save_file({"mlp.experts.down_proj": w}, str(folder / "model.safetensors"))
         (folder / "config.json").write_text(
-            '{"model_type": "%s"}' % sorted(_IN_OUT_EXPERTS)[0])
+            json.dumps({"model_type": sorted(_IN_OUT_EXPERTS)[0]}))
         with Session() as s:
             s.models.add(folder, "m", views=["experts"])
             views = _views(s)
