@@ -60,6 +60,10 @@ MUTANTS = [
            'return "out_in" if config.get("model_type") in _IN_OUT_EXPERTS else "in_out"',
            ("tests/views/test_rules.py",),
            "experts without expert_layout read [E, in, out] as if they were [E, out, in]"),
+    Mutant("steps-name-over-trainer-state", "diffract_core/src/diffract/core/steps.py",
+           "        record.update(_from_path(path))\n        record.update(_trainer_state(path))",
+           "        record.update(_trainer_state(path))\n        record.update(_from_path(path))",
+           ("tests/core/test_steps.py",), "a folder's name overrides its trainer_state.json"),
     # -- FARMS as its paper's code places the windows (issue 36) ---------------------------
     Mutant("farms-even-placement-by-default", SPECTRAL + "kernels_pruning.py",
            'placement: Literal["paper", "even"] = "paper",',

@@ -4,6 +4,8 @@ caller, stored in both profiles, exported, and used for ordering instead of the 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -53,6 +55,26 @@ class TestModels:
             assert steps["c"] == {"step": 700, "epoch": 1.5, "tokens": 123}
             assert steps["d"] == {"step": 50, "label": "warm-up"} and steps["e"] == {}
             assert s.models.ordered() == ["d", "b", "c", "a", "e"]
+
+    def test_trainer_state_wins_over_a_name_that_says_another_step(self, tmp_path):
+        """checkpoint-500/ whose trainer_state.json says global_step 1000 (a folder copied
+        or renamed): the trainer's own record wins, in Python and in `diffract track`;
+        --step-from (step_from=) takes the name's instead (issue 36, steps)."""
+        folder = tmp_path / "run" / "checkpoint-500"
+        folder.mkdir(parents=True)
+        np.savez(folder / "model.npz", **self._model())
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": 1000}))
+        with Session() as s:
+            s.models.add(folder / "model.npz", "state")
+            s.models.add(folder / "model.npz", "name", step_from=r"checkpoint-(\d+)")
+            assert s.models.steps() == {"state": {"step": 1000}, "name": {"step": 500}}
+        run = subprocess.run([sys.executable, "-m", "diffract.cli", "track", str(folder),
+                              "--store", str(tmp_path / "store"), "--metrics", "frob_norm",
+                              "--against", "none", "--quiet"],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        with Session(profile="local", path=tmp_path / "store") as s:
+            assert list(s.models.steps().values()) == [{"step": 1000}]
 
     def test_step_from_and_its_errors(self, tmp_path):
         np.savez(tmp_path / "run7.npz", **self._model())
