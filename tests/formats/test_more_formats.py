@@ -105,6 +105,39 @@ class TestOnnx:
         assert meta["matmul_a"] == "as stored: MatMul input A"
         assert meta["emb"] == "as stored: Gather input A"
 
+    def test_defaults_bf16_and_shared_initializers(self, tmp_path):
+        """A Gemm with no transB attribute (its default, 0: B is [in, out]) is turned; a
+        bf16 initializer as MatMul B is turned in the listing and in the values read; an
+        initializer read by a Gather and a MatMul keeps its stored orientation (the
+        Gather says nothing, and only uses that all say [in, out] turn it) (issue 36)."""
+        g = RNG.standard_normal((8, 16)).astype(np.float32)           # [in, out]
+        bf = RNG.standard_normal((6, 4)).astype(np.float32)
+        bf = (bf.view(np.uint32) >> 16 << 16).view(np.float32)       # exactly bf16
+        shared = RNG.standard_normal((16, 16)).astype(np.float32)
+        inits = [numpy_helper.from_array(g, "g_default"),
+                 helper.make_tensor("bf_b", TensorProto.BFLOAT16, [6, 4], bf.ravel().tolist()),
+                 numpy_helper.from_array(shared, "shared")]
+        nodes = [helper.make_node("Gemm", ["x", "g_default"], ["h"]),  # no transB at all
+                 helper.make_node("MatMul", ["y", "bf_b"], ["z"]),
+                 helper.make_node("Gather", ["shared", "ids"], ["e"]),
+                 helper.make_node("MatMul", ["h", "shared"], ["o"])]
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+            "x", TensorProto.FLOAT, [1, 8])], [helper.make_tensor_value_info(
+                "o", TensorProto.FLOAT, [1, 16])], initializer=inits)
+        path = tmp_path / "defaults.onnx"
+        onnx.save(helper.make_model(graph), str(path))
+        infos, arrays = _values(path)
+        assert infos["g_default"].shape == (16, 8)
+        np.testing.assert_array_equal(arrays["g_default"], g.T)
+        assert infos["g_default"].meta_dict["orientation"] == (
+            "turned around: Gemm input B stores it [in, out]")
+        assert infos["bf_b"].shape == (4, 6) and infos["bf_b"].dtype == "bfloat16"
+        np.testing.assert_array_equal(arrays["bf_b"], bf.T)
+        assert infos["shared"].shape == (16, 16)
+        np.testing.assert_array_equal(arrays["shared"], shared)
+        assert infos["shared"].meta_dict["orientation"] == (
+            "as stored: Gather input A, MatMul input B")
+
     def test_the_local_profile_reopens_it_and_refuses_a_changed_external_file(self, tmp_path):
         path, w = _onnx_model(tmp_path, external=True)
         store = tmp_path / "store"
