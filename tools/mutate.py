@@ -73,6 +73,10 @@ MUTANTS = [
            'return not attributes.get("transB", 0)', 'return not attributes.get("transB", 1)',
            ("tests/formats/test_more_formats.py",),
            "a Gemm without transB is read as transB=1 (its default is 0)"),
+    Mutant("gguf-no-kv-head-count", "plugins/diffract_formats/src/diffract_formats/gguf_reader.py",
+           '"attention.head_count_kv": "num_key_value_heads",', '',
+           ("tests/formats/test_more_formats.py",),
+           "GGUF's head_count_kv not read: k and v split into the query head count"),
     # -- FARMS as its paper's code places the windows (issue 36) ---------------------------
     Mutant("farms-even-placement-by-default", SPECTRAL + "kernels_pruning.py",
            'placement: Literal["paper", "even"] = "paper",',

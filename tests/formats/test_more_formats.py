@@ -368,6 +368,34 @@ class TestGGUF:
             assert set(frame["meta.quant"]) >= {"Q4_K", "Q8_0", "F16"}
             assert "blk.0.attn_q.weight[head=3]" in {p.name for p in s.models.params("m")}
 
+    def test_grouped_query_attention_heads(self, tmp_path):
+        """head_count 4 and head_count_kv 2 (grouped-query attention): q splits into 4
+        heads of 64 rows, k and v into their own 2 (issue 36, GGUF)."""
+        q = RNG.standard_normal((256, 256)).astype(np.float32)
+        k = RNG.standard_normal((128, 256)).astype(np.float32)
+        v = RNG.standard_normal((128, 256)).astype(np.float32)
+        writer = gguf.GGUFWriter(str(tmp_path / "gqa.gguf"), "llama")
+        writer.add_head_count(4)
+        writer.add_head_count_kv(2)
+        writer.add_embedding_length(256)
+        for name, w in (("attn_q", q), ("attn_k", k), ("attn_v", v)):
+            writer.add_tensor(f"blk.0.{name}.weight", w)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        with Session() as s:
+            s.models.add(tmp_path / "gqa.gguf", "m", views=["heads"])
+            names = {p.name for p in s.models.params("m")}
+            s.compute.apply("frob_norm")
+            norms = s.results.export_metrics("frob_norm")["m"]
+        for name, w, heads in (("attn_q", q, 4), ("attn_k", k, 2), ("attn_v", v, 2)):
+            views = sorted(n for n in names if n.startswith(f"blk.0.{name}.weight["))
+            assert views == [f"blk.0.{name}.weight[head={h}]" for h in range(heads)]
+            for h in range(heads):
+                assert norms[f"blk.0.{name}.weight[head={h}]"]["frob_norm"] == pytest.approx(
+                    np.linalg.norm(w[64 * h:64 * (h + 1)].astype(np.float64)), rel=1e-12)
+
     def test_truncated_changed_and_a_missing_library(self, tmp_path, monkeypatch):
         _gguf_file(tmp_path / "m.gguf")
         for keep in (0.001, 0.3, 0.9):
