@@ -77,6 +77,11 @@ MUTANTS = [
            '"attention.head_count_kv": "num_key_value_heads",', '',
            ("tests/formats/test_more_formats.py",),
            "GGUF's head_count_kv not read: k and v split into the query head count"),
+    Mutant("store-full-sync-skips-the-rename", "plugins/diffract_storage_local/src/diffract_storage_local/_directory.py",
+           '            if self.sync == "full" and hasattr(os, "O_DIRECTORY"):  # the rename, too',
+           '            if False:  # the rename, too',
+           ("tests/storage/test_local.py",),
+           "sync='full' leaves an array file's rename unsynced: power loss loses its name"),
     # -- FARMS as its paper's code places the windows (issue 36) ---------------------------
     Mutant("farms-even-placement-by-default", SPECTRAL + "kernels_pruning.py",
            'placement: Literal["paper", "even"] = "paper",',

@@ -612,3 +612,40 @@ def test_a_meta_tensor_fails_only_its_parameter_in_both_profiles(tmp_path):
         assert [u.unit for u in report.skipped] == ["m/ghost.weight"]
         assert "had no data when it was added" in report.skipped[0].reason
         assert s.results.export_metrics("frob_norm") == values
+
+
+@pytest.mark.parametrize("sync", ["normal", "full"])
+def test_sync_full_fsyncs_every_array_file_and_its_folder(tmp_path, monkeypatch, sync):
+    """sync="full" survives a power loss only if each array file, and the rename that
+    names it, reach the disk before the row that points at them commits: every file
+    written is fsynced, then its folder (issue 36, store); "normal" fsyncs no array file."""
+    import os
+    import stat
+
+    if not os.path.exists("/proc/self/fd"):
+        pytest.skip("names the fsynced files through /proc/self/fd (Linux)")
+    synced = []
+    real = os.fsync
+
+    def recording(fd):
+        mode = os.fstat(fd).st_mode
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        synced.append(("dir" if stat.S_ISDIR(mode) else "file", target))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    rng = np.random.default_rng(0)
+    with Session(profile="local", path=tmp_path / "store", sync=sync) as s:
+        s.models.add({f"w{i}": rng.standard_normal((120, 100)) for i in range(3)}, "m")
+        s.compute.apply("esd", "weights_svals")
+    files = sorted(str(p) for p in (tmp_path / "store" / "arrays").rglob("*.np[yz]"))
+    assert len(files) >= 3  # the SVDs' vectors (96 and 80 KB each) go to files
+    arrays = {t for kind, t in synced if kind == "file" and "/arrays/" in t}
+    folders = {t for kind, t in synced if kind == "dir"}
+    if sync == "normal":
+        assert arrays == set() and folders == set()
+        return
+    # each file was fsynced under its temporary name, then its folder after the rename
+    assert len(arrays) == len(files)
+    assert all(os.path.basename(t).startswith(".") and t.endswith(".tmp") for t in arrays)
+    assert folders == {str(os.path.dirname(f)) for f in files}

@@ -375,6 +375,12 @@ class StoreDirectory:
                     os.fsync(fh.fileno())
             rel = Path("arrays") / name[:2] / f"{name}-{crc:08x}{suffix}"
             os.replace(tmp, self.root / rel)
+            if self.sync == "full" and hasattr(os, "O_DIRECTORY"):  # the rename, too
+                folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(folder_fd)
+                finally:
+                    os.close(folder_fd)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()

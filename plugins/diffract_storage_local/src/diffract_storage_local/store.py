@@ -18,7 +18,8 @@ commit replaced or erased are deleted after the transaction.
 
 Durability. ``sync="normal"`` (default) survives a killed process at any point: the OS
 keeps what was written. ``sync="full"`` also survives a power failure (SQLite
-``synchronous=FULL`` and an fsync of every array file before its row commits), at the
+``synchronous=FULL`` and an fsync of every array file, and of its folder after the
+rename that names it, before its row commits), at the
 cost of waiting for the disk on every chunk.
 
 Concurrency. Any number of processes may read while one writes (WAL). Writers take
