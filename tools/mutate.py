@@ -82,6 +82,10 @@ MUTANTS = [
            '            if False:  # the rename, too',
            ("tests/storage/test_local.py",),
            "sync='full' leaves an array file's rename unsynced: power loss loses its name"),
+    Mutant("one-blas-thread-not-pinned", SPECTRAL + "linalg.py",
+           "        bundled.set_threads(1)\n", "        bundled.set_threads(before)\n",
+           ("tests/spectral/test_same_bits.py",),
+           "the decompositions run on every BLAS thread: float32 bits depend on the path"),
     # -- FARMS as its paper's code places the windows (issue 36) ---------------------------
     Mutant("farms-even-placement-by-default", SPECTRAL + "kernels_pruning.py",
            'placement: Literal["paper", "even"] = "paper",',
