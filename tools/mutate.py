@@ -86,6 +86,11 @@ MUTANTS = [
            "        bundled.set_threads(1)\n", "        bundled.set_threads(before)\n",
            ("tests/spectral/test_same_bits.py",),
            "the decompositions run on every BLAS thread: float32 bits depend on the path"),
+    Mutant("compare-counts-the-last-pair", "plugins/diffract_report/src/diffract_report/compare.py",
+           "                reports += by_pair.values()",
+           "                reports += list(by_pair.values())[-1:]",
+           ("tests/core/test_cli_analyze.py",),
+           "compare counts only the last pair's failures: a failing first pair exits 0"),
     # -- FARMS as its paper's code places the windows (issue 36) ---------------------------
     Mutant("farms-even-placement-by-default", SPECTRAL + "kernels_pruning.py",
            'placement: Literal["paper", "even"] = "paper",',

@@ -733,3 +733,44 @@ def test_a_layer_without_a_warning_has_an_empty_warning_cell(tmp_path, capsys):
         s.compute.apply("warning", errors="record")
         word = s.results.export_metrics("warning")["m"]["big"]["warning"]
     assert rows["big"][3:] == ([word] if word else [])  # a word only where one applies
+
+
+@pytest.mark.parametrize("failing", ["first", "last"])
+def test_compare_reports_a_failure_in_any_pair(tmp_path, failing):
+    """Three checkpoints, a pairwise kernel failing in the first pair only or in the last
+    only: exit 1 and the failed unit named either way (counting only the last apply's
+    report would miss the first pair) (issue 36, CLI)."""
+    site = tmp_path / "site"
+    (site / "probe_pack").mkdir(parents=True)
+    (site / "probe_pack" / "__init__.py").write_text(
+        "from diffract import KernelApplyLevel\nfrom diffract.plugins import KernelSpec, hookimpl\n\n\n"
+        "def pair_probe(weights_svals):\n"
+        "    a, b = weights_svals\n"
+        f"    big = {'b' if failing == 'first' else 'a'}[0] > 50\n"
+        "    if big:\n"
+        "        raise ValueError('the probe refuses this pair')\n"
+        "    return float(a[0] - b[0])\n\n\n"
+        "@hookimpl\ndef diffract_kernels():\n"
+        "    yield KernelSpec.from_function(pair_probe,\n"
+        "                                   apply_level=KernelApplyLevel.CROSS_MODEL)\n")
+    (site / "probe_pack-1.0.0.dist-info").mkdir()
+    (site / "probe_pack-1.0.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: probe-pack\nVersion: 1.0.0\n")
+    (site / "probe_pack-1.0.0.dist-info" / "entry_points.txt").write_text(
+        "[diffract]\nprobe-pack = probe_pack\n")
+    base = _save(tmp_path / "step0.safetensors", 0, shapes=((40, 30),), bias=False)
+    loud = {k: 100 * v for k, v in base.items()}  # the middle checkpoint: top sval > 50
+    safetensors_torch.save_file(loud, str(tmp_path / "step1.safetensors"))
+    safetensors_torch.save_file(base, str(tmp_path / "step2.safetensors"))
+    env = {"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    run = _cli("compare", "step0.safetensors", "step1.safetensors", "step2.safetensors",
+               "--metrics", "pair_probe", "--executor", "sequential", "--format", "json",
+               cwd=tmp_path, env=env)
+    assert run.returncode == 1, run.stderr
+    pair = "step0,step1" if failing == "first" else "step1,step2"
+    other = "step1,step2" if failing == "first" else "step0,step1"
+    assert f"pair_probe on [{pair}]/layers.0.weight: ValueError: the probe refuses this " \
+        "pair" in run.stderr, run.stderr
+    assert f"[{other}]" not in run.stderr
+    rows = json.loads(run.stdout)
+    assert [r["models"] for r in rows] == [other]  # the other pair's value is printed
