@@ -91,6 +91,10 @@ MUTANTS = [
            "                reports += list(by_pair.values())[-1:]",
            ("tests/core/test_cli_analyze.py",),
            "compare counts only the last pair's failures: a failing first pair exits 0"),
+    Mutant("mp-fitted-no-tw-allowance", SPECTRAL + "kernels.py",
+           "int(np.sum(scaled > edge + allowance)))", "int(np.sum(scaled > edge)))",
+           ("tests/spectral/test_diagnostics.py",),
+           "bulk='fitted' counts spikes from the edge, without WeightWatcher's TW allowance"),
     # -- FARMS as its paper's code places the windows (issue 36) ---------------------------
     Mutant("farms-even-placement-by-default", SPECTRAL + "kernels_pruning.py",
            'placement: Literal["paper", "even"] = "paper",',

@@ -557,3 +557,32 @@ class TestBatchedBootstrap:
         monkeypatch.setattr(fitting, "DENSE_MAX_POINTS", 0)  # one by one, pruned search
         single = power_law_pvalue(x, fit=fit, n_replicates=40, seed=3, **kwargs)
         assert batched == single and batched.replicates == 40
+
+
+def test_fitted_bulk_spikes_count_beyond_the_tracy_widom_allowance():
+    """WeightWatcher's mp_fit counting, fast (issue 36): with bulk="fitted", eigenvalues
+    just past the fitted edge but within the Tracy-Widom allowance
+    sqrt(Q^(-1/2) edge^(2/3) k^(-2/3)) are not spikes; those beyond it are."""
+    from diffract_kernels_spectral.kernels import marchenko_pastur
+
+    rng = np.random.default_rng(4)
+    n, m = 200, 800
+    w = rng.standard_normal((n, m)) / np.sqrt(m)
+    base = np.sort(np.linalg.eigvalsh(w @ w.T))
+    edge0, _, _ = marchenko_pastur(base, (n, m), bulk="fitted")
+    mean0 = base.mean()
+    k, q = n, m / n
+    scaled_edge = edge0 / mean0
+    allowance = np.sqrt(scaled_edge ** (2 / 3) * k ** (-2 / 3) / np.sqrt(q))
+    # four just past the edge (inside the allowance), three far beyond it
+    extra = mean0 * np.r_[scaled_edge + allowance * np.array([0.2, 0.4, 0.6, 0.8]),
+                          scaled_edge + allowance * np.array([3.0, 4.0, 5.0])]
+    esd = np.sort(np.r_[base[: n - extra.size], extra])
+    edge, softrank, spikes = marchenko_pastur(esd, (n, m), bulk="fitted")
+    mean = esd.mean()
+    e = edge / mean
+    tw = np.sqrt(e ** (2 / 3) * k ** (-2 / 3) / np.sqrt(q))
+    assert spikes == int(np.sum(esd / mean > e + tw))
+    assert int(np.sum(esd / mean > e)) >= spikes + 3  # the allowance changes the count
+    assert 3 <= spikes <= 4
+    assert softrank == pytest.approx(e / (esd.max() / mean), rel=1e-12)
