@@ -95,6 +95,10 @@ MUTANTS = [
            "int(np.sum(scaled > edge + allowance)))", "int(np.sum(scaled > edge)))",
            ("tests/spectral/test_diagnostics.py",),
            "bulk='fitted' counts spikes from the edge, without WeightWatcher's TW allowance"),
+    Mutant("matrix-rank-min-side", SPECTRAL + "kernels_ww.py",
+           "s[0] * max(_dims(shape)) * np.finfo", "s[0] * min(_dims(shape)) * np.finfo",
+           ("tests/spectral/test_diagnostics.py",),
+           "matrix_rank's tolerance by the shorter side: tiny directions counted"),
     # -- FARMS as its paper's code places the windows (issue 36) ---------------------------
     Mutant("farms-even-placement-by-default", SPECTRAL + "kernels_pruning.py",
            'placement: Literal["paper", "even"] = "paper",',

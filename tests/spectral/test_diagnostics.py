@@ -586,3 +586,36 @@ def test_fitted_bulk_spikes_count_beyond_the_tracy_widom_allowance():
     assert int(np.sum(esd / mean > e)) >= spikes + 3  # the allowance changes the count
     assert 3 <= spikes <= 4
     assert softrank == pytest.approx(e / (esd.max() / mean), rel=1e-12)
+
+
+def test_matrix_rank_follows_numpys_rule_on_tall_and_wide_near_singular_matrices():
+    """numpy.linalg.matrix_rank's default tolerance is sigma_max * max(N, M) * eps: on
+    random tall and wide matrices with singular values placed between the min(N, M) and
+    the max(N, M) versions of that rule (where a wrong side would count them), ours
+    equals numpy's every time (issue 36, rank diagnostics)."""
+    from diffract import Session
+
+    rng = np.random.default_rng(9)
+    eps = np.finfo(np.float64).eps
+    model, want = {}, {}
+    for case in range(24):
+        k = int(rng.integers(8, 30))
+        big = int(k * rng.integers(4, 12))
+        n, m = (big, k) if case % 2 else (k, big)
+        s = np.sort(rng.uniform(0.5, 2.0, k))[::-1]
+        low, high = s[0] * k * eps, s[0] * big * eps
+        tiny = int(rng.integers(1, k // 2))  # between the two rules: kept by min, not max
+        s[-tiny:] = rng.uniform(2 * low, 0.5 * high, tiny)
+        u, _ = np.linalg.qr(rng.standard_normal((n, k)))
+        v, _ = np.linalg.qr(rng.standard_normal((m, k)))
+        w = (u * s) @ v.T
+        model[f"w{case}"] = w
+        want[f"w{case}"] = int(np.linalg.matrix_rank(w))
+        assert want[f"w{case}"] == k - tiny  # numpy drops them: the case is the one meant
+    with Session() as sess:
+        sess.models.add(model, "m")
+        sess.compute.apply("matrix_rank", "rank_loss")
+        rows = sess.results.export_metrics("matrix_rank", "rank_loss")["m"]
+    for name, rank in want.items():
+        assert rows[name]["matrix_rank"] == rank, name
+        assert rows[name]["rank_loss"] == min(model[name].shape) - rank
