@@ -99,6 +99,13 @@ MUTANTS = [
            "s[0] * max(_dims(shape)) * np.finfo", "s[0] * min(_dims(shape)) * np.finfo",
            ("tests/spectral/test_diagnostics.py",),
            "matrix_rank's tolerance by the shorter side: tiny directions counted"),
+    Mutant("filter-re-anchored", "diffract_core/src/diffract/core/scope.py",
+           "return lambda name: rx.search(name) is not None",
+           "return lambda name: rx.match(name) is not None",
+           ("tests/core/test_models.py",), "re: filters anchored at the start, not searched"),
+    Mutant("filter-label-is-a-class", "diffract_core/src/diffract/core/scope.py",
+           'lambda m: f"[[]{m.group(1)}[]]", pattern)', 'lambda m: m.group(0), pattern)',
+           ("tests/core/test_models.py",), "a view's label in a glob read as a class"),
     # -- FARMS as its paper's code places the windows (issue 36) ---------------------------
     Mutant("farms-even-placement-by-default", SPECTRAL + "kernels_pruning.py",
            'placement: Literal["paper", "even"] = "paper",',

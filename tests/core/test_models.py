@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from diffract import Session
 from diffract.errors import ModelSourceError
 
 
@@ -129,3 +130,54 @@ class TestTensorField:
         assert isinstance(weights, np.ndarray) and weights.dtype == np.float32
         array, _ = seen[(16, 8)]
         assert isinstance(array, np.ndarray)
+
+
+def test_every_filter_form_on_names_where_the_forms_disagree():
+    """Exact, glob (whole name), re: (searched anywhere) and a view's label, on names
+    built so the forms give different answers (h.1 against h.10 and xh.1, dots that a
+    regex reads as any character, a label's brackets that a glob reads as a class);
+    random patterns and groups, against a reference written out here; a filtered view
+    of a view keeps what both keep (issue 36, filters)."""
+    import re
+
+    rng = np.random.default_rng(12)
+    names = [f"{pre}h.{i}.{leaf}.weight" for pre in ("", "x") for i in (1, 10, 2)
+             for leaf in ("attn", "mlp")] + ["h.1.attn.weight[head=1]",
+                                             "h.1.attn.weight[head=2]", "hX1.attn.weight"]
+    patterns = ["h.1.attn.weight", "h.1.*", "*h.1.*", "h.1?.*", "h.[12].*", "*[head=1]",
+                "*[head=*]", "h.1.attn.weight[head=2]", "re:h.1", r"re:^h\.1\.",
+                r"re:\[head=\d\]$", "re:mlp", "re:^x", "*.mlp.weight", "h.?.attn.weight"]
+
+    def reference(pattern: str, name: str) -> bool:
+        if pattern.startswith("re:"):
+            return re.search(pattern[3:], name) is not None
+        if any(c in pattern for c in "*?["):  # a glob, translated by hand: a bracketed
+            def wild(text: str) -> str:        # group with "=" is a label (brackets
+                return "".join(".*" if c == "*" else "." if c == "?" else re.escape(c)
+                               for c in text)  # literal, wildcards inside still wild)
+            out, i = "", 0
+            while i < len(pattern):
+                if pattern[i] == "[":
+                    j = pattern.index("]", i)
+                    group = pattern[i + 1:j]
+                    out += r"\[" + wild(group) + r"\]" if "=" in group else f"[{group}]"
+                    i = j + 1
+                else:
+                    out += wild(pattern[i])
+                    i += 1
+            return name == pattern or re.fullmatch(out, name, re.S) is not None
+        return name == pattern
+
+    with Session() as s:
+        s.models.add({n: np.ones((2, 2)) for n in names}, "m")
+        for pattern in patterns:
+            view = s.filter(param_names=pattern)
+            got = {p.name for p in view.scope.params(s.store, "m")}
+            assert got == {n for n in names if reference(pattern, n)}, pattern
+        for _ in range(30):  # groups: any of a group; a view of a view: both
+            first = list(rng.choice(patterns, size=int(rng.integers(1, 4)), replace=False))
+            second = list(rng.choice(patterns, size=int(rng.integers(1, 3)), replace=False))
+            view = s.filter(param_names=first).filter(param_names=second)
+            got = {p.name for p in view.scope.params(s.store, "m")}
+            assert got == {n for n in names if any(reference(p, n) for p in first)
+                           and any(reference(p, n) for p in second)}, (first, second)
