@@ -106,6 +106,10 @@ MUTANTS = [
     Mutant("filter-label-is-a-class", "diffract_core/src/diffract/core/scope.py",
            'lambda m: f"[[]{m.group(1)}[]]", pattern)', 'lambda m: m.group(0), pattern)',
            ("tests/core/test_models.py",), "a view's label in a glob read as a class"),
+    Mutant("merge-theirs-skips-aggregates", "diffract_core/src/diffract/merge.py",
+           "            aggregates.update(plan.conflicting_aggregates)\n", "",
+           ("tests/core/test_parity.py",),
+           "on_conflict='theirs' takes their per-parameter values but keeps our aggregates"),
     # -- FARMS as its paper's code places the windows (issue 36) ---------------------------
     Mutant("farms-even-placement-by-default", SPECTRAL + "kernels_pruning.py",
            'placement: Literal["paper", "even"] = "paper",',

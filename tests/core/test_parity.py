@@ -247,3 +247,59 @@ class TestIngestAndMerge:
             third.models.add({"w": np.ones((5, 5))}, model_id="m")
             with pytest.raises(MergeConflictError, match=r"model 'm': its parameters differ"):
                 mine.merge(third)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_merge_policy_on_fields_and_aggregates(seed):
+    """Random sessions holding per-parameter values and aggregates, some only on one
+    side, some equal on both, some different: "raise" refuses any difference and changes
+    nothing, "keep" keeps ours where they differ, "theirs" takes theirs; everything
+    only one side has arrives either way (issue 36, merge)."""
+    from diffract.errors import MergeConflictError
+
+    rng = np.random.default_rng(seed)
+    params = [f"p{i}" for i in range(6)]
+    arrays = {p: np.ones((2, 2)) for p in params}
+
+    def side(values: dict, aggregates: dict) -> Session:
+        s = Session()
+        s.models.add(arrays, model_id="m")
+        s.results.ingest_metrics({"m": {p: {"score": v} for p, v in values.items()}})
+        s.results.ingest_aggregates({f"total@models[m]@params[{p}]": v
+                                     for p, v in aggregates.items()})
+        return s
+
+    def draw() -> tuple[dict, dict, bool]:
+        ours, theirs, differ = {}, {}, False
+        for p in params:
+            kind = rng.choice(["ours", "theirs", "same", "different", "none"])
+            if kind in ("ours", "same", "different"):
+                ours[p] = float(rng.normal())
+            if kind == "theirs":
+                theirs[p] = float(rng.normal())
+            if kind == "same":
+                theirs[p] = ours[p]
+            if kind == "different":
+                theirs[p] = ours[p] + 1.0
+                differ = True
+        return ours, theirs, differ
+
+    (mv, tv, dv), (ma, ta, da) = draw(), draw()
+    for policy in ("raise", "keep", "theirs"):
+        mine, other = side(mv, ma), side(tv, ta)
+        with mine, other:
+            before = (mine.results.export_metrics("score"), mine.results.export_aggregates())
+            if policy == "raise" and (dv or da):
+                with pytest.raises(MergeConflictError):
+                    mine.merge(other)
+                assert (mine.results.export_metrics("score"),
+                        mine.results.export_aggregates()) == before  # nothing changed
+                continue
+            mine.merge(other, on_conflict=policy)
+            win = (lambda o, t: {**o, **t}) if policy == "theirs" else (
+                lambda o, t: {**t, **o})
+            got = mine.results.export_metrics("score").get("m", {})
+            assert {p: row["score"] for p, row in got.items()} == win(mv, tv), policy
+            got_aggregates = {name.split("[")[-1].rstrip("]"): v
+                              for name, v in mine.results.export_aggregates().items()}
+            assert got_aggregates == win(ma, ta), policy
