@@ -110,6 +110,11 @@ MUTANTS = [
            "            aggregates.update(plan.conflicting_aggregates)\n", "",
            ("tests/core/test_parity.py",),
            "on_conflict='theirs' takes their per-parameter values but keeps our aggregates"),
+    Mutant("store-tuple-unchecked", "plugins/diffract_storage_local/src/diffract_storage_local/_codec.py",
+           "with np.load(io.BytesIO(_verified(path).tobytes()), allow_pickle=False) as archive:",
+           "with np.load(path, allow_pickle=False) as archive:",
+           ("tests/storage/test_local.py",),
+           "a stored tuple's .npz read without its checksum: zipfile's error or wrong values"),
     # -- FARMS as its paper's code places the windows (issue 36) ---------------------------
     Mutant("farms-even-placement-by-default", SPECTRAL + "kernels_pruning.py",
            'placement: Literal["paper", "even"] = "paper",',

@@ -649,3 +649,37 @@ def test_sync_full_fsyncs_every_array_file_and_its_folder(tmp_path, monkeypatch,
     assert len(arrays) == len(files)
     assert all(os.path.basename(t).startswith(".") and t.endswith(".tmp") for t in arrays)
     assert folders == {str(os.path.dirname(f)) for f in files}
+
+
+def test_a_flipped_bit_in_a_stored_tuple_is_a_storage_error_naming_its_file(tmp_path):
+    """A tuple-valued result large enough for a file is an .npz whose name carries its
+    CRC32: a flipped bit anywhere is a StorageError naming the file (not numpy's or
+    zipfile's own error), and erase + apply recovers it (issue 36, store)."""
+    from diffract.errors import StorageError
+
+    def pair(weights):
+        return ((np.arange(20000.0), np.ones(30000)),)
+
+    path = tmp_path / "st"
+    with Session(profile="local", path=path) as s:
+        s.models.add({"w": np.ones((4, 4))}, model_id="m")
+        s.compute.kernel()(pair)
+        s.compute.apply("pair")
+    (target,) = (path / "arrays").rglob("*.npz")
+    assert re.search(r"-[0-9a-f]{8}\.npz$", target.name)
+    original = target.read_bytes()
+    rng = np.random.default_rng(3)
+    for _ in range(12):
+        data = bytearray(original)
+        data[int(rng.integers(0, len(data)))] ^= 1 << int(rng.integers(0, 8))
+        target.write_bytes(bytes(data))
+        with Session(profile="local", path=path) as s, pytest.raises(
+                StorageError, match=re.escape(target.name) + ".*fails its checksum"):
+            s.compute.kernel()(pair)
+            s.results.export_metrics("pair", include_arrays=True)
+    with Session(profile="local", path=path) as s:
+        s.compute.kernel()(pair)
+        s.results.erase("pair")
+        s.compute.apply("pair")
+        (value,) = s.results.export_metrics("pair", include_arrays=True)["m"]["w"].values()
+        np.testing.assert_array_equal(value[0], np.arange(20000.0))
