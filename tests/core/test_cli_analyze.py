@@ -618,23 +618,28 @@ class TestSignals:
         assert "Traceback" not in err and "interrupted" in err
 
 
+def _plugin_site(tmp_path: Path, module: str, dist: str, source: str) -> dict[str, str]:
+    """A site folder holding plugin ``module`` (``source``), installed as ``dist`` 1.0.0
+    with a ``diffract`` entry point; returns the env that puts it on the path."""
+    site = tmp_path / "site"
+    (site / module).mkdir(parents=True)
+    (site / module / "__init__.py").write_text(source)
+    info = site / f"{module}-1.0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0.0\n")
+    (info / "entry_points.txt").write_text(f"[diffract]\n{dist} = {module}\n")
+    return {"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
 def test_a_conflict_on_a_spectral_field_is_named_not_called_missing(tmp_path, model_file):
     """A plugin that also produces ``stable_rank`` withholds the spectral pack's field;
     analyze said the spectral pack "is not installed" (and to pip install it). It names
     the conflict, both providers and how to pick one (exit 2)."""
-    site = tmp_path / "site"
-    (site / "rival_pack").mkdir(parents=True)
-    (site / "rival_pack" / "__init__.py").write_text(
+    env = _plugin_site(tmp_path, "rival_pack", "rival-pack", (
         "from diffract.plugins import KernelSpec, hookimpl\n\n\n"
         "def rival_rank(weights):\n    return 1.0\n\n\n"
         "@hookimpl\ndef diffract_kernels():\n"
-        "    yield KernelSpec.from_function(rival_rank, produce_fields=('stable_rank',))\n")
-    (site / "rival_pack-1.0.0.dist-info").mkdir()
-    (site / "rival_pack-1.0.0.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: rival-pack\nVersion: 1.0.0\n")
-    (site / "rival_pack-1.0.0.dist-info" / "entry_points.txt").write_text(
-        "[diffract]\nrival-pack = rival_pack\n")
-    env = {"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        "    yield KernelSpec.from_function(rival_rank, produce_fields=('stable_rank',))\n"))
     run = _cli("analyze", str(model_file), "--metrics", "stable_rank", cwd=tmp_path, env=env)
     assert run.returncode == 2, run.stderr
     error = run.stderr.strip().splitlines()[-1]
@@ -740,29 +745,22 @@ def test_compare_reports_a_failure_in_any_pair(tmp_path, failing):
     """Three checkpoints, a pairwise kernel failing in the first pair only or in the last
     only: exit 1 and the failed unit named either way (counting only the last apply's
     report would miss the first pair) (issue 36, CLI)."""
-    site = tmp_path / "site"
-    (site / "probe_pack").mkdir(parents=True)
-    (site / "probe_pack" / "__init__.py").write_text(
-        "from diffract import KernelApplyLevel\nfrom diffract.plugins import KernelSpec, hookimpl\n\n\n"
-        "def pair_probe(weights_svals):\n"
-        "    a, b = weights_svals\n"
-        f"    big = {'b' if failing == 'first' else 'a'}[0] > 50\n"
-        "    if big:\n"
-        "        raise ValueError('the probe refuses this pair')\n"
-        "    return float(a[0] - b[0])\n\n\n"
-        "@hookimpl\ndef diffract_kernels():\n"
-        "    yield KernelSpec.from_function(pair_probe,\n"
-        "                                   apply_level=KernelApplyLevel.CROSS_MODEL)\n")
-    (site / "probe_pack-1.0.0.dist-info").mkdir()
-    (site / "probe_pack-1.0.0.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: probe-pack\nVersion: 1.0.0\n")
-    (site / "probe_pack-1.0.0.dist-info" / "entry_points.txt").write_text(
-        "[diffract]\nprobe-pack = probe_pack\n")
+    env = _plugin_site(tmp_path, "probe_pack", "probe-pack", (
+            "from diffract import KernelApplyLevel\nfrom diffract.plugins import KernelSpec, hookimpl\n\n\n"
+            "def pair_probe(weights_svals):\n"
+            "    a, b = weights_svals\n"
+            f"    big = {'b' if failing == 'first' else 'a'}[0] > 50\n"
+            "    if big:\n"
+            "        raise ValueError('the probe refuses this pair')\n"
+            "    return float(a[0] - b[0])\n\n\n"
+            "@hookimpl\ndef diffract_kernels():\n"
+            "    yield KernelSpec.from_function(pair_probe,\n"
+            "                                   apply_level=KernelApplyLevel.CROSS_MODEL)\n"
+    ))
     base = _save(tmp_path / "step0.safetensors", 0, shapes=((40, 30),), bias=False)
     loud = {k: 100 * v for k, v in base.items()}  # the middle checkpoint: top sval > 50
     safetensors_torch.save_file(loud, str(tmp_path / "step1.safetensors"))
     safetensors_torch.save_file(base, str(tmp_path / "step2.safetensors"))
-    env = {"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     run = _cli("compare", "step0.safetensors", "step1.safetensors", "step2.safetensors",
                "--metrics", "pair_probe", "--executor", "sequential", "--format", "json",
                cwd=tmp_path, env=env)
