@@ -287,6 +287,34 @@ class TestFlax:
         assert infos["params.Half_0.scale"].dtype == "bfloat16"
         assert infos["params.Embed_0.embedding"].dtype == "float16"
 
+    @pytest.mark.parametrize("fresh", [False, True], ids=["committed", "written-now"])
+    def test_a_checkpoint_flax_itself_wrote(self, tmp_path, fresh):
+        """tools/flax_fixtures.py's file, written by ``flax.serialization.to_bytes``:
+        chunked arrays (the shape as a map, 16 chunks in numeric order), a bfloat16
+        Dense, an ``opt_state`` left out; every value as flax reads it back, in our
+        orientation. ``written-now`` writes a fresh pair with flax (skipped without it)."""
+        folder = Path(__file__).parent.parent / "resources" / "flax"
+        if fresh:
+            pytest.importorskip("flax")
+            sys.path.insert(0, str(Path(__file__).parents[2] / "tools"))
+            try:
+                import flax_fixtures
+            finally:
+                sys.path.pop(0)
+            folder = tmp_path
+            flax_fixtures.write(folder)
+        expected = dict(np.load(folder / "expected.npz"))
+        infos, arrays = _values(folder / "model.msgpack")
+        assert sorted(infos) == sorted(k for k in expected if k.startswith("params."))
+        turn = {2: (1, 0), 4: (3, 2, 0, 1)}  # Dense [in, out], Conv [h, w, in, out]
+        for name, got in arrays.items():
+            want = expected[name]
+            if not name.endswith("embedding") and want.ndim in turn:
+                want = want.transpose(turn[want.ndim])
+            np.testing.assert_array_equal(got, want, err_msg=name)
+        assert infos["params.Half_0.kernel"].dtype == "bfloat16"
+        assert infos["params.Embed_0.embedding"].shape == (64, 16)
+
     def test_truncated_and_corrupt(self, tmp_path):
         _flax_file(tmp_path / "ck.msgpack")
         for keep in (0.1, 0.5, 0.99):
