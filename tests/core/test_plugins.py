@@ -226,3 +226,54 @@ def test_storage_profile_records_are_frozen():
     p = StorageProfile("x", lambda o: None)
     with pytest.raises(AttributeError):
         p.name = "y"  # type: ignore[misc]
+
+
+class TestEntryPointScan:
+    """``entry_points`` reads dist-info folders itself (no ``importlib.metadata`` import
+    at start-up); what it finds is what ``importlib.metadata`` finds."""
+
+    @staticmethod
+    def _both(group):
+        import importlib.metadata as md
+
+        from diffract.plugins._manager import entry_points
+
+        ours = sorted(entry_points(group))
+        theirs = sorted((e.name, e.value, e.dist.name, e.dist.version)
+                        for e in md.entry_points(group=group))
+        return ours, theirs
+
+    @pytest.mark.parametrize("group", ["diffract", "console_scripts", "pytest11"])
+    def test_same_as_importlib_metadata(self, fake_site, group):
+        ours, theirs = self._both(group)
+        assert ours == theirs and ours
+
+    def test_first_distribution_of_a_name_wins(self, fake_site, tmp_path, monkeypatch):
+        """A second copy of a distribution later on the path is not read, as
+        importlib.metadata skips it; its comments and other groups are ignored."""
+        for where, module in ((tmp_path / "a", "first_mod"), (tmp_path / "b", "second_mod")):
+            info = where / "twin_pack-2.0.dist-info"
+            info.mkdir(parents=True)
+            (info / "METADATA").write_text("Metadata-Version: 2.1\nName: Twin.Pack\n"
+                                           "Version: 2.0\n\nbody: not a header\n")
+            (info / "entry_points.txt").write_text(
+                f"# a comment\n[other]\nx = nope\n[diffract]\ntwin = {module}:hook\n")
+        monkeypatch.syspath_prepend(str(tmp_path / "b"))
+        monkeypatch.syspath_prepend(str(tmp_path / "a"))
+        ours, theirs = self._both("diffract")
+        assert ours == theirs
+        assert ("twin", "first_mod:hook", "Twin.Pack", "2.0") in ours
+        assert not any(v.startswith("second_mod") for _, v, _, _ in ours)
+
+    def test_a_zip_on_the_path_is_left_to_importlib_metadata(self, fake_site, tmp_path,
+                                                            monkeypatch):
+        import zipfile
+
+        archive = tmp_path / "zipped.zip"
+        with zipfile.ZipFile(archive, "w") as z:
+            z.writestr("zip_pack-1.0.dist-info/METADATA",
+                       "Metadata-Version: 2.1\nName: zip-pack\nVersion: 1.0\n")
+            z.writestr("zip_pack-1.0.dist-info/entry_points.txt", "[diffract]\nzp = zip_pack\n")
+        monkeypatch.syspath_prepend(str(archive))
+        ours, theirs = self._both("diffract")
+        assert ours == theirs and ("zp", "zip_pack", "zip-pack", "1.0") in ours

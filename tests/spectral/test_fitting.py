@@ -136,6 +136,14 @@ class TestBadInput:
         with pytest.raises(FitError, match=message):
             fit_power_law(data, fit_method="diffract")
 
+    def test_the_reason_counts_the_distinct_values(self):
+        """The message's count of distinct values (unsorted input, repeats)."""
+        from diffract_kernels_spectral._search import _too_few
+
+        x = np.array([3.0, 1.0, 1.0, 2.0] * 20)
+        assert _too_few(x, 50).endswith("(80 points, 3 distinct)")
+        assert _too_few(np.full(60, 2.0), 50) == "all points are equal: a power law cannot be fitted"
+
     @pytest.mark.parametrize(
         ("call", "message"),
         [

@@ -23,6 +23,14 @@ ALPHA_OVER_TRAINED = 2.0
 ALPHA_UNDER_TRAINED = 6.0
 
 
+def median(values: np.ndarray) -> float:
+    """``np.median`` of a 1-D array, the same bits, without the ``numpy.ma`` import
+    np.median makes (10 ms of every ``diffract analyze``)."""
+    ordered = np.sort(np.asarray(values, dtype=np.float64))
+    n = len(ordered)
+    return float(ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2)
+
+
 def _number(value: Any) -> float | None:
     if value is None or np.ndim(value) != 0:
         return None
@@ -122,7 +130,7 @@ def summarize(
             "layers": len(alphas) + failed,
             "alpha_defined": count,
             "alpha_mean": float(defined.mean()) if count else math.nan,
-            "alpha_median": float(np.median(defined)) if count else math.nan,
+            "alpha_median": median(defined) if count else math.nan,
             "alpha_weighted_mean": float(np.mean(weights_ok)) if weights_ok else math.nan,
             "share_over_trained": float((defined < ALPHA_OVER_TRAINED).mean()) if count
             else math.nan,

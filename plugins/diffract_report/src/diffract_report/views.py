@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from diffract_report.summary import median
+
 __all__ = ["head_grid", "head_moves", "rank_heads", "split_lines", "undefined_reasons",
            "view_summary"]
 
@@ -60,7 +62,7 @@ def view_summary(session: Any, model_id: str, field: str) -> list[dict[str, Any]
     out = []
     for parent, values in groups.items():
         v = np.asarray(values)
-        stats = ((float(v.mean()), float(np.median(v)), float(v.min()), float(v.max()))
+        stats = ((float(v.mean()), median(v), float(v.min()), float(v.max()))
                  if v.size else (math.nan,) * 4)
         out.append(dict(zip(("parameter", "views", "defined", "mean", "median", "min", "max"),
                             (parent, counts[parent], len(v), *stats), strict=True)))

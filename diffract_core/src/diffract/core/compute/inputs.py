@@ -163,8 +163,16 @@ class Inputs:
         ``lazy``, weights of file-backed models stay references for the workers to read.
 
         Tasks never wait on other tasks of the pool (a task that did could hold every
-        worker while the tasks it waits for sit in the queue)."""
-        return [self.threads.submit(self._gather_one, state, unit, lazy) for unit in chunk]
+        worker while the tasks it waits for sit in the queue). Stored fields of an
+        in-memory store are read here at once: a thread task per unit would cost more
+        than the read (about 40 us a unit, 1000 units in ``diffract analyze`` of MiniLM)."""
+        if self.store.durable or SOURCE_FIELDS.intersection(state.spec.require_fields):
+            return [self.threads.submit(self._gather_one, state, unit, lazy) for unit in chunk]
+        done = []
+        for unit in chunk:
+            done.append(Future())
+            done[-1].set_result(self._gather_one(state, unit, lazy))
+        return done
 
     @staticmethod
     def _check_not_blocked(
