@@ -1,0 +1,22 @@
+"""Diffract inside training: weight spectra at a cadence, in the background.
+
+``Monitor`` is the engine (plain loops, accelerate); ``DiffractCallback`` is it as a
+Hugging Face ``TrainerCallback``. Importing this package imports neither transformers
+nor torch: the callback's module loads on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diffract_training.monitor import DEFAULT_METRICS, VIEW_METRICS, Monitor, tag
+
+__all__ = ["DEFAULT_METRICS", "VIEW_METRICS", "DiffractCallback", "Monitor", "tag"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DiffractCallback":
+        from diffract_training.hf import DiffractCallback
+
+        return DiffractCallback
+    raise AttributeError(f"module 'diffract_training' has no attribute {name!r}")

@@ -1,0 +1,86 @@
+"""The monitor as a Hugging Face ``transformers.TrainerCallback``.
+
+    trainer = Trainer(model=model, args=TrainingArguments(..., report_to="tensorboard"), ...)
+    trainer.add_callback(DiffractCallback(trainer, every=200, store="runs/a.diffract"))
+    trainer.train()
+
+The values go out through the trainer's own callbacks' ``on_log`` (so every tracker of
+``report_to`` gets them), at the step that was analysed, not the step at which the
+analysis finished; ESD histograms go to the TensorBoard writer of the trainer's
+TensorBoard callback when there is one. Only the main process (``is_world_process_zero``)
+analyses and logs. A resumed run (``resume_from_checkpoint``) continues the same store:
+steps already analysed there are not analysed again.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+from diffract_training.monitor import Monitor
+
+__all__ = ["DiffractCallback"]
+
+
+class DiffractCallback(TrainerCallback):
+    """A :class:`~diffract_training.Monitor` driven by the Trainer's events.
+
+    ``trainer``: the trainer whose callbacks receive the values (without one, only
+    ``log=`` gets them). Every other keyword is the monitor's (``every``, ``metrics``,
+    ``views``, ``params``, ``store``, ``log``, ``histograms``, ``prefix``), checked here,
+    before training; the model is checked when training begins."""
+
+    def __init__(self, trainer: Any = None, **monitor: Any) -> None:
+        self.trainer = trainer
+        extra = monitor.pop("log", None)
+        self.monitor = Monitor(None, log=_as_list(extra), **monitor)
+        self.monitor._sinks.insert(0, self._to_trainer)
+        self._args: Any = None
+        self._state: Any = None
+        self._control: Any = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
+                       **kwargs: Any) -> None:
+        self._args, self._state, self._control = args, state, control
+        if state.is_world_process_zero and model is not None:
+            self.monitor.attach(model)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._args, self._state, self._control = args, state, control
+        if state.is_world_process_zero:
+            self.monitor.step(state.global_step)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._args, self._state, self._control = args, state, control
+        self.monitor.close()
+
+    def _to_trainer(self, values: dict[str, float], spectra: dict[str, Any], step: int,
+                    monitor: Monitor) -> None:
+        """The values to the trainer's other callbacks' ``on_log`` at ``step`` (not the
+        console ones: hundreds of per-layer values), the ESDs to its TensorBoard writer."""
+        trainer = self.trainer
+        if trainer is None or self._state is None:
+            return
+        at = copy.copy(self._state)
+        at.global_step = step
+        for callback in trainer.callback_handler.callbacks:
+            if callback is self or isinstance(callback, (ProgressCallback, PrinterCallback)):
+                continue
+            callback.on_log(self._args, at, self._control, logs=dict(values))
+            writer = getattr(callback, "tb_writer", None)
+            if monitor.histograms and writer is not None:
+                for param, esd in spectra.items():
+                    positive = esd[esd > 0]
+                    if positive.size:
+                        writer.add_histogram(f"{monitor.prefix}/esd/{param}",
+                                             np.log10(positive), global_step=step)
+                writer.flush()
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]

@@ -1,0 +1,391 @@
+"""The engine behind every front end: a cadence, a snapshot of the analysed weights, the
+analysis in a background thread, the numbers out through sinks, each analysed step kept
+in a store as a step of a trajectory.
+
+The loop pays for the snapshot alone: at a cadence point the analysed parameters are
+copied (on their device; the copy is released as soon as its spectra are computed) and
+the call returns. One analysis runs at a time: a cadence point that comes while the
+previous analysis still runs is skipped, with one warning for the run. Nothing the
+analysis raises reaches the loop: each failure is logged once per parameter and reason.
+Sinks are called from the thread that calls :meth:`Monitor.step` (the training loop's),
+never from the worker, so a tracker that is not thread-safe is safe here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from diffract import Session
+from diffract.errors import DiffractError, InvalidArgumentError, UnknownFieldError
+
+__all__ = ["DEFAULT_METRICS", "VIEW_METRICS", "Monitor", "tag"]
+
+log = logging.getLogger("diffract_training")
+
+#: What a monitor computes per parameter by default: the fields ``diffract analyze``
+#: shows that a training team reads over time (the power-law exponent and its weighted
+#: form, the ranks and norms, the training warning).
+DEFAULT_METRICS = ("pl_alpha", "alpha_weighted", "stable_rank", "log_norm", "spectral_norm",
+                   "warning")
+#: What views (heads, experts) get by default, as ``diffract analyze`` gives them.
+VIEW_METRICS = ("pl_alpha_hill", "stable_rank", "spectral_norm", "matrix_entropy")
+#: The aggregate that marks an analysed step complete in the store.
+DONE = "monitor_step"
+#: Levels a monitor can compute: one model at a time, never a pair.
+_LEVELS = {"PARAMETER", "IN_MODEL"}
+
+
+def tag(prefix: str, metric: str, name: str) -> str:
+    """The logged name of one value: ``<prefix>/<metric>/<parameter>``."""
+    return f"{prefix}/{metric}/{name}"
+
+
+class Monitor:
+    """Analyse ``model``'s weights every ``every`` steps while it trains.
+
+    ``metrics``: fields of the installed packs (per parameter or per model; a field
+    that needs two models is refused). ``views``: view rules (``["heads"]``), whose
+    views get ``view_metrics``. ``params``: the parameters to analyse (exact names,
+    globs or ``re:`` patterns, as :meth:`diffract.Session.filter` takes them); all
+    matrices by default. ``store``: a folder for the ``local`` profile (each analysed
+    step kept there as model ``step-<n>`` with its step, so ``diffract track``'s report
+    and ``results.trajectory()`` read it), else an in-memory session. ``log``: where the
+    scalars go, a callable ``log(values: dict[str, float], step: int)`` or an object
+    with ``add_scalar`` (a TensorBoard ``SummaryWriter``; with ``histograms`` its
+    ``add_histogram`` also gets each parameter's ESD, as log10 of the nonzero
+    eigenvalues), or a list of those. ``background=False`` analyses inside
+    :meth:`step` (the loop waits; no cadence point is skipped). Everything is checked
+    here, before training; a monitor built with ``model=None`` checks the model in
+    :meth:`attach`.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        every: int = 200,
+        metrics: Sequence[str] = DEFAULT_METRICS,
+        views: Sequence[str] | None = None,
+        view_metrics: Sequence[str] = VIEW_METRICS,
+        params: Sequence[str] | str | None = None,
+        store: str | Path | None = None,
+        log: Any = None,
+        histograms: bool = True,
+        prefix: str = "diffract",
+        background: bool = True,
+    ) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise InvalidArgumentError(
+                f"every must be a whole number of steps of at least 1, got {every!r}.")
+        self.every, self.prefix, self.histograms = every, prefix, histograms
+        self.background = background
+        self._model: Any = None
+        self._names: list[str] = []
+        self._params = params
+        self._views = list(views or [])
+        self._sinks = _sinks(log)
+        self.session = Session("local", path=str(store)) if store is not None else Session()
+        self._lock_file = None
+        try:
+            self._lock_file = _lock(store) if store is not None else None
+            self.metrics = self._checked(metrics, "metrics")
+            self.view_metrics = self._checked(view_metrics, "view_metrics") \
+                if self._views else ()
+            self._done = self._resume()
+            if model is not None:
+                self.attach(model)
+        except BaseException:
+            self._release_lock()
+            self.session.close()
+            raise
+        self._worker: threading.Thread | None = None
+        self._outbox: list[tuple[int, dict[str, float], dict[str, np.ndarray]]] = []
+        self._told: set[tuple[str, str]] = set()
+        self._box = threading.Lock()
+        self.skipped: list[int] = []
+        self.analysed: list[int] = []
+        self.closed = False
+
+    # -- checks made before training -----------------------------------------------
+    def _checked(self, fields: Sequence[str] | str, what: str) -> tuple[str, ...]:
+        fields = [fields] if isinstance(fields, str) else list(fields)
+        if not fields:
+            raise InvalidArgumentError(f"{what} is empty: name at least one field.")
+        known = {m["field"]: m for m in self.session.compute.list_available_metrics(True)}
+        names = {a: f for f, m in known.items() for a in (f, *m["aliases"])}
+        for field in fields:
+            if field not in names:
+                raise UnknownFieldError(field, sorted(names), action=f"in {what}")
+            level = known[names[field]]["apply_level"]
+            if level not in _LEVELS:
+                raise InvalidArgumentError(
+                    f"{field!r} compares two models ({level} level): a monitor analyses one "
+                    "model at a time. Track the saved checkpoints with `diffract track` for "
+                    "how a run's singular directions move.")
+        return tuple(fields)
+
+    def attach(self, model: Any) -> None:
+        """Watch ``model`` (a monitor built with ``model=None``, as a callback is before
+        its trainer hands the model over): its analysed matrices are found now, from a
+        probe that copies nothing; a model with none, or views that split nothing, are
+        refused here."""
+        self._model = model
+        self._names = self._analysed(self._params)
+
+    def _analysed(self, params: Sequence[str] | str | None) -> list[str]:
+        probe = Session()
+        try:
+            probe.models.add(self._named(), "probe", copy_weights=False,
+                             views=self._views or None)
+            scope = probe.filter(param_names=params) if params is not None else probe.filter()
+            names = [p.name for p in scope.scope.params(probe.store, "probe")
+                     if p.parent is None and len(p.shape) >= 2]
+        finally:
+            probe.close()
+        if not names:
+            what = f" matching {params!r}" if params is not None else ""
+            raise InvalidArgumentError(
+                f"the model has no parameter with two or more dimensions{what}: there is no "
+                "weight matrix to analyse (pass the model itself, or other params).")
+        return names
+
+    def _named(self) -> Mapping[str, Any]:
+        model = self._model
+        if hasattr(model, "named_parameters"):
+            return dict(model.named_parameters())
+        if isinstance(model, Mapping):
+            return model
+        raise InvalidArgumentError(
+            f"a monitor watches a torch module or a mapping of names to tensors, got a "
+            f"{type(model).__name__}.")
+
+    def _resume(self) -> set[int]:
+        """The steps a previous run of this store finished; a step whose analysis was
+        cut short (no completion mark) is erased, to be analysed again."""
+        steps = self.session.models.steps()
+        marks = set(self.session.store.aggregate_names())
+        done, partial = set(), []
+        for model_id, record in steps.items():
+            if not model_id.startswith("step-") or record.get("step") is None:
+                continue
+            if f"{DONE}@models[{model_id}]" in marks:
+                done.add(int(record["step"]))
+            else:
+                partial.append(model_id)
+        if partial:
+            log.warning("diffract: the analysis of %s was cut short; analysing again",
+                        ", ".join(partial))
+            self.session.models.erase(*partial)
+        return done
+
+    # -- the loop's side -----------------------------------------------------------
+    def due(self, global_step: int) -> bool:
+        """Whether ``global_step`` is a cadence point not analysed yet."""
+        return global_step % self.every == 0 and global_step not in self._done
+
+    def step(self, global_step: int) -> bool:
+        """Call once per optimizer step: at a cadence point, snapshot and start the
+        analysis (True); otherwise only hand finished results to the sinks."""
+        self._emit()
+        if self.closed or not self.due(global_step):
+            return False
+        if self._model is None:
+            raise InvalidArgumentError("this monitor watches no model yet: attach(model) first.")
+        if self._worker is not None and self._worker.is_alive():
+            self.skipped.append(global_step)
+            if len(self.skipped) == 1:
+                log.warning("diffract: the analysis of the previous step is still running at "
+                            "step %d; this cadence point is skipped (raise `every` to skip "
+                            "none; Monitor.skipped lists them)", global_step)
+            return False
+        snapshot = self._snapshot()
+        self._done.add(global_step)
+        self._worker = threading.Thread(target=self._analyse, args=(global_step, snapshot),
+                                        name=f"diffract-monitor-{global_step}", daemon=True)
+        self._worker.start()
+        if not self.background:
+            self.wait()
+        return True
+
+    def _snapshot(self) -> dict[str, Any]:
+        named = self._named()
+        out = {}
+        for name in self._names:
+            value = named[name]
+            value = value.detach() if hasattr(value, "detach") else value
+            out[name] = value.clone() if hasattr(value, "clone") else np.array(value)
+        return out
+
+    def wait(self) -> None:
+        """Block until the running analysis (if any) has finished, then hand out its
+        results (tests and the end of training; a loop never needs it)."""
+        if self._worker is not None:
+            self._worker.join()
+        self._emit()
+
+    def close(self) -> None:
+        """Finish the running analysis, hand out its results, close the store; nothing
+        is left running. Safe to call twice."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.wait()
+        finally:
+            try:
+                self.session.close()
+            finally:
+                self._release_lock()
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- the worker's side ---------------------------------------------------------
+    def _analyse(self, global_step: int, snapshot: dict[str, Any]) -> None:
+        model_id = f"step-{global_step}"
+        session = self.session
+        try:
+            session.models.add(snapshot, model_id, step=global_step, copy_weights=False,
+                               views=self._views or None)
+            scoped = session.filter(model_ids=[model_id])
+            parents = [p.name for p in session.models.params(model_id) if p.parent is None]
+            reports = [scoped.filter(param_names=parents).compute.apply(
+                *self.metrics, *(("esd",) if self.histograms else ()), errors="record")]
+            if self.view_metrics:
+                children = [p.name for p in session.models.params(model_id)
+                            if p.parent is not None]
+                reports.append(scoped.filter(param_names=children).compute.apply(
+                    *self.view_metrics, errors="record"))
+            for report in reports:
+                for note in report.failures:
+                    self._tell(note.param or model_id, note.reason)
+            values, spectra = self._collect(scoped, model_id)
+            session.results.ingest_aggregates({f"{DONE}@models[{model_id}]": float(global_step)})
+        except Exception as exc:  # noqa: BLE001 - an analysis never stops training
+            self._tell("(step)", f"{type(exc).__name__}: {exc}")
+            return
+        finally:
+            for value in snapshot.values():  # the copies go now, whatever the store keeps
+                if hasattr(value, "set_"):
+                    value.set_()
+            snapshot.clear()
+        with self._box:
+            self._outbox.append((global_step, values, spectra))
+            self.analysed.append(global_step)
+
+    def _tell(self, where: str, reason: str) -> None:
+        key = (where, reason)
+        if key not in self._told:
+            self._told.add(key)
+            log.warning("diffract: %s: %s", where, reason)
+
+    def _collect(self, scoped: Any, model_id: str) -> tuple[dict[str, float], dict[str, Any]]:
+        table = scoped.results.export_metrics(*self.metrics, *self.view_metrics,
+                                              *(("esd",) if self.histograms else ()),
+                                              include_arrays=True)[model_id]
+        values: dict[str, float] = {}
+        spectra: dict[str, np.ndarray] = {}
+        per_metric: dict[str, list[tuple[float, str]]] = {}
+        warned = analysed = 0
+        for param, row in table.items():
+            for field, value in row.items():
+                if field == "esd":
+                    spectra[param] = np.asarray(value)
+                elif field in ("warning", "training_warning"):
+                    analysed += 1
+                    warned += bool(value)
+                elif _number(value):
+                    values[tag(self.prefix, field, param)] = float(value)
+                    if "[" not in param:
+                        per_metric.setdefault(field, []).append((float(value), param))
+        for field, pairs in per_metric.items():
+            numbers = [v for v, _ in pairs]
+            values[f"{self.prefix}/summary/{field}_mean"] = float(np.mean(numbers))
+            values[f"{self.prefix}/summary/{field}_max"] = max(numbers)
+        if analysed:
+            values[f"{self.prefix}/summary/warning_share"] = warned / analysed
+        return values, spectra
+
+    def _emit(self) -> None:
+        with self._box:
+            ready, self._outbox = self._outbox, []
+        for global_step, values, spectra in ready:
+            for sink in self._sinks:
+                try:
+                    sink(values, spectra, global_step, self)
+                except Exception as exc:  # noqa: BLE001 - a tracker's failure is not ours
+                    self._tell("(logging)", f"{type(exc).__name__}: {exc}")
+
+    def _release_lock(self) -> None:
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.number)) and not isinstance(value, bool) \
+        and math.isfinite(float(value))
+
+
+Sink = Callable[[dict[str, float], dict[str, Any], int, Monitor], None]
+
+
+def _sinks(log_to: Any) -> list[Sink]:
+    targets = log_to if isinstance(log_to, (list, tuple)) else [log_to] if log_to else []
+    out: list[Sink] = []
+    for target in targets:
+        if hasattr(target, "add_scalar"):
+            out.append(_writer_sink(target))
+        elif callable(target):
+            out.append(lambda values, spectra, step, mon, f=target: f(values, step))
+        else:
+            raise InvalidArgumentError(
+                f"log takes a callable log(values, step), a SummaryWriter (add_scalar) or a "
+                f"list of them, got a {type(target).__name__}.")
+    return out
+
+
+def _writer_sink(writer: Any) -> Sink:
+    def write(values: dict[str, float], spectra: dict[str, Any], step: int,
+              monitor: Monitor) -> None:
+        for name, value in values.items():
+            writer.add_scalar(name, value, global_step=step)
+        if monitor.histograms and hasattr(writer, "add_histogram"):
+            for param, esd in spectra.items():
+                positive = esd[esd > 0]
+                if positive.size:
+                    writer.add_histogram(f"{monitor.prefix}/esd/{param}",
+                                         np.log10(positive), global_step=step)
+        if hasattr(writer, "flush"):
+            writer.flush()
+    return write
+
+
+def _lock(store: str | Path) -> Any:
+    """An exclusive lock on ``<store>/.monitor.lock`` for the monitor's life: a store
+    another run is writing is refused before training starts."""
+    folder = Path(store)
+    fh = open(folder / ".monitor.lock", "a")  # noqa: SIM115 - held until close()
+    try:
+        import fcntl
+
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:  # pragma: no cover - no fcntl (Windows): no lock
+        pass
+    except BlockingIOError:
+        fh.close()
+        raise DiffractError(
+            f"the store {str(folder)!r} is being written by another run (its "
+            ".monitor.lock is held): give this run a store of its own.") from None
+    return fh
+

@@ -1,0 +1,96 @@
+"""DiffractCallback in a real Hugging Face Trainer: a tiny LlamaForCausalLM built from a
+config (no download), ``report_to="tensorboard"``. TensorBoard's own reader finds the
+documented tags at the analysed steps, with the values of ``diffract analyze`` on the
+checkpoints the Trainer saved at those steps; a resumed run adds no step twice."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tensorboard")
+
+from diffract import Session  # noqa: E402
+from diffract_training import DiffractCallback  # noqa: E402
+
+METRICS = ("stable_rank", "spectral_norm")
+Q0 = "model.layers.0.self_attn.q_proj.weight"
+
+
+class _Tokens(torch.utils.data.Dataset):
+    def __init__(self, n: int = 64) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, 96, (n, 12), generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def _trainer(out: Path, steps: int, store: Path, **callback):
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=48, intermediate_size=96,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=32)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    args = transformers.TrainingArguments(
+        output_dir=str(out), max_steps=steps, per_device_train_batch_size=4,
+        learning_rate=1e-2, save_strategy="steps", save_steps=4, logging_steps=100,
+        report_to="tensorboard", use_cpu=True, seed=0,
+        data_seed=0, disable_tqdm=True)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens())
+    cb = DiffractCallback(trainer, every=4, metrics=METRICS, store=store, background=False,
+                          **callback)
+    trainer.add_callback(cb)
+    return trainer, cb
+
+
+def _events(folder: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runs = [p.parent for p in folder.rglob("events.out.tfevents.*")]
+    assert runs, f"no event file under {folder}"
+    events = EventAccumulator(str(runs[0]), size_guidance={"scalars": 0, "histograms": 0})
+    return events.Reload()
+
+
+def test_trainer_logs_the_documented_tags_with_the_checkpoints_values(tmp_path):
+    trainer, cb = _trainer(tmp_path / "out", 8, tmp_path / "run.diffract")
+    trainer.train()
+    assert cb.monitor.closed and cb.monitor.analysed == [4, 8]
+    assert not [t for t in threading.enumerate() if t.name.startswith("diffract-monitor")]
+    events = _events(tmp_path / "out" / "runs")
+    tag = f"train/diffract/stable_rank/{Q0}"  # the Trainer's TensorBoard writer adds train/
+    assert tag in events.Tags()["scalars"]
+    assert f"diffract/esd/{Q0}" in events.Tags()["histograms"]
+    logged = {e.step: e.value for e in events.Scalars(tag)}
+    assert sorted(logged) == [4, 8]
+    for step in (4, 8):
+        with Session() as s:
+            s.models.add(tmp_path / "out" / f"checkpoint-{step}", "ck")
+            s.compute.apply(*METRICS)
+            want = s.results.export_metrics(*METRICS)["ck"]
+        assert logged[step] == np.float32(want[Q0]["stable_rank"])  # TensorBoard's float32
+        with Session("local", path=str(tmp_path / "run.diffract")) as s:
+            stored = s.results.export_metrics(*METRICS)[f"step-{step}"]
+        assert len(stored) == 16  # 7 matrices a layer, the embeddings, the head
+        for param, row in stored.items():
+            assert row == want[param], param
+
+
+def test_a_resumed_trainer_continues_the_store_without_doubling(tmp_path):
+    first, _ = _trainer(tmp_path / "out", 8, tmp_path / "run.diffract")
+    first.train()
+    again, cb = _trainer(tmp_path / "out", 12, tmp_path / "run.diffract")
+    again.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-4"))
+    assert cb.monitor.analysed == [12]  # 8 was analysed by the first run
+    with Session("local", path=str(tmp_path / "run.diffract")) as s:
+        steps = sorted(s.models.steps()[m]["step"] for m in s.model_ids)
+    assert steps == [4, 8, 12]

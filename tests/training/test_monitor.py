@@ -1,0 +1,246 @@
+"""diffract-training's Monitor in a plain PyTorch loop: the values equal an analysis of
+the checkpoint saved at the same step, bit for bit; the store holds each analysed step
+once, across a killed and resumed run; a failing kernel never stops training; nothing is
+left running; bad settings are refused before the first step."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+from diffract import Session  # noqa: E402
+from diffract.errors import DiffractError, InvalidArgumentError, UnknownFieldError  # noqa: E402
+from diffract_training import DEFAULT_METRICS, Monitor  # noqa: E402
+
+METRICS = ("pl_alpha", "stable_rank", "log_norm", "spectral_norm")
+
+
+def _net(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(160, 120), torch.nn.Tanh(),
+                               torch.nn.Linear(120, 110), torch.nn.Tanh(),
+                               torch.nn.Linear(110, 8))
+
+
+def _train(model, steps, on_step, start: int = 0):
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(start)
+    for step in range(start + 1, steps + 1):
+        x = torch.randn(16, 160, generator=gen)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        on_step(step)
+
+
+def _analyze(path: Path, metrics=METRICS) -> dict:
+    with Session() as s:
+        s.models.add(path, "ck")
+        s.compute.apply(*metrics, errors="record")
+        return s.results.export_metrics(*metrics)["ck"]
+
+
+def test_values_equal_an_analysis_of_the_checkpoint_saved_at_that_step(tmp_path):
+    """Every analysed step's per-layer values (logged and stored) are those of
+    ``diffract analyze`` on the safetensors file saved at that step, bit for bit."""
+    model = _net()
+    logged: dict[int, dict[str, float]] = {}
+    monitor = Monitor(model, every=4, metrics=METRICS, store=tmp_path / "run",
+                      log=lambda values, step: logged.setdefault(step, values),
+                      background=False)
+
+    def on_step(step):
+        monitor.step(step)
+        if step % 4 == 0:
+            safetensors_torch.save_file(model.state_dict(), str(tmp_path / f"s{step}.safetensors"))
+
+    with monitor:
+        _train(model, 12, on_step)
+    assert sorted(logged) == [4, 8, 12] and monitor.analysed == [4, 8, 12]
+    with Session("local", path=str(tmp_path / "run")) as s:
+        stored = s.results.export_metrics(*METRICS)
+        assert sorted(s.models.ordered()) == ["step-12", "step-4", "step-8"]
+        frame = s.results.trajectory("stable_rank")
+        assert list(frame.index) == [4, 8, 12]
+    for step in (4, 8, 12):
+        want = _analyze(tmp_path / f"s{step}.safetensors")
+        assert set(want) == {"0.weight", "2.weight", "4.weight"}
+        for param, row in want.items():
+            for field in METRICS:
+                got = stored[f"step-{step}"][param][field]
+                assert got == row[field] or (np.isnan(got) and np.isnan(row[field])), \
+                    (step, param, field)
+                if np.isfinite(row[field]):
+                    assert logged[step][f"diffract/{field}/{param}"] == row[field]
+        assert logged[step]["diffract/summary/stable_rank_mean"] == pytest.approx(
+            np.mean([want[p]["stable_rank"] for p in want]), rel=1e-15)
+
+
+def test_a_busy_worker_skips_a_cadence_point_with_one_warning(tmp_path, caplog):
+    """While an analysis runs, the next cadence points are skipped (one warning for the
+    run), never queued; the loop goes on."""
+    gate, entered = threading.Event(), threading.Event()
+
+    def slow_rank(weights):
+        entered.set()
+        gate.wait(timeout=300)
+        return float(np.linalg.matrix_rank(weights))
+
+    with Session() as s:  # the registry is the process's (reset for each test)
+        s.compute.kernel()(slow_rank)
+    model = _net()
+    monitor = Monitor(model, every=1, metrics=["slow_rank"])
+    with caplog.at_level("WARNING", logger="diffract_training"):
+        assert monitor.step(1)
+        assert entered.wait(timeout=300)
+        assert not monitor.step(2) and not monitor.step(3)
+        gate.set()
+        monitor.close()
+    assert monitor.skipped == [2, 3] and monitor.analysed == [1]
+    assert sum("still running" in r.message for r in caplog.records) == 1
+
+
+def test_a_kernel_that_raises_does_not_stop_training(tmp_path, caplog):
+    """A failing field is logged once per parameter and reason; the others are logged;
+    training completes and nothing of the monitor's keeps running."""
+    def broken_rank(weights):
+        raise RuntimeError("planted failure")
+
+    with Session() as s:
+        s.compute.kernel()(broken_rank)
+    model = _net()
+    got = {}
+    monitor = Monitor(model, every=2, metrics=["stable_rank", "broken_rank"],
+                      background=False, log=lambda values, step: got.setdefault(step, values))
+    with caplog.at_level("WARNING", logger="diffract_training"):
+        with monitor:
+            _train(model, 6, monitor.step)
+    assert sorted(got) == [2, 4, 6]
+    assert all("diffract/stable_rank/0.weight" in v for v in got.values())
+    planted = [r.message for r in caplog.records if "planted failure" in r.message]
+    assert len(planted) == 3  # one per parameter, not one per step
+    assert not [t for t in threading.enumerate() if t.name.startswith("diffract-monitor")]
+
+
+_RUN = textwrap.dedent("""
+    import os, signal, sys
+    import torch
+    sys.path.insert(0, {tests!r})
+    from training.test_monitor import _net, _train
+    from diffract_training import Monitor
+
+    start, stop, kill_at = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    model = _net()
+    if start:
+        model.load_state_dict(torch.load(sys.argv[4], weights_only=True))
+    monitor = Monitor(model, every=5, metrics=["stable_rank"], store=sys.argv[5],
+                      background=kill_at == 0)
+
+    def on_step(step):
+        if step == 10:
+            torch.save(model.state_dict(), sys.argv[4])
+        started = monitor.step(step)
+        if started and step == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # mid-analysis, or just after it
+        if kill_at:
+            monitor.wait()
+
+    _train(model, stop, on_step, start)
+    monitor.close()
+""")
+
+
+def test_a_killed_and_resumed_run_holds_every_step_once(tmp_path):
+    """SIGKILL just after step 15's analysis starts; the run resumes from its step-10
+    checkpoint and trains to 20: the store holds steps 5, 10, 15, 20, each once, and a
+    step cut short is analysed again."""
+    script = tmp_path / "run.py"
+    script.write_text(_RUN.format(tests=str(Path(__file__).parents[1])))
+    ckpt, store = tmp_path / "ck10.pt", tmp_path / "run.diffract"
+    first = subprocess.run([sys.executable, str(script), "0", "20", "15", str(ckpt), str(store)],
+                           capture_output=True, text=True, timeout=600)
+    assert first.returncode == -9, first.stderr
+    with Session("local", path=str(store)) as s:
+        before = sorted(s.models.steps()[m]["step"] for m in s.model_ids)
+    assert before[:2] == [5, 10] and set(before) <= {5, 10, 15}
+    second = subprocess.run([sys.executable, str(script), "10", "20", "0", str(ckpt), str(store)],
+                            capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr
+    with Session("local", path=str(store)) as s:
+        steps = sorted(s.models.steps()[m]["step"] for m in s.model_ids)
+        values = s.results.export_metrics("stable_rank")
+    assert steps == [5, 10, 15, 20]
+    assert all(np.isfinite(values[f"step-{n}"]["0.weight"]["stable_rank"]) for n in steps)
+
+
+def test_a_summary_writer_gets_scalars_and_esd_histograms(tmp_path):
+    """TensorBoard's own reader finds the documented tags at the analysed steps."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    model = _net()
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    with Monitor(model, every=3, metrics=["stable_rank", "warning"], log=writer,
+                 background=False) as monitor:
+        _train(model, 6, monitor.step)
+    writer.close()
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"histograms": 0}).Reload()
+    tags = events.Tags()
+    assert {"diffract/stable_rank/0.weight", "diffract/summary/stable_rank_mean",
+            "diffract/summary/warning_share"} <= set(tags["scalars"])
+    assert "diffract/esd/2.weight" in tags["histograms"]
+    assert [e.step for e in events.Scalars("diffract/stable_rank/4.weight")] == [3, 6]
+    assert [e.step for e in events.Histograms("diffract/esd/0.weight")] == [3, 6]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"every": 0}, InvalidArgumentError, "at least 1"),
+    ({"every": -5}, InvalidArgumentError, "at least 1"),
+    ({"every": 2.5}, InvalidArgumentError, "whole number"),
+    ({"metrics": ["pl_alpah"]}, UnknownFieldError, "Did you mean 'pl_alpha'"),
+    ({"metrics": ["l_overlap"]}, InvalidArgumentError, "compares two models"),
+    ({"metrics": []}, InvalidArgumentError, "empty"),
+    ({"views": ["nonsuch"]}, DiffractError, "nonsuch"),
+    ({"params": ["nothing.*"]}, InvalidArgumentError, "no parameter with two or more"),
+    ({"log": 42}, InvalidArgumentError, "log takes a callable"),
+], ids=["zero", "negative", "fraction", "unknown-metric", "pair-metric", "no-metric",
+        "unknown-view", "no-matrix", "bad-sink"])
+def test_bad_settings_are_refused_when_built(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        Monitor(_net(), **kwargs)
+
+
+def test_a_model_without_matrices_and_a_store_in_use(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="no parameter with two or more"):
+        Monitor(torch.nn.LayerNorm(8))
+    with Monitor(_net(), store=tmp_path / "run"):
+        with pytest.raises(DiffractError, match="being written by another run"):
+            Monitor(_net(), store=tmp_path / "run")
+    Monitor(_net(), store=tmp_path / "run").close()  # free again once closed
+
+
+def test_importing_the_package_imports_no_host_library():
+    code = ("import sys, diffract_training; "
+            "print(sorted(m for m in ('torch', 'transformers', 'tensorboard', 'lightning') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_default_metrics_are_known_fields():
+    with Session() as s:
+        known = {a for m in s.compute.list_available_metrics(True)
+                 for a in (m["field"], *m["aliases"])}
+    assert set(DEFAULT_METRICS) <= known
