@@ -1,8 +1,9 @@
 """Diffract inside training: weight spectra at a cadence, in the background.
 
 ``Monitor`` is the engine (plain loops, accelerate); ``DiffractCallback`` is it as a
-Hugging Face ``TrainerCallback``. Importing this package imports neither transformers
-nor torch: the callback's module loads on first use.
+Hugging Face ``TrainerCallback``, ``DiffractLightningCallback`` as a Lightning
+``Callback``. Importing this package imports none of transformers, Lightning,
+TensorBoard or torch: each callback's module loads on first use.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Any
 
 from diffract_training.monitor import DEFAULT_METRICS, VIEW_METRICS, Monitor, tag
 
-__all__ = ["DEFAULT_METRICS", "VIEW_METRICS", "DiffractCallback", "Monitor", "tag"]
+__all__ = ["DEFAULT_METRICS", "VIEW_METRICS", "DiffractCallback", "DiffractLightningCallback",
+           "Monitor", "tag"]
 
 
 def __getattr__(name: str) -> Any:
@@ -19,4 +21,8 @@ def __getattr__(name: str) -> Any:
         from diffract_training.hf import DiffractCallback
 
         return DiffractCallback
+    if name == "DiffractLightningCallback":
+        from diffract_training.lightning import DiffractLightningCallback
+
+        return DiffractLightningCallback
     raise AttributeError(f"module 'diffract_training' has no attribute {name!r}")

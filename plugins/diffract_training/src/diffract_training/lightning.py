@@ -1,0 +1,70 @@
+"""The monitor as a Lightning ``Callback``.
+
+    trainer = L.Trainer(max_steps=..., logger=TensorBoardLogger("logs"),
+                        callbacks=[DiffractLightningCallback(every=200, store="runs/a.diffract")])
+
+The values go to every logger of the trainer (``logger.log_metrics(values, step)``) at
+the step that was analysed; ESD histograms to the ones whose ``experiment`` is a
+TensorBoard ``SummaryWriter``. Only the global-zero process analyses and logs. A run
+resumed with ``ckpt_path`` continues the same store: steps already analysed there are
+not analysed again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+try:
+    from lightning.pytorch import Callback
+except ImportError:  # the older package name
+    from pytorch_lightning import Callback
+
+from diffract_training.monitor import Monitor
+
+__all__ = ["DiffractLightningCallback"]
+
+
+class DiffractLightningCallback(Callback):
+    """A :class:`~diffract_training.Monitor` driven by Lightning's hooks; its keywords
+    (``every``, ``metrics``, ``views``, ``params``, ``store``, ``log``, ``histograms``,
+    ``prefix``, ``background``) are checked here, before training; the module when
+    training starts."""
+
+    def __init__(self, **monitor: Any) -> None:
+        super().__init__()
+        extra = monitor.pop("log", None)
+        extra = extra if isinstance(extra, (list, tuple)) else [extra] if extra else []
+        self.monitor = Monitor(None, log=extra, **monitor)
+        self.monitor._sinks.insert(0, self._to_loggers)
+        self._trainer: Any = None
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._trainer = trainer
+        if trainer.is_global_zero:
+            self.monitor.attach(pl_module)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if trainer.is_global_zero:
+            self.monitor.step(trainer.global_step)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.monitor.close()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.monitor.close()
+
+    def _to_loggers(self, values: dict[str, float], spectra: dict[str, Any], step: int,
+                    monitor: Monitor) -> None:
+        for logger in getattr(self._trainer, "loggers", None) or []:
+            logger.log_metrics(dict(values), step=step)
+            writer = getattr(logger, "experiment", None)
+            if monitor.histograms and hasattr(writer, "add_histogram"):
+                for param, esd in spectra.items():
+                    positive = esd[esd > 0]
+                    if positive.size:
+                        writer.add_histogram(f"{monitor.prefix}/esd/{param}",
+                                             np.log10(positive), global_step=step)
+            logger.save()
