@@ -17,11 +17,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import numpy as np
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from diffract_training.monitor import Monitor
+from diffract_training.monitor import Monitor, write_histograms
 
 __all__ = ["DiffractCallback"]
 
@@ -72,12 +71,8 @@ class DiffractCallback(TrainerCallback):
                 continue
             callback.on_log(self._args, at, self._control, logs=dict(values))
             writer = getattr(callback, "tb_writer", None)
-            if monitor.histograms and writer is not None:
-                for param, esd in spectra.items():
-                    positive = esd[esd > 0]
-                    if positive.size:
-                        writer.add_histogram(f"{monitor.prefix}/esd/{param}",
-                                             np.log10(positive), global_step=step)
+            if writer is not None:
+                write_histograms(writer, spectra, step, monitor)
                 writer.flush()
 
 def _as_list(value: Any) -> list[Any]:

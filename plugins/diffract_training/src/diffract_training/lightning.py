@@ -14,14 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 try:
     from lightning.pytorch import Callback
 except ImportError:  # the older package name
     from pytorch_lightning import Callback
 
-from diffract_training.monitor import Monitor
+from diffract_training.monitor import Monitor, write_histograms
 
 __all__ = ["DiffractLightningCallback"]
 
@@ -60,11 +58,5 @@ class DiffractLightningCallback(Callback):
                     monitor: Monitor) -> None:
         for logger in getattr(self._trainer, "loggers", None) or []:
             logger.log_metrics(dict(values), step=step)
-            writer = getattr(logger, "experiment", None)
-            if monitor.histograms and hasattr(writer, "add_histogram"):
-                for param, esd in spectra.items():
-                    positive = esd[esd > 0]
-                    if positive.size:
-                        writer.add_histogram(f"{monitor.prefix}/esd/{param}",
-                                             np.log10(positive), global_step=step)
+            write_histograms(getattr(logger, "experiment", None), spectra, step, monitor)
             logger.save()

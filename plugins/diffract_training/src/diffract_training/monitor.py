@@ -360,15 +360,22 @@ def _writer_sink(writer: Any) -> Sink:
               monitor: Monitor) -> None:
         for name, value in values.items():
             writer.add_scalar(name, value, global_step=step)
-        if monitor.histograms and hasattr(writer, "add_histogram"):
-            for param, esd in spectra.items():
-                positive = esd[esd > 0]
-                if positive.size:
-                    writer.add_histogram(f"{monitor.prefix}/esd/{param}",
-                                         np.log10(positive), global_step=step)
+        write_histograms(writer, spectra, step, monitor)
         if hasattr(writer, "flush"):
             writer.flush()
     return write
+
+
+def write_histograms(writer: Any, spectra: dict[str, Any], step: int, monitor: Monitor) -> None:
+    """Each ESD as a histogram of log10 of its nonzero eigenvalues, to a writer with
+    ``add_histogram`` (a TensorBoard ``SummaryWriter``), when the monitor logs them."""
+    if not monitor.histograms or not hasattr(writer, "add_histogram"):
+        return
+    for param, esd in spectra.items():
+        positive = esd[esd > 0]
+        if positive.size:
+            writer.add_histogram(f"{monitor.prefix}/esd/{param}", np.log10(positive),
+                                 global_step=step)
 
 
 def _lock(store: str | Path) -> Any:
