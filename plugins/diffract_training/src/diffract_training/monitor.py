@@ -24,6 +24,7 @@ import numpy as np
 
 from diffract import Session
 from diffract.errors import DiffractError, InvalidArgumentError, UnknownFieldError
+from diffract.plugins import contextual_name
 
 __all__ = ["DEFAULT_METRICS", "VIEW_METRICS", "Monitor", "tag"]
 
@@ -175,7 +176,7 @@ class Monitor:
         for model_id, record in steps.items():
             if not model_id.startswith("step-") or record.get("step") is None:
                 continue
-            if f"{DONE}@models[{model_id}]" in marks:
+            if contextual_name(DONE, [model_id]) in marks:
                 done.add(int(record["step"]))
             else:
                 partial.append(model_id)
@@ -260,7 +261,7 @@ class Monitor:
             scoped = session.filter(model_ids=[model_id])
             parents = [p.name for p in session.models.params(model_id) if p.parent is None]
             reports = [scoped.filter(param_names=parents).compute.apply(
-                *self.metrics, *(("esd",) if self.histograms else ()), errors="record")]
+                *self.metrics, *self._arrays, errors="record")]
             if self.view_metrics:
                 children = [p.name for p in session.models.params(model_id)
                             if p.parent is not None]
@@ -269,8 +270,8 @@ class Monitor:
             for report in reports:
                 for note in report.failures:
                     self._tell(note.param or model_id, note.reason)
-            values, spectra = self._collect(scoped, model_id)
-            session.results.ingest_aggregates({f"{DONE}@models[{model_id}]": float(global_step)})
+            values, spectra = self._collect(scoped, model_id, set(parents))
+            session.results.ingest_aggregates({contextual_name(DONE, [model_id]): global_step})
         except Exception as exc:  # noqa: BLE001 - an analysis never stops training
             self._tell("(step)", f"{type(exc).__name__}: {exc}")
             return
@@ -289,13 +290,19 @@ class Monitor:
             self._told.add(key)
             log.warning("diffract: %s: %s", where, reason)
 
-    def _collect(self, scoped: Any, model_id: str) -> tuple[dict[str, float], dict[str, Any]]:
+    @property
+    def _arrays(self) -> tuple[str, ...]:
+        """The array fields computed and read besides the metrics: the ESDs, when they
+        are logged as histograms."""
+        return ("esd",) if self.histograms else ()
+
+    def _collect(self, scoped: Any, model_id: str,
+                 parents: set[str]) -> tuple[dict[str, float], dict[str, Any]]:
         table = scoped.results.export_metrics(*self.metrics, *self.view_metrics,
-                                              *(("esd",) if self.histograms else ()),
-                                              include_arrays=True)[model_id]
+                                              *self._arrays, include_arrays=True)[model_id]
         values: dict[str, float] = {}
         spectra: dict[str, np.ndarray] = {}
-        per_metric: dict[str, list[tuple[float, str]]] = {}
+        per_metric: dict[str, list[float]] = {}  # over the matrices, views left out
         warned = analysed = 0
         for param, row in table.items():
             for field, value in row.items():
@@ -306,10 +313,9 @@ class Monitor:
                     warned += bool(value)
                 elif _number(value):
                     values[tag(self.prefix, field, param)] = float(value)
-                    if "[" not in param:
-                        per_metric.setdefault(field, []).append((float(value), param))
-        for field, pairs in per_metric.items():
-            numbers = [v for v, _ in pairs]
+                    if param in parents:
+                        per_metric.setdefault(field, []).append(float(value))
+        for field, numbers in per_metric.items():
             values[f"{self.prefix}/summary/{field}_mean"] = float(np.mean(numbers))
             values[f"{self.prefix}/summary/{field}_max"] = max(numbers)
         if analysed:
