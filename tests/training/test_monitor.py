@@ -244,3 +244,93 @@ def test_the_default_metrics_are_known_fields():
         known = {a for m in s.compute.list_available_metrics(True)
                  for a in (m["field"], *m["aliases"])}
     assert set(DEFAULT_METRICS) <= known
+
+
+def _gated():
+    """A kernel that holds the analysis at its first call until ``gate`` is set."""
+    gate, entered = threading.Event(), threading.Event()
+
+    def gated(weights):
+        if not entered.is_set():
+            entered.set()
+            assert gate.wait(timeout=300)
+        return float(weights.shape[0])
+
+    with Session() as s:
+        s.compute.kernel()(gated)
+    return gate, entered
+
+
+def _saved_step(model, path):
+    safetensors_torch.save_file({k: v.clone() for k, v in model.state_dict().items()}, str(path))
+
+
+@pytest.mark.parametrize("limit", [None, 0, 60_000], ids=["no-limit", "wait", "fits"])
+def test_the_loop_copies_only_what_the_analysis_has_not_reached(tmp_path, limit):
+    """No copy at the cadence point: the analysis reads the live weights block by block;
+    the optimizer's next step first copies what it has not reached (``copy_limit``
+    bytes at most; beyond that the loop waits for the analysis). The values are the
+    cadence step's either way, equal to an analysis of the checkpoint saved there."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    gate, entered = _gated()
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    logged = {}
+    # Registered before the monitor's hook, so it runs first: the optimizer's step has
+    # begun while the analysis is held in its first block.
+    hook = register_optimizer_step_pre_hook(lambda *a: gate.set() if limit == 0 else None)
+    monitor = Monitor(model, every=4, metrics=[*METRICS, "gated"], copy_limit=limit,
+                      log=lambda values, step: logged.setdefault(step, values))
+    try:
+        gen = torch.Generator().manual_seed(0)
+        for step in range(1, 7):
+            loss = model(torch.randn(16, 160, generator=gen)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step == 4:
+                _saved_step(model, tmp_path / "s4.safetensors")
+                assert monitor.step(4) and entered.wait(timeout=300)
+            if step == 5:
+                gate.set()
+        monitor.close()
+    finally:
+        hook.remove()
+        gate.set()
+        monitor.close()
+    sizes = {n: p.numel() * 4 for n, p in model.named_parameters() if p.ndim == 2}
+    first = sizes["0.weight"]  # the first block, which the analysis copied itself
+    assert monitor._blocks[0] == ["0.weight"]
+    assert monitor.copied[4] == {None: sum(sizes.values()) - first, 0: 0,
+                                 60_000: sum(sizes.values()) - first}[limit]
+    want = _analyze(tmp_path / "s4.safetensors")
+    for param, row in want.items():
+        for field in METRICS:
+            if np.isfinite(row[field]):
+                assert logged[4][f"diffract/{field}/{param}"] == row[field], (param, field)
+
+
+def test_weights_changed_outside_an_optimizer_step_spoil_that_step(caplog):
+    """An in-place change the optimizer hook cannot see (its version moved before the
+    analysis copied it) drops the step with a warning instead of logging mixed values."""
+    gate, entered = _gated()
+    model = _net()
+    logged = {}
+    monitor = Monitor(model, every=1, metrics=["stable_rank", "gated"],
+                      log=lambda values, step: logged.setdefault(step, values))
+    with caplog.at_level("WARNING", logger="diffract_training"):
+        assert monitor.step(1) and entered.wait(timeout=300)
+        with torch.no_grad():
+            model[2].weight.mul_(2.0)  # the second block, not copied yet
+        gate.set()
+        monitor.close()
+    assert logged == {} and monitor.analysed == []
+    assert any("changed in place outside an optimizer step" in r.message
+               for r in caplog.records)
+
+
+def test_copy_limit_is_checked():
+    for bad in (-1, 1.5, "all", True):
+        with pytest.raises(InvalidArgumentError, match="copy_limit"):
+            Monitor(_net(), copy_limit=bad)

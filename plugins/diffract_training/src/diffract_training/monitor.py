@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -81,14 +83,27 @@ class Monitor:
         histograms: bool = True,
         prefix: str = "diffract",
         background: bool = True,
+        copy_limit: float | None = 0.25,
     ) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise InvalidArgumentError(
                 f"every must be a whole number of steps of at least 1, got {every!r}.")
+        if copy_limit is not None and (isinstance(copy_limit, bool) or not isinstance(
+                copy_limit, (int, float)) or copy_limit < 0
+                or (isinstance(copy_limit, float) and copy_limit > 1)):
+            raise InvalidArgumentError(
+                f"copy_limit takes a share of the analysed bytes (a float from 0 to 1), a "
+                f"number of bytes (an int) or None (no limit), got {copy_limit!r}.")
+        self.copy_limit = copy_limit
         self.every, self.prefix, self.histograms = every, prefix, histograms
+        self._model_level: list[str] = []
         self.background = background
         self._model: Any = None
         self._names: list[str] = []
+        self._blocks: list[list[str]] = []
+        self._limit = math.inf
+        self._hook: Any = None
+        self._snap: _Snapshot | None = None
         self._params = params
         self._views = list(views or [])
         self._sinks = _sinks(log)
@@ -112,6 +127,7 @@ class Monitor:
         self._box = threading.Lock()
         self.skipped: list[int] = []
         self.analysed: list[int] = []
+        self._taken: dict[int, _Snapshot] = {}
         self.closed = False
 
     # -- checks made before training -----------------------------------------------
@@ -125,6 +141,8 @@ class Monitor:
             if field not in names:
                 raise UnknownFieldError(field, sorted(names), action=f"in {what}")
             level = known[names[field]]["apply_level"]
+            if level == "IN_MODEL":
+                self._model_level.append(field)
             if level not in _LEVELS:
                 raise InvalidArgumentError(
                     f"{field!r} compares two models ({level} level): a monitor analyses one "
@@ -139,6 +157,20 @@ class Monitor:
         refused here."""
         self._model = model
         self._names = self._analysed(self._params)
+        named = self._named()
+        sizes = {n: _nbytes(named[n]) if hasattr(named[n], "element_size")
+                 else np.asarray(named[n]).nbytes for n in self._names}
+        total = sum(sizes.values())
+        limit = self.copy_limit
+        self._limit = math.inf if limit is None else total * limit if isinstance(
+            limit, float) else limit
+        self._blocks = _blocks(self._names, sizes, max(max(sizes.values()), total / 8))
+        torch = sys.modules.get("torch")
+        if self._hook is None and torch is not None and any(
+                isinstance(named[n], torch.Tensor) for n in self._names):
+            from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+            self._hook = register_optimizer_step_pre_hook(self._before_update)
 
     def _analysed(self, params: Sequence[str] | str | None) -> list[str]:
         probe = Session()
@@ -206,23 +238,36 @@ class Monitor:
                             "step %d; this cadence point is skipped (raise `every` to skip "
                             "none; Monitor.skipped lists them)", global_step)
             return False
-        snapshot = self._snapshot()
+        start = time.perf_counter()
+        snapshot = self._snap = self._taken[global_step] = _Snapshot(
+            self._named(), self._names, self._limit)
         self._done.add(global_step)
         self._worker = threading.Thread(target=self._analyse, args=(global_step, snapshot),
                                         name=f"diffract-monitor-{global_step}", daemon=True)
         self._worker.start()
+        snapshot.blocked += time.perf_counter() - start
         if not self.background:
             self.wait()
         return True
 
-    def _snapshot(self) -> dict[str, Any]:
-        named = self._named()
-        out = {}
-        for name in self._names:
-            value = named[name]
-            value = value.detach() if hasattr(value, "detach") else value
-            out[name] = value.clone() if hasattr(value, "clone") else np.array(value)
-        return out
+    @property
+    def blocked(self) -> dict[int, float]:
+        """Seconds the loop was held per analysed step: at the cadence point, and for
+        the copies (or the wait) before the optimizer's next step."""
+        return {step: snap.blocked for step, snap in self._taken.items()}
+
+    @property
+    def copied(self) -> dict[int, int]:
+        """Bytes the loop copied per analysed step (what the analysis had not reached
+        when the optimizer stepped), at most ``copy_limit``."""
+        return {step: snap.copied for step, snap in self._taken.items()}
+
+    def _before_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Any optimizer's step pre-hook: the running analysis's live weights are copied
+        (or waited for) before they change."""
+        snapshot = self._snap
+        if snapshot is not None:
+            snapshot.before_update(self._worker)
 
     def wait(self) -> None:
         """Block until the running analysis (if any) has finished, then hand out its
@@ -244,6 +289,9 @@ class Monitor:
                 self.session.close()
             finally:
                 self._release_lock()
+                if self._hook is not None:
+                    self._hook.remove()
+                    self._hook = None
 
     def __enter__(self) -> Monitor:
         return self
@@ -252,34 +300,50 @@ class Monitor:
         self.close()
 
     # -- the worker's side ---------------------------------------------------------
-    def _analyse(self, global_step: int, snapshot: dict[str, Any]) -> None:
+    def _analyse(self, global_step: int, snapshot: _Snapshot) -> None:
         model_id = f"step-{global_step}"
         session = self.session
         try:
-            session.models.add(snapshot, model_id, step=global_step, copy_weights=False,
-                               views=self._views or None)
+            session.models.add(snapshot.tensors, model_id, step=global_step,
+                               copy_weights=False, views=self._views or None)
             scoped = session.filter(model_ids=[model_id])
-            parents = [p.name for p in session.models.params(model_id) if p.parent is None]
-            reports = [scoped.filter(param_names=parents).compute.apply(
-                *self.metrics, *self._arrays, errors="record")]
-            if self.view_metrics:
-                children = [p.name for p in session.models.params(model_id)
-                            if p.parent is not None]
-                reports.append(scoped.filter(param_names=children).compute.apply(
-                    *self.view_metrics, errors="record"))
+            children: dict[str, list[str]] = {}
+            for p in session.models.params(model_id):
+                if p.parent is not None:
+                    children.setdefault(p.parent, []).append(p.name)
+            per_param = [m for m in self.metrics if m not in self._model_level]
+            reports = []
+            for block in self._blocks:  # a block's copy lives while it is analysed
+                snapshot.take(block)
+                reports.append(scoped.filter(param_names=block).compute.apply(
+                    *per_param, *self._arrays, errors="record", progress=False))
+                viewed = [c for name in block for c in children.get(name, ())]
+                if self.view_metrics and viewed:
+                    reports.append(scoped.filter(param_names=viewed).compute.apply(
+                        *self.view_metrics, errors="record", progress=False))
+                snapshot.release(block)
+            if self._model_level:
+                reports.append(scoped.filter(param_names=self._names).compute.apply(
+                    *self._model_level, errors="record", progress=False))
+            if snapshot.stale:
+                session.models.erase(model_id)
+                self._tell("(step)", f"{', '.join(snapshot.stale[:3])} changed in place "
+                           "outside an optimizer step while step {global_step} was analysed, "
+                           "so that step is not kept; pass copy_limit=None to copy the "
+                           "weights at the cadence point")
+                return
             for report in reports:
                 for note in report.failures:
                     self._tell(note.param or model_id, note.reason)
-            values, spectra = self._collect(scoped, model_id, set(parents))
+            values, spectra = self._collect(scoped, model_id, set(self._names))
             session.results.ingest_aggregates({contextual_name(DONE, [model_id]): global_step})
         except Exception as exc:  # noqa: BLE001 - an analysis never stops training
             self._tell("(step)", f"{type(exc).__name__}: {exc}")
             return
-        finally:
-            for value in snapshot.values():  # the copies go now, whatever the store keeps
-                if hasattr(value, "set_"):
-                    value.set_()
-            snapshot.clear()
+        finally:  # the copies go now, whatever the store keeps
+            snapshot.release(list(snapshot.tensors))
+            if self._snap is snapshot:
+                self._snap = None
         with self._box:
             self._outbox.append((global_step, values, spectra))
             self.analysed.append(global_step)
@@ -336,6 +400,98 @@ class Monitor:
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
+
+
+class _Snapshot:
+    """The analysed weights of one cadence point, copied only when they must be.
+
+    Torch parameters are not copied at the cadence point: each tensor handed to the
+    analysis is an alias of the live parameter, which holds the step's values until the
+    optimizer's next step. The worker copies a block just before it analyses it and
+    frees the copy after; just before any optimizer steps (a step pre-hook), what the
+    worker has not reached is copied by the loop, at most ``limit`` bytes of it: while
+    more is left, the loop waits for the worker to take blocks. A parameter changed in
+    place by anything but an optimizer step (its ``_version`` moved before it was
+    copied) spoils the step, which is then not kept. Numpy arrays are copied at once.
+    """
+
+    def __init__(self, named: Mapping[str, Any], names: Sequence[str], limit: float) -> None:
+        self.tensors: dict[str, Any] = {}
+        self.live: dict[str, Any] = {}
+        self.version: dict[str, int] = {}
+        for name in names:
+            value = named[name]
+            if hasattr(value, "detach"):
+                self.live[name] = value
+                self.version[name] = value._version
+                self.tensors[name] = value.detach()
+            else:
+                self.tensors[name] = np.array(value)
+        self.pending = dict.fromkeys(self.live)  # in order; not copied yet
+        self.pending_bytes = sum(_nbytes(self.live[n]) for n in self.pending)
+        self.limit = limit
+        self.stale: list[str] = []
+        self.blocked = 0.0  # seconds the loop spent here (copying or waiting)
+        self.copied = 0  # bytes the loop copied
+        self.cond = threading.Condition()
+
+    def _copy(self, name: str) -> None:
+        if name in self.pending:
+            del self.pending[name]
+            self.pending_bytes -= _nbytes(self.live[name])
+            if self.live[name]._version != self.version[name]:
+                self.stale.append(name)
+            alias = self.tensors[name]
+            alias.set_(alias.clone())  # the alias now owns a copy; the parameter is untouched
+
+    def take(self, names: Sequence[str]) -> None:
+        """The worker's side: copy ``names`` (those still live) before reading them."""
+        with self.cond:
+            for name in names:
+                self._copy(name)
+            self.cond.notify_all()
+
+    def release(self, names: Sequence[str]) -> None:
+        """Free the copies of ``names`` (and forget any still live: the analysis ended)."""
+        with self.cond:
+            for name in names:
+                if name in self.pending:
+                    del self.pending[name]
+                    self.pending_bytes -= _nbytes(self.live[name])
+                value = self.tensors[name]
+                if hasattr(value, "set_"):
+                    value.set_()
+            self.cond.notify_all()
+
+    def before_update(self, worker: threading.Thread | None) -> None:
+        """The loop's side, just before an optimizer changes the weights in place."""
+        if not self.pending:
+            return
+        start = time.perf_counter()
+        with self.cond:
+            while self.pending_bytes > self.limit and worker is not None and worker.is_alive():
+                self.cond.wait(timeout=1.0)  # woken by take(); the timeout only re-checks
+            self.copied += self.pending_bytes
+            for name in list(self.pending):
+                self._copy(name)
+        self.blocked += time.perf_counter() - start
+
+
+def _nbytes(value: Any) -> int:
+    return int(value.numel()) * int(value.element_size())
+
+
+def _blocks(names: Sequence[str], sizes: Mapping[str, int], cap: float) -> list[list[str]]:
+    """``names`` in order, in runs of at most ``cap`` bytes (one name at least)."""
+    blocks: list[list[str]] = []
+    held = 0.0
+    for name in names:
+        if not blocks or held + sizes[name] > cap:
+            blocks.append([])
+            held = 0.0
+        blocks[-1].append(name)
+        held += sizes[name]
+    return blocks
 
 
 def _number(value: Any) -> bool:
