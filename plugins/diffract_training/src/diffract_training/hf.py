@@ -7,8 +7,8 @@
 The values go out through the trainer's own callbacks' ``on_log`` (so every tracker of
 ``report_to`` gets them), at the step that was analysed, not the step at which the
 analysis finished; ESD histograms go to the TensorBoard writer of the trainer's
-TensorBoard callback when there is one. Only the main process (``is_world_process_zero``)
-analyses and logs. A resumed run (``resume_from_checkpoint``) continues the same store:
+TensorBoard callback when there is one. Only rank 0 analyses and logs; the other ranks
+take part in gathering sharded (DTensor) parameters. A resumed run (``resume_from_checkpoint``) continues the same store:
 steps already analysed there are not analysed again.
 """
 
@@ -45,13 +45,12 @@ class DiffractCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:
         self._args, self._state, self._control = args, state, control
-        if state.is_world_process_zero and model is not None:
+        if model is not None:  # on every rank: the monitor knows which one writes
             self.monitor.attach(model)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._args, self._state, self._control = args, state, control
-        if state.is_world_process_zero:
-            self.monitor.step(state.global_step)
+        self.monitor.step(state.global_step)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._args, self._state, self._control = args, state, control

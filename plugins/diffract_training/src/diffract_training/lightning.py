@@ -5,7 +5,8 @@
 
 The values go to every logger of the trainer (``logger.log_metrics(values, step)``) at
 the step that was analysed; ESD histograms to the ones whose ``experiment`` is a
-TensorBoard ``SummaryWriter``. Only the global-zero process analyses and logs. A run
+TensorBoard ``SummaryWriter``. Only rank 0 analyses and logs; the other ranks take part in
+gathering sharded (DTensor) parameters. A run
 resumed with ``ckpt_path`` continues the same store: steps already analysed there are
 not analysed again.
 """
@@ -40,13 +41,11 @@ class DiffractLightningCallback(Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._trainer = trainer
-        if trainer.is_global_zero:
-            self.monitor.attach(pl_module)
+        self.monitor.attach(pl_module)  # on every rank: the monitor knows which one writes
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if trainer.is_global_zero:
-            self.monitor.step(trainer.global_step)
+        self.monitor.step(trainer.global_step)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self.monitor.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import threading
 import time
@@ -107,8 +108,13 @@ class Monitor:
         self._params = params
         self._views = list(views or [])
         self._sinks = _sinks(log)
+        #: Whether this process analyses, logs and writes (rank 0 under torch.distributed;
+        #: the others only take part in gathering sharded parameters).
+        self.writer = _rank() == 0
+        store = store if self.writer else None
         self.session = Session("local", path=str(store)) if store is not None else Session()
         self._lock_file = None
+        self._sharded: list[str] = []
         try:
             self._lock_file = _lock(store) if store is not None else None
             self.metrics = self._checked(metrics, "metrics")
@@ -155,9 +161,15 @@ class Monitor:
         its trainer hands the model over): its analysed matrices are found now, from a
         probe that copies nothing; a model with none, or views that split nothing, are
         refused here."""
+        if self.writer and _rank() != 0:  # torch.distributed began after the monitor
+            self.writer = False
+            self._release_lock()
+            self.session.close()
+            self.session, self._done = Session(), set()
         self._model = model
         self._names = self._analysed(self._params)
         named = self._named()
+        self._sharded = [n for n in self._names if hasattr(named[n], "full_tensor")]
         sizes = {n: _nbytes(named[n]) if hasattr(named[n], "element_size")
                  else np.asarray(named[n]).nbytes for n in self._names}
         total = sum(sizes.values())
@@ -227,20 +239,26 @@ class Monitor:
         """Call once per optimizer step: at a cadence point, snapshot and start the
         analysis (True); otherwise only hand finished results to the sinks."""
         self._emit()
-        if self.closed or not self.due(global_step):
+        if self.closed or global_step % self.every:
             return False
         if self._model is None:
             raise InvalidArgumentError("this monitor watches no model yet: attach(model) first.")
-        if self._worker is not None and self._worker.is_alive():
+        go = self.writer and self.due(global_step)
+        if go and self._worker is not None and self._worker.is_alive():
+            go = False
             self.skipped.append(global_step)
             if len(self.skipped) == 1:
                 log.warning("diffract: the analysis of the previous step is still running at "
                             "step %d; this cadence point is skipped (raise `every` to skip "
                             "none; Monitor.skipped lists them)", global_step)
-            return False
         start = time.perf_counter()
+        if self._sharded:  # every rank gathers, or none: rank 0 decides
+            go = self._agree(go)
+        gathered = self._gather() if go and self._sharded else {}
+        if not go or not self.writer:
+            return False
         snapshot = self._snap = self._taken[global_step] = _Snapshot(
-            self._named(), self._names, self._limit)
+            self._named(), self._names, self._limit, gathered)
         self._done.add(global_step)
         self._worker = threading.Thread(target=self._analyse, args=(global_step, snapshot),
                                         name=f"diffract-monitor-{global_step}", daemon=True)
@@ -249,6 +267,28 @@ class Monitor:
         if not self.background:
             self.wait()
         return True
+
+    def _agree(self, go: bool) -> bool:
+        """Rank 0's decision for this cadence point, on every rank (the gathers that
+        follow are collectives: all ranks make them, in one order, or none does)."""
+        import torch
+        import torch.distributed as dist
+
+        first = self._named()[self._sharded[0]]
+        flag = torch.tensor([int(go)], device=first.device_mesh.device_type)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+    def _gather(self) -> dict[str, Any]:
+        """The sharded (DTensor) parameters, whole, one at a time on their device; rank 0
+        keeps each on the CPU, so the device holds one gathered parameter at most."""
+        named, out = self._named(), {}
+        for name in self._sharded:
+            whole = named[name].detach().full_tensor()
+            if self.writer:
+                out[name] = whole.cpu() if whole.device.type != "cpu" else whole
+            del whole
+        return out
 
     @property
     def blocked(self) -> dict[int, float]:
@@ -412,16 +452,20 @@ class _Snapshot:
     worker has not reached is copied by the loop, at most ``limit`` bytes of it: while
     more is left, the loop waits for the worker to take blocks. A parameter changed in
     place by anything but an optimizer step (its ``_version`` moved before it was
-    copied) spoils the step, which is then not kept. Numpy arrays are copied at once.
+    copied) spoils the step, which is then not kept. Numpy arrays are copied at once;
+    ``fixed`` holds copies made already (the gathered DTensors).
     """
 
-    def __init__(self, named: Mapping[str, Any], names: Sequence[str], limit: float) -> None:
+    def __init__(self, named: Mapping[str, Any], names: Sequence[str], limit: float,
+                 fixed: Mapping[str, Any]) -> None:
         self.tensors: dict[str, Any] = {}
         self.live: dict[str, Any] = {}
         self.version: dict[str, int] = {}
         for name in names:
             value = named[name]
-            if hasattr(value, "detach"):
+            if name in fixed:  # already a copy of its own (a gathered DTensor)
+                self.tensors[name] = fixed[name]
+            elif hasattr(value, "detach"):
                 self.live[name] = value
                 self.version[name] = value._version
                 self.tensors[name] = value.detach()
@@ -479,6 +523,18 @@ class _Snapshot:
 
 def _nbytes(value: Any) -> int:
     return int(value.numel()) * int(value.element_size())
+
+
+def _rank() -> int:
+    """This process's rank: torch.distributed's once it is set up, else the launcher's
+    (``RANK``, ``LOCAL_RANK``: torchrun, Lightning), else 0."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    for key in ("RANK", "LOCAL_RANK"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0
 
 
 def _blocks(names: Sequence[str], sizes: Mapping[str, int], cap: float) -> list[list[str]]:

@@ -1,0 +1,116 @@
+"""diffract-training under torch.distributed, two gloo processes on the CPU: DDP's
+replicated parameters and FSDP2's DTensor shards (gathered one at a time, every rank
+taking part) give, on rank 0 alone, the values of an analysis of the whole weights saved
+at the same step; the other rank writes and logs nothing and does not contend for the
+store's lock."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors.torch")
+if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+from diffract import Session  # noqa: E402
+
+METRICS = ("pl_alpha", "stable_rank", "log_norm", "spectral_norm")
+
+_RANK = textwrap.dedent("""
+    import json, os, sys
+    import torch, torch.distributed as dist
+    from safetensors.torch import save_file
+    sys.path.insert(0, {tests!r})
+    from training.test_monitor import _net
+    from diffract_training import Monitor
+
+    kind, rank, port, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    os.environ["RANK"] = str(rank)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank,
+                            world_size=2)
+    model = _net()
+    if kind == "ddp":
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+        watched = model
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (2,))
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        wrapped = watched = fully_shard(model, mesh=mesh)
+    logged = {{}}
+    monitor = Monitor(watched, every=2, metrics={metrics!r}, store=out + "/run.diffract",
+                      log=lambda values, step: logged.setdefault(step, values),
+                      background=kind == "fsdp2-background")
+    opt = torch.optim.SGD(wrapped.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(rank)
+    for step in range(1, 5):
+        loss = wrapped(torch.randn(8, 160, generator=gen)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 2 == 0:  # the whole weights, as a checkpoint of this step
+            whole = {{n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+                     for n, p in watched.named_parameters()}}
+            if rank == 0:
+                save_file(whole, f"{{out}}/s{{step}}.safetensors")
+        monitor.step(step)
+    monitor.close()
+    with open(f"{{out}}/rank{{rank}}.json", "w") as fh:
+        json.dump({{"logged": {{str(k): v for k, v in logged.items()}},
+                   "sharded": monitor._sharded, "writer": monitor.writer}}, fh)
+    dist.destroy_process_group()
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2", "fsdp2-background"])
+def test_two_ranks_log_once_the_values_of_the_whole_weights(tmp_path, kind):
+    script = tmp_path / "rank.py"
+    script.write_text(_RANK.format(tests=str(Path(__file__).parents[1]), metrics=METRICS))
+    port = str(_free_port())
+    ranks = [subprocess.Popen([sys.executable, str(script), kind, str(r), port, str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    for proc in ranks:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+    zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert zero["writer"] and not one["writer"] and one["logged"] == {}
+    # In the background, step 4 may come while step 2 is analysed: skipped on both ranks
+    # alike (rank 0 decides), so neither waits in a gather the other never makes.
+    steps = [int(k) for k in zero["logged"]]
+    assert steps == [2, 4] or (kind == "fsdp2-background" and steps == [2])
+    want_sharded = ["0.weight", "2.weight", "4.weight"] if kind != "ddp" else []
+    assert zero["sharded"] == one["sharded"] == want_sharded
+    with Session("local", path=str(tmp_path / "run.diffract")) as s:
+        stored = s.results.export_metrics(*METRICS)
+        assert sorted(s.models.steps()[m]["step"] for m in s.model_ids) == steps
+    for step in steps:
+        with Session() as s:
+            s.models.add(tmp_path / f"s{step}.safetensors", "ck")
+            s.compute.apply(*METRICS, errors="record")
+            want = s.results.export_metrics(*METRICS)["ck"]
+        assert set(want) == {"0.weight", "2.weight", "4.weight"}
+        for param, row in want.items():
+            for field in METRICS:
+                got = stored[f"step-{step}"][param][field]
+                assert got == row[field] or (np.isnan(got) and np.isnan(row[field]))
+                if np.isfinite(row[field]):
+                    assert zero["logged"][str(step)][f"diffract/{field}/{param}"] == row[field]
