@@ -334,3 +334,18 @@ def test_copy_limit_is_checked():
     for bad in (-1, 1.5, "all", True):
         with pytest.raises(InvalidArgumentError, match="copy_limit"):
             Monitor(_net(), copy_limit=bad)
+
+
+def test_the_analysis_between_forward_and_backward_leaves_autograd_alone():
+    """The analysis copies blocks while the loop holds a graph: backward still finds the
+    parameters' versions it saved (an alias sharing their version counter would not)."""
+    gate, entered = _gated()
+    model = _net()
+    monitor = Monitor(model, every=1, metrics=["stable_rank", "gated"], copy_limit=None)
+    assert monitor.step(1) and entered.wait(timeout=300)
+    loss = model(torch.randn(4, 160)).pow(2).mean()  # the graph saves the weights
+    gate.set()
+    monitor.wait()  # the analysis took its other blocks meanwhile
+    loss.backward()
+    monitor.close()
+    assert monitor.analysed == [1] and model[0].weight.grad is not None

@@ -468,7 +468,7 @@ class _Snapshot:
             elif hasattr(value, "detach"):
                 self.live[name] = value
                 self.version[name] = value._version
-                self.tensors[name] = value.detach()
+                self.tensors[name] = _alias(value)
             else:
                 self.tensors[name] = np.array(value)
         self.pending = dict.fromkeys(self.live)  # in order; not copied yet
@@ -519,6 +519,18 @@ class _Snapshot:
             for name in list(self.pending):
                 self._copy(name)
         self.blocked += time.perf_counter() - start
+
+
+def _alias(value: Any) -> Any:
+    """A tensor on ``value``'s storage with a version counter of its own: re-pointing it
+    at a copy (``set_``) then leaves the parameter's counter, which autograd checks on
+    the tensors it saved for backward, untouched (``detach()`` would share it)."""
+    import torch
+
+    with torch.no_grad():
+        return torch.empty(0, dtype=value.dtype, device=value.device).set_(
+            value.detach().untyped_storage(), value.storage_offset(), value.size(),
+            value.stride())
 
 
 def _nbytes(value: Any) -> int:
