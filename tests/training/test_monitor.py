@@ -265,12 +265,12 @@ def _saved_step(model, path):
     safetensors_torch.save_file({k: v.clone() for k, v in model.state_dict().items()}, str(path))
 
 
-@pytest.mark.parametrize("limit", [None, 0, 60_000], ids=["no-limit", "wait", "fits"])
-def test_the_loop_copies_only_what_the_analysis_has_not_reached(tmp_path, limit):
-    """No copy at the cadence point: the analysis reads the live weights block by block;
-    the optimizer's next step first copies what it has not reached (``copy_limit``
-    bytes at most; beyond that the loop waits for the analysis). The values are the
-    cadence step's either way, equal to an analysis of the checkpoint saved there."""
+@pytest.mark.parametrize("limit", [None, 0, 60_000], ids=["no-limit", "wait", "one-block"])
+def test_the_copies_stay_within_copy_limit_and_hold_the_cadence_step(tmp_path, limit):
+    """No copy at the cadence point: the analysis copies blocks in its own thread, as far
+    ahead as ``copy_limit`` allows; when the optimizer steps first, the loop waits for
+    what does not fit. The values are the cadence step's either way, equal to an
+    analysis of the checkpoint saved there."""
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     gate, entered = _gated()
@@ -279,7 +279,8 @@ def test_the_loop_copies_only_what_the_analysis_has_not_reached(tmp_path, limit)
     logged = {}
     # Registered before the monitor's hook, so it runs first: the optimizer's step has
     # begun while the analysis is held in its first block.
-    hook = register_optimizer_step_pre_hook(lambda *a: gate.set() if limit == 0 else None)
+    hook = register_optimizer_step_pre_hook(
+        lambda *a: gate.set() if limit is not None else None)
     monitor = Monitor(model, every=4, metrics=[*METRICS, "gated"], copy_limit=limit,
                       log=lambda values, step: logged.setdefault(step, values))
     try:
@@ -300,15 +301,43 @@ def test_the_loop_copies_only_what_the_analysis_has_not_reached(tmp_path, limit)
         gate.set()
         monitor.close()
     sizes = {n: p.numel() * 4 for n, p in model.named_parameters() if p.ndim == 2}
-    first = sizes["0.weight"]  # the first block, which the analysis copied itself
-    assert monitor._blocks[0] == ["0.weight"]
-    assert monitor.copied[4] == {None: sum(sizes.values()) - first, 0: 0,
-                                 60_000: sum(sizes.values()) - first}[limit]
+    assert monitor._blocks == [["0.weight"], ["2.weight", "4.weight"]]
+    assert monitor.copied[4] == 0  # the analysis copied all, ahead or while the loop waited
+    first = sizes["0.weight"]  # the block being analysed is copied whatever the limit
+    assert monitor._taken[4].peak == {None: sum(sizes.values()), 0: first, 60_000: first}[limit]
     want = _analyze(tmp_path / "s4.safetensors")
     for param, row in want.items():
         for field in METRICS:
             if np.isfinite(row[field]):
                 assert logged[4][f"diffract/{field}/{param}"] == row[field], (param, field)
+
+
+def test_the_loop_copies_what_is_still_live_before_the_optimizer_steps():
+    """The pre-hook's copy, made when the analysis has not reached a block (a race in a
+    real run, called directly here): the copies keep the step's values after the update,
+    and an in-place change made before the copy is reported stale."""
+    from diffract_training.monitor import _Snapshot
+
+    model = _net()
+    named = dict(model.named_parameters())
+    names = ["0.weight", "2.weight"]
+    before = {n: named[n].detach().clone() for n in names}
+    snap = _Snapshot(named, names, float("inf"), {})
+    assert snap.tensors["0.weight"].untyped_storage().data_ptr() == \
+        named["0.weight"].untyped_storage().data_ptr()  # an alias until then
+    snap.before_update(None)
+    assert snap.copied == sum(named[n].numel() * 4 for n in names) and not snap.pending
+    with torch.no_grad():
+        for n in names:
+            named[n].add_(1.0)
+    for n in names:
+        assert torch.equal(snap.tensors[n], before[n])
+    assert snap.stale == []
+    spoiled = _Snapshot(named, names, float("inf"), {})
+    with torch.no_grad():
+        named["2.weight"].mul_(2.0)
+    spoiled.before_update(None)
+    assert spoiled.stale == ["2.weight"]
 
 
 def test_weights_changed_outside_an_optimizer_step_spoil_that_step(caplog):
@@ -317,12 +346,12 @@ def test_weights_changed_outside_an_optimizer_step_spoil_that_step(caplog):
     gate, entered = _gated()
     model = _net()
     logged = {}
-    monitor = Monitor(model, every=1, metrics=["stable_rank", "gated"],
+    monitor = Monitor(model, every=1, metrics=["stable_rank", "gated"], copy_limit=0,
                       log=lambda values, step: logged.setdefault(step, values))
     with caplog.at_level("WARNING", logger="diffract_training"):
         assert monitor.step(1) and entered.wait(timeout=300)
         with torch.no_grad():
-            model[2].weight.mul_(2.0)  # the second block, not copied yet
+            model[2].weight.mul_(2.0)  # the second block, not copied yet (no room ahead)
         gate.set()
         monitor.close()
     assert logged == {} and monitor.analysed == []

@@ -84,7 +84,7 @@ class Monitor:
         histograms: bool = True,
         prefix: str = "diffract",
         background: bool = True,
-        copy_limit: float | None = 0.25,
+        copy_limit: float | None = 2**30,
     ) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise InvalidArgumentError(
@@ -353,8 +353,8 @@ class Monitor:
                     children.setdefault(p.parent, []).append(p.name)
             per_param = [m for m in self.metrics if m not in self._model_level]
             reports = []
-            for block in self._blocks:  # a block's copy lives while it is analysed
-                snapshot.take(block)
+            for i, block in enumerate(self._blocks):  # copies live while analysed
+                snapshot.take(block, self._blocks[i + 1:])
                 reports.append(scoped.filter(param_names=block).compute.apply(
                     *per_param, *self._arrays, errors="record", progress=False))
                 viewed = [c for name in block for c in children.get(name, ())]
@@ -443,17 +443,18 @@ class Monitor:
 
 
 class _Snapshot:
-    """The analysed weights of one cadence point, copied only when they must be.
+    """The analysed weights of one cadence point, copied off the loop.
 
     Torch parameters are not copied at the cadence point: each tensor handed to the
-    analysis is an alias of the live parameter, which holds the step's values until the
-    optimizer's next step. The worker copies a block just before it analyses it and
-    frees the copy after; just before any optimizer steps (a step pre-hook), what the
-    worker has not reached is copied by the loop, at most ``limit`` bytes of it: while
-    more is left, the loop waits for the worker to take blocks. A parameter changed in
-    place by anything but an optimizer step (its ``_version`` moved before it was
-    copied) spoils the step, which is then not kept. Numpy arrays are copied at once;
-    ``fixed`` holds copies made already (the gathered DTensors).
+    analysis is an alias of the live parameter, which holds the step's values until an
+    optimizer next changes it. The worker copies the block it is about to analyse and,
+    ahead of it, as many further blocks as fit in ``limit`` bytes of copies alive; a
+    block's copy is freed once it is analysed. Just before any optimizer steps (a step
+    pre-hook), what is still live is copied by the loop if it fits in the limit, else the
+    loop waits for the worker to get through it. A parameter changed in place by anything
+    but an optimizer step (its ``_version`` moved before it was copied) spoils the step,
+    which is then not kept. Numpy arrays are copied at once; ``fixed`` holds copies made
+    already (the gathered DTensors).
     """
 
     def __init__(self, named: Mapping[str, Any], names: Sequence[str], limit: float,
@@ -471,8 +472,10 @@ class _Snapshot:
                 self.tensors[name] = _alias(value)
             else:
                 self.tensors[name] = np.array(value)
+        self.size = {n: _nbytes(v) for n, v in self.live.items()}
         self.pending = dict.fromkeys(self.live)  # in order; not copied yet
-        self.pending_bytes = sum(_nbytes(self.live[n]) for n in self.pending)
+        self.pending_bytes = sum(self.size.values())
+        self.held = self.peak = 0  # bytes of copies alive (now, at most)
         self.limit = limit
         self.stale: list[str] = []
         self.blocked = 0.0  # seconds the loop spent here (copying or waiting)
@@ -482,17 +485,26 @@ class _Snapshot:
     def _copy(self, name: str) -> None:
         if name in self.pending:
             del self.pending[name]
-            self.pending_bytes -= _nbytes(self.live[name])
+            self.pending_bytes -= self.size[name]
+            self.held += self.size[name]
+            self.peak = max(self.peak, self.held)
             if self.live[name]._version != self.version[name]:
                 self.stale.append(name)
             alias = self.tensors[name]
             alias.set_(alias.clone())  # the alias now owns a copy; the parameter is untouched
 
-    def take(self, names: Sequence[str]) -> None:
-        """The worker's side: copy ``names`` (those still live) before reading them."""
+    def take(self, block: Sequence[str], ahead: Sequence[Sequence[str]]) -> None:
+        """The worker's side: copy ``block`` (what is still live of it) before reading
+        it, then the blocks ``ahead`` in order while their copies fit in the limit."""
         with self.cond:
-            for name in names:
+            for name in block:
                 self._copy(name)
+            for later in ahead:
+                live = [n for n in later if n in self.pending]
+                if self.held + sum(self.size[n] for n in live) > self.limit:
+                    break
+                for name in live:
+                    self._copy(name)
             self.cond.notify_all()
 
     def release(self, names: Sequence[str]) -> None:
@@ -501,7 +513,9 @@ class _Snapshot:
             for name in names:
                 if name in self.pending:
                     del self.pending[name]
-                    self.pending_bytes -= _nbytes(self.live[name])
+                    self.pending_bytes -= self.size[name]
+                elif name in self.size and self.tensors[name].numel():
+                    self.held -= self.size[name]
                 value = self.tensors[name]
                 if hasattr(value, "set_"):
                     value.set_()
@@ -513,7 +527,8 @@ class _Snapshot:
             return
         start = time.perf_counter()
         with self.cond:
-            while self.pending_bytes > self.limit and worker is not None and worker.is_alive():
+            while self.pending and self.held + self.pending_bytes > self.limit \
+                    and worker is not None and worker.is_alive():
                 self.cond.wait(timeout=1.0)  # woken by take(); the timeout only re-checks
             self.copied += self.pending_bytes
             for name in list(self.pending):
