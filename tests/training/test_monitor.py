@@ -130,6 +130,7 @@ def test_a_kernel_that_raises_does_not_stop_training(tmp_path, caplog):
     planted = [r.message for r in caplog.records if "planted failure" in r.message]
     assert len(planted) == 3  # one per parameter, not one per step
     assert not [t for t in threading.enumerate() if t.name.startswith("diffract-monitor")]
+    assert monitor._worker is not None and not monitor._worker.is_alive()
 
 
 _RUN = textwrap.dedent("""
@@ -320,23 +321,26 @@ def test_the_loop_copies_what_is_still_live_before_the_optimizer_steps():
 
     model = _net()
     named = dict(model.named_parameters())
-    names = ["0.weight", "2.weight"]
-    before = {n: named[n].detach().clone() for n in names}
-    snap = _Snapshot(named, names, float("inf"), {})
-    assert snap.tensors["0.weight"].untyped_storage().data_ptr() == \
+    live = {n: named[n] for n in ("0.weight", "2.weight")}
+    sizes = {n: p.numel() * 4 for n, p in live.items()}
+    before = {n: p.detach().clone() for n, p in live.items()}
+    snap = _Snapshot(live, sizes, float("inf"), {})
+    aliases = snap.aliases()
+    assert aliases["0.weight"].untyped_storage().data_ptr() == \
         named["0.weight"].untyped_storage().data_ptr()  # an alias until then
-    snap.before_update(None)
-    assert snap.copied == sum(named[n].numel() * 4 for n in names) and not snap.pending
+    snap.before_update(lambda: False)
+    assert snap.copied == sum(sizes.values()) and not snap.pending
     with torch.no_grad():
-        for n in names:
-            named[n].add_(1.0)
-    for n in names:
-        assert torch.equal(snap.tensors[n], before[n])
+        for p in live.values():
+            p.add_(1.0)
+    for n in live:
+        assert torch.equal(aliases[n], before[n])
     assert snap.stale == []
-    spoiled = _Snapshot(named, names, float("inf"), {})
+    spoiled = _Snapshot(live, sizes, float("inf"), {})  # no aliases yet: the copies stand in
     with torch.no_grad():
         named["2.weight"].mul_(2.0)
-    spoiled.before_update(None)
+    spoiled.before_update(lambda: False)
+    assert torch.equal(spoiled.aliases()["0.weight"], before["0.weight"] + 1.0)
     assert spoiled.stale == ["2.weight"]
 
 

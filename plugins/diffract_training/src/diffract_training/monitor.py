@@ -127,7 +127,10 @@ class Monitor:
             self._release_lock()
             self.session.close()
             raise
-        self._worker: threading.Thread | None = None
+        self._worker: threading.Thread | None = None  # one for the monitor's life
+        self._wake = threading.Condition()
+        self._job: tuple[int, _Snapshot] | None = None
+        self._busy = self._stop = False
         self._outbox: list[tuple[int, dict[str, float], dict[str, np.ndarray]]] = []
         self._told: set[tuple[str, str]] = set()
         self._box = threading.Lock()
@@ -177,6 +180,8 @@ class Monitor:
         self._limit = math.inf if limit is None else total * limit if isinstance(
             limit, float) else limit
         self._blocks = _blocks(self._names, sizes, max(max(sizes.values()), total / 8))
+        self._live = {n: named[n] for n in self._names}
+        self._sizes = sizes
         torch = sys.modules.get("torch")
         if self._hook is None and torch is not None and any(
                 isinstance(named[n], torch.Tensor) for n in self._names):
@@ -244,7 +249,7 @@ class Monitor:
         if self._model is None:
             raise InvalidArgumentError("this monitor watches no model yet: attach(model) first.")
         go = self.writer and self.due(global_step)
-        if go and self._worker is not None and self._worker.is_alive():
+        if go and self._busy:
             go = False
             self.skipped.append(global_step)
             if len(self.skipped) == 1:
@@ -258,11 +263,15 @@ class Monitor:
         if not go or not self.writer:
             return False
         snapshot = self._snap = self._taken[global_step] = _Snapshot(
-            self._named(), self._names, self._limit, gathered)
+            self._live, self._sizes, self._limit, gathered)
         self._done.add(global_step)
-        self._worker = threading.Thread(target=self._analyse, args=(global_step, snapshot),
-                                        name=f"diffract-monitor-{global_step}", daemon=True)
-        self._worker.start()
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._serve, name="diffract-monitor",
+                                            daemon=True)
+            self._worker.start()
+        with self._wake:
+            self._job, self._busy = (global_step, snapshot), True
+            self._wake.notify_all()
         snapshot.blocked += time.perf_counter() - start
         if not self.background:
             self.wait()
@@ -307,13 +316,14 @@ class Monitor:
         (or waited for) before they change."""
         snapshot = self._snap
         if snapshot is not None:
-            snapshot.before_update(self._worker)
+            snapshot.before_update(lambda: self._busy)
 
     def wait(self) -> None:
         """Block until the running analysis (if any) has finished, then hand out its
         results (tests and the end of training; a loop never needs it)."""
-        if self._worker is not None:
-            self._worker.join()
+        with self._wake:
+            while self._busy:
+                self._wake.wait()
         self._emit()
 
     def close(self) -> None:
@@ -325,6 +335,11 @@ class Monitor:
         try:
             self.wait()
         finally:
+            if self._worker is not None:
+                with self._wake:
+                    self._stop = True
+                    self._wake.notify_all()
+                self._worker.join()
             try:
                 self.session.close()
             finally:
@@ -340,11 +355,27 @@ class Monitor:
         self.close()
 
     # -- the worker's side ---------------------------------------------------------
+    def _serve(self) -> None:
+        """The worker thread: one analysis at a time, until the monitor closes."""
+        while True:
+            with self._wake:
+                while self._job is None and not self._stop:
+                    self._wake.wait()
+                if self._job is None:
+                    return
+                job, self._job = self._job, None
+            try:
+                self._analyse(*job)
+            finally:
+                with self._wake:
+                    self._busy = False
+                    self._wake.notify_all()
+
     def _analyse(self, global_step: int, snapshot: _Snapshot) -> None:
         model_id = f"step-{global_step}"
         session = self.session
         try:
-            session.models.add(snapshot.tensors, model_id, step=global_step,
+            session.models.add(snapshot.aliases(), model_id, step=global_step,
                                copy_weights=False, views=self._views or None)
             scoped = session.filter(model_ids=[model_id])
             children: dict[str, list[str]] = {}
@@ -381,7 +412,7 @@ class Monitor:
             self._tell("(step)", f"{type(exc).__name__}: {exc}")
             return
         finally:  # the copies go now, whatever the store keeps
-            snapshot.release(list(snapshot.tensors))
+            snapshot.release(snapshot.order)
             if self._snap is snapshot:
                 self._snap = None
         with self._box:
@@ -457,30 +488,38 @@ class _Snapshot:
     already (the gathered DTensors).
     """
 
-    def __init__(self, named: Mapping[str, Any], names: Sequence[str], limit: float,
+    def __init__(self, live: Mapping[str, Any], size: Mapping[str, int], limit: float,
                  fixed: Mapping[str, Any]) -> None:
-        self.tensors: dict[str, Any] = {}
+        # The loop's part is this: versions, and copies of what cannot stay live.
+        self.tensors: dict[str, Any] = dict(fixed)
         self.live: dict[str, Any] = {}
-        self.version: dict[str, int] = {}
-        for name in names:
-            value = named[name]
+        for name, value in live.items():
             if name in fixed:  # already a copy of its own (a gathered DTensor)
-                self.tensors[name] = fixed[name]
-            elif hasattr(value, "detach"):
+                continue
+            if hasattr(value, "_version"):
                 self.live[name] = value
-                self.version[name] = value._version
-                self.tensors[name] = _alias(value)
             else:
                 self.tensors[name] = np.array(value)
-        self.size = {n: _nbytes(v) for n, v in self.live.items()}
+        self.version = {n: v._version for n, v in self.live.items()}
+        self.order = list(live)
+        self.size = size
         self.pending = dict.fromkeys(self.live)  # in order; not copied yet
-        self.pending_bytes = sum(self.size.values())
+        self.pending_bytes = sum(size[n] for n in self.pending)
         self.held = self.peak = 0  # bytes of copies alive (now, at most)
         self.limit = limit
         self.stale: list[str] = []
         self.blocked = 0.0  # seconds the loop spent here (copying or waiting)
         self.copied = 0  # bytes the loop copied
         self.cond = threading.Condition()
+
+    def aliases(self) -> dict[str, Any]:
+        """The worker's first act: every analysed name to a tensor (an alias of the live
+        parameter until it is copied), in the analysed order."""
+        with self.cond:
+            for name in self.live:
+                if name not in self.tensors:
+                    self.tensors[name] = _alias(self.live[name])
+            return {n: self.tensors[n] for n in self.order}
 
     def _copy(self, name: str) -> None:
         if name in self.pending:
@@ -490,8 +529,12 @@ class _Snapshot:
             self.peak = max(self.peak, self.held)
             if self.live[name]._version != self.version[name]:
                 self.stale.append(name)
-            alias = self.tensors[name]
-            alias.set_(alias.clone())  # the alias now owns a copy; the parameter is untouched
+            copy = self.live[name].detach().clone()
+            alias = self.tensors.get(name)
+            if alias is None:  # the worker has not made its alias yet
+                self.tensors[name] = copy
+            else:  # the alias now owns a copy; the parameter is untouched
+                alias.set_(copy)
 
     def take(self, block: Sequence[str], ahead: Sequence[Sequence[str]]) -> None:
         """The worker's side: copy ``block`` (what is still live of it) before reading
@@ -511,24 +554,23 @@ class _Snapshot:
         """Free the copies of ``names`` (and forget any still live: the analysis ended)."""
         with self.cond:
             for name in names:
+                value = self.tensors.get(name)
                 if name in self.pending:
                     del self.pending[name]
                     self.pending_bytes -= self.size[name]
-                elif name in self.size and self.tensors[name].numel():
-                    self.held -= self.size[name]
-                value = self.tensors[name]
+                elif name in self.live and value is not None and value.numel():
+                    self.held -= self.size[name]  # a copy of ours, not freed yet
                 if hasattr(value, "set_"):
                     value.set_()
             self.cond.notify_all()
 
-    def before_update(self, worker: threading.Thread | None) -> None:
+    def before_update(self, running: Callable[[], bool]) -> None:
         """The loop's side, just before an optimizer changes the weights in place."""
         if not self.pending:
             return
         start = time.perf_counter()
         with self.cond:
-            while self.pending and self.held + self.pending_bytes > self.limit \
-                    and worker is not None and worker.is_alive():
+            while self.pending and self.held + self.pending_bytes > self.limit and running():
                 self.cond.wait(timeout=1.0)  # woken by take(); the timeout only re-checks
             self.copied += self.pending_bytes
             for name in list(self.pending):
