@@ -382,3 +382,48 @@ def test_the_analysis_between_forward_and_backward_leaves_autograd_alone():
     loss.backward()
     monitor.close()
     assert monitor.analysed == [1] and model[0].weight.grad is not None
+
+
+def test_diffract_track_reports_a_monitor_store_and_finds_its_event(tmp_path):
+    """`diffract track --store S --report R` with no checkpoint paths reports the run a
+    monitor wrote: its sudden-change detection finds a planted event at its step and
+    layer, and the report is written; nothing is computed (the store has no weights)."""
+    model = _net()
+    store = tmp_path / "run.diffract"
+    with Monitor(model, every=2, metrics=METRICS, store=store, background=False) as monitor:
+        def on_step(step):
+            if step == 12:
+                with torch.no_grad():
+                    model[2].weight.mul_(3.0)  # the event, before step 12's analysis
+            monitor.step(step)
+        _train(model, 20, on_step)
+    report = tmp_path / "r.html"
+    run = subprocess.run([sys.executable, "-m", "diffract.cli", "track", "--store", str(store),
+                          "--report", str(report)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    first = lines[[i for i, line in enumerate(lines) if line.startswith("sudden changes")][0] + 1]
+    assert first.split()[:3] == ["step", "12", "2.weight:"], run.stdout
+    html = report.read_text()
+    assert "Sudden changes" in html and "10 checkpoints" in html
+
+
+@pytest.mark.parametrize(("extra", "match"), [
+    (["--watch", "5"], "--watch polls for new checkpoints"),
+    (["--metrics", "mp_softrank"], "holds no mp_softrank"),
+], ids=["watch", "unstored-metric"])
+def test_diffract_track_over_a_store_refuses_what_it_cannot_do(tmp_path, extra, match):
+    store = tmp_path / "run.diffract"
+    with Monitor(_net(), every=1, metrics=["stable_rank"], store=store,
+                 background=False) as monitor:
+        monitor.step(1)
+    run = subprocess.run([sys.executable, "-m", "diffract.cli", "track", "--store", str(store),
+                          *extra], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 2 and match in run.stderr, run.stderr
+
+
+def test_diffract_track_over_an_empty_store_says_what_to_give(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "diffract.cli", "track", "--store",
+                          str(tmp_path / "none.diffract")], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 2 and "holds no run yet" in run.stderr, run.stderr

@@ -54,9 +54,10 @@ MIN_HISTORY = 4
 
 
 def configure_track(p: argparse.ArgumentParser) -> None:
-    p.add_argument("paths", nargs="+", metavar="DIR_OR_GLOB",
+    p.add_argument("paths", nargs="*", metavar="DIR_OR_GLOB",
                    help="checkpoints: files or checkpoint directories, a folder holding "
-                        "them, or a glob ('runs/a/checkpoint-*')")
+                        "them, or a glob ('runs/a/checkpoint-*'); none: report the run "
+                        "the store holds already (a diffract-training monitor's store)")
     p.add_argument("--metrics", metavar="a,b,...",
                    help=f"per-layer fields (default: {','.join(DEFAULT_METRICS)})")
     p.add_argument("--against", default="previous,first", metavar="previous,first",
@@ -464,6 +465,22 @@ def _float32_vectors(session: Any) -> Iterator[None]:
         session.compute.configure_kernel("svd", vectors=before)
 
 
+def _stored(session: Any, metrics: Sequence[str], given: bool, store: str) -> list[str]:
+    """With no checkpoint paths: the run the store holds, as it stands (nothing is
+    computed: a monitor's store keeps no weights). The metrics it has, of those asked."""
+    ids = session.models.ordered()
+    if not ids:
+        raise UsageError(f"the store {store} holds no run yet: give the "
+                         "checkpoints to track.")
+    held = set().union(*(session.store.fields(m) for m in ids))
+    missing = [m for m in metrics if m not in held]
+    if given and missing:
+        raise UsageError(f"the store holds no {', '.join(missing)} (it has "
+                         f"{', '.join(sorted(held)) or 'nothing'}); without checkpoint paths "
+                         "track computes nothing: ask for stored fields or give the paths.")
+    return [m for m in metrics if m in held]
+
+
 def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
     started = time.perf_counter()
     if args.store is None:
@@ -477,6 +494,9 @@ def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
     bad = {a.strip() for a in args.against.split(",")} - {"previous", "first", "none", ""}
     if bad:
         raise UsageError(f"--against takes previous, first or none, got {sorted(bad)}.")
+    if not args.paths and args.watch is not None:
+        raise UsageError("--watch polls for new checkpoints: give their paths (a monitor's "
+                         "store is reported as it stands; run track again for its new steps).")
     metrics = [m.strip() for m in (args.metrics or ",".join(DEFAULT_METRICS)).split(",")
                if m.strip()]
     view_fields = list(VIEW_METRICS) if args.views and not args.metrics else []
@@ -484,11 +504,15 @@ def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
     with session, _float32_vectors(session):
         check_metrics(session, [*metrics, *view_fields])
         apply_settings(session, args.settings, args.conventions)
+        if not args.paths:
+            metrics = _stored(session, metrics, bool(args.metrics), args.store)
         try:
             while True:
-                with _one_round_at_a_time(args.store, say):
-                    reports, unreadable = _round(session, args.paths, metrics, args, say,
-                                                 view_fields)
+                reports, unreadable = [], False
+                if args.paths:
+                    with _one_round_at_a_time(args.store, say):
+                        reports, unreadable = _round(session, args.paths, metrics, args, say,
+                                                     view_fields)
                 _movers(session, metrics, args.mad, say)
                 _head_movers(session, args, say)
                 if args.out:
