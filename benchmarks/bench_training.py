@@ -15,7 +15,10 @@ seconds the loop was held per analysed step (the cadence point plus the copies o
 before the next optimizer step: ``Monitor.blocked``) against the mean training step.
 For save + analyze, the saving is inside the loop and ``diffract analyze`` runs after
 it, one process per checkpoint, as a user would run it; both are counted.
-The run without a monitor goes first and last; the overheads are against the faster.
+"monitor, inline" is ``background=False`` (the loop waits for each analysis), for
+comparison. The run without a monitor goes first and after each cadence's runs; the
+overheads are against the median of those, and their spread is printed (this VM's
+run-to-run noise is several percent).
 
     python benchmarks/bench_training.py [--steps 2000] [--cadences 50 200 1000]
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -80,14 +84,16 @@ def train(steps: int, on_step) -> float:
     return time.perf_counter() - start
 
 
-def with_monitor(steps: int, every: int, folder: Path) -> tuple[float, object]:
+def with_monitor(steps: int, every: int, folder: Path,
+                 background: bool = True) -> tuple[float, object]:
     from diffract_training import Monitor
 
     box: dict[str, Monitor] = {}
 
     def on_step(step, model):
         if "m" not in box:
-            box["m"] = Monitor(model, every=every, store=folder / f"m{every}.diffract",
+            box["m"] = Monitor(model, every=every, background=background,
+                               store=folder / f"m{every}-{background}.diffract",
                                log=lambda values, at: None)
         if step is None:
             box["m"].close()
@@ -132,18 +138,22 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="diffract-bench-training-") as tmp:
         folder = Path(tmp)
-        first = train(args.steps, lambda step, model: None)
+        bases = [train(args.steps, lambda step, model: None)]
         results = []
         for every in args.cadences:
             results.append(("monitor", every, *with_monitor(args.steps, every, folder)))
+            if every < max(args.cadences):
+                results.append(("monitor, inline", every,
+                                *with_monitor(args.steps, every, folder, background=False)))
             results.append(("save + analyze", every, *with_saves(args.steps, every, folder)))
-        last = train(args.steps, lambda step, model: None)
-    base = min(first, last)
+            bases.append(train(args.steps, lambda step, model: None))
+    base = statistics.median(bases)
     step_ms = 1000 * base / args.steps
-    print(f"# without a monitor: {first:.1f} s first, {last:.1f} s last; a step "
-          f"{step_ms:.1f} ms (the faster run)")
+    print(f"# without a monitor, before and after each cadence's runs: "
+          f"{', '.join(f'{b:.1f}' for b in bases)} s; overheads against their median "
+          f"{base:.1f} s (a step {step_ms:.1f} ms); the spread of these is the noise")
     for kind, every, loop, *rest in results:
-        if kind == "monitor":
+        if kind.startswith("monitor"):
             monitor = rest[0]
             held = list(monitor.blocked.values())
             mean_ms = 1000 * sum(held) / max(len(held), 1)

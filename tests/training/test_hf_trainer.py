@@ -46,8 +46,8 @@ def _trainer(out: Path, steps: int, store: Path, **callback):
         report_to="tensorboard", use_cpu=True, seed=0,
         data_seed=0, disable_tqdm=True)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens())
-    cb = DiffractCallback(trainer, every=4, metrics=METRICS, store=store, background=False,
-                          **callback)
+    callback = {"every": 4, **callback}
+    cb = DiffractCallback(trainer, metrics=METRICS, store=store, background=False, **callback)
     trainer.add_callback(cb)
     return trainer, cb
 
@@ -94,3 +94,22 @@ def test_a_resumed_trainer_continues_the_store_without_doubling(tmp_path):
     with Session("local", path=str(tmp_path / "run.diffract")) as s:
         steps = sorted(s.models.steps()[m]["step"] for m in s.model_ids)
     assert steps == [4, 8, 12]
+
+
+@pytest.mark.parametrize("every", [None, 4], ids=["saves-only", "live-and-saves"])
+def test_on_save_analyses_the_checkpoint_the_trainer_wrote(tmp_path, every):
+    """``on_save=True`` analyses each checkpoint from its files (its values are those of
+    the folder); a step analysed live is not analysed again from its file."""
+    trainer, cb = _trainer(tmp_path / "out", 8, tmp_path / "run.diffract", on_save=True,
+                           every=every)
+    trainer.train()
+    assert cb.monitor.analysed == [4, 8] and cb.monitor.skipped == []
+    with Session("local", path=str(tmp_path / "run.diffract")) as s:
+        stored = s.results.export_metrics(*METRICS)
+        assert sorted(s.models.steps()[m]["step"] for m in s.model_ids) == [4, 8]
+    for step in (4, 8):
+        with Session() as s:
+            s.models.add(tmp_path / "out" / f"checkpoint-{step}", "ck")
+            s.compute.apply(*METRICS)
+            want = s.results.export_metrics(*METRICS)["ck"]
+        assert stored[f"step-{step}"] == want

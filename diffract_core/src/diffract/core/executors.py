@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import importlib
 import multiprocessing
 import os
@@ -139,8 +140,10 @@ def process_executor(config: Any, options: Mapping[str, Any]) -> Executor:
     )
 
 
+@functools.lru_cache(maxsize=8)
 def _has_main_guard(path: str) -> bool:
-    """Whether a script has an ``if __name__ == "__main__":`` block."""
+    """Whether a script has an ``if __name__ == "__main__":`` block (parsed once: a
+    training monitor asks at every apply)."""
     try:
         with open(path, encoding="utf-8") as fh:
             tree = ast.parse(fh.read())

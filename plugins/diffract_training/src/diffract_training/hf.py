@@ -8,17 +8,20 @@ The values go out through the trainer's own callbacks' ``on_log`` (so every trac
 ``report_to`` gets them), at the step that was analysed, not the step at which the
 analysis finished; ESD histograms go to the TensorBoard writer of the trainer's
 TensorBoard callback when there is one. Only rank 0 analyses and logs; the other ranks
-take part in gathering sharded (DTensor) parameters. A resumed run (``resume_from_checkpoint``) continues the same store:
-steps already analysed there are not analysed again.
+take part in gathering sharded (DTensor) parameters. A resumed run
+(``resume_from_checkpoint``) continues the same store: steps already analysed there are
+not analysed again. ``on_save=True`` also analyses the checkpoints the trainer writes.
 """
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from diffract_training.monitor import Monitor, write_histograms
 
@@ -31,10 +34,13 @@ class DiffractCallback(TrainerCallback):
     ``trainer``: the trainer whose callbacks receive the values (without one, only
     ``log=`` gets them). Every other keyword is the monitor's (``every``, ``metrics``,
     ``views``, ``params``, ``store``, ``log``, ``histograms``, ``prefix``), checked here,
-    before training; the model is checked when training begins."""
+    before training; the model is checked when training begins. ``on_save=True`` also
+    analyses each checkpoint the trainer writes, from its files (with ``every=None``,
+    only those)."""
 
-    def __init__(self, trainer: Any = None, **monitor: Any) -> None:
+    def __init__(self, trainer: Any = None, *, on_save: bool = False, **monitor: Any) -> None:
         self.trainer = trainer
+        self.on_save_analysis = on_save
         extra = monitor.pop("log", None)
         self.monitor = Monitor(None, log=_as_list(extra), **monitor)
         self.monitor._sinks.insert(0, self._to_trainer)
@@ -51,6 +57,16 @@ class DiffractCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._args, self._state, self._control = args, state, control
         self.monitor.step(state.global_step)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """With ``on_save=True``: the checkpoint just written (``checkpoint-<step>`` in
+        the output folder), from its files, in the background, unless that step was
+        analysed live already."""
+        self._args, self._state, self._control = args, state, control
+        if self.on_save_analysis:
+            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            if folder.is_dir():
+                self.monitor.analyse_saved(folder, state.global_step)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._args, self._state, self._control = args, state, control

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,15 @@ from typing import Any
 import numpy as np
 
 from diffract import Session
-from diffract.errors import DiffractError, InvalidArgumentError, UnknownFieldError
+from diffract.errors import (
+    DiffractError,
+    FailedUnitsWarning,
+    InvalidArgumentError,
+    UndefinedValuesWarning,
+    UnknownFieldError,
+)
 from diffract.plugins import contextual_name
+from diffract_training._snapshot import Snapshot, blocks, lowest_priority, nbytes, rank
 
 __all__ = ["DEFAULT_METRICS", "VIEW_METRICS", "Monitor", "tag"]
 
@@ -74,7 +81,7 @@ class Monitor:
         self,
         model: Any,
         *,
-        every: int = 200,
+        every: int | None = 200,
         metrics: Sequence[str] = DEFAULT_METRICS,
         views: Sequence[str] | None = None,
         view_metrics: Sequence[str] = VIEW_METRICS,
@@ -86,9 +93,11 @@ class Monitor:
         background: bool = True,
         copy_limit: float | None = 2**30,
     ) -> None:
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int)
+                                  or every < 1):
             raise InvalidArgumentError(
-                f"every must be a whole number of steps of at least 1, got {every!r}.")
+                f"every must be a whole number of steps of at least 1 (or None: only the "
+                f"checkpoints given to analyse_saved), got {every!r}.")
         if copy_limit is not None and (isinstance(copy_limit, bool) or not isinstance(
                 copy_limit, (int, float)) or copy_limit < 0
                 or (isinstance(copy_limit, float) and copy_limit > 1)):
@@ -104,13 +113,19 @@ class Monitor:
         self._blocks: list[list[str]] = []
         self._limit = math.inf
         self._hook: Any = None
-        self._snap: _Snapshot | None = None
+        self._snap: Snapshot | None = None
         self._params = params
         self._views = list(views or [])
         self._sinks = _sinks(log)
+        # apply()'s summary warnings in the worker say what _tell logs already (once per
+        # parameter and reason): not in a training log. Diffract says a warning at the
+        # first frame not its own, which for the worker is threading's; a filter by that
+        # module, since catch_warnings is not thread-safe.
+        for category in (FailedUnitsWarning, UndefinedValuesWarning):
+            warnings.filterwarnings("ignore", category=category, module="threading")
         #: Whether this process analyses, logs and writes (rank 0 under torch.distributed;
         #: the others only take part in gathering sharded parameters).
-        self.writer = _rank() == 0
+        self.writer = rank() == 0
         store = store if self.writer else None
         self.session = Session("local", path=str(store)) if store is not None else Session()
         self._lock_file = None
@@ -129,14 +144,14 @@ class Monitor:
             raise
         self._worker: threading.Thread | None = None  # one for the monitor's life
         self._wake = threading.Condition()
-        self._job: tuple[int, _Snapshot] | None = None
+        self._job: tuple[int, Any] | None = None
         self._busy = self._stop = False
         self._outbox: list[tuple[int, dict[str, float], dict[str, np.ndarray]]] = []
         self._told: set[tuple[str, str]] = set()
         self._box = threading.Lock()
         self.skipped: list[int] = []
         self.analysed: list[int] = []
-        self._taken: dict[int, _Snapshot] = {}
+        self._taken: dict[int, Snapshot] = {}
         self.closed = False
 
     # -- checks made before training -----------------------------------------------
@@ -164,7 +179,7 @@ class Monitor:
         its trainer hands the model over): its analysed matrices are found now, from a
         probe that copies nothing; a model with none, or views that split nothing, are
         refused here."""
-        if self.writer and _rank() != 0:  # torch.distributed began after the monitor
+        if self.writer and rank() != 0:  # torch.distributed began after the monitor
             self.writer = False
             self._release_lock()
             self.session.close()
@@ -173,13 +188,16 @@ class Monitor:
         self._names = self._analysed(self._params)
         named = self._named()
         self._sharded = [n for n in self._names if hasattr(named[n], "full_tensor")]
-        sizes = {n: _nbytes(named[n]) if hasattr(named[n], "element_size")
+        sizes = {n: nbytes(named[n]) if hasattr(named[n], "element_size")
                  else np.asarray(named[n]).nbytes for n in self._names}
         total = sum(sizes.values())
         limit = self.copy_limit
         self._limit = math.inf if limit is None else total * limit if isinstance(
             limit, float) else limit
-        self._blocks = _blocks(self._names, sizes, max(max(sizes.values()), total / 8))
+        # Blocks bound the copies alive when they cannot all fit; else one apply for all
+        # (each apply plans and commits: about 5 ms of Python a block).
+        self._blocks = blocks(self._names, sizes, max(max(sizes.values()), total / 8)) \
+            if total > self._limit else [list(self._names)]
         self._live = {n: named[n] for n in self._names}
         self._sizes = sizes
         torch = sys.modules.get("torch")
@@ -238,44 +256,68 @@ class Monitor:
     # -- the loop's side -----------------------------------------------------------
     def due(self, global_step: int) -> bool:
         """Whether ``global_step`` is a cadence point not analysed yet."""
-        return global_step % self.every == 0 and global_step not in self._done
+        return self.every is not None and global_step % self.every == 0 \
+            and global_step not in self._done
 
     def step(self, global_step: int) -> bool:
         """Call once per optimizer step: at a cadence point, snapshot and start the
         analysis (True); otherwise only hand finished results to the sinks."""
         self._emit()
-        if self.closed or global_step % self.every:
+        if self.closed or self.every is None or global_step % self.every:
             return False
         if self._model is None:
             raise InvalidArgumentError("this monitor watches no model yet: attach(model) first.")
         go = self.writer and self.due(global_step)
         if go and self._busy:
             go = False
-            self.skipped.append(global_step)
-            if len(self.skipped) == 1:
-                log.warning("diffract: the analysis of the previous step is still running at "
-                            "step %d; this cadence point is skipped (raise `every` to skip "
-                            "none; Monitor.skipped lists them)", global_step)
+            self._skip(global_step)
         start = time.perf_counter()
         if self._sharded:  # every rank gathers, or none: rank 0 decides
             go = self._agree(go)
         gathered = self._gather() if go and self._sharded else {}
         if not go or not self.writer:
             return False
-        snapshot = self._snap = self._taken[global_step] = _Snapshot(
+        snapshot = self._snap = self._taken[global_step] = Snapshot(
             self._live, self._sizes, self._limit, gathered)
         self._done.add(global_step)
+        self._start((global_step, snapshot))
+        snapshot.blocked += time.perf_counter() - start
+        if not self.background:
+            self.wait()
+        return True
+
+    def analyse_saved(self, path: str | Path, global_step: int) -> bool:
+        """Analyse the checkpoint the training wrote at ``path`` as step ``global_step``
+        (a Trainer's ``on_save``), in the worker: the loop pays nothing, and the numbers
+        are those of the file. A step analysed already, live or saved, is not analysed
+        again; while an analysis runs, this one is skipped like a cadence point."""
+        self._emit()
+        if self.closed or not self.writer or global_step in self._done:
+            return False
+        if self._busy:
+            self._skip(global_step)
+            return False
+        self._done.add(global_step)
+        self._start((global_step, Path(path)))
+        if not self.background:
+            self.wait()
+        return True
+
+    def _skip(self, global_step: int) -> None:
+        self.skipped.append(global_step)
+        if len(self.skipped) == 1:
+            log.warning("diffract: the analysis of the previous step is still running at "
+                        "step %d; this cadence point is skipped (raise `every` to skip "
+                        "none; Monitor.skipped lists them)", global_step)
+
+    def _start(self, job: tuple[int, Any]) -> None:
         if self._worker is None:
             self._worker = threading.Thread(target=self._serve, name="diffract-monitor",
                                             daemon=True)
             self._worker.start()
         with self._wake:
-            self._job, self._busy = (global_step, snapshot), True
+            self._job, self._busy = job, True
             self._wake.notify_all()
-        snapshot.blocked += time.perf_counter() - start
-        if not self.background:
-            self.wait()
-        return True
 
     def _agree(self, go: bool) -> bool:
         """Rank 0's decision for this cadence point, on every rank (the gathers that
@@ -357,6 +399,7 @@ class Monitor:
     # -- the worker's side ---------------------------------------------------------
     def _serve(self) -> None:
         """The worker thread: one analysis at a time, until the monitor closes."""
+        lowest_priority()
         while True:
             with self._wake:
                 while self._job is None and not self._stop:
@@ -371,21 +414,32 @@ class Monitor:
                     self._busy = False
                     self._wake.notify_all()
 
-    def _analyse(self, global_step: int, snapshot: _Snapshot) -> None:
+    def _analyse(self, global_step: int, source: Snapshot | Path) -> None:
+        """One step's analysis, of the live weights (a snapshot) or of a checkpoint file
+        the training wrote (``analyse_saved``)."""
         model_id = f"step-{global_step}"
         session = self.session
+        snapshot = source if isinstance(source, Snapshot) else Snapshot({}, {}, 0, {})
         try:
-            session.models.add(snapshot.aliases(), model_id, step=global_step,
-                               copy_weights=False, views=self._views or None)
+            session.models.add(snapshot.aliases() if source is snapshot else source,
+                               model_id, step=global_step, copy_weights=False,
+                               views=self._views or None)
             scoped = session.filter(model_ids=[model_id])
+            if source is snapshot:
+                names, blocks = self._names, self._blocks
+            else:
+                scope = scoped.filter(param_names=self._params) if self._params else scoped
+                names = [p.name for p in scope.scope.params(session.store, model_id)
+                         if p.parent is None and len(p.shape) >= 2]
+                blocks = [names]
             children: dict[str, list[str]] = {}
             for p in session.models.params(model_id):
                 if p.parent is not None:
                     children.setdefault(p.parent, []).append(p.name)
             per_param = [m for m in self.metrics if m not in self._model_level]
             reports = []
-            for i, block in enumerate(self._blocks):  # copies live while analysed
-                snapshot.take(block, self._blocks[i + 1:])
+            for i, block in enumerate(blocks):  # copies live while analysed
+                snapshot.take(block, blocks[i + 1:])
                 reports.append(scoped.filter(param_names=block).compute.apply(
                     *per_param, *self._arrays, errors="record", progress=False))
                 viewed = [c for name in block for c in children.get(name, ())]
@@ -394,19 +448,20 @@ class Monitor:
                         *self.view_metrics, errors="record", progress=False))
                 snapshot.release(block)
             if self._model_level:
-                reports.append(scoped.filter(param_names=self._names).compute.apply(
+                reports.append(scoped.filter(param_names=names).compute.apply(
                     *self._model_level, errors="record", progress=False))
             if snapshot.stale:
                 session.models.erase(model_id)
                 self._tell("(step)", f"{', '.join(snapshot.stale[:3])} changed in place "
-                           "outside an optimizer step while step {global_step} was analysed, "
-                           "so that step is not kept; pass copy_limit=None to copy the "
-                           "weights at the cadence point")
+                           f"outside an optimizer step while step {global_step} was analysed, "
+                           "so that step is not kept; call monitor.step after every in-place "
+                           "change of a step (the optimizer's, then any projection or "
+                           "clipping of the weights)")
                 return
             for report in reports:
                 for note in report.failures:
                     self._tell(note.param or model_id, note.reason)
-            values, spectra = self._collect(scoped, model_id, set(self._names))
+            values, spectra = self._collect(scoped, model_id, set(names))
             session.results.ingest_aggregates({contextual_name(DONE, [model_id]): global_step})
         except Exception as exc:  # noqa: BLE001 - an analysis never stops training
             self._tell("(step)", f"{type(exc).__name__}: {exc}")
@@ -471,152 +526,6 @@ class Monitor:
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
-
-
-class _Snapshot:
-    """The analysed weights of one cadence point, copied off the loop.
-
-    Torch parameters are not copied at the cadence point: each tensor handed to the
-    analysis is an alias of the live parameter, which holds the step's values until an
-    optimizer next changes it. The worker copies the block it is about to analyse and,
-    ahead of it, as many further blocks as fit in ``limit`` bytes of copies alive; a
-    block's copy is freed once it is analysed. Just before any optimizer steps (a step
-    pre-hook), what is still live is copied by the loop if it fits in the limit, else the
-    loop waits for the worker to get through it. A parameter changed in place by anything
-    but an optimizer step (its ``_version`` moved before it was copied) spoils the step,
-    which is then not kept. Numpy arrays are copied at once; ``fixed`` holds copies made
-    already (the gathered DTensors).
-    """
-
-    def __init__(self, live: Mapping[str, Any], size: Mapping[str, int], limit: float,
-                 fixed: Mapping[str, Any]) -> None:
-        # The loop's part is this: versions, and copies of what cannot stay live.
-        self.tensors: dict[str, Any] = dict(fixed)
-        self.live: dict[str, Any] = {}
-        for name, value in live.items():
-            if name in fixed:  # already a copy of its own (a gathered DTensor)
-                continue
-            if hasattr(value, "_version"):
-                self.live[name] = value
-            else:
-                self.tensors[name] = np.array(value)
-        self.version = {n: v._version for n, v in self.live.items()}
-        self.order = list(live)
-        self.size = size
-        self.pending = dict.fromkeys(self.live)  # in order; not copied yet
-        self.pending_bytes = sum(size[n] for n in self.pending)
-        self.held = self.peak = 0  # bytes of copies alive (now, at most)
-        self.limit = limit
-        self.stale: list[str] = []
-        self.blocked = 0.0  # seconds the loop spent here (copying or waiting)
-        self.copied = 0  # bytes the loop copied
-        self.cond = threading.Condition()
-
-    def aliases(self) -> dict[str, Any]:
-        """The worker's first act: every analysed name to a tensor (an alias of the live
-        parameter until it is copied), in the analysed order."""
-        with self.cond:
-            for name in self.live:
-                if name not in self.tensors:
-                    self.tensors[name] = _alias(self.live[name])
-            return {n: self.tensors[n] for n in self.order}
-
-    def _copy(self, name: str) -> None:
-        if name in self.pending:
-            del self.pending[name]
-            self.pending_bytes -= self.size[name]
-            self.held += self.size[name]
-            self.peak = max(self.peak, self.held)
-            if self.live[name]._version != self.version[name]:
-                self.stale.append(name)
-            copy = self.live[name].detach().clone()
-            alias = self.tensors.get(name)
-            if alias is None:  # the worker has not made its alias yet
-                self.tensors[name] = copy
-            else:  # the alias now owns a copy; the parameter is untouched
-                alias.set_(copy)
-
-    def take(self, block: Sequence[str], ahead: Sequence[Sequence[str]]) -> None:
-        """The worker's side: copy ``block`` (what is still live of it) before reading
-        it, then the blocks ``ahead`` in order while their copies fit in the limit."""
-        with self.cond:
-            for name in block:
-                self._copy(name)
-            for later in ahead:
-                live = [n for n in later if n in self.pending]
-                if self.held + sum(self.size[n] for n in live) > self.limit:
-                    break
-                for name in live:
-                    self._copy(name)
-            self.cond.notify_all()
-
-    def release(self, names: Sequence[str]) -> None:
-        """Free the copies of ``names`` (and forget any still live: the analysis ended)."""
-        with self.cond:
-            for name in names:
-                value = self.tensors.get(name)
-                if name in self.pending:
-                    del self.pending[name]
-                    self.pending_bytes -= self.size[name]
-                elif name in self.live and value is not None and value.numel():
-                    self.held -= self.size[name]  # a copy of ours, not freed yet
-                if hasattr(value, "set_"):
-                    value.set_()
-            self.cond.notify_all()
-
-    def before_update(self, running: Callable[[], bool]) -> None:
-        """The loop's side, just before an optimizer changes the weights in place."""
-        if not self.pending:
-            return
-        start = time.perf_counter()
-        with self.cond:
-            while self.pending and self.held + self.pending_bytes > self.limit and running():
-                self.cond.wait(timeout=1.0)  # woken by take(); the timeout only re-checks
-            self.copied += self.pending_bytes
-            for name in list(self.pending):
-                self._copy(name)
-        self.blocked += time.perf_counter() - start
-
-
-def _alias(value: Any) -> Any:
-    """A tensor on ``value``'s storage with a version counter of its own: re-pointing it
-    at a copy (``set_``) then leaves the parameter's counter, which autograd checks on
-    the tensors it saved for backward, untouched (``detach()`` would share it)."""
-    import torch
-
-    with torch.no_grad():
-        return torch.empty(0, dtype=value.dtype, device=value.device).set_(
-            value.detach().untyped_storage(), value.storage_offset(), value.size(),
-            value.stride())
-
-
-def _nbytes(value: Any) -> int:
-    return int(value.numel()) * int(value.element_size())
-
-
-def _rank() -> int:
-    """This process's rank: torch.distributed's once it is set up, else the launcher's
-    (``RANK``, ``LOCAL_RANK``: torchrun, Lightning), else 0."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
-    for key in ("RANK", "LOCAL_RANK"):
-        if os.environ.get(key, "").isdigit():
-            return int(os.environ[key])
-    return 0
-
-
-def _blocks(names: Sequence[str], sizes: Mapping[str, int], cap: float) -> list[list[str]]:
-    """``names`` in order, in runs of at most ``cap`` bytes (one name at least)."""
-    blocks: list[list[str]] = []
-    held = 0.0
-    for name in names:
-        if not blocks or held + sizes[name] > cap:
-            blocks.append([])
-            held = 0.0
-        blocks[-1].append(name)
-        held += sizes[name]
-    return blocks
 
 
 def _number(value: Any) -> bool:
