@@ -9,16 +9,18 @@ matrices, 5.3 M parameters) trained with AdamW on random tokens, batch 16 x 64, 
 CPU. The monitor runs its defaults (``DEFAULT_METRICS``, ESD histograms for a sink) and
 writes a ``local`` store, as a run would.
 
-Printed per setting: the wall time of the training loop, its overhead over the run
-without a monitor, the analysed and skipped cadence points, and for the monitor the
-seconds the loop was held per analysed step (the cadence point plus the copies or wait
-before the next optimizer step: ``Monitor.blocked``) against the mean training step.
+Printed per setting: the wall time of the training loop, its median step, its overhead,
+the analysed and skipped cadence points, and for the monitor the time the loop was held
+per analysed step (the cadence point plus the copies or wait before the next optimizer
+step, and inline the whole analysis: ``Monitor.blocked``) against the median step. The
+overhead is measured inside each run: its time beyond its own median step times the
+steps (the analysis's cost shows as slower steps while it runs), because this VM's speed
+drifts by 10% and more between runs minutes apart, more than the costs measured here;
+the runs without a monitor give the floor of that estimate.
 For save + analyze, the saving is inside the loop and ``diffract analyze`` runs after
 it, one process per checkpoint, as a user would run it; both are counted.
 "monitor, inline" is ``background=False`` (the loop waits for each analysis), for
-comparison. The run without a monitor goes first and after each cadence's runs; the
-overheads are against the median of those, and their spread is printed (this VM's
-run-to-run noise is several percent).
+comparison. The run without a monitor goes first and last.
 
     python benchmarks/bench_training.py [--steps 2000] [--cadences 50 200 1000]
 """
@@ -62,8 +64,8 @@ def build(torch):
     return Net()
 
 
-def train(steps: int, on_step) -> float:
-    """Seconds of ``steps`` optimizer steps (``on_step(step, model)`` after each)."""
+def train(steps: int, on_step) -> Run:
+    """``steps`` optimizer steps (``on_step(step, model)`` after each), timed one by one."""
     import torch
 
     model = build(torch)
@@ -71,7 +73,9 @@ def train(steps: int, on_step) -> float:
     gen = torch.Generator().manual_seed(1)
     data = torch.randint(0, VOCAB, (64, BATCH, SEQ + 1), generator=gen)
     start = time.perf_counter()
+    each = []
     for step in range(1, steps + 1):
+        began = time.perf_counter()
         batch = data[step % len(data)]
         logits = model(batch[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB),
@@ -80,12 +84,28 @@ def train(steps: int, on_step) -> float:
         loss.backward()
         opt.step()
         on_step(step, model)
+        each.append(time.perf_counter() - began)
     on_step(None, model)  # the end of training (a monitor closes here)
-    return time.perf_counter() - start
+    return Run(time.perf_counter() - start, each)
+
+
+class Run:
+    """A training run's wall time and its steps' times. ``excess``: the run's time
+    beyond its own median step times the steps, as a share of that: what the slow steps
+    cost, measured inside the run, so the drift of this VM's speed between runs (10% and
+    more over minutes) cancels. A run without a monitor gives the floor of it."""
+
+    def __init__(self, total: float, each: list[float]) -> None:
+        self.total, self.each = total, each
+        self.median = statistics.median(each)
+
+    def excess(self, extra: float = 0.0) -> float:
+        typical = self.median * len(self.each)
+        return (self.total + extra - typical) / typical
 
 
 def with_monitor(steps: int, every: int, folder: Path,
-                 background: bool = True) -> tuple[float, object]:
+                 background: bool = True) -> tuple[Run, object]:
     from diffract_training import Monitor
 
     box: dict[str, Monitor] = {}
@@ -103,7 +123,7 @@ def with_monitor(steps: int, every: int, folder: Path,
     return train(steps, on_step), box["m"]
 
 
-def with_saves(steps: int, every: int, folder: Path) -> tuple[float, float, int]:
+def with_saves(steps: int, every: int, folder: Path) -> tuple[Run, float, int]:
     from safetensors.torch import save_file
 
     saved: list[Path] = []
@@ -146,28 +166,28 @@ def main() -> None:
                 results.append(("monitor, inline", every,
                                 *with_monitor(args.steps, every, folder, background=False)))
             results.append(("save + analyze", every, *with_saves(args.steps, every, folder)))
-            bases.append(train(args.steps, lambda step, model: None))
-    base = statistics.median(bases)
-    step_ms = 1000 * base / args.steps
-    print(f"# without a monitor, before and after each cadence's runs: "
-          f"{', '.join(f'{b:.1f}' for b in bases)} s; overheads against their median "
-          f"{base:.1f} s (a step {step_ms:.1f} ms); the spread of these is the noise")
-    for kind, every, loop, *rest in results:
+        bases.append(train(args.steps, lambda step, model: None))
+    step_ms = 1000 * statistics.median(run.median for run in bases)
+    print(f"# without a monitor: {', '.join(f'{r.total:.1f}' for r in bases)} s (first and "
+          f"last), a step {step_ms:.1f} ms; their excess over their own median step: "
+          f"{', '.join(f'{100 * r.excess():+.1f}%' for r in bases)} (the floor: noise)")
+    for kind, every, run, *rest in results:
+        ms = 1000 * run.median
         if kind.startswith("monitor"):
             monitor = rest[0]
             held = list(monitor.blocked.values())
             mean_ms = 1000 * sum(held) / max(len(held), 1)
-            rows.append([kind, every, f"{loop:.1f}", f"{100 * (loop - base) / base:+.1f}%",
+            rows.append([kind, every, f"{run.total:.1f}", f"{ms:.1f}",
+                         f"{100 * run.excess():+.1f}%",
                          f"{len(monitor.analysed)} / {len(monitor.skipped)}",
-                         f"{mean_ms:.2f} ms = {100 * mean_ms / step_ms:.2f}% of a step",
-                         "-"])
+                         f"{mean_ms:.2f} ms = {100 * mean_ms / ms:.2f}% of a step", "-"])
         else:
             analyse, count = rest
-            total = loop + analyse
-            rows.append([kind, every, f"{total:.1f}", f"{100 * (total - base) / base:+.1f}%",
-                         f"{count} / 0", f"{1000 * (loop - base) / count:.1f} ms saving "
-                         "(the loop's own time)", f"{analyse:.1f} s analyze"])
-    table(["setting", "every", "total s", "overhead", "analysed / skipped",
+            rows.append([kind, every, f"{run.total + analyse:.1f}", f"{ms:.1f}",
+                         f"{100 * run.excess(analyse):+.1f}%", f"{count} / 0",
+                         f"{1000 * (run.total - run.median * len(run.each)) / count:.1f} ms "
+                         "(saving, and slow steps)", f"{analyse:.1f} s analyze"])
+    table(["setting", "every", "total s", "median step ms", "overhead", "analysed / skipped",
            "loop held per analysed step", "after the loop"], rows)
     if hasattr(os, "getloadavg"):
         print("# load average at the end: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))

@@ -113,3 +113,25 @@ def test_on_save_analyses_the_checkpoint_the_trainer_wrote(tmp_path, every):
             s.compute.apply(*METRICS)
             want = s.results.export_metrics(*METRICS)["ck"]
         assert stored[f"step-{step}"] == want
+
+
+def test_views_get_the_values_of_the_saved_checkpoints_heads(tmp_path):
+    """``views=["heads"]``: each head of each attention projection is logged and stored
+    with the view metrics, equal to an analysis of the saved checkpoint's heads."""
+    from diffract_training import VIEW_METRICS
+
+    trainer, cb = _trainer(tmp_path / "out", 4, tmp_path / "run.diffract", views=["heads"])
+    trainer.train()
+    assert cb.monitor.analysed == [4]
+    with Session() as s:
+        s.models.add(tmp_path / "out" / "checkpoint-4", "ck", views=["heads"])
+        heads = [p.name for p in s.models.params("ck") if p.parent is not None]
+        s.filter(param_names=heads).compute.apply(*VIEW_METRICS, errors="record")
+        want = s.results.export_metrics(*VIEW_METRICS)["ck"]
+    with Session("local", path=str(tmp_path / "run.diffract")) as s:
+        stored = s.results.export_metrics(*VIEW_METRICS)["step-4"]
+    assert f"{Q0}[head=0]" in heads and len(heads) >= 4 * 2 * 2  # q and o heads, two layers
+    for head in heads:
+        for field in VIEW_METRICS:
+            got, expected = stored[head][field], want[head][field]
+            assert got == expected or (np.isnan(got) and np.isnan(expected)), (head, field)

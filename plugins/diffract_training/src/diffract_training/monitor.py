@@ -84,6 +84,7 @@ class Monitor:
         every: int | None = 200,
         metrics: Sequence[str] = DEFAULT_METRICS,
         views: Sequence[str] | None = None,
+        view_options: Mapping[str, Any] | None = None,
         view_metrics: Sequence[str] = VIEW_METRICS,
         params: Sequence[str] | str | None = None,
         store: str | Path | None = None,
@@ -116,6 +117,8 @@ class Monitor:
         self._snap: Snapshot | None = None
         self._params = params
         self._views = list(views or [])
+        self._given_view_options = dict(view_options) if view_options else None
+        self._view_options: dict[str, Any] | None = self._given_view_options
         self._sinks = _sinks(log)
         # apply()'s summary warnings in the worker say what _tell logs already (once per
         # parameter and reason): not in a training log. Diffract says a warning at the
@@ -185,6 +188,7 @@ class Monitor:
             self.session.close()
             self.session, self._done = Session(), set()
         self._model = model
+        self._view_options = self._given_view_options or _head_geometry(model, self._views)
         self._names = self._analysed(self._params)
         named = self._named()
         self._sharded = [n for n in self._names if hasattr(named[n], "full_tensor")]
@@ -211,7 +215,8 @@ class Monitor:
         probe = Session()
         try:
             probe.models.add(self._named(), "probe", copy_weights=False,
-                             views=self._views or None)
+                             views=self._views or None,
+                             view_options=self._view_options)
             scope = probe.filter(param_names=params) if params is not None else probe.filter()
             names = [p.name for p in scope.scope.params(probe.store, "probe")
                      if p.parent is None and len(p.shape) >= 2]
@@ -281,9 +286,9 @@ class Monitor:
             self._live, self._sizes, self._limit, gathered)
         self._done.add(global_step)
         self._start((global_step, snapshot))
-        snapshot.blocked += time.perf_counter() - start
         if not self.background:
             self.wait()
+        snapshot.blocked += time.perf_counter() - start  # inline: the whole analysis
         return True
 
     def analyse_saved(self, path: str | Path, global_step: int) -> bool:
@@ -423,7 +428,8 @@ class Monitor:
         try:
             session.models.add(snapshot.aliases() if source is snapshot else source,
                                model_id, step=global_step, copy_weights=False,
-                               views=self._views or None)
+                               views=self._views or None,
+                               view_options=self._view_options)
             scoped = session.filter(model_ids=[model_id])
             if source is snapshot:
                 names, blocks = self._names, self._blocks
@@ -526,6 +532,23 @@ class Monitor:
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
+
+
+def _head_geometry(model: Any, views: Sequence[str]) -> dict[str, Any] | None:
+    """The heads rule's geometry from a Hugging Face model's ``config`` (the monitor
+    hands the core a mapping of tensors, which has no config.json beside it)."""
+    config = getattr(model, "config", None)
+    if "heads" not in views or config is None:
+        return None
+    found = {}
+    for option, names in (("heads", ("num_attention_heads", "n_head")),
+                          ("kv_heads", ("num_key_value_heads", "num_kv_heads")),
+                          ("head_dim", ("head_dim",))):
+        value = next((getattr(config, n) for n in names
+                      if isinstance(getattr(config, n, None), int)), None)
+        if value:
+            found[option] = value
+    return found or None
 
 
 def _number(value: Any) -> bool:
