@@ -22,7 +22,7 @@ it, one process per checkpoint, as a user would run it; both are counted.
 "monitor, inline" is ``background=False`` (the loop waits for each analysis), for
 comparison. The run without a monitor goes first and last.
 
-    python benchmarks/bench_training.py [--steps 2000] [--cadences 50 200 1000]
+    python benchmarks/bench_training.py [--cadences 50 200 1000] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -145,52 +145,66 @@ def with_saves(steps: int, every: int, folder: Path) -> tuple[Run, float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--cadences", type=int, nargs="+", default=[50, 200, 1000])
+    parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     import torch
 
     header("bench_training: the cost of a monitor inside a training loop",
            ["torch", "diffract-core", "diffract-training"])
     print(f"# model: {LAYERS} layers, width {WIDTH}, ff {FF}, vocabulary {VOCAB}; batch "
-          f"{BATCH} x {SEQ}; AdamW; {args.steps} steps; torch threads "
-          f"{torch.get_num_threads()}")
+          f"{BATCH} x {SEQ}; AdamW; torch threads {torch.get_num_threads()}; each cadence's "
+          f"runs {args.repeats} times, in turn, {', '.join(map(str, args.cadences))} -> "
+          f"{', '.join(str(length(c)) for c in args.cadences)} steps a run")
     rows = []
     with tempfile.TemporaryDirectory(prefix="diffract-bench-training-") as tmp:
         folder = Path(tmp)
-        bases = [train(args.steps, lambda step, model: None)]
-        results = []
         for every in args.cadences:
-            results.append(("monitor", every, *with_monitor(args.steps, every, folder)))
-            if every < max(args.cadences):
-                results.append(("monitor, inline", every,
-                                *with_monitor(args.steps, every, folder, background=False)))
-            results.append(("save + analyze", every, *with_saves(args.steps, every, folder)))
-        bases.append(train(args.steps, lambda step, model: None))
-    step_ms = 1000 * statistics.median(run.median for run in bases)
-    print(f"# without a monitor: {', '.join(f'{r.total:.1f}' for r in bases)} s (first and "
-          f"last), a step {step_ms:.1f} ms; their excess over their own median step: "
-          f"{', '.join(f'{100 * r.excess():+.1f}%' for r in bases)} (the floor: noise)")
-    for kind, every, run, *rest in results:
-        ms = 1000 * run.median
-        if kind.startswith("monitor"):
-            monitor = rest[0]
-            held = list(monitor.blocked.values())
-            mean_ms = 1000 * sum(held) / max(len(held), 1)
-            rows.append([kind, every, f"{run.total:.1f}", f"{ms:.1f}",
-                         f"{100 * run.excess():+.1f}%",
-                         f"{len(monitor.analysed)} / {len(monitor.skipped)}",
-                         f"{mean_ms:.2f} ms = {100 * mean_ms / ms:.2f}% of a step", "-"])
-        else:
-            analyse, count = rest
-            rows.append([kind, every, f"{run.total + analyse:.1f}", f"{ms:.1f}",
-                         f"{100 * run.excess(analyse):+.1f}%", f"{count} / 0",
-                         f"{1000 * (run.total - run.median * len(run.each)) / count:.1f} ms "
-                         "(saving, and slow steps)", f"{analyse:.1f} s analyze"])
-    table(["setting", "every", "total s", "median step ms", "overhead", "analysed / skipped",
+            steps = length(every)
+            kinds = ["none", "monitor", "monitor, inline", "save + analyze"]
+            if every >= 1000:
+                kinds.remove("monitor, inline")  # the inline cost is read at 50 and 200
+            got: dict[str, list] = {k: [] for k in kinds}
+            for repeat in range(args.repeats):
+                turn = kinds[repeat % len(kinds):] + kinds[:repeat % len(kinds)]
+                for kind in turn:  # each kind first in one repeat: the drift evens out
+                    got[kind].append(run_one(kind, steps, every, folder / f"{every}-{repeat}"))
+            for kind in kinds[1:]:
+                ratios = [total / base[0] - 1 for total, base in
+                          zip((g[0] for g in got[kind]), got["none"], strict=True)]
+                held, analysed, skipped, extra = got[kind][-1][1:]
+                rows.append([kind, every, steps,
+                             " ".join(f"{100 * r:+.1f}%" for r in ratios),
+                             f"{100 * statistics.median(ratios):+.1f}%",
+                             f"{analysed} / {skipped}", held, extra])
+            rows.append(["none", every, steps,
+                         " ".join(f"{g[0]:.1f}s" for g in got["none"]), "-", "-", "-", "-"])
+    table(["setting", "every", "steps", "overhead per repeat", "median", "analysed / skipped",
            "loop held per analysed step", "after the loop"], rows)
     if hasattr(os, "getloadavg"):
         print("# load average at the end: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
+
+
+def length(every: int) -> int:
+    """Steps of one run at cadence ``every``: at least 400, at least two analyses."""
+    return max(400, 2 * every)
+
+
+def run_one(kind: str, steps: int, every: int, folder: Path) -> tuple:
+    """(seconds, loop held, analysed, skipped, after the loop) of one run of ``kind``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if kind == "none":
+        return train(steps, lambda step, model: None).total, "-", "-", "-", "-"
+    if kind == "save + analyze":
+        run, analyse, count = with_saves(steps, every, folder)
+        held = (run.total - run.median * len(run.each)) / count
+        return (run.total + analyse, f"{1000 * held:.1f} ms (saving, and slow steps)",
+                count, 0, f"{analyse:.1f} s analyze")
+    run, monitor = with_monitor(steps, every, folder, background=kind == "monitor")
+    held = list(monitor.blocked.values())
+    mean_ms = 1000 * sum(held) / max(len(held), 1)
+    return (run.total, f"{mean_ms:.2f} ms = {100 * mean_ms / (1000 * run.median):.2f}% of a "
+            "step", len(monitor.analysed), len(monitor.skipped), "-")
 
 
 if __name__ == "__main__":
