@@ -27,13 +27,13 @@ import numpy as np
 
 from diffract import Session
 from diffract.errors import (
-    DiffractError,
     FailedUnitsWarning,
     InvalidArgumentError,
     UndefinedValuesWarning,
     UnknownFieldError,
 )
 from diffract.plugins import contextual_name
+from diffract_training._setup import head_geometry, lock_store
 from diffract_training._snapshot import Snapshot, blocks, lowest_priority, nbytes, rank
 
 __all__ = ["DEFAULT_METRICS", "VIEW_METRICS", "Monitor", "tag"]
@@ -134,7 +134,7 @@ class Monitor:
         self._lock_file = None
         self._sharded: list[str] = []
         try:
-            self._lock_file = _lock(store) if store is not None else None
+            self._lock_file = lock_store(store) if store is not None else None
             self.metrics = self._checked(metrics, "metrics")
             self.view_metrics = self._checked(view_metrics, "view_metrics") \
                 if self._views else ()
@@ -188,7 +188,7 @@ class Monitor:
             self.session.close()
             self.session, self._done = Session(), set()
         self._model = model
-        self._view_options = self._given_view_options or _head_geometry(model, self._views)
+        self._view_options = self._given_view_options or head_geometry(model, self._views)
         self._names = self._analysed(self._params)
         named = self._named()
         self._sharded = [n for n in self._names if hasattr(named[n], "full_tensor")]
@@ -534,23 +534,6 @@ class Monitor:
             self._lock_file = None
 
 
-def _head_geometry(model: Any, views: Sequence[str]) -> dict[str, Any] | None:
-    """The heads rule's geometry from a Hugging Face model's ``config`` (the monitor
-    hands the core a mapping of tensors, which has no config.json beside it)."""
-    config = getattr(model, "config", None)
-    if "heads" not in views or config is None:
-        return None
-    found = {}
-    for option, names in (("heads", ("num_attention_heads", "n_head")),
-                          ("kv_heads", ("num_key_value_heads", "num_kv_heads")),
-                          ("head_dim", ("head_dim",))):
-        value = next((getattr(config, n) for n in names
-                      if isinstance(getattr(config, n, None), int)), None)
-        if value:
-            found[option] = value
-    return found or None
-
-
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float, np.number)) and not isinstance(value, bool) \
         and math.isfinite(float(value))
@@ -595,23 +578,3 @@ def write_histograms(writer: Any, spectra: dict[str, Any], step: int, monitor: M
         if positive.size:
             writer.add_histogram(f"{monitor.prefix}/esd/{param}", np.log10(positive),
                                  global_step=step)
-
-
-def _lock(store: str | Path) -> Any:
-    """An exclusive lock on ``<store>/.monitor.lock`` for the monitor's life: a store
-    another run is writing is refused before training starts."""
-    folder = Path(store)
-    fh = open(folder / ".monitor.lock", "a")  # noqa: SIM115 - held until close()
-    try:
-        import fcntl
-
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except ImportError:  # pragma: no cover - no fcntl (Windows): no lock
-        pass
-    except BlockingIOError:
-        fh.close()
-        raise DiffractError(
-            f"the store {str(folder)!r} is being written by another run (its "
-            ".monitor.lock is held): give this run a store of its own.") from None
-    return fh
-
