@@ -90,18 +90,11 @@ def train(steps: int, on_step) -> Run:
 
 
 class Run:
-    """A training run's wall time and its steps' times. ``excess``: the run's time
-    beyond its own median step times the steps, as a share of that: what the slow steps
-    cost, measured inside the run, so the drift of this VM's speed between runs (10% and
-    more over minutes) cancels. A run without a monitor gives the floor of it."""
+    """A training run's wall time, its steps' times and their median."""
 
     def __init__(self, total: float, each: list[float]) -> None:
         self.total, self.each = total, each
         self.median = statistics.median(each)
-
-    def excess(self, extra: float = 0.0) -> float:
-        typical = self.median * len(self.each)
-        return (self.total + extra - typical) / typical
 
 
 def with_monitor(steps: int, every: int, folder: Path,

@@ -28,7 +28,6 @@ def head_geometry(model: Any, views: Sequence[str]) -> dict[str, Any] | None:
     return found or None
 
 
-
 def lock_store(store: str | Path) -> Any:
     """An exclusive lock on ``<store>/.monitor.lock`` for the monitor's life: a store
     another run is writing is refused before training starts."""

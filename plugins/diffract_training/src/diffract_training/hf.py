@@ -41,8 +41,7 @@ class DiffractCallback(TrainerCallback):
     def __init__(self, trainer: Any = None, *, on_save: bool = False, **monitor: Any) -> None:
         self.trainer = trainer
         self.on_save_analysis = on_save
-        extra = monitor.pop("log", None)
-        self.monitor = Monitor(None, log=_as_list(extra), **monitor)
+        self.monitor = Monitor(None, **monitor)  # log= takes one sink or a list
         self.monitor._sinks.insert(0, self._to_trainer)
         self._args: Any = None
         self._state: Any = None
@@ -89,8 +88,3 @@ class DiffractCallback(TrainerCallback):
             if writer is not None:
                 write_histograms(writer, spectra, step, monitor)
                 writer.flush()
-
-def _as_list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]

@@ -33,9 +33,7 @@ class DiffractLightningCallback(Callback):
 
     def __init__(self, **monitor: Any) -> None:
         super().__init__()
-        extra = monitor.pop("log", None)
-        extra = extra if isinstance(extra, (list, tuple)) else [extra] if extra else []
-        self.monitor = Monitor(None, log=extra, **monitor)
+        self.monitor = Monitor(None, **monitor)  # log= takes one sink or a list
         self.monitor._sinks.insert(0, self._to_loggers)
         self._trainer: Any = None
 

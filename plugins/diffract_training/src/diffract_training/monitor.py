@@ -217,9 +217,7 @@ class Monitor:
             probe.models.add(self._named(), "probe", copy_weights=False,
                              views=self._views or None,
                              view_options=self._view_options)
-            scope = probe.filter(param_names=params) if params is not None else probe.filter()
-            names = [p.name for p in scope.scope.params(probe.store, "probe")
-                     if p.parent is None and len(p.shape) >= 2]
+            names = _matrices(probe, "probe", params)
         finally:
             probe.close()
         if not names:
@@ -432,20 +430,18 @@ class Monitor:
                                view_options=self._view_options)
             scoped = session.filter(model_ids=[model_id])
             if source is snapshot:
-                names, blocks = self._names, self._blocks
+                names, runs = self._names, self._blocks
             else:
-                scope = scoped.filter(param_names=self._params) if self._params else scoped
-                names = [p.name for p in scope.scope.params(session.store, model_id)
-                         if p.parent is None and len(p.shape) >= 2]
-                blocks = [names]
+                names = _matrices(session, model_id, self._params)
+                runs = [names]
             children: dict[str, list[str]] = {}
             for p in session.models.params(model_id):
                 if p.parent is not None:
                     children.setdefault(p.parent, []).append(p.name)
             per_param = [m for m in self.metrics if m not in self._model_level]
             reports = []
-            for i, block in enumerate(blocks):  # copies live while analysed
-                snapshot.take(block, blocks[i + 1:])
+            for i, block in enumerate(runs):  # copies live while analysed
+                snapshot.take(block, runs[i + 1:])
                 reports.append(scoped.filter(param_names=block).compute.apply(
                     *per_param, *self._arrays, errors="record", progress=False))
                 viewed = [c for name in block for c in children.get(name, ())]
@@ -532,6 +528,16 @@ class Monitor:
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
+
+
+def _matrices(session: Session, model_id: str, params: Sequence[str] | str | None
+              ) -> list[str]:
+    """The analysed matrices of ``model_id``: its parameters of two or more dimensions
+    (views left out) that ``params`` names, all by default."""
+    scoped = session.filter(model_ids=[model_id])
+    scoped = scoped.filter(param_names=params) if params is not None else scoped
+    return [p.name for p in scoped.scope.params(session.store, model_id)
+            if p.parent is None and len(p.shape) >= 2]
 
 
 def _number(value: Any) -> bool:
