@@ -9,7 +9,14 @@ Each mode runs in a fresh child process so its peak resident memory is its own
 computes these fields; the comparison is full versus top-k, and the agreement of their
 results. Correctness: tests/alignment.
 
+``--precision`` measures instead what the precision of the stored vectors does to the
+fields ``diffract track`` computes (``l_subspace_overlap``, ``avg_max_l_agreement``),
+against float64 vectors of the same bfloat16 weights, beside what the bfloat16 rounding
+of the weights themselves does to them (float64 vectors of the unrounded weights): the
+vectors need no more precision than the weights carry.
+
     python benchmarks/bench_alignment.py [--top-k 32] [--layers 12]
+    python benchmarks/bench_alignment.py --precision [--layers 4]
 """
 
 from __future__ import annotations
@@ -64,6 +71,62 @@ def run(layers: int, top_k: int, k: int, kind: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _pair(rows: int, cols: int, rng) -> tuple:
+    """Two float32 checkpoints of one matrix: a decaying rank-64 signal over noise, and
+    the same after a small update."""
+    import numpy as np
+
+    w = rng.standard_normal((rows, cols)) * 0.02
+    left = rng.standard_normal((rows, 64)) / np.sqrt(rows)
+    right = rng.standard_normal((64, cols)) / np.sqrt(cols)
+    w += (left * 0.02 * np.sqrt(max(rows, cols)) * np.geomspace(8, 1.5, 64)) @ right
+    return w.astype(np.float32), (w + rng.standard_normal((rows, cols)) * 0.004).astype(
+        np.float32)
+
+
+def precision(layers: int) -> None:
+    import numpy as np
+    import torch
+    from diffract_kernels_alignment.kernels import l_overlap, l_subspace, max_l_agreement
+
+    from diffract_kernels_spectral.kernels import svd
+
+    header("the stored vectors' precision and the alignment fields (bfloat16 weights)",
+           ["diffract-kernels-spectral", "diffract-kernels-alignment", "numpy", "torch"])
+
+    def bf16(w):
+        return torch.from_numpy(w).bfloat16().float().numpy()
+
+    def fields(wa, wb, vectors):
+        (ua, sa, _), (ub, sb, _) = (svd(w, vectors=vectors) for w in (wa, wb))
+        pair = (ua, ub)
+        subspace = l_subspace(pair, (sa, sb))[0]
+        agreement = float(np.mean(max_l_agreement(l_overlap(pair))))
+        return np.array([subspace, agreement])
+
+    rng = np.random.default_rng(0)
+    shapes = [(768, 2304), (768, 768), (768, 3072), (3072, 768), (2048, 8192)]
+    worst = {name: np.zeros(2) for name in ("float32", "float16", "weights")}
+    for _ in range(layers):
+        for rows, cols in shapes:
+            a, b = _pair(rows, cols, rng)
+            ra, rb = bf16(a), bf16(b)
+            exact = fields(ra, rb, "float64")
+            for name, got in (("float32", fields(ra, rb, "float32")),
+                              ("float16", fields(ra, rb, "float16")),
+                              ("weights", fields(a, b, "float64"))):
+                worst[name] = np.maximum(worst[name], np.abs(got - exact))
+    print(f"# {layers} x {len(shapes)} matrices ({', '.join(f'{r}x{c}' for r, c in shapes)}); "
+          "largest change of each field against float64 vectors of the bfloat16 weights")
+    labels = {"float32": "vectors in float32", "float16": "vectors in float16",
+              "weights": "the weights unrounded (float32), float64 vectors"}
+    table(["what changes", "l_subspace_overlap", "avg_max_l_agreement"],
+          [[labels[n], f"{w[0]:.1e}", f"{w[1]:.1e}"] for n, w in worst.items()])
+    ratio = worst["weights"] / np.maximum(worst["float16"], 1e-300)
+    print(f"the bfloat16 rounding of the weights moves the fields {ratio[0]:.0f}x and "
+          f"{ratio[1]:.0f}x more than float16 vectors do")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--top-k", type=int, default=32, help="svd top_k of the fast mode")
@@ -72,7 +135,12 @@ def main() -> None:
                         help="spiked: a decaying rank-64 signal over Gaussian noise, as trained "
                         "layers have; gaussian: pure noise, a flat spectrum (the randomized "
                         "SVD's worst case: its top-k subspace is then not well defined)")
+    parser.add_argument("--precision", action="store_true",
+                        help="what the stored vectors' precision does to the fields instead")
     args = parser.parse_args()
+    if args.precision:
+        precision(args.layers)
+        return
     header("alignment of two GPT-2-small-shaped checkpoints: full SVD vs top-k",
            ["diffract-core", "diffract-kernels-spectral", "diffract-kernels-alignment", "numpy"])
     full = run(args.layers, 0, args.top_k, args.weights)

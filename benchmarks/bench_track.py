@@ -251,13 +251,21 @@ def llm_run(root: Path, count: int, layers: int, vocab: int, counts: Path) -> No
     store = root / "work" / "llm-store"
     subprocess.run(["rm", "-rf", str(store)], check=True)
     run = track(paths, store, counts)
+    from bench_llm import shapes
+
     run_bytes = sum(size(p) for p in paths)
     stored = size(store)
+    # what stays for the later steps: the float32 left vectors of the top tenth of each
+    # matrix's directions, U [N, ceil(min(N, M) / 10)], of the first and the latest checkpoint
+    kept = 2 * sum(4 * rows * -(-min(rows, cols) // 10)
+                   for rows, cols in shapes(layers, vocab).values())
     print(f"# {count} OLMo-2-1B-shaped checkpoints ({layers} layers, vocabulary {vocab:,}; "
           f"{run_bytes / 2**30:.1f} GiB of bf16): "
           f"track {run['wall']:.0f} s, {run['svd']} SVDs, peak RSS {run['peak_mib']:.0f} MiB; "
-          f"store {stored / 2**20:.0f} MiB, {stored / run_bytes:.3f} of the checkpoints "
-          f"(kept vectors: float32 left vectors of the first and the latest)")
+          f"store {stored / 2**20:.0f} MiB, {stored / run_bytes:.3f} of the checkpoints; "
+          f"of it the top-tenth float32 left vectors of the first and the latest, "
+          f"{kept / 2**20:.0f} MiB: {kept / (run_bytes / count):.3f} of one checkpoint "
+          f"(target <= 1), the rest {(stored - kept) / 2**20:.0f} MiB")
 
 
 def main() -> None:

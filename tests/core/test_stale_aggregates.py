@@ -92,3 +92,33 @@ def test_cross_model_aggregates_go_stale_per_pair_and_only_in_scope(session):
     overlap = [n for n in want if n.startswith("l_subspace_overlap")]
     assert len(overlap) == 4
     assert {n: got[n] for n in overlap} == {n: want[n] for n in overlap}
+
+
+def test_an_option_a_kernel_gained_since_keeps_its_results_current_at_its_default(
+        tmp_path, rng):
+    """A pack's upgrade that adds an option (at a default that computes what it did
+    before) leaves the results it stored current; set to another value, they are stale."""
+    from diffract.plugins import reset_registry
+
+    weights = {"w": rng.standard_normal((20, 10))}
+    path = str(tmp_path / "store")
+    with Session(profile="local", path=path) as s:
+        s.models.add(weights, model_id="m")
+
+        @s.compute.kernel("scaled")
+        def scaled(tensor, *, factor: float = 2.0) -> float:
+            return factor * float(np.abs(np.asarray(tensor)).sum())
+
+        s.compute.apply("scaled")
+    reset_registry()
+    with Session(profile="local", path=path) as s:
+
+        @s.compute.kernel("scaled")
+        def scaled_v2(tensor, *, factor: float = 2.0, power: float = 1.0) -> float:
+            return factor * float((np.abs(np.asarray(tensor)) ** power).sum())
+
+        assert s.results.stale() == []
+        s.compute.configure_kernel("scaled", power=2.0)
+        assert [u["kernel"] for u in s.results.stale()] == ["scaled"]
+        s.compute.configure_kernel("scaled", power=1.0, factor=3.0)
+        assert [u["kernel"] for u in s.results.stale()] == ["scaled"]

@@ -31,9 +31,11 @@ SHAPES = ((40, 30), (50, 30), (40, 30))
 METRICS = "stable_rank,log_norm,spectral_norm"
 
 
-def _run(root: Path, steps: range, event: int | None = None, seed: int = 0) -> None:
-    """Checkpoints ``checkpoint-<step>/model.safetensors``, each a small random walk from
-    the previous; at ``event`` layers.1's q projection becomes a rank-one matrix."""
+def _run(root: Path, steps: range, event: int | None = None, seed: int = 0,
+         dtype: torch.dtype = torch.float32) -> None:
+    """Checkpoints ``checkpoint-<step>/model.safetensors`` (in ``dtype``), each a small
+    random walk from the previous; at ``event`` layers.1's q projection becomes a
+    rank-one matrix."""
     rng = np.random.default_rng(seed)
     weights = {n: rng.standard_normal(s) / math.sqrt(s[1]) for n, s in zip(NAMES, SHAPES, strict=True)}
     for step in steps:
@@ -44,7 +46,7 @@ def _run(root: Path, steps: range, event: int | None = None, seed: int = 0) -> N
                                                         rng.standard_normal(30))
         folder = root / f"checkpoint-{step}"
         folder.mkdir(parents=True, exist_ok=True)
-        safetensors_torch.save_file({n: torch.tensor(w, dtype=torch.float32)
+        safetensors_torch.save_file({n: torch.tensor(w, dtype=dtype)
                                      for n, w in weights.items()},
                                     str(folder / "model.safetensors"))
 
@@ -213,6 +215,65 @@ class TestStoreSize:
         for (*_, a), (*_, b) in zip(rounded, exact, strict=True):  # ... and that small
             assert abs(a - b) <= 1e-7  # measured here: 1.6e-8
         capsys.readouterr()
+
+    def test_a_run_keeps_the_top_tenth_of_the_vectors(self, tmp_path, capsys):
+        """What stays of a checkpoint's vectors is its matrices' top tenth of directions
+        (3 of 30 here), what the alignment fields read: the subspace overlap and the
+        singular values' change are those of all the vectors kept, bit for bit, and the
+        agreement is the top-3 agreement of all the vectors (l_overlap k=3), bit for bit."""
+        _run(tmp_path / "run", range(1000, 4000, 1000))
+        run, tenth, full = str(tmp_path / "run"), str(tmp_path / "tenth"), str(tmp_path / "all")
+        assert _track(run, "--store", tenth, "--metrics", METRICS) == 0
+        assert _track(run, "--store", full, "--metrics", METRICS, "--keep-vectors",
+                      "--set", "svd.vector_share=1", "--set", "l_overlap.k=3") == 0
+        with Session(profile="local", path=tenth) as s:
+            kept = [m for m in s.models.ordered() if "weights_lsvs" in s.store.fields(m)]
+            lsvs = s.filter(model_ids=kept).results.export_metrics("weights_lsvs")
+            assert {np.asarray(v["weights_lsvs"]).shape for m in kept
+                    for v in lsvs[m].values()} == {(40, 3), (50, 3)}
+        with Session(profile="local", path=full) as s:
+            lsvs = s.results.export_metrics("weights_lsvs")
+            assert {np.asarray(v["weights_lsvs"]).shape[1] for m in lsvs
+                    for v in lsvs[m].values()} == {30}
+        assert self._stored(tenth)[3] == self._stored(full)[3]
+        capsys.readouterr()
+
+    def test_a_field_asking_for_more_vectors_than_kept_is_undefined_with_the_reason(
+            self, tmp_path, capsys):
+        _run(tmp_path / "run", range(1000, 3000, 1000))
+        store = str(tmp_path / "store")
+        assert _track(str(tmp_path / "run"), "--store", store, "--metrics", METRICS,
+                      "--set", "l_subspace.k=5") == 0
+        with Session(profile="local", path=store) as s:
+            notes = [n for n in s.store.notes() if n.kernel == "l_subspace"]
+        assert len(notes) == 3 and {n.kind for n in notes} == {"undefined"}
+        assert all("the top 5 of 30 directions are asked for, and the SVD kept the vectors "
+                   "of 3" in n.reason for n in notes)
+        capsys.readouterr()
+
+    def test_a_store_goes_on_with_the_vectors_it_was_started_with(
+            self, tmp_path, decompositions, capsys):
+        """A run tracked with all its vectors (as every run was before the top tenth)
+        goes on so: nothing is stale, only the new checkpoint is decomposed, and it keeps
+        all its vectors too."""
+        _run(tmp_path / "all", range(1000, 4000, 1000))
+        (tmp_path / "run").mkdir()
+        for step in (1000, 2000):
+            os.rename(tmp_path / "all" / f"checkpoint-{step}",
+                      tmp_path / "run" / f"checkpoint-{step}")
+        run, store = str(tmp_path / "run"), str(tmp_path / "store")
+        assert _track(run, "--store", store, "--metrics", METRICS, "--set",
+                      "svd.vector_share=1") == 0
+        os.rename(tmp_path / "all" / "checkpoint-3000", tmp_path / "run" / "checkpoint-3000")
+        capsys.readouterr()
+        decompositions.update(esd=0, svd=0)
+        assert _track(run, "--store", store, "--metrics", METRICS) == 0
+        assert "another configuration" not in capsys.readouterr().out
+        assert decompositions == {"esd": 3, "svd": 3}
+        with Session(profile="local", path=store) as s:
+            lsvs = s.filter(model_ids=["checkpoint-3000"]).results.export_metrics(
+                "weights_lsvs")["checkpoint-3000"]
+            assert {np.asarray(v["weights_lsvs"]).shape[1] for v in lsvs.values()} == {30}
 
     def test_the_first_round_prunes_checkpoint_by_checkpoint(self, tmp_path, monkeypatch):
         """Five checkpoints in one round: after each checkpoint's pairs, at most two

@@ -335,6 +335,23 @@ class TestTopK:
         np.testing.assert_array_equal(vt32, vt.astype(np.float32))
         np.testing.assert_array_equal(s32, s)
 
+    def test_float16_vectors_and_a_share_of_them(self, rng):
+        """vectors="float16" rounds the float64 vectors; vector_share keeps those of the
+        top ceil(share k) directions (7 of 61 for a tenth), every singular value."""
+        from diffract_kernels_spectral.kernels import svd
+
+        w = rng.standard_normal((80, 61))
+        u, s, vt = svd(w)
+        u16, s16, vt16 = svd(w, vectors="float16", vector_share=0.1)
+        assert u16.shape == (80, 7) and vt16.shape == (7, 61) and s16.shape == (61,)
+        assert u16.dtype == vt16.dtype == np.float16 and u16.flags.c_contiguous
+        np.testing.assert_array_equal(u16, u[:, :7].astype(np.float16))
+        np.testing.assert_array_equal(vt16, vt[:7].astype(np.float16))
+        np.testing.assert_array_equal(s16, s)
+        u64 = svd(w, vector_share=0.5)[0]
+        assert u64.shape == (80, 31) and u64.base is None  # a copy, not a view of all
+        np.testing.assert_array_equal(u64, u[:, :31])
+
     def test_top_k_in_a_session(self, rng):
         """svd top_k keeps that many triplets in the stored fields."""
         with Session() as session:

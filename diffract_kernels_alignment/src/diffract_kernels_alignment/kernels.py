@@ -64,8 +64,9 @@ def l_overlap(weights_lsvs: tuple[np.ndarray, np.ndarray], *, k: TopK = 0) -> np
     """``O^L = |U_a^T U_b|``, ``[k, k]``: the absolute cosine between left singular
     vector ``i`` of model a and ``j`` of model b (the sign of a singular vector is
     arbitrary, so only the absolute value is a property of the pair). ``k = min(N, M)``
-    by default; ``k`` > 0 keeps the top ``k`` directions. Rows follow a's directions,
-    columns b's, both by decreasing singular value."""
+    by default (every direction whose vectors the SVD kept: the top tenth in ``diffract
+    track``, ``svd.vector_share``); ``k`` > 0 keeps the top ``k`` directions. Rows follow
+    a's directions, columns b's, both by decreasing singular value."""
     ua, ub = _left(weights_lsvs, k)
     product = ua.T @ ub
     return np.abs(product, out=product)  # in place: one k x k array at a time
@@ -153,8 +154,16 @@ for _fn, _x in ((avg_l_agreement, "l_agreement"), (avg_r_agreement, "r_agreement
 
 
 # -- subspaces -----------------------------------------------------------------------------
-def _subspace_k(available: int, k: int) -> int:
-    return min(available, k) if k > 0 else max(1, math.ceil(available / 10))
+def _subspace_k(vectors: int, svals: tuple, k: int) -> int:
+    """The subspace's dimension: ``k``, or the top tenth of the directions (counted by the
+    singular values: the SVD may have kept the vectors of fewer, ``svd.vector_share``)."""
+    directions = min(len(svals[0]), len(svals[1]))
+    n = min(directions, k) if k > 0 else max(1, math.ceil(directions / 10))
+    if n > vectors:
+        raise FieldUndefined(
+            f"the top {n} of {directions} directions are asked for, and the SVD kept the "
+            f"vectors of {vectors} (svd vector_share): set svd vector_share=1 or a smaller k")
+    return n
 
 
 def _subspace(a: np.ndarray, b: np.ndarray) -> tuple[float, np.ndarray]:
@@ -174,17 +183,19 @@ _SUBSPACE_DOC = """Rotation-invariant comparison of the top-``k`` {side} singula
 
 @kernel(apply_level=CROSS, produce_fields=("l_subspace_overlap", "l_principal_angles"),
         hints=_HINTS)
-def l_subspace(weights_lsvs: tuple[np.ndarray, np.ndarray], *, k: TopK = 0):
+def l_subspace(weights_lsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple, *,
+               k: TopK = 0):
     ua, ub = _left(weights_lsvs, 0)
-    n = _subspace_k(ua.shape[1], k)
+    n = _subspace_k(ua.shape[1], weights_svals, k)
     return _subspace(ua[:, :n], ub[:, :n])
 
 
 @kernel(apply_level=CROSS, produce_fields=("r_subspace_overlap", "r_principal_angles"),
         hints=_HINTS)
-def r_subspace(weights_rsvs: tuple[np.ndarray, np.ndarray], *, k: TopK = 0):
+def r_subspace(weights_rsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple, *,
+               k: TopK = 0):
     va, vb = _right(weights_rsvs, 0)
-    n = _subspace_k(va.shape[1], k)
+    n = _subspace_k(va.shape[1], weights_svals, k)
     return _subspace(va[:, :n], vb[:, :n])
 
 

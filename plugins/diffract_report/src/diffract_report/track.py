@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
+import json
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -72,9 +73,10 @@ def configure_track(p: argparse.ArgumentParser) -> None:
                    help="keep every checkpoint's singular vectors and the pairwise overlap "
                         "matrices in the store (by default only the first and the latest "
                         "checkpoint's left vectors stay: what the next checkpoint's "
-                        "alignment reads). Vectors are kept in float32 (the alignment "
-                        "values move by about 1e-8); --set svd.vectors=float64 keeps them "
-                        "in float64")
+                        "alignment reads). A run keeps the vectors of each matrix's top "
+                        "tenth of directions, in float32: the alignment fields are computed "
+                        "on those (--set svd.vector_share=1 keeps all, svd.vectors=float64 "
+                        "in float64; a store goes on with the settings it was started with)")
     add_session_arguments(p)
     p.set_defaults(profile="local")
 
@@ -383,6 +385,7 @@ def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: arg
         found = []
     _, unreadable = _add_new(session, found, args, say)
     ids = _alike(session, session.models.ordered(), say)
+    _svd_settings(session, ids, args.settings)
     interactive = sys.stderr.isatty() and not args.quiet
     against = {a.strip() for a in args.against.split(",") if a.strip()} - {"none"}
     known = set(session.compute.list_available_metrics())
@@ -450,19 +453,47 @@ def _prune(session: Any, ids: Sequence[str], asked: set[str], first: bool = True
 
 
 @contextlib.contextmanager
-def _float32_vectors(session: Any) -> Iterator[None]:
-    """The svd kernel keeps its vectors in float32 while the track runs (half the bytes of
-    the vectors kept for the next checkpoint; see its docstring), then as it was (kernel
-    configuration is process-wide); ``--set svd.vectors=float64`` overrides it."""
+def _svd_setting_restored(session: Any) -> Iterator[None]:
+    """The svd kernel's settings as they were once the track ends (kernel configuration
+    is process-wide; :func:`_svd_settings` sets them for the run)."""
     if "svd" not in session.compute.list_available_kernels():
         yield
         return
-    before = session.compute.kernel_config("svd")["vectors"]
-    session.compute.configure_kernel("svd", vectors="float32")
+    config = session.compute.kernel_config("svd")
+    before = {k: config[k] for k in TRACK_SVD}
     try:
         yield
     finally:
-        session.compute.configure_kernel("svd", vectors=before)
+        session.compute.configure_kernel("svd", **before)
+
+
+#: What a tracked run keeps of the vectors it stores for its next checkpoints (the svd
+#: kernel's settings): those of the top tenth of the directions, what its alignment fields
+#: read (the top-tenth subspace overlap, the agreements among those directions), in
+#: float32 (half the bytes; the fields move by 1e-9). A bfloat16 OLMo-2-1B checkpoint's
+#: float32 vectors take 1.7x its bytes; their top tenth 0.17x.
+TRACK_SVD = {"vectors": "float32", "vector_share": 0.1}
+
+
+def _svd_settings(session: Any, ids: Sequence[str], settings: Sequence[str]) -> None:
+    """The svd settings of the run (TRACK_SVD), except that a store which holds vectors
+    already keeps the settings they were computed with (a run tracked before goes on as
+    it was: nothing stale, no reference recomputed from a checkpoint that may be gone),
+    and ``--set svd.<option>=...`` wins over both."""
+    if not ids or "svd" not in session.compute.list_available_kernels():
+        return
+    given = {t.split("=", 1)[0].strip() for t in settings}
+    chosen = dict(TRACK_SVD)
+    for model_id in ids:
+        stamps = session.store.stamps(model_id, "weights_lsvs")
+        if stamps:
+            stored = json.loads(next(iter(stamps.values())).provenance.config)
+            defaults = session.registry.get("svd").config_defaults
+            chosen = {k: stored.get(k, defaults[k]) for k in TRACK_SVD}
+            break
+    chosen = {k: v for k, v in chosen.items() if f"svd.{k}" not in given}
+    if chosen:
+        session.compute.configure_kernel("svd", **chosen)
 
 
 def _stored(session: Any, metrics: Sequence[str], given: bool, store: str) -> list[str]:
@@ -501,7 +532,7 @@ def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
                if m.strip()]
     view_fields = list(VIEW_METRICS) if args.views and not args.metrics else []
     session = open_session(args)
-    with session, _float32_vectors(session):
+    with session, _svd_setting_restored(session):
         check_metrics(session, [*metrics, *view_fields])
         apply_settings(session, args.settings, args.conventions)
         if not args.paths:

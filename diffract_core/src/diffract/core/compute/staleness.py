@@ -9,10 +9,13 @@ reaches everything downstream, and ``apply(..., recompute="stale")`` recomputes 
 those units.
 
 Values written before provenance was recorded have no stamp: their configuration is
-unknown, so they are never reported stale on their own."""
+unknown, so they are never reported stale on their own. An option a kernel gained after a
+value was stored does not make it stale while the option is at its default (a pack's
+upgrade keeps the stores it wrote current)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 
 import attrs
@@ -94,6 +97,20 @@ def _input_stamps(spec: KernelSpec, field: str, producer: KernelSpec, store: Sto
     return out
 
 
+def _added_at_default(stored: str, effective: dict, defaults: dict) -> bool:
+    """Whether the stored configuration is the current one but for options the kernel
+    gained since (a pack's upgrade), each now at its default: those results stand."""
+    try:
+        old = json.loads(stored)
+    except ValueError:
+        return False
+    if not isinstance(old, dict) or not old.keys() <= effective.keys():
+        return False
+    added = effective.keys() - old.keys()
+    return all(effective[k] == defaults.get(k, object()) for k in added) and \
+        canonical_config({k: effective[k] for k in old}) == stored
+
+
 def find_stale(registry: KernelRegistry, store: Store, scope: Sequence[str],
                fields: Iterable[str] | None = None) -> list[StaleUnit]:
     """Every stale unit in scope, dependencies first (of ``fields`` and what they need,
@@ -103,11 +120,13 @@ def find_stale(registry: KernelRegistry, store: Store, scope: Sequence[str],
     stale: dict[UnitKey, StaleUnit] = {}
     root: dict[UnitKey, str] = {}  # the first cause, for reasons downstream
     for spec in resolve(list(fields), registry):
-        current = canonical_config(registry.effective_config(spec.name))
+        effective = registry.effective_config(spec.name)
+        current = canonical_config(effective)
         inputs = [(f, registry.producer(f)) for f in spec.require_fields if f not in SOURCE_FIELDS]
         for models, param, stamp in _units(spec, store, scope):
             reason = cause = None
-            if stamp.provenance.config != current:
+            if stamp.provenance.config != current and not _added_at_default(
+                    stamp.provenance.config, effective, spec.config_defaults):
                 reason = cause = (f"the configuration of {spec.name!r} changed from "
                                   f"{stamp.provenance.config} to {current}")
             else:
