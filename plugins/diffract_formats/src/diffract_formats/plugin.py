@@ -1,5 +1,5 @@
-"""Hook implementations: the safetensors, torch, npz, gguf, onnx, keras, flax and
-huggingface model formats.
+"""Hook implementations: the safetensors, torch, npz, gguf, onnx, keras, flax, dcp
+(torch.distributed.checkpoint) and huggingface model formats.
 
 This module is what the entry point loads: it imports no reader (and no torch) until a
 file of that kind is opened.
@@ -61,6 +61,18 @@ def _flax(path: str) -> Any:
     return FlaxReader(path)
 
 
+def _dcp(path: str, prefix: str | None = None) -> Any:
+    from diffract_formats.dcp_reader import DcpReader
+
+    return DcpReader(path, prefix)
+
+
+def _dcp_layout(path: str) -> bool:
+    from diffract_formats.dcp_reader import dcp_layout
+
+    return dcp_layout(path)
+
+
 def _hf_layout(path: str) -> bool:
     from diffract_formats.readers import hf_layout
 
@@ -97,6 +109,12 @@ def diffract_model_formats() -> Iterator[ModelFormat]:
                       description="Flax msgpack checkpoints (flax.serialization.to_bytes), "
                                   "without JAX; kernels [in, out] turned to [out, in] (no "
                                   "library needed).")
+    yield ModelFormat("dcp", _dcp, layout=_dcp_layout,
+                      description="torch.distributed.checkpoint folders (.metadata and "
+                                  ".distcp shards: torchtitan, OLMo-core, FSDP), the "
+                                  "metadata unpickled with DCP's own classes only, each "
+                                  "chunk read by byte range with torch.load(weights_only="
+                                  "True); option prefix (needs torch).")
     yield ModelFormat("huggingface", _huggingface, layout=_hf_layout,
                       description="a Hugging Face-style checkpoint directory holding "
                                   "model.safetensors.index.json and its shards, "

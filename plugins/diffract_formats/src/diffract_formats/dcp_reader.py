@@ -1,0 +1,329 @@
+"""torch.distributed.checkpoint (DCP) folders: a ``.metadata`` file and the
+``__<rank>_<i>.distcp`` files every rank wrote (torchtitan, OLMo-core, FSDP/DTensor
+saves), read without unpickling anything but the metadata's own classes.
+
+torch's ``FileSystemReader.read_metadata`` unpickles ``.metadata`` with plain
+``pickle.load``: a hostile checkpoint runs code there. Here the metadata is read by an
+unpickler that resolves only the classes DCP's metadata is made of (its dataclasses,
+``torch.Size``, dtypes, layouts and memory formats, paths) and refuses the file, naming
+what it asked for, otherwise. Each stored item (one chunk of a tensor: a tensor sharded
+over ranks has one per shard, with its offsets) is read with plain reads of its byte range
+into memory the caller owns and decoded by ``torch.load(weights_only=True)``; its shape
+and dtype must be what the metadata declares, and every range must lie inside a file in
+the folder (no ``..``, no absolute path, no link out of it).
+
+The model's parameters are the tensors under the prefix the stacks use (``app.model.``,
+``model.``, ``module.``: the first that some tensor has), named without it; with none of
+those, every tensor outside the optimizer, scheduler, RNG and loader state. The option
+``prefix`` names another. Scalars and pickled objects (``BytesStorageMetadata``) are left
+out.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import pickle
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from diffract.plugins import CheckpointReader, TensorEntry, to_slices
+from diffract_formats._common import config_json, error, library
+
+__all__ = ["DcpReader", "dcp_folder", "dcp_layout"]
+
+METADATA = ".metadata"
+#: OLMo-core writes the model and optimizer state one folder down.
+INNER = ("model_and_optim",)
+#: Where the stacks put the model's parameters, tried in this order.
+PREFIXES = ("app.model.", "model.", "module.")
+#: Top-level groups that are not the model (torchtitan saves the model's keys bare).
+NOT_MODEL = ("optimizer", "optim", "lr_scheduler", "scheduler", "dataloader", "train_state",
+             "rng", "rng_state", "rng_states", "extra_state", "trainer")
+#: A metadata file larger than this is refused before it is read.
+MAX_METADATA = 256 << 20
+
+_DCP = "torch.distributed.checkpoint."
+#: (module, name) the metadata unpickler resolves; dtypes are checked apart.
+_ALLOWED = {
+    _DCP + "metadata": {"Metadata", "TensorStorageMetadata", "ChunkStorageMetadata",
+                        "TensorProperties", "BytesStorageMetadata", "MetadataIndex",
+                        "StorageMeta", "_MEM_FORMAT_ENCODING"},
+    _DCP + "filesystem": {"_StorageInfo"},
+    "torch": {"Size"},
+    "torch.serialization": {"_get_layout"},
+    "pathlib": {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath", "Path"},
+    "collections": {"OrderedDict"},
+}
+
+
+def dcp_folder(path: str | Path) -> Path | None:
+    """The folder holding the ``.metadata`` of the DCP checkpoint at ``path`` (the path
+    itself, or OLMo-core's ``model_and_optim/`` inside it), or None."""
+    p = Path(path)
+    for folder in (p, *(p / name for name in INNER)):
+        if (folder / METADATA).is_file():
+            return folder
+    return None
+
+
+def dcp_layout(path: str) -> bool:
+    return dcp_folder(path) is not None
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, path: Path) -> None:
+        super().__init__(io.BytesIO(data))
+        self._path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        torch = sys.modules["torch"]
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if name in _ALLOWED.get(module, ()):
+            return super().find_class(module, name)
+        raise error(self._path, f"the checkpoint's metadata asks for {module}.{name}, which "
+                                "is not part of torch.distributed.checkpoint's metadata: "
+                                "refused, Diffract never runs code from a checkpoint (a "
+                                "hostile or foreign .metadata; save it with "
+                                "torch.distributed.checkpoint.save)")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise error(self._path, "the checkpoint's metadata holds a persistent reference, "
+                                "which DCP metadata never does: refused")
+
+
+def read_metadata(path: Path) -> Any:
+    """The ``Metadata`` of ``path`` (a ``.metadata`` file), unpickled safely."""
+    library("torch", path, "reading a torch.distributed.checkpoint needs torch: pip install "
+                           "torch")
+    import torch.distributed.checkpoint.filesystem  # noqa: F401 - the classes resolved
+    import torch.distributed.checkpoint.metadata as meta
+
+    size = path.stat().st_size
+    if size > MAX_METADATA:
+        raise error(path, f"the metadata is {size} bytes, over {MAX_METADATA}: not a DCP "
+                          "checkpoint's")
+    with open(path, "rb") as fh:
+        data = fh.read(MAX_METADATA + 1)
+    try:
+        found = _MetadataUnpickler(data, path).load()
+    except pickle.UnpicklingError as exc:
+        raise error(path, f"the metadata is not a readable pickle ({exc})") from None
+    except (EOFError, TypeError, ValueError, AttributeError, IndexError, KeyError) as exc:
+        raise error(path, f"the metadata is damaged ({type(exc).__name__}: {exc})") from None
+    if not isinstance(found, meta.Metadata) or not isinstance(
+            getattr(found, "state_dict_metadata", None), dict):
+        raise error(path, f"the metadata holds a {type(found).__name__}, not DCP's Metadata")
+    if not isinstance(getattr(found, "storage_data", None), dict):
+        raise error(path, "the metadata says where no item is stored (no storage_data): "
+                          "was it written by a storage other than the file system's?")
+    return found
+
+
+def _choose(names: list[str], prefix: str | None) -> tuple[str, list[str]]:
+    """The prefix of the model's parameters and the tensor keys under it."""
+    if prefix is not None:
+        return prefix, [n for n in names if n.startswith(prefix)]
+    for candidate in PREFIXES:
+        under = [n for n in names if n.startswith(candidate)]
+        if under:
+            return candidate, under
+    return "", [n for n in names if n.split(".", 1)[0] not in NOT_MODEL]
+
+
+class DcpReader(CheckpointReader):
+    """A DCP checkpoint folder (see the module docstring). ``prefix`` names where the
+    model's parameters are, when not under ``app.model.``, ``model.`` or ``module.``."""
+
+    def __init__(self, path: str, prefix: str | None = None) -> None:
+        folder = dcp_folder(path)
+        if folder is None:
+            raise error(path, f"no {METADATA} here (nor in model_and_optim/): not a "
+                              "torch.distributed.checkpoint folder")
+        self._root = folder.resolve()
+        self._metadata_path = self._root / METADATA
+        metadata = read_metadata(self._metadata_path)
+        import torch.distributed.checkpoint.metadata as meta
+
+        tensors = {k: v for k, v in metadata.state_dict_metadata.items()
+                   if isinstance(k, str) and isinstance(v, meta.TensorStorageMetadata)}
+        self._prefix, keys = _choose(sorted(tensors), prefix)
+        if not keys:
+            groups = sorted({k.split(".", 1)[0] for k in tensors})
+            raise error(self._metadata_path,
+                        f"no model tensor here{f' under {prefix!r}' if prefix else ''}: "
+                        f"the tensors are under {groups or 'nothing'}; name the model's "
+                        "prefix with format_options={'prefix': 'NAME.'}")
+        where: dict[tuple[str, tuple[int, ...]], Any] = {}
+        for index, info in metadata.storage_data.items():
+            fqn, offset = getattr(index, "fqn", None), getattr(index, "offset", None)
+            if isinstance(fqn, str) and offset is not None:
+                where[(fqn, tuple(int(o) for o in offset))] = info
+        sizes: dict[Path, int] = {}
+        self._stats: dict[Path, tuple[int, ...]] = {}
+        self._tensors: dict[str, tuple[Any, list[tuple[Any, Path, int, int]]]] = {}
+        for key in keys:
+            entry = tensors[key]
+            shape = tuple(int(s) for s in entry.size)
+            chunks = []
+            for chunk in entry.chunks:
+                offsets = tuple(int(o) for o in chunk.offsets)
+                lengths = tuple(int(s) for s in chunk.sizes)
+                if len(offsets) != len(shape) or len(lengths) != len(shape) or any(
+                        o < 0 or n < 0 or o + n > s
+                        for o, n, s in zip(offsets, lengths, shape, strict=True)):
+                    raise error(self._metadata_path, f"tensor {key!r}: a chunk at {offsets} "
+                                                     f"of {lengths} lies outside its shape "
+                                                     f"{shape}")
+                info = where.get((key, offsets))
+                if info is None:
+                    raise error(self._metadata_path, f"tensor {key!r}: the chunk at "
+                                                     f"{offsets} is stored nowhere")
+                file = self._inside(info.relative_path, key)
+                if file not in sizes:
+                    stat = file.stat()
+                    sizes[file] = stat.st_size
+                    self._stats[file] = _identity(stat)
+                start, length = int(info.offset), int(info.length)
+                if getattr(info, "transform_descriptors", None):
+                    raise error(file, f"tensor {key!r} is stored transformed "
+                                      f"({info.transform_descriptors}): compressed or "
+                                      "extended DCP items are not read; save without them")
+                if start < 0 or length < 0 or start + length > sizes[file]:
+                    raise error(file, f"tensor {key!r}: the metadata puts a chunk at bytes "
+                                      f"{start}..{start + length} of a {sizes[file]}-byte "
+                                      "file (cut short, or not this checkpoint's)")
+                chunks.append((offsets, lengths, file, start, length))
+            covered = sum(math.prod(c[1]) for c in chunks)
+            if covered != math.prod(shape):
+                raise error(self._metadata_path, f"tensor {key!r}: its chunks cover {covered} "
+                                                 f"of its {math.prod(shape)} entries")
+            self._tensors[key[len(self._prefix):]] = (entry, chunks)
+        self._files = [str(self._metadata_path), *sorted(map(str, sizes))]
+        #: each tensor's first chunk's file (the core checks its identity before a read;
+        #: the reader checks every file it reads against what it saw when opened)
+        self._file_of = {name: self._files.index(str(chunks[0][2])) if chunks else 0
+                         for name, (_, chunks) in self._tensors.items()}
+
+    def _inside(self, relative: Any, key: str) -> Path:
+        """A file the metadata names, refused unless it lies in the folder."""
+        if not isinstance(relative, str) or not relative or Path(relative).is_absolute() \
+                or ".." in Path(relative).parts:
+            raise error(self._metadata_path, f"tensor {key!r} is stored at {relative!r}, "
+                                             "outside the checkpoint's folder: refused")
+        file = (self._root / relative).resolve()
+        if not file.is_relative_to(self._root) or not file.is_file():
+            raise error(self._metadata_path, f"tensor {key!r} is stored in {relative!r}, "
+                                             "which is not a file inside the checkpoint's "
+                                             "folder")
+        return file
+
+    @property
+    def files(self) -> list[str]:
+        return list(self._files)
+
+    def config(self) -> dict[str, Any]:
+        """``config.json`` in the folder (or in the step folder above OLMo-core's
+        ``model_and_optim/``, still the checkpoint's own), for view rules."""
+        found = config_json(self._root)
+        if not found and self._root.name in INNER:
+            found = config_json(self._root.parent)
+        return found
+
+    def entries(self) -> Iterator[TensorEntry]:
+        for name, (entry, _) in self._tensors.items():
+            dtype = str(entry.properties.dtype).removeprefix("torch.")
+            yield TensorEntry(name, tuple(int(s) for s in entry.size), dtype,
+                              file=self._file_of[name])
+
+    def read(self, name: str, index: Any = None) -> Any:
+        import torch
+
+        entry, chunks = self._tensors[name]
+        shape = tuple(int(s) for s in entry.size)
+        box = _box(shape, index)  # [lo, hi) per axis: what the index touches
+        out = torch.empty([hi - lo for lo, hi in box], dtype=entry.properties.dtype)
+        for offsets, lengths, file, start, length in chunks:
+            cut = [(max(lo, o), min(hi, o + n))
+                   for (lo, hi), o, n in zip(box, offsets, lengths, strict=True)]
+            if any(a >= b for a, b in cut):
+                continue
+            part = self._item(name, file, start, length, lengths, entry.properties.dtype)
+            src = tuple(slice(a - o, b - o) for (a, b), o in zip(cut, offsets, strict=True))
+            dst = tuple(slice(a - lo, b - lo) for (a, b), (lo, _) in zip(cut, box, strict=True))
+            out[dst] = part[src]
+        if index is None:
+            return out
+        local = tuple(e - box[axis][0] if isinstance(e, int) else
+                      slice(e.start - box[axis][0], e.stop - box[axis][0], e.step)
+                      for axis, e in enumerate(to_slices(_resolved(shape, index))))
+        return out[local]
+
+    def _item(self, name: str, file: Path, start: int, length: int,
+              lengths: tuple[int, ...], dtype: Any) -> Any:
+        """One stored chunk: ``length`` bytes from ``start``, decoded as a tensor."""
+        import torch
+
+        buf = bytearray(length)
+        with open(file, "rb") as fh:
+            if _identity(os.fstat(fh.fileno())) != self._stats[file]:
+                raise error(file, f"tensor {name!r}: the file changed since the checkpoint "
+                                  "was opened (saved over?); add the model again")
+            fh.seek(start)
+            got = fh.readinto(buf)
+        if got != length:
+            raise error(file, f"tensor {name!r}: read {got or 0} of {length} bytes: the "
+                              "file is shorter than when it was opened; add the model again")
+        try:
+            if bytes(buf[:2]) == b"PK":  # torch.save's zip format (DCP's default)
+                part = torch.load(io.BytesIO(buf), map_location="cpu", weights_only=True)
+            else:  # serialization_format=SAFETENSORS: one tensor per item
+                from safetensors.torch import load as load_safetensors
+
+                found = load_safetensors(bytes(buf))
+                part = next(iter(found.values())) if len(found) == 1 else None
+        except Exception as exc:  # noqa: BLE001 - a damaged item, said with its place
+            raise error(file, f"tensor {name!r}: the chunk at byte {start} is not a stored "
+                              f"tensor ({type(exc).__name__}: {str(exc)[:200]})") from None
+        if not isinstance(part, torch.Tensor) or tuple(part.shape) != lengths \
+                or part.dtype != dtype:
+            what = (f"a {tuple(part.shape)} {part.dtype} tensor" if isinstance(
+                part, torch.Tensor) else f"a {type(part).__name__}")
+            raise error(file, f"tensor {name!r}: the chunk at byte {start} holds {what}, the "
+                              f"metadata says {lengths} {dtype}")
+        return part
+
+
+def _identity(stat: os.stat_result) -> tuple[int, ...]:
+    return (stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns)
+
+
+def _resolved(shape: tuple[int, ...], index: Any) -> tuple[Any, ...]:
+    out = []
+    for axis, e in enumerate(index):
+        if isinstance(e, int):
+            out.append(e)
+        else:
+            start, stop, step = e
+            out.append((start, shape[axis] if stop is None else stop, step))
+    return tuple(out)
+
+
+def _box(shape: tuple[int, ...], index: Any) -> list[tuple[int, int]]:
+    """The smallest box ``[lo, hi)`` per axis holding what ``index`` selects."""
+    box = [(0, s) for s in shape]
+    if index is None:
+        return box
+    for axis, e in enumerate(_resolved(shape, index)):
+        if isinstance(e, int):
+            box[axis] = (e, e + 1)
+        else:
+            start, stop, step = e
+            last = start + (len(range(start, stop, step)) - 1) * step
+            box[axis] = (start, max(start, last + 1))
+    return box
+
