@@ -71,6 +71,30 @@ def _hf_dir(folder: Path, weights: dict[str, np.ndarray]) -> None:
         "num_hidden_layers": 2, "intermediate_size": 256}))
 
 
+def _dcp_dir(folder: Path, weights: dict[str, np.ndarray]) -> None:
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():  # one process, no process group: DCP says so
+        warnings.simplefilter("ignore")
+        dcp.save({"model": {k: torch.from_numpy(v.copy()) for k, v in weights.items()},
+                  "train_state": {"step": 1}}, checkpoint_id=str(folder))
+
+
+def _hf_cache(cache: Path, repo_id: str, weights: dict[str, np.ndarray]) -> None:
+    """``repo_id`` in a cache laid out as huggingface_hub lays it (snapshot links)."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    _hf_dir(repo / "blobs" / "files", weights)
+    snapshot = repo / "snapshots" / ("c" * 40)
+    snapshot.mkdir(parents=True)
+    for name in ("model.safetensors", "config.json"):
+        (snapshot / name).symlink_to(Path("../../blobs/files") / name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("c" * 40)
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     import torch
@@ -89,6 +113,9 @@ def folder(tmp_path_factory) -> Path:
         _hf_dir(here / "runs" / "a" / f"checkpoint-{step}", walk)
         if step <= 300:
             _hf_dir(here / f"step{step * 10}", walk)
+        if step <= 300:  # the same run as torchtitan saves it (torch.distributed.checkpoint)
+            _dcp_dir(here / "runs" / "titan" / f"step-{step}", walk)
+    _hf_cache(here / "hf-cache", "Qwen/Qwen3-0.6B", base)
     _hf_dir(here / "tuned", walk)
     _hf_dir(here / "finetuned", walk)
     q = "encoder.layer.0.attention.self.query"
@@ -116,10 +143,11 @@ def folder(tmp_path_factory) -> Path:
     return here
 
 
-def _env() -> dict[str, str]:
+def _env(folder: Path) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
     return {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-            "MPLBACKEND": "Agg", "DIFFRACT_STRICT_PLUGINS": ""}
+            "MPLBACKEND": "Agg", "DIFFRACT_STRICT_PLUGINS": "",
+            "HF_HUB_CACHE": str(folder / "hf-cache")}
 
 
 def _shell_lines(code: str) -> list[str]:
@@ -162,12 +190,12 @@ def test_the_blocks_run(path, found, folder):
         for command in _shell_lines(code):
             if command.startswith("./dev "):
                 continue  # what CI itself runs (.ci/run), in a clone of its own
-            run = subprocess.run(command, shell=True, cwd=folder, env=_env(),
+            run = subprocess.run(command, shell=True, cwd=folder, env=_env(folder),
                                  capture_output=True, text=True, timeout=900)
             assert run.returncode == 0, (f"{path.name}:{line}: {command}\n"
                                          f"{run.stdout[-2000:]}\n{run.stderr[-3000:]}")
     if python:
         run = subprocess.run([sys.executable, "-c", "\n".join(python)], cwd=folder,
-                             env=_env(), capture_output=True, text=True, timeout=900)
+                             env=_env(folder), capture_output=True, text=True, timeout=900)
         assert run.returncode == 0, (f"{path.name}'s Python blocks:\n{run.stdout[-2000:]}\n"
                                      f"{run.stderr[-4000:]}")

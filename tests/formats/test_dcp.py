@@ -305,3 +305,36 @@ def test_an_fsdp2_checkpoint_of_two_ranks_is_assembled_exactly(tmp_path, monkeyp
     with open(tmp_path / "ck" / ".metadata", "rb") as fh:
         chunks = pickle.load(fh).state_dict_metadata["model.0.weight"].chunks
     assert [tuple(c.offsets) for c in chunks] == [(0, 0), (16, 0)]
+
+
+class TestDeclaredSizes:
+    def _edit(self, folder: Path, edit) -> None:
+        metadata = _metadata(folder)
+        edit(metadata)
+        _write_metadata(folder, metadata)
+
+    def test_a_chunk_declaring_more_entries_than_its_bytes_is_refused(self, tmp_path):
+        """Memory follows what a chunk holds: a 2**40-entry tensor declared over a few
+        hundred bytes is refused when the model is added, never allocated."""
+        _trained(tmp_path / "ck")
+
+        def huge(metadata):
+            entry = metadata.state_dict_metadata["model.0.weight"]
+            entry.size = torch.Size([1 << 20, 1 << 20])
+            entry.chunks[0].sizes = torch.Size([1 << 20, 1 << 20])
+
+        self._edit(tmp_path / "ck", huge)
+        with pytest.raises(ModelSourceError, match="fewer than its entries take"):
+            DcpReader(str(tmp_path / "ck"))
+
+    def test_chunks_that_do_not_tile_the_tensor_are_refused(self, tmp_path):
+        _trained(tmp_path / "ck")
+
+        def gap(metadata):  # one chunk twice at the same place, the tensor twice as tall
+            entry = metadata.state_dict_metadata["model.0.weight"]
+            entry.size = torch.Size([64, 24])
+            entry.chunks.append(entry.chunks[0])
+
+        self._edit(tmp_path / "ck", gap)
+        with pytest.raises(ModelSourceError, match="do not tile its shape"):
+            DcpReader(str(tmp_path / "ck"))

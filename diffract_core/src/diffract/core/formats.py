@@ -210,6 +210,12 @@ def open_path(path: Path, model_id: str, format: str | None = None,
     (``load(name, index=None)`` numpy, ``raw`` as stored) and a function returning the
     model's configuration (read only if a view rule asks: a broken ``config.json`` does
     not stop a model read without views)."""
+    if not path.exists():  # a name a format knows (a Hugging Face id), as it finds it
+        for f in sorted(_formats().values(), key=lambda f: -f.priority):
+            found = f.locate is not None and _named(model_id, lambda f=f, n=str(path): f.locate(n))
+            if found:
+                path = Path(found)
+                break
     fmt = find_format(path, model_id, format)
     options = dict(options or {})
     reader = _open(fmt, path, model_id, options)

@@ -130,7 +130,10 @@ class ModelFormat:
     When several formats recognise a path, the highest ``priority`` reads it (ties: the
     first in the catalog's order, the core's then by distribution name);
     ``models.add(path, format=name)`` picks one. The name is recorded with the
-    model, so a durable store reopens it with the same format."""
+    model, so a durable store reopens it with the same format. ``locate(name)``, for a
+    name that is no path (a hub's model id), returns the local folder it stands for or
+    None, and raises ModelSourceError, saying how to fetch it, for one it knows of but
+    cannot find."""
 
     name: str
     open: Callable[[str], Any] = attrs.field(eq=False, hash=False, repr=_summary)
@@ -138,6 +141,8 @@ class ModelFormat:
         default=(), converter=lambda xs: tuple(x.lower() for x in xs))
     magic: tuple[bytes, ...] = attrs.field(default=(), converter=tuple)
     layout: Callable[[str], bool] | None = attrs.field(
+        default=None, eq=False, hash=False, repr=False)
+    locate: Callable[[str], str | None] | None = attrs.field(
         default=None, eq=False, hash=False, repr=False)
     description: str = ""
     priority: int = 0

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from diffract.errors import ModelSourceError
 from diffract.plugins import CheckpointReader, TensorEntry, to_slices
 from diffract_formats._common import config_json, error, library
 
@@ -74,7 +75,8 @@ def dcp_layout(path: str) -> bool:
     return dcp_folder(path) is not None
 
 
-class _MetadataUnpickler(pickle.Unpickler):
+class _MetadataUnpickler(pickle._Unpickler):  # the Python one: a length read is a read
+    # (the C unpickler allocates what a length field declares before reading it)
     def __init__(self, data: bytes, path: Path) -> None:
         super().__init__(io.BytesIO(data))
         self._path = path
@@ -111,10 +113,11 @@ def read_metadata(path: Path) -> Any:
         data = fh.read(MAX_METADATA + 1)
     try:
         found = _MetadataUnpickler(data, path).load()
-    except pickle.UnpicklingError as exc:
-        raise error(path, f"the metadata is not a readable pickle ({exc})") from None
-    except (EOFError, TypeError, ValueError, AttributeError, IndexError, KeyError) as exc:
-        raise error(path, f"the metadata is damaged ({type(exc).__name__}: {exc})") from None
+    except ModelSourceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any other failure of the pickle is damage
+        raise error(path, f"the metadata is damaged or not a pickle ({type(exc).__name__}: "
+                          f"{str(exc)[:200]})") from None
     if not isinstance(found, meta.Metadata) or not isinstance(
             getattr(found, "state_dict_metadata", None), dict):
         raise error(path, f"the metadata holds a {type(found).__name__}, not DCP's Metadata")
@@ -147,6 +150,16 @@ class DcpReader(CheckpointReader):
         self._root = folder.resolve()
         self._metadata_path = self._root / METADATA
         metadata = read_metadata(self._metadata_path)
+        try:
+            self._index(metadata, prefix)
+        except (AttributeError, TypeError, ValueError, KeyError, IndexError,
+                OverflowError) as exc:  # a pickle of the right classes, wrongly filled
+            raise error(self._metadata_path, f"the metadata is damaged ({type(exc).__name__}: "
+                                             f"{str(exc)[:200]})") from None
+
+    def _index(self, metadata: Any, prefix: str | None) -> None:
+        """Every model tensor's chunks, each checked against the folder's files."""
+        import torch
         import torch.distributed.checkpoint.metadata as meta
 
         tensors = {k: v for k, v in metadata.state_dict_metadata.items()
@@ -169,6 +182,8 @@ class DcpReader(CheckpointReader):
         for key in keys:
             entry = tensors[key]
             shape = tuple(int(s) for s in entry.size)
+            if not isinstance(entry.properties.dtype, torch.dtype):
+                raise TypeError(f"tensor {key!r} has no dtype")
             chunks = []
             for chunk in entry.chunks:
                 offsets = tuple(int(o) for o in chunk.offsets)
@@ -189,6 +204,8 @@ class DcpReader(CheckpointReader):
                     sizes[file] = stat.st_size
                     self._stats[file] = _identity(stat)
                 start, length = int(info.offset), int(info.length)
+                if not isinstance(info.offset, int) or not isinstance(info.length, int):
+                    raise TypeError(f"tensor {key!r}: a chunk's place is not in bytes")
                 if getattr(info, "transform_descriptors", None):
                     raise error(file, f"tensor {key!r} is stored transformed "
                                       f"({info.transform_descriptors}): compressed or "
@@ -197,11 +214,15 @@ class DcpReader(CheckpointReader):
                     raise error(file, f"tensor {key!r}: the metadata puts a chunk at bytes "
                                       f"{start}..{start + length} of a {sizes[file]}-byte "
                                       "file (cut short, or not this checkpoint's)")
+                if math.prod(lengths) * entry.properties.dtype.itemsize > length:
+                    raise error(file, f"tensor {key!r}: a chunk of {lengths} is declared in "
+                                      f"{length} bytes, fewer than its entries take")
                 chunks.append((offsets, lengths, file, start, length))
             covered = sum(math.prod(c[1]) for c in chunks)
-            if covered != math.prod(shape):
-                raise error(self._metadata_path, f"tensor {key!r}: its chunks cover {covered} "
-                                                 f"of its {math.prod(shape)} entries")
+            if covered != math.prod(shape) or _overlap(chunks):
+                raise error(self._metadata_path, f"tensor {key!r}: its chunks do not tile its "
+                                                 f"shape {shape} (they cover {covered} of "
+                                                 f"{math.prod(shape)} entries, or overlap)")
             self._tensors[key[len(self._prefix):]] = (entry, chunks)
         self._files = [str(self._metadata_path), *sorted(map(str, sizes))]
         #: each tensor's first chunk's file (the core checks its identity before a read;
@@ -296,6 +317,15 @@ class DcpReader(CheckpointReader):
             raise error(file, f"tensor {name!r}: the chunk at byte {start} holds {what}, the "
                               f"metadata says {lengths} {dtype}")
         return part
+
+
+def _overlap(chunks: list[tuple[Any, ...]]) -> bool:
+    """Whether two chunks (offsets, sizes, ...) share an entry: with the count of entries
+    equal to the tensor's, chunks that do not overlap tile it exactly."""
+    boxes = [(c[0], c[1]) for c in chunks if math.prod(c[1])]
+    return any(all(oa < ob + nb and ob < oa + na
+                   for oa, na, ob, nb in zip(a_off, a_len, b_off, b_len, strict=True))
+               for i, (a_off, a_len) in enumerate(boxes) for b_off, b_len in boxes[i + 1:])
 
 
 def _identity(stat: os.stat_result) -> tuple[int, ...]:

@@ -73,6 +73,12 @@ def _dcp_layout(path: str) -> bool:
     return dcp_layout(path)
 
 
+def _hf_locate(name: str) -> str | None:
+    from diffract_formats.hub_cache import locate
+
+    return locate(name)
+
+
 def _hf_layout(path: str) -> bool:
     from diffract_formats.readers import hf_layout
 
@@ -115,8 +121,10 @@ def diffract_model_formats() -> Iterator[ModelFormat]:
                                   "metadata unpickled with DCP's own classes only, each "
                                   "chunk read by byte range with torch.load(weights_only="
                                   "True); option prefix (needs torch).")
-    yield ModelFormat("huggingface", _huggingface, layout=_hf_layout,
+    yield ModelFormat("huggingface", _huggingface, layout=_hf_layout, locate=_hf_locate,
                       description="a Hugging Face-style checkpoint directory holding "
                                   "model.safetensors.index.json and its shards, "
                                   "model.safetensors, pytorch_model.bin.index.json and its "
-                                  "shards, or pytorch_model.bin (config.json for view rules)")
+                                  "shards, or pytorch_model.bin (config.json for view "
+                                  "rules); a model id (org/name[@revision]) from the local "
+                                  "Hugging Face cache, offline")

@@ -104,6 +104,8 @@ def add_session_arguments(p: argparse.ArgumentParser) -> None:
 
 # -- inputs ------------------------------------------------------------------------------
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+#: ``org/name[@revision]``: a hub's model id, when no such path exists.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(?:@[\w./-]+)?")
 
 
 def _load_factory(spec: str) -> Any:
@@ -143,10 +145,12 @@ def model_inputs(paths: Sequence[str]) -> list[tuple[str, Any, str | None]]:
         elif _FACTORY.match(raw):
             stem = raw.rsplit(":", 1)[1].rsplit(".", 1)[-1]
             what, file = _load_factory(raw), None
+        elif _HUB_ID.fullmatch(raw):  # a model id: the formats find it (the local cache)
+            stem, what, file = raw.split("@", 1)[0].rsplit("/", 1)[1], raw, None
         else:
             raise UsageError(f"{raw}: no such file or directory. Give a .safetensors file, a "
-                             "checkpoint directory, a torch state-dict file, or "
-                             "module:factory.")
+                             "checkpoint directory, a torch state-dict file, a Hugging Face "
+                             "model id (org/name) in the local cache, or module:factory.")
         model_id = re.sub(r"[^\w.\-]+", "_", stem) or "model"
         base, n = model_id, 2
         while model_id in taken:
