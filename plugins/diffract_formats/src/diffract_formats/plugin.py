@@ -1,5 +1,5 @@
 """Hook implementations: the safetensors, torch, npz, gguf, onnx, keras, flax, dcp
-(torch.distributed.checkpoint) and huggingface model formats.
+(torch.distributed.checkpoint), huggingface and deepspeed (ZeRO) model formats.
 
 This module is what the entry point loads: it imports no reader (and no torch) until a
 file of that kind is opened.
@@ -73,6 +73,18 @@ def _dcp_layout(path: str) -> bool:
     return dcp_layout(path)
 
 
+def _deepspeed(path: str) -> Any:
+    from diffract_formats.deepspeed_reader import DeepSpeedReader
+
+    return DeepSpeedReader(path)
+
+
+def _zero_layout(path: str) -> bool:
+    from diffract_formats.deepspeed_reader import zero_layout
+
+    return zero_layout(path)
+
+
 def _hf_locate(name: str) -> str | None:
     from diffract_formats.hub_cache import locate
 
@@ -128,3 +140,9 @@ def diffract_model_formats() -> Iterator[ModelFormat]:
                                   "shards, or pytorch_model.bin (config.json for view "
                                   "rules); a model id (org/name[@revision]) from the local "
                                   "Hugging Face cache, offline")
+    yield ModelFormat("deepspeed", _deepspeed, layout=_zero_layout,
+                      description="DeepSpeed ZeRO checkpoints (global_step*/, or the folder "
+                                  "whose 'latest' names one): the fp32 master weights joined "
+                                  "from the ranks' partitions as zero_to_fp32 does, stages "
+                                  "1-3, without DeepSpeed; foreign pickled classes inert "
+                                  "(needs torch).")
