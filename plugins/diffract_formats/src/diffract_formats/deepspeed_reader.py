@@ -100,7 +100,7 @@ class DeepSpeedReader(CheckpointReader):
         if folder is None:
             raise error(path, "no *_model_states.pt with *_optim_states.pt here (nor a "
                               "'latest' naming such a folder): not a DeepSpeed checkpoint")
-        self._root = folder.resolve()
+        self._root, self._given = folder.resolve(), Path(path).resolve()
         names = sorted(f.name for f in self._root.iterdir())
         optim = {int(m[1]): m for m in map(_OPTIM.fullmatch, names) if m}
         model = [m for m in map(_MODEL.fullmatch, names) if m]
@@ -238,10 +238,10 @@ class DeepSpeedReader(CheckpointReader):
         return list(self._files)
 
     def config(self) -> dict[str, Any]:
-        """``config.json`` in the step folder or the save folder above it (a Trainer's
-        checkpoint-N/ holds both), for view rules."""
+        """``config.json`` in the step folder, or in the save folder given (whose
+        ``latest`` named it: a Trainer's checkpoint-N/ holds both), for view rules."""
         found = config_json(self._root)
-        return found or config_json(self._root.parent)
+        return found or (config_json(self._given) if self._given != self._root else {})
 
     def entries(self) -> Iterator[TensorEntry]:
         for name, (shape, pieces) in self._params.items():
