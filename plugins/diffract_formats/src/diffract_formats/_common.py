@@ -4,6 +4,7 @@ the extra that installs it, and Keras's and Flax's kernel orientation."""
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +88,9 @@ def turn_kernel(values: np.ndarray, turn: str, index: Any = None) -> np.ndarray:
         values = np.moveaxis(values, (-1, -2), (0, 1))
     values = values if index is None else values[to_slices(index)]
     return np.ascontiguousarray(values)
+
+
+def file_identity(stat: os.stat_result) -> tuple[int, ...]:
+    """What tells a file from the one a reader opened: size, modification and change
+    times, inode (a reader of several files compares each before it reads it)."""
+    return (stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns)

@@ -32,7 +32,7 @@ from typing import Any
 
 from diffract.errors import ModelSourceError
 from diffract.plugins import CheckpointReader, TensorEntry, to_slices
-from diffract_formats._common import config_json, error, library
+from diffract_formats._common import config_json, error, file_identity, library
 
 __all__ = ["DcpReader", "dcp_folder", "dcp_layout"]
 
@@ -202,7 +202,7 @@ class DcpReader(CheckpointReader):
                 if file not in sizes:
                     stat = file.stat()
                     sizes[file] = stat.st_size
-                    self._stats[file] = _identity(stat)
+                    self._stats[file] = file_identity(stat)
                 start, length = int(info.offset), int(info.length)
                 if not isinstance(info.offset, int) or not isinstance(info.length, int):
                     raise TypeError(f"tensor {key!r}: a chunk's place is not in bytes")
@@ -291,7 +291,7 @@ class DcpReader(CheckpointReader):
 
         buf = bytearray(length)
         with open(file, "rb") as fh:
-            if _identity(os.fstat(fh.fileno())) != self._stats[file]:
+            if file_identity(os.fstat(fh.fileno())) != self._stats[file]:
                 raise error(file, f"tensor {name!r}: the file changed since the checkpoint "
                                   "was opened (saved over?); add the model again")
             fh.seek(start)
@@ -328,8 +328,6 @@ def _overlap(chunks: list[tuple[Any, ...]]) -> bool:
                for i, (a_off, a_len) in enumerate(boxes) for b_off, b_len in boxes[i + 1:])
 
 
-def _identity(stat: os.stat_result) -> tuple[int, ...]:
-    return (stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns)
 
 
 def _resolved(shape: tuple[int, ...], index: Any) -> tuple[Any, ...]:
@@ -356,4 +354,3 @@ def _box(shape: tuple[int, ...], index: Any) -> list[tuple[int, int]]:
             last = start + (len(range(start, stop, step)) - 1) * step
             box[axis] = (start, max(start, last + 1))
     return box
-

@@ -34,7 +34,7 @@ import numpy as np
 
 from diffract.errors import ModelSourceError
 from diffract.plugins import CheckpointReader, TensorEntry, to_slices
-from diffract_formats._common import config_json, error, library
+from diffract_formats._common import config_json, error, file_identity, library
 
 __all__ = ["DeepSpeedReader", "zero_folder", "zero_layout"]
 
@@ -138,7 +138,7 @@ class DeepSpeedReader(CheckpointReader):
                                           "zero_to_fp32.py")
         files = [self._model_path, *optim_paths]
         self._sizes = {f: f.stat().st_size for f in files}
-        self._stats = {f: _identity(f.stat()) for f in files}
+        self._stats = {f: file_identity(f.stat()) for f in files}
         self._files = [str(f) for f in files]
         #: name -> (shape, pieces): pieces (file, byte start, entries) in order
         self._params: dict[str, tuple[tuple[int, ...], list[tuple[Path, int, int]]]] = {}
@@ -264,7 +264,7 @@ class DeepSpeedReader(CheckpointReader):
 
     def _bytes(self, name: str, path: Path, start: int, count: int, into: np.ndarray) -> None:
         with open(path, "rb") as fh:
-            if _identity(os.fstat(fh.fileno())) != self._stats[path]:
+            if file_identity(os.fstat(fh.fileno())) != self._stats[path]:
                 raise error(path, f"{name!r}: the file changed since the checkpoint was "
                                   "opened (saved over?); add the model again")
             fh.seek(start)
@@ -297,7 +297,3 @@ def _trimmed(pieces: list[tuple[Path, int, int]], numel: int) -> list[tuple[Path
         out.append((path, start, min(count, left)))
         left -= count
     return out
-
-
-def _identity(stat: os.stat_result) -> tuple[int, ...]:
-    return (stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns)
