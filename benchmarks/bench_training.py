@@ -23,6 +23,16 @@ it, one process per checkpoint, as a user would run it; both are counted.
 comparison. The run without a monitor goes first and last.
 
     python benchmarks/bench_training.py [--cadences 50 200 1000] [--repeats 2]
+
+``--direct N`` measures instead what one background analysis costs the loop, thread
+against process: N pairs of runs at cadence 50 (each beside a run without a monitor of the
+same length, the two taking turns first) for the ``Monitor`` (a thread) and for a
+prototype worker process (the analysed weights copied into shared memory at the cadence
+point, a spawned process at nice 19 analysing them with the monitor's metrics in its own
+interpreter). The prototype is a measurement, not the product: it copies the analysed
+weights whole.
+
+    python benchmarks/bench_training.py --direct 4
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import header, table  # noqa: E402
 
 VOCAB, WIDTH, LAYERS, FF, BATCH, SEQ = 1024, 128, 4, 512, 16, 32
+STEPS_DIRECT = int(os.environ.get("BENCH_TRAINING_STEPS", "400"))
 
 
 def build(torch):
@@ -116,6 +127,93 @@ def with_monitor(steps: int, every: int, folder: Path,
     return train(steps, on_step), box["m"]
 
 
+def _worker(conn, shared, metrics) -> None:
+    """The prototype's process: analyse the shared weights whenever told a step."""
+    os.nice(19)
+    from diffract import Session
+
+    with Session() as session:
+        while (step := conn.recv()) is not None:
+            model_id = f"step-{step}"
+            session.models.add(shared, model_id, copy_weights=False)
+            session.compute.apply(*metrics, "esd", errors="record", progress=False)
+            conn.send(len(session.results.export_metrics(*metrics)[model_id]))
+            session.models.erase(model_id)
+
+
+def with_process(steps: int, every: int) -> tuple[Run, int, int, float]:
+    """The prototype worker process: (run, analysed, skipped, seconds the loop copied)."""
+    import multiprocessing
+
+    import torch
+
+    from diffract_training import DEFAULT_METRICS
+
+    box: dict = {"busy": False, "analysed": 0, "skipped": 0, "copy": 0.0}
+
+    def on_step(step, model):
+        if "proc" not in box:
+            ctx = multiprocessing.get_context("spawn")
+            box["shared"] = {n: p.detach().clone().share_memory_()
+                             for n, p in model.named_parameters() if p.dim() >= 2}
+            box["live"] = dict(model.named_parameters())
+            box["conn"], child = ctx.Pipe()
+            box["proc"] = ctx.Process(target=_worker, args=(child, box["shared"],
+                                                            DEFAULT_METRICS))
+            box["proc"].start()
+        conn = box["conn"]
+        if box["busy"] and conn.poll():
+            conn.recv()
+            box["busy"], box["analysed"] = False, box["analysed"] + 1
+        if step is None:
+            if box["busy"]:
+                conn.recv()
+                box["analysed"] += 1
+            conn.send(None)
+            box["proc"].join()
+        elif step % every == 0:
+            if box["busy"]:
+                box["skipped"] += 1
+                return
+            began = time.perf_counter()
+            with torch.no_grad():
+                for name, target in box["shared"].items():
+                    target.copy_(box["live"][name])
+            box["copy"] += time.perf_counter() - began
+            conn.send(step)
+            box["busy"] = True
+
+    run = train(steps, on_step)
+    return run, box["analysed"], box["skipped"], box["copy"]
+
+
+def direct(pairs: int) -> None:
+    """Thread against process: the loop's cost of one background analysis at cadence 50."""
+    steps, every = STEPS_DIRECT, 50
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="diffract-bench-training-") as tmp:
+        for kind in ("thread (Monitor)", "process (prototype)"):
+            costs, counts = [], []
+            for i in range(pairs):
+                def watched(i=i, kind=kind):
+                    if kind.startswith("thread"):
+                        run, monitor = with_monitor(steps, every, Path(tmp) / f"{i}")
+                        return run, len(monitor.analysed)
+                    run, analysed, _, _ = with_process(steps, every)
+                    return run, analysed
+                if i % 2:
+                    (run, analysed), base = watched(), train(steps, lambda s, m: None)
+                else:
+                    base = train(steps, lambda s, m: None)
+                    run, analysed = watched()
+                costs.append((run.total - base.total) / max(analysed, 1))
+                counts.append(analysed)
+            rows.append([kind, " ".join(f"{c:+.2f}" for c in costs),
+                         f"{statistics.median(costs):+.2f} s", " ".join(map(str, counts))])
+    table(["background analysis in", "loop cost per analysis, each pair (s)", "median",
+           "analysed per run"], rows)
+
+
 def with_saves(steps: int, every: int, folder: Path) -> tuple[Run, float, int]:
     from safetensors.torch import save_file
 
@@ -140,11 +238,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cadences", type=int, nargs="+", default=[50, 200, 1000])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--direct", type=int, metavar="PAIRS",
+                        help="the cost of one background analysis, thread against process")
     args = parser.parse_args()
     import torch
 
     header("bench_training: the cost of a monitor inside a training loop",
            ["torch", "diffract-core", "diffract-training"])
+    if args.direct:
+        direct(args.direct)
+        if hasattr(os, "getloadavg"):
+            print("# load average at the end: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
+        return
     print(f"# model: {LAYERS} layers, width {WIDTH}, ff {FF}, vocabulary {VOCAB}; batch "
           f"{BATCH} x {SEQ}; AdamW; torch threads {torch.get_num_threads()}; each cadence's "
           f"runs {args.repeats} times, in turn, {', '.join(map(str, args.cadences))} -> "
