@@ -313,6 +313,8 @@ def test_the_copies_stay_within_copy_limit_and_hold_the_cadence_step(tmp_path, l
         for field in METRICS:
             if np.isfinite(row[field]):
                 assert logged[4][f"diffract/{field}/{param}"] == row[field], (param, field)
+    # what a finished step keeps is its numbers, no tensor (a long run keeps hundreds)
+    assert not monitor._taken[4].tensors and not monitor._taken[4].live
 
 
 def test_the_loop_copies_what_is_still_live_before_the_optimizer_steps():

@@ -106,6 +106,16 @@ class Snapshot:
                     value.set_()
             self.cond.notify_all()
 
+    def forget(self) -> None:
+        """Drop every tensor reference once the analysis is over: what stays (in
+        ``Monitor._taken``, for ``blocked`` and ``copied``) is the step's numbers."""
+        with self.cond:
+            self.live.clear()
+            self.tensors.clear()
+            self.pending.clear()
+            self.pending_bytes = 0
+            self.cond.notify_all()
+
     def before_update(self, running: Callable[[], bool]) -> None:
         """The loop's side, just before an optimizer changes the weights in place."""
         if not self.pending:

@@ -470,6 +470,7 @@ class Monitor:
             return
         finally:  # the copies go now, whatever the store keeps
             snapshot.release(snapshot.order)
+            snapshot.forget()
             if self._snap is snapshot:
                 self._snap = None
         with self._box:
