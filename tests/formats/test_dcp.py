@@ -77,12 +77,25 @@ class TestOneProcess:
         (lambda sd: {"module": sd}, {}),                     # module.
         (lambda sd: dict(sd), {}),                           # torchtitan: the keys bare
         (lambda sd: {"net": sd}, {"prefix": "net."}),        # named by the option
+        (lambda sd: {"app": {"model": sd, "optimizer": {"lr": torch.ones(1)}}}, {}),
     ])
     def test_the_stacks_prefixes(self, tmp_path, wrap, options):
         want = _trained(tmp_path / "ck", wrap=wrap)
         got = _read(tmp_path / "ck", **options)
         assert sorted(got) == sorted(want)
         assert all(torch.equal(got[n], v) for n, v in want.items())
+
+    def test_a_model_whose_own_names_start_with_model_keeps_them(self, tmp_path):
+        """A Hugging Face causal LM saved bare: ``model.layers...`` beside ``lm_head``;
+        ``model.`` is its own names, not a stack's prefix."""
+        net = _net()
+        state = {"model.embed.weight": net[0].weight.detach().clone(),
+                 "model.layers.0.weight": net[2].weight.detach().clone(),
+                 "lm_head.weight": net[0].weight.detach().clone() * 2}
+        _save(dict(state), tmp_path / "ck")
+        got = _read(tmp_path / "ck")
+        assert sorted(got) == sorted(state)
+        assert all(torch.equal(got[n], v) for n, v in state.items())
 
     def test_a_folder_with_no_model_tensor_says_where_they_are(self, tmp_path):
         _save({"net": _net().state_dict()}, tmp_path / "ck")

@@ -13,9 +13,9 @@ and dtype must be what the metadata declares, and every range must lie inside a 
 the folder (no ``..``, no absolute path, no link out of it).
 
 The model's parameters are the tensors under the prefix the stacks use (``app.model.``,
-``model.``, ``module.``: the first that some tensor has), named without it; with none of
-those, every tensor outside the optimizer, scheduler, RNG and loader state. The option
-``prefix`` names another. Scalars and pickled objects (``BytesStorageMetadata``) are left
+``model.``, ``module.``: the first that holds every tensor but the training state), named
+without it; otherwise every tensor outside the optimizer, scheduler, RNG and loader
+state, named as saved. The option ``prefix`` names another. Scalars and pickled objects (``BytesStorageMetadata``) are left
 out.
 """
 
@@ -127,15 +127,25 @@ def read_metadata(path: Path) -> Any:
     return found
 
 
+def _not_model(name: str) -> bool:
+    """A key of the optimizer, scheduler, RNG or loader state (``app.`` in front or not)."""
+    parts = name.split(".")
+    return parts[0] in NOT_MODEL or (parts[0] == "app" and len(parts) > 1
+                                     and parts[1] in NOT_MODEL)
+
+
 def _choose(names: list[str], prefix: str | None) -> tuple[str, list[str]]:
-    """The prefix of the model's parameters and the tensor keys under it."""
+    """The prefix of the model's parameters and the tensor keys under it: a stack's
+    prefix when every other tensor is training state (a model saved bare whose own names
+    start with ``model.``, as a Hugging Face causal LM's do beside ``lm_head``, keeps
+    them whole)."""
     if prefix is not None:
         return prefix, [n for n in names if n.startswith(prefix)]
     for candidate in PREFIXES:
         under = [n for n in names if n.startswith(candidate)]
-        if under:
+        if under and all(n.startswith(candidate) or _not_model(n) for n in names):
             return candidate, under
-    return "", [n for n in names if n.split(".", 1)[0] not in NOT_MODEL]
+    return "", [n for n in names if not _not_model(n)]
 
 
 class DcpReader(CheckpointReader):
