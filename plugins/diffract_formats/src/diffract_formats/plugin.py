@@ -127,12 +127,6 @@ def diffract_model_formats() -> Iterator[ModelFormat]:
                       description="Flax msgpack checkpoints (flax.serialization.to_bytes), "
                                   "without JAX; kernels [in, out] turned to [out, in] (no "
                                   "library needed).")
-    yield ModelFormat("dcp", _dcp, layout=_dcp_layout,
-                      description="torch.distributed.checkpoint folders (.metadata and "
-                                  ".distcp shards: torchtitan, OLMo-core, FSDP), the "
-                                  "metadata unpickled with DCP's own classes only, each "
-                                  "chunk read by byte range with torch.load(weights_only="
-                                  "True); option prefix (needs torch).")
     yield ModelFormat("huggingface", _huggingface, layout=_hf_layout, locate=_hf_locate,
                       description="a Hugging Face-style checkpoint directory holding "
                                   "model.safetensors.index.json and its shards, "
@@ -140,9 +134,15 @@ def diffract_model_formats() -> Iterator[ModelFormat]:
                                   "shards, or pytorch_model.bin (config.json for view "
                                   "rules); a model id (org/name[@revision]) from the local "
                                   "Hugging Face cache, offline")
+    yield ModelFormat("dcp", _dcp, layout=_dcp_layout,
+                      description="torch.distributed.checkpoint folders (.metadata and "
+                                  ".distcp shards: torchtitan, OLMo-core, FSDP), the "
+                                  "metadata unpickled with DCP's own classes only, each "
+                                  "chunk read by byte range with torch.load(weights_only="
+                                  "True); option prefix (needs torch)")
     yield ModelFormat("deepspeed", _deepspeed, layout=_zero_layout,
                       description="DeepSpeed ZeRO checkpoints (global_step*/, or the folder "
                                   "whose 'latest' names one): the fp32 master weights joined "
                                   "from the ranks' partitions as zero_to_fp32 does, stages "
                                   "1-3, without DeepSpeed; foreign pickled classes inert "
-                                  "(needs torch).")
+                                  "(needs torch)")
