@@ -286,7 +286,7 @@ MUTANTS = [
            ("tests/core/test_stale_aggregates.py",), "cross-model aggregates go stale too"),
     Mutant("subspace-k-rounds-down",
            "diffract_kernels_alignment/src/diffract_kernels_alignment/kernels.py",
-           "max(1, math.ceil(available / 10))", "max(1, available // 10)",
+           "max(1, math.ceil(directions / 10))", "max(1, directions // 10)",
            ("tests/alignment/test_alignment.py",), "the default subspace size is ceil(k/10)"),
     Mutant("intruders-against-a-top-k-only",
            "diffract_kernels_alignment/src/diffract_kernels_alignment/kernels.py",
