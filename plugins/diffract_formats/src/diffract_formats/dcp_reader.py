@@ -15,8 +15,8 @@ the folder (no ``..``, no absolute path, no link out of it).
 The model's parameters are the tensors under the prefix the stacks use (``app.model.``,
 ``model.``, ``module.``: the first that holds every tensor but the training state), named
 without it; otherwise every tensor outside the optimizer, scheduler, RNG and loader
-state, named as saved. The option ``prefix`` names another. Scalars and pickled objects (``BytesStorageMetadata``) are left
-out.
+state, named as saved. The option ``prefix`` names another. Scalars and pickled objects
+(``BytesStorageMetadata``) are left out.
 """
 
 from __future__ import annotations
