@@ -102,8 +102,9 @@ class TestOneProcess:
         with pytest.raises(ModelSourceError, match=r"under \['net'\].*'prefix': 'NAME.'"):
             DcpReader(str(tmp_path / "ck"), prefix="model.x.")
 
-    def test_a_view_reads_only_its_rows(self, tmp_path):
-        """Rows 8..16 of the first weight: exact, and the reader decodes its chunk only."""
+    def test_a_view_reads_its_rows_exactly(self, tmp_path):
+        """Rows 8..16 and a strided slice of the first weight, exact (that only the chunks
+        holding the rows are read is counted in the two-rank test below)."""
         want = _trained(tmp_path / "ck")
         reader = DcpReader(str(tmp_path / "ck"))
         got = reader.read("0.weight", ((8, 16, 1),))

@@ -155,15 +155,13 @@ class DeepSpeedReader(CheckpointReader):
             value = module.get(name)
             if isinstance(value, torch.Tensor) and value.is_floating_point():
                 self._params[name] = (tuple(value.shape), [self._whole(value)])
-        self._dtype = {n: "float32" for n in self._params}
-        for name in extra:
-            if name in module and isinstance(module[name], torch.Tensor):
-                self._dtype[name] = str(module[name].dtype).removeprefix("torch.")
+        #: what each tensor reads as: the fp32 partitions, or a module tensor's own dtype
+        self._dtypes = {n: module[n].dtype if n in extra else torch.float32
+                        for n in self._params}
         for alias, source in (states.get("shared_params") or {}).items():
             if source in self._params:
                 self._params[alias] = self._params[source]
-                self._dtype[alias] = self._dtype[source]
-        self._module_dtypes = {n: module[n].dtype for n in extra if n in module}
+                self._dtypes[alias] = self._dtypes[source]
 
     def _flat(self, tensor: Any, path: Path, what: str) -> tuple[int, int]:
         """(byte start, entries) of a 1-D fp32 partition in ``path``, checked."""
@@ -246,14 +244,15 @@ class DeepSpeedReader(CheckpointReader):
     def entries(self) -> Iterator[TensorEntry]:
         for name, (shape, pieces) in self._params.items():
             file = self._files.index(str(pieces[0][0])) if pieces else 0
-            yield TensorEntry(name, shape, self._dtype[name], file=file)
+            yield TensorEntry(name, shape, str(self._dtypes[name]).removeprefix("torch."),
+                              file=file)
 
     def read(self, name: str, index: Any = None) -> Any:
         import torch
 
         shape, pieces = self._params[name]
-        dtype = self._module_dtypes.get(name, torch.float32)
-        item = torch.empty((), dtype=dtype).element_size()
+        dtype = self._dtypes[name]
+        item = dtype.itemsize
         out = np.empty(math.prod(shape) * item, dtype=np.uint8)
         at = 0
         for path, start, count in pieces:
