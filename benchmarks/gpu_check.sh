@@ -13,6 +13,9 @@
 #   bench-kda    chunk_kda against fla: totals, then GPU time per kernel   <= 300 s
 #   bench-cconv  causal_conv1d against fla (and kernel-fun 0.2.0)          <= 120 s
 #   spectral     the spectral pack's GPU routes against its numpy path      <= 120 s
+#   training     diffract-training on the device: its test (values against the saved
+#                checkpoint on the CPU), then bench_training on a 0.94 B bfloat16 model
+#                at the default cadence (loop held, cost per point, overhead)  <= 300 s
 #
 # One device command may run 10 minutes and a session has about 15 minutes of device
 # time, start-up included: run "tests bench-kda" first, then the rest in a second call.
@@ -20,7 +23,7 @@ set -uo pipefail
 OUT=${OUT:-./gpu-results}
 mkdir -p "$OUT"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests bench-kda bench-cconv spectral)
+[ ${#steps[@]} -eq 0 ] && steps=(tests bench-kda bench-cconv spectral training)
 python3 -m pip install -q --no-deps --no-build-isolation -e diffract_core -e kernel_fun_gpu 2>&1 | tail -2
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 kf=""; [ -d .whl/kf020 ] && kf="--kf020 .whl/kf020"
@@ -38,7 +41,14 @@ for step in "${steps[@]}"; do
     spectral)
       python3 -m pip install -q --no-deps --no-build-isolation -e diffract_kernels_spectral 2>&1 | tail -2
       timeout 120 python3 benchmarks/gpu_spectral_check.py --device cuda 2>&1 | tee "$OUT/spectral.log" ;;
-    *) echo "unknown step $step (tests, bench-kda, bench-cconv, spectral)"; exit 2 ;;
+    training)
+      python3 -m pip install -q --no-deps --no-build-isolation -e diffract_kernels_spectral \
+        -e plugins/diffract_training -e plugins/diffract_storage_local 2>&1 | tail -2
+      timeout 60 python3 -m pytest -q -p no:cacheprovider tests/training/test_gpu.py \
+        2>&1 | tee "$OUT/training_test.log"
+      timeout 270 python3 benchmarks/bench_training.py --size 1b --device cuda --cadences 200 \
+        --steps 600 --kinds none,monitor,inline 2>&1 | tee "$OUT/bench_training.log" ;;
+    *) echo "unknown step $step (tests, bench-kda, bench-cconv, spectral, training)"; exit 2 ;;
   esac
   echo "# step $step: $(( $(date +%s) - start )) s" | tee -a "$OUT/steps.log"
 done
