@@ -341,7 +341,7 @@ MUTANTS = [
            "read = {f: store.read_field(m, stored[names[0]]) for f in names}",
            ("tests/core/test_track.py", "tests/storage"), "each field is read as itself"),
     Mutant("track-sudden-keeps-itself",
-           "plugins/diffract_report/src/diffract_report/track.py",
+           "plugins/diffract_report/src/diffract_report/sudden.py",
            "others = np.delete(diffs, i)",
            "others = diffs",
            ("tests/core/test_track.py",), "a change is judged against the layer's other changes"),

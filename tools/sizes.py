@@ -8,11 +8,10 @@ Checks, and prints what it measures:
   core is held to, the second keeps its documentation from growing unnoticed;
 * no module of any distribution is longer than ``MODULE_MAX_LINES`` (the Triton kernel
   modules of kernel_fun excepted: a kernel and its launch code stay together);
-* no distribution has an import circle: the graph of its modules' module-level imports
-  (``TYPE_CHECKING`` blocks left out) has no cycle. Imports inside functions are left
-  out on purpose: they are how a module looks up what the plugin layer registered at run
-  time (the core finds its format readers through the catalog that lists them), which is
-  a dependency on a running system, not on another module's import.
+* no distribution has an import circle: the graph of its modules' imports, at the top of
+  a module and inside its functions alike (``TYPE_CHECKING`` blocks left out: they run
+  for type checkers only), has no cycle. An import inside a function defers the load,
+  not the dependency: a reader who follows it walks the same circle.
 
     python tools/sizes.py            # exit 1 when a limit is exceeded or a circle found
 
@@ -84,8 +83,8 @@ def imports(path: Path, name: str, known: set[str]) -> set[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
 
     def visit(node: ast.AST) -> None:
-        if _type_checking(node) or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            return  # imports inside functions run later, when the modules are loaded
+        if _type_checking(node):
+            return  # for type checkers only
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from diffract import Session
-from diffract.catalog import render_catalog
+from diffract_report.catalog import render_catalog
 from diffract.errors import KernelConflictError, KernelDefinitionError
 from diffract.plugins import KernelSpec, hookimpl, make_plugin_manager
 from diffract.plugins import kernel as mark_kernel

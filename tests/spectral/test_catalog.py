@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diffract.catalog import render_catalog
+from diffract_report.catalog import render_catalog
 from diffract.cli import main
 from diffract.plugins import make_plugin_manager
 

@@ -1,9 +1,11 @@
 """The ``diffract`` command: a host whose subcommands are records plugins yield.
 
-The core's own are ``plugins``, ``kernels [-v]`` and ``catalog``; others arrive through
-the ``diffract_commands`` hook (``analyze``, ``compare`` and ``demo`` from
-diffract-report). Only the command being run has its arguments built (so only its
-plugin's modules are imported). Exit codes: 0 done, 1 some work failed, 2 usage errors."""
+The core's own are ``plugins`` and ``kernels [-v]`` (in :mod:`diffract.plugins._builtin`);
+others arrive through the ``diffract_commands`` hook (``analyze``, ``compare``, ``track``,
+``catalog`` and ``demo`` from diffract-report). Only the command being run has its
+arguments built (so only its plugin's modules are imported); it gets the process's
+catalog and kernel registry as ``args.catalog`` and ``args.registry``. Exit codes: 0
+done, 1 some work failed, 2 usage errors."""
 
 from __future__ import annotations
 
@@ -13,100 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from diffract.plugins import Catalog
-
-def run_plugins(args: argparse.Namespace) -> int:
-    from diffract.plugins import get_catalog
-
-    catalog = get_catalog()
-    for record in catalog.plugins:
-        ep = f" (entry point {record.entry_point})" if record.entry_point else ""
-        print(f"{record.label}{ep}: {record.status}")
-        if record.reason:
-            print(f"    reason: {record.reason}")
-        for kind, names in sorted(record.provides.items()):
-            print(f"    {kind}: {', '.join(names)}")
-        if record.refused:
-            print(f"    withheld (conflicts): {', '.join(record.refused)}")
-    contested = sorted(
-        {(claimed, providers) for names in catalog.contested.values()
-         for claimed, providers in names.values()}
-    )
-    if contested:
-        print("\nConflicts (neither provider is used until one is preferred):")
-        for claimed, providers in contested:
-            dist = providers[0].split(" ")[0]
-            print(f"  {claimed!r}: {' and '.join(providers)}")
-            print(f"    pick one: [plugins] prefer = {{ {claimed} = \"{dist}\" }}  "
-                  f"(or DIFFRACT_PREFER={claimed}={dist})")
-    return 0
-
-
-def run_kernels(args: argparse.Namespace) -> int:
-    from diffract.plugins import get_registry
-
-    registry = get_registry()
-    for spec in registry.kernels():
-        if not args.verbose:
-            print(spec.name)
-            continue
-        print(f"{spec.name}  [{spec.apply_level.name}, {spec.execution_protocol.name}]  "
-              f"from {spec.provider}")
-        print(f"    requires: {', '.join(spec.require_fields) or '-'}")
-        print(f"    produces: {', '.join(spec.produce_fields)}")
-        config = registry.effective_config(spec.name)
-        domains = spec.config_domains
-        for i, (key, value) in enumerate(config.items()):
-            label = "    config:   " if i == 0 else "              "
-            print(f"{label}{key}={value!r}  ({domains[key].describe()})")
-        if spec.summary:
-            import shutil
-            import textwrap
-
-            width = max(40, min(100, shutil.get_terminal_size().columns))
-            print(textwrap.fill(spec.summary, width, initial_indent="    ",
-                                subsequent_indent="    "))
-    return 0
-
-
-def run_catalog(args: argparse.Namespace) -> int:
-    from diffract.catalog import render_catalog
-    from diffract.errors import InvalidArgumentError
-    from diffract.plugins import make_plugin_manager
-    from diffract.plugins._manager import BUILTIN, _norm
-
-    allow = [p for p in args.plugins.split(",") if p] if args.plugins is not None else None
-    manager = make_plugin_manager(allow=allow)
-    if allow is not None:
-        known = {BUILTIN}
-        for record in manager.catalog().plugins:
-            known.add(_norm(record.distribution))
-            if record.entry_point:
-                known.add(_norm(record.entry_point))
-        unknown = [p for p in allow if _norm(p) not in known]
-        if unknown:
-            raise InvalidArgumentError(
-                f"--plugins names no installed plugin: {', '.join(unknown)}. Installed: "
-                f"{', '.join(sorted(known))} (see `diffract plugins`)."
-            )
-    text = render_catalog(manager.catalog().kernels)
-    if args.output:
-        with open(args.output, "w") as fh:
-            fh.write(text)
-    else:
-        sys.stdout.write(text)
-    return 0
-
-
-def configure_kernels(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="fields, level, configuration")
-
-
-def configure_catalog(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-o", "--output", help="file to write (default: standard output)")
-    parser.add_argument("--plugins",
-                        help="comma-separated plugins to include (default: all installed)")
+    from diffract.plugins._manager import Catalog
 
 
 def _missing(name: str, catalog: Catalog) -> str | None:
@@ -125,7 +34,7 @@ def _missing(name: str, catalog: Catalog) -> str | None:
 
 
 def _run(argv: list[str], chosen: str | None) -> int:
-    from diffract.plugins import get_catalog
+    from diffract.plugins._runtime import get_catalog, get_registry
 
     catalog = get_catalog()
     if chosen is not None and chosen not in catalog.commands:
@@ -147,6 +56,7 @@ def _run(argv: list[str], chosen: str | None) -> int:
             command.configure(p)
             p.set_defaults(run=command.run)
     args = parser.parse_args(argv)
+    args.catalog, args.registry = catalog, get_registry()
     return int(args.run(args))
 
 

@@ -180,7 +180,7 @@ class ComputeAPI(ScopedAPI):
         of its kernels' settings, checked as ``configure_kernel`` checks them, all or
         nothing. Returns what was set. Process-global, like ``configure_kernel``; stored
         results are not recomputed (``apply(..., recompute="stale")`` does that)."""
-        from diffract.plugins import get_catalog
+        from diffract.plugins._runtime import get_catalog
 
         catalog = get_catalog()
         preset = catalog.conventions.get(name)
@@ -202,7 +202,7 @@ class ComputeAPI(ScopedAPI):
 
     def list_conventions(self) -> dict[str, str]:
         """Conventions presets the installed packs provide: name -> description."""
-        from diffract.plugins import get_catalog
+        from diffract.plugins._runtime import get_catalog
 
         return {n: c.description for n, c in sorted(get_catalog().conventions.items())}
 
@@ -210,7 +210,7 @@ class ComputeAPI(ScopedAPI):
         """The conventions presets whose every setting the kernels run with now (a
         preset is in effect after ``configure_conventions``, or when its settings are
         the defaults); empty when the configuration matches none."""
-        from diffract.plugins import get_catalog
+        from diffract.plugins._runtime import get_catalog
 
         registry = self._session.registry
         return [name for name, preset in sorted(get_catalog().conventions.items())

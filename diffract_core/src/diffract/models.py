@@ -47,7 +47,7 @@ def _view_rules(views: Any, shared: Mapping[str, Any] | None = None
         raise InvalidArgumentError(f"views={views!r} names no view rule; name one or more.")
     wanted = ({name: dict(opts or {}) for name, opts in views.items()}
               if isinstance(views, Mapping) else {name: {} for name in views})
-    from diffract.plugins import get_catalog
+    from diffract.plugins._runtime import get_catalog
 
     catalog = get_catalog()
     shared = dict(shared or {})

@@ -18,7 +18,7 @@ __all__ = ["UnknownOpError", "available", "call", "implementations", "resolve"]
 
 def implementations(name: str) -> list[Any]:
     """OpSpec records for ``name``, highest priority first."""
-    from diffract.plugins import get_catalog
+    from diffract.plugins._runtime import get_catalog
 
     specs = [op for op in get_catalog().ops if op.name == name]
     if not specs:
@@ -33,7 +33,7 @@ def implementations(name: str) -> list[Any]:
 
 def available() -> list[str]:
     """Names of every op some plugin offers."""
-    from diffract.plugins import get_catalog
+    from diffract.plugins._runtime import get_catalog
 
     return sorted({op.name for op in get_catalog().ops})
 

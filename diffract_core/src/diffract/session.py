@@ -70,8 +70,7 @@ class Session:
         executor_options: Mapping[str, Any] | None = None,
         **profile_options: Any,
     ) -> None:
-        from diffract.plugins import get_catalog
-        from diffract.plugins._runtime import apply_preferences
+        from diffract.plugins._runtime import apply_preferences, get_catalog
 
         self.config = load_config(config)
         if self.config.prefer:
@@ -227,7 +226,7 @@ class Session:
     # -- machinery --------------------------------------------------------------
     @property
     def registry(self) -> KernelRegistry:
-        from diffract.plugins import get_registry
+        from diffract.plugins._runtime import get_registry
 
         return get_registry()
 

@@ -90,7 +90,7 @@ def _is_float(dtype: str) -> bool:
 
 
 def _formats() -> dict[str, Any]:
-    from diffract.plugins import get_catalog
+    from diffract.plugins._runtime import get_catalog
 
     return get_catalog().formats
 
@@ -126,7 +126,7 @@ def find_format(path: Path, model_id: str, name: str | None = None) -> Any:
     if name is not None:
         if name in formats:
             return formats[name]
-        from diffract.plugins import get_catalog
+        from diffract.plugins._runtime import get_catalog
 
         contested = get_catalog().conflict_message("formats", name)
         raise ModelSourceError(

@@ -1,4 +1,5 @@
-"""Hook implementations: the ``analyze``, ``compare``, ``track`` and ``demo`` commands.
+"""Hook implementations: the ``analyze``, ``compare``, ``track``, ``catalog`` and ``demo``
+commands.
 
 This module is what the entry point loads: each command's modules (and rich, matplotlib,
 torch) are imported only when that command runs.
@@ -62,6 +63,18 @@ def _run_demo(args: argparse.Namespace) -> int:
     return command_entry("demo", lambda a: run_demo(a.out)["exit"])(args)
 
 
+def _configure_catalog(parser: argparse.ArgumentParser) -> None:
+    from diffract_report.catalog import configure_catalog
+
+    configure_catalog(parser)
+
+
+def _run_catalog(args: argparse.Namespace) -> int:
+    from diffract_report.catalog import run_catalog
+
+    return run_catalog(args)
+
+
 @hookimpl
 def diffract_commands() -> Iterator[Command]:
     yield Command("analyze", "per-layer metrics and a model summary of checkpoints",
@@ -78,6 +91,8 @@ def diffract_commands() -> Iterator[Command]:
                   "ones, computes their metrics and their alignment with the previous and "
                   "first checkpoints, and prints which layers moved most and any sudden "
                   "change; --watch keeps polling.")
+    yield Command("catalog", "write the metric catalog (Markdown) of the registered kernels",
+                  _configure_catalog, _run_catalog)
     yield Command("demo", "train a small model with a planted event, track its checkpoints "
                           "into a store, find the event, write the report (CPU, ~10 s)",
                   _configure_demo, _run_demo)

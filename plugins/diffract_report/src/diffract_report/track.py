@@ -23,8 +23,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from diffract_report._inputs import (
     DEFAULT_METRICS,
     EXIT_FAILED,
@@ -42,6 +40,7 @@ from diffract_report._inputs import (
     view_arguments,
 )
 from diffract_report._output import ProgressBar, outcomes_reported_by_us, tell_failures
+from diffract_report.sudden import sudden
 
 __all__ = ["categorical", "changes", "checkpoints", "configure_track", "sudden",
            "sudden_lines", "track"]
@@ -50,8 +49,6 @@ __all__ = ["categorical", "changes", "checkpoints", "configure_track", "sudden",
 ALIGNMENT = ("l_subspace_overlap", "avg_max_l_agreement", "sval_rel_change")
 #: Layers shown per metric for each of "last interval" and "whole run".
 TOP = 5
-#: Changes of a layer's history needed (besides the one judged) to flag a sudden one.
-MIN_HISTORY = 4
 
 
 def configure_track(p: argparse.ArgumentParser) -> None:
@@ -113,35 +110,6 @@ def changes(frame: Any) -> tuple[Any, Any]:
     if len(frame) < 2:
         return frame.iloc[:0].sum(), frame.iloc[:0].sum()
     return frame.iloc[-1] - frame.iloc[-2], frame.iloc[-1] - frame.iloc[0]
-
-
-def sudden(frame: Any, k: float) -> list[tuple[Any, str, float, float]]:
-    """(step, column, change, its size in median absolute deviations) for each change of
-    a column beyond ``k`` MADs of that column's other changes (its own history, the
-    change itself left out so an event does not hide itself); columns with at least
-    :data:`MIN_HISTORY` other changes. The MAD has a floor of 1e-6 of the column's
-    typical value, so float noise on a flat series is not an event, and of 1 for a
-    count (``num_spikes``), whose MAD is often 0. Largest first."""
-    out = []
-    for column in frame.columns:
-        series = frame[column].to_numpy(dtype=float)
-        diffs = np.diff(series)
-        finite = np.isfinite(diffs)
-        if finite.sum() - 1 < MIN_HISTORY:
-            continue
-        floor = 1e-6 * (np.nanmedian(np.abs(series)) or 1.0)
-        finite_values = series[np.isfinite(series)]
-        if np.array_equal(finite_values, np.round(finite_values)):
-            floor = 1.0  # counts: one more or less is not an event by itself
-        for i in np.flatnonzero(finite):
-            others = np.delete(diffs, i)
-            others = others[np.isfinite(others)]
-            centre = np.median(others)
-            mad = max(float(np.median(np.abs(others - centre))), floor)
-            size = abs(diffs[i] - centre) / mad
-            if size > k:
-                out.append((frame.index[i + 1], str(column), float(diffs[i]), float(size)))
-    return sorted(out, key=lambda r: -r[3])
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from diffract_report._html import BLUE, GREEN, ORANGE, RED, _chart, _esc, _num, html_table
-from diffract_report.track import sudden
+from diffract_report.sudden import sudden
 
 __all__ = ["track_sections", "write_track_report"]
 

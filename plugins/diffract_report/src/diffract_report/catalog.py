@@ -1,4 +1,6 @@
-"""The metric catalog: a Markdown page generated from the kernel registry.
+"""The metric catalog: a Markdown page generated from the kernel registry, and the
+``diffract catalog`` command that writes it (in diffract-core's ``diffract.catalog``
+before version 0.2).
 
 ``diffract catalog -o docs/metrics.md`` writes it; a test regenerates it and fails when
 the committed page differs, so the catalog never drifts from the registered kernels.
@@ -8,12 +10,15 @@ provider, and its docstring (the formula)."""
 
 from __future__ import annotations
 
+import argparse
 import re
+import sys
 from collections.abc import Iterable
 
-from diffract.core.compute.spec import KernelSpec
+from diffract.errors import InvalidArgumentError
+from diffract.plugins import KernelSpec, make_plugin_manager
 
-__all__ = ["render_catalog"]
+__all__ = ["configure_catalog", "render_catalog", "run_catalog"]
 
 
 def _provider(spec: KernelSpec) -> str:
@@ -63,3 +68,39 @@ def render_catalog(kernels: Iterable[KernelSpec]) -> str:
         if spec.doc:
             lines += ["", *spec.doc.strip().splitlines()]
     return "\n".join(lines) + "\n"
+
+
+def configure_catalog(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-o", "--output", help="file to write (default: standard output)")
+    parser.add_argument("--plugins",
+                        help="comma-separated plugins to include (default: all installed)")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def run_catalog(args: argparse.Namespace) -> int:
+    """``diffract catalog``: the page for the kernels of the plugins ``--plugins`` names
+    (a plugin manager of its own, so other installed packs stay out), or of all."""
+    allow = [p for p in args.plugins.split(",") if p] if args.plugins is not None else None
+    manager = make_plugin_manager(allow=allow)
+    if allow is not None:
+        known = {"diffract-core"}
+        for record in manager.catalog().plugins:
+            known.add(_norm(record.distribution))
+            if record.entry_point:
+                known.add(_norm(record.entry_point))
+        unknown = [p for p in allow if _norm(p) not in known]
+        if unknown:
+            raise InvalidArgumentError(
+                f"--plugins names no installed plugin: {', '.join(unknown)}. Installed: "
+                f"{', '.join(sorted(known))} (see `diffract plugins`)."
+            )
+    text = render_catalog(manager.catalog().kernels)
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
