@@ -43,7 +43,6 @@ by the ``DIFFRACT_CONFIG`` environment variable is read when it is set."""
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -138,6 +137,8 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | Config | No
             return Config()
         config = env
     if isinstance(config, (str, os.PathLike)):
+        import tomllib  # only for a file: 3 ms of every start otherwise
+
         path = Path(config)
         source = str(path)
         try:

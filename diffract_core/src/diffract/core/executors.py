@@ -16,7 +16,6 @@ import ast
 import contextlib
 import functools
 import importlib
-import multiprocessing
 import os
 import signal
 import sys
@@ -122,15 +121,20 @@ def check_process_options(config: Any, options: Mapping[str, Any]) -> list[str]:
     workers = options.get("max_workers", config.process_workers)
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         problems.append(f"max_workers must be an integer >= 1, got {workers!r}")
-    method = options.get("start_method", "spawn")
-    if method not in multiprocessing.get_all_start_methods():
-        problems.append(f"start_method {method!r} is not available here; choose one of "
-                        f"{multiprocessing.get_all_start_methods()}")
+    if "start_method" in options:  # spawn, the default, exists everywhere
+        import multiprocessing  # 10 ms of every start otherwise
+
+        method, methods = options["start_method"], multiprocessing.get_all_start_methods()
+        if method not in methods:
+            problems.append(f"start_method {method!r} is not available here; choose one of "
+                            f"{methods}")
     return problems
 
 
 def process_executor(config: Any, options: Mapping[str, Any]) -> Executor:
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor  # 10 ms: only when a pool is made
+
     workers = int(options.get("max_workers", config.process_workers))
     return ProcessPoolExecutor(
         max_workers=workers,
@@ -165,7 +169,8 @@ def spawn_problem(function: Callable[..., Any]) -> str | None:
     "__main__":`` guard (every worker would run it again), or a worker itself."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    if multiprocessing.parent_process() is not None:
+    mp = sys.modules.get("multiprocessing")  # a spawned worker has it imported
+    if mp is not None and mp.parent_process() is not None:
         return "this is a worker process; to use a pool, start it from the main program"
     if path is not None and not os.path.exists(path):  # python - < script: "<stdin>"
         return (f"this program was read from standard input ({path}), which spawned workers "

@@ -13,10 +13,9 @@ rewritten or replaced after it was added is refused with what changed."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import zipfile
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,26 @@ HEADER_BYTES = 1 << 16
 MAX_SIDE_FILE, MAX_JSON_DEPTH = 16 << 20, 100
 
 
+def _zip_errors() -> tuple[type[Exception], ...]:
+    """zipfile's error, when zipfile is in use (a zip member is only handed over by a
+    caller that imported it): not imported for every start."""
+    zipfile = sys.modules.get("zipfile")
+    return (zipfile.BadZipFile,) if zipfile is not None else ()
+
+
+def _sha256(data: bytes) -> str:
+    """SHA-256 of ``data`` as hex, by CPython's built-in module where there is one
+    (hashlib's OpenSSL binding costs 4 ms of every start to import); the same digest."""
+    try:
+        from _sha2 import sha256  # CPython 3.12+
+    except ImportError:
+        try:
+            from _sha256 import sha256  # CPython 3.11
+        except ImportError:
+            from hashlib import sha256
+    return sha256(data).hexdigest()
+
+
 def read_json_file(source: Any, what: str | None = None) -> Any:
     """The JSON of a side file (a path, or an open binary file such as a zip member) in
     bounded memory; larger than MAX_SIDE_FILE, not JSON, or nested deeper than
@@ -47,7 +66,7 @@ def read_json_file(source: Any, what: str | None = None) -> Any:
         value = json.loads(data) if len(data) <= MAX_SIDE_FILE else None
         problem = None if len(data) <= MAX_SIDE_FILE else (
             f"is larger than {MAX_SIDE_FILE >> 20} MiB, the most Diffract reads of a side file")
-    except (OSError, zipfile.BadZipFile) as exc:
+    except (OSError, *_zip_errors()) as exc:
         problem = f"cannot be read ({exc})"
     except (ValueError, RecursionError) as exc:
         problem = f"is not JSON Diffract can read ({type(exc).__name__}: {str(exc)[:100]})"
@@ -93,7 +112,7 @@ class FileIdentity:
         p = Path(path).resolve()
         st = p.stat()
         with p.open("rb") as fh:
-            digest = hashlib.sha256(fh.read(_header_length(fh, st.st_size))).hexdigest()
+            digest = _sha256(fh.read(_header_length(fh, st.st_size)))
         return cls(str(p), st.st_size, st.st_mtime_ns, digest, st.st_ino, st.st_ctime_ns)
 
     def change(self, *, full: bool = False) -> str | None:
