@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE_MAX_CODE = 6500
+#: A ratchet: the core's size today plus a little, on the way to issue 37's 5,000.
+CORE_MAX_CODE = 6100
 CORE_MAX_LINES = 8800
 MODULE_MAX_LINES = 600
 #: Modules exempt from MODULE_MAX_LINES (relative to ROOT).
