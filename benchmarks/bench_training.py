@@ -390,13 +390,14 @@ def summarise(kind: str, every: int, steps: int, runs: list[Measured]) -> list:
         f"{1000 * statistics.median(held):.2f} ms = "
         f"{100 * statistics.median(held) / step:.2f}% of a step (max "
         f"{1000 * max(held):.2f} ms)" if held else "(saving)")
-    cost_text = f"{1000 * cost:+.0f} ms ({len(each)} points"
-    cost_text += f", {1000 * min(each):+.0f}..{1000 * max(each):+.0f})" if each else ")"
+    cost_text = f"{1000 * cost:+.0f} ms ({len(each)} points, {1000 * min(each):+.0f}.." \
+        f"{1000 * max(each):+.0f})" if each else "- (no point left a quiet window: raise " \
+        "the cadence)"
     if after:
         cost_text += f" + {after:.2f} s analyze"
     return [kind, every, steps,
             "-" if kind == "none" else " ".join(f"{m.analysed}/{m.skipped}" for m in runs),
-            held_text, cost_text, f"{100 * overhead:+.2f}%",
+            held_text, cost_text, f"{100 * overhead:+.2f}%" if each else "-",
             " ".join(f"{m.run.total:.1f}s" for m in runs)]
 
 
