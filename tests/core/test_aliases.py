@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from diffract import Session
-from diffract_report.catalog import render_catalog
 from diffract.errors import KernelConflictError, KernelDefinitionError
 from diffract.plugins import KernelSpec, hookimpl, make_plugin_manager
 from diffract.plugins import kernel as mark_kernel
+from diffract_report.catalog import render_catalog
 
 
 @pytest.fixture

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diffract_report.catalog import render_catalog
 from diffract.cli import main
 from diffract.plugins import make_plugin_manager
+from diffract_report.catalog import render_catalog
 
 #: The repository's own kernel packs (the catalog documents them with the core).
 REPO_PACKS = ["diffract-kernels-spectral", "diffract-kernels-alignment"]
