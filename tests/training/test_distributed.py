@@ -7,6 +7,7 @@ store's lock."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -70,7 +71,14 @@ _RANK = textwrap.dedent("""
     with open(f"{{out}}/rank{{rank}}.json", "w") as fh:
         json.dump({{"logged": {{str(k): v for k, v in logged.items()}},
                    "sharded": monitor._sharded, "writer": monitor.writer}}, fh)
+    # Both ranks done before the group goes; then leave without the interpreter's
+    # teardown, where torch's C++ threads (gloo, FSDP2) sometimes abort the process
+    # ("terminate called without an active exception") after everything has passed.
+    dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 """)
 
 
@@ -85,12 +93,13 @@ def test_two_ranks_log_once_the_values_of_the_whole_weights(tmp_path, kind):
     script = tmp_path / "rank.py"
     script.write_text(_RANK.format(tests=str(Path(__file__).parents[1]), metrics=METRICS))
     port = str(_free_port())
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}  # a crash shows every thread's stack
     ranks = [subprocess.Popen([sys.executable, str(script), kind, str(r), port, str(tmp_path)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for r in (0, 1)]
+    errs = [proc.communicate(timeout=600)[1] for proc in ranks]
     for proc in ranks:
-        _, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err
+        assert proc.returncode == 0, "\n--- the other rank ---\n".join(errs)
     zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert zero["writer"] and not one["writer"] and one["logged"] == {}
     # In the background, step 4 may come while step 2 is analysed: skipped on both ranks
