@@ -229,17 +229,11 @@ class ModelsAPI:
         state dict, an ``adapter_model.safetensors``/``.bin`` file or the adapter's
         directory. ``scale`` defaults to ``lora_alpha / r`` from the directory's
         ``adapter_config.json`` (``lora_alpha / sqrt(r)`` with rsLoRA), else 1. Returns
-        the parameter names."""
-        from diffract.core.derived import lora_model
-
-        _check_model_id(model_id)
-        store = self._session.store
-        with self._session._lock:
-            self._check_new(model_id)
-            opened = lora_model(adapter, model_id, scale=scale)
-            store.add_model(model_id, opened.infos, opened.source, opened.load, opened.raw,
-                            copy_weights=copy_weights)
-        return [i.name for i in opened.infos]
+        the parameter names. The same as ``add(adapter, model_id, format="peft-lora")``
+        (diffract-formats' reader; a directory is recognised without naming it): files
+        are read again, not copied, by a durable profile."""
+        return self.add(adapter, model_id, copy_weights=copy_weights, format="peft-lora",
+                        format_options=None if scale is None else {"scale": scale})
 
     @property
     def model_ids(self) -> list[str]:

@@ -24,10 +24,16 @@ import numpy as np
 from diffract.core.sources import FileIdentity, ModelSource
 from diffract.core.tensors import readable, to_numpy
 from diffract.core.views import Index
-from diffract.errors import ModelSourceError, install_hint, provider_of
+from diffract.errors import (
+    EmptyModelError,
+    InvalidArgumentError,
+    ModelSourceError,
+    install_hint,
+    provider_of,
+)
 
 __all__ = ["CheckpointReader", "FORMATS_DISTRIBUTION", "TensorEntry", "find_format",
-           "open_path", "reopen"]
+           "open_object", "open_path", "reopen"]
 
 #: The distribution whose formats read the common checkpoint files.
 FORMATS_DISTRIBUTION = "diffract-formats"
@@ -129,10 +135,13 @@ def find_format(path: Path, model_id: str, name: str | None = None) -> Any:
         from diffract.plugins._runtime import get_catalog
 
         contested = get_catalog().conflict_message("formats", name)
+        dist = provider_of("formats", name)
         raise ModelSourceError(
             f"Model {model_id!r}: model format {contested}" if contested else
             f"Model {model_id!r}: no model format {name!r} is installed. Installed: "
-            f"{', '.join(sorted(formats)) or 'none'}.", model_id=model_id)
+            f"{', '.join(sorted(formats)) or 'none'}."
+            + (f" It comes from {dist}: {install_hint(dist)}" if dist else ""),
+            model_id=model_id)
     if not path.exists():
         raise ModelSourceError(f"Model {model_id!r}: the file does not exist "
                                f"({str(path)!r}).", model_id=model_id)
@@ -155,10 +164,15 @@ class _Reading:
         self._lock = threading.Lock()
 
     def _open(self, name: str) -> CheckpointReader:
-        self.identities[self.where.get(name, 0)].check(self.model_id)
+        if self.identities:  # none for an object in memory
+            self.identities[self.where.get(name, 0)].check(self.model_id)
         with self._lock:
-            if self._reader is None:
-                self._reader = _open(self.fmt, Path(self.path), self.model_id, self.options)
+            if self._reader is None:  # files holding no tensor (a config it reads): now
+                held = set(self.where.values()) or {0}
+                for i, identity in enumerate(self.identities):
+                    if i not in held:
+                        identity.check(self.model_id)
+                self._reader = _open(self.fmt, self.path, self.model_id, self.options)
             return self._reader
 
     def load(self, name: str, index: Index | None = None) -> np.ndarray:
@@ -170,30 +184,32 @@ class _Reading:
 
 
 def _named(model_id: str, call: Callable[[], Any]) -> Any:
-    """``call()``, a reader's ModelSourceError (or OSError) given the model's name."""
+    """``call()``, a reader's ModelSourceError or EmptyModelError (or OSError) given the
+    model's name."""
     try:
         return call()
-    except ModelSourceError as exc:
+    except (ModelSourceError, EmptyModelError) as exc:
         if exc.model_id is not None:
             raise
-        raise ModelSourceError(f"Model {model_id!r}: {exc}", model_id=model_id) from None
+        raise type(exc)(f"Model {model_id!r}: {exc}", model_id=model_id) from None
     except OSError as exc:
         raise ModelSourceError(f"Model {model_id!r}: cannot read the checkpoint: {exc}.",
                                model_id=model_id) from None
 
 
-def _open(fmt: Any, path: Path, model_id: str, options: Mapping[str, Any]) -> CheckpointReader:
-    """``fmt.open(path, **options)``; what goes wrong is a ModelSourceError naming the
-    model (an option the format does not take, too)."""
+def _open(fmt: Any, target: Any, model_id: str, options: Mapping[str, Any]) -> CheckpointReader:
+    """``fmt.open(target, **options)`` (a path as a string, or an object in memory); what
+    goes wrong is a ModelSourceError naming the model (an option the format does not
+    take, too)."""
     try:
-        inspect.signature(fmt.open).bind(str(path), **options)
+        inspect.signature(fmt.open).bind(target, **options)
     except TypeError:
         raise ModelSourceError(
             f"Model {model_id!r}: model format {fmt.name!r} ({fmt.provider}) takes no "
             f"option(s) {sorted(options)}.", model_id=model_id) from None
     except ValueError:  # no signature to check (a builtin): let the call decide
         pass
-    reader = _named(model_id, lambda: fmt.open(str(path), **options))
+    reader = _named(model_id, lambda: fmt.open(target, **options))
     if not isinstance(reader, CheckpointReader):
         raise ModelSourceError(
             f"Model {model_id!r}: model format {fmt.name!r} ({fmt.provider}) returned a "
@@ -218,7 +234,7 @@ def open_path(path: Path, model_id: str, format: str | None = None,
                 break
     fmt = find_format(path, model_id, format)
     options = dict(options or {})
-    reader = _open(fmt, path, model_id, options)
+    reader = _open(fmt, str(path), model_id, options)
     files = [FileIdentity.of(f) for f in reader.files]
     kept, where = [], {}
     for entry in _named(model_id, lambda: list(reader.entries())):
@@ -238,6 +254,22 @@ def open_path(path: Path, model_id: str, format: str | None = None,
                        reader)
     return kept, source, reading.load, reading.raw, lambda: _named(  # a reader's own
         model_id, reader.config)  # mapping: it may say where it was read (``source``)
+
+
+def open_object(obj: Any, model_id: str, format: str, options: Mapping[str, Any] | None
+                ) -> tuple[list[TensorEntry], ModelSource, Callable, Callable, Callable]:
+    """An object in memory read by the format named (one that takes ``objects``): as
+    :func:`open_path` returns, with an in-memory source record."""
+    fmt = find_format(Path(), model_id, format)
+    if not fmt.objects:
+        raise InvalidArgumentError(
+            f"format={format!r} applies to checkpoint files and directories, not to a "
+            f"{type(obj).__name__}: that format reads no object in memory.")
+    reader = _open(fmt, obj, model_id, dict(options or {}))
+    kept = [e for e in _named(model_id, lambda: list(reader.entries())) if _is_float(e.dtype)]
+    source = ModelSource("memory", description=f"{fmt.name} of a {type(obj).__name__}")
+    reading = _Reading(fmt, "", (), {}, model_id, {}, reader)
+    return kept, source, reading.load, reading.raw, lambda: _named(model_id, reader.config)
 
 
 def reopen(source: ModelSource, model_id: str) -> tuple[Callable, Callable]:

@@ -135,11 +135,15 @@ def _module_config(module: Any) -> dict[str, Any]:
         return {}
 
 
-def _from_path(model_id: str, path: Path, format: str | None,
-               options: Mapping[str, Any] | None) -> OpenedModel:
-    from diffract.core.formats import open_path
+def _from_format(model_id: str, given: Any, format: str | None,
+                 options: Mapping[str, Any] | None) -> OpenedModel:
+    """A checkpoint file or directory, or an object in memory a named format reads."""
+    from diffract.core.formats import open_object, open_path
 
-    entries, source, load, raw, config = open_path(path, model_id, format, options)
+    entries, source, load, raw, config = (
+        open_path(Path(given), model_id, format, options)
+        if isinstance(given, (str, os.PathLike)) else
+        open_object(given, model_id, format or "", options))
     infos = [ParamInfo(model_id, e.name, e.shape, e.dtype, infer_type(e.name, e.shape),
                        e.meta) for e in entries]
     return OpenedModel(infos, source, load, raw, config)
@@ -306,14 +310,14 @@ def _view_info(info: ParamInfo, view: Any, rule: Any, model_id: str) -> ParamInf
 def read_model(source: Any, model_id: str, format: str | None = None,
                format_options: Mapping[str, Any] | None = None) -> OpenedModel:
     """Parameters, source record and loaders for what ``models.add`` was given
-    (``format`` and ``format_options`` for a checkpoint file or directory)."""
-    if (format is not None or format_options) and not isinstance(source, (str, os.PathLike)):
-        given = f"format={format!r}" if format is not None else f"{sorted(format_options)}"
+    (``format`` and ``format_options`` for a checkpoint file or directory, or for an
+    object in memory that the format named reads)."""
+    if format is None and format_options and not isinstance(source, (str, os.PathLike)):
         raise InvalidArgumentError(
-            f"{given} applies to checkpoint files and directories, not to a "
-            f"{type(source).__name__}.")
-    if isinstance(source, (str, os.PathLike)):
-        opened = _from_path(model_id, Path(source), format, format_options)
+            f"{sorted(format_options)} applies to checkpoint files and directories (or to a "
+            f"format named with format=), not to a {type(source).__name__}.")
+    if isinstance(source, (str, os.PathLike)) or format is not None:
+        opened = _from_format(model_id, source, format, format_options)
     elif _is_torch_module(source):
         kind = f"{type(source).__module__}.{type(source).__qualname__}"
         opened = _from_mapping(model_id, dict(source.named_parameters()), f"torch module {kind}",

@@ -133,7 +133,9 @@ class ModelFormat:
     model, so a durable store reopens it with the same format. ``locate(name)``, for a
     name that is no path (a hub's model id), returns the local folder it stands for or
     None, and raises ModelSourceError, saying how to fetch it, for one it knows of but
-    cannot find."""
+    cannot find. With ``objects``, ``open`` also takes what ``models.add(obj,
+    format=name)`` was given in memory (a state dict); that model is in memory (a durable
+    profile copies its weights)."""
 
     name: str
     open: Callable[[str], Any] = attrs.field(eq=False, hash=False, repr=_summary)
@@ -147,6 +149,7 @@ class ModelFormat:
     description: str = ""
     priority: int = 0
     provider: str = "unknown"
+    objects: bool = False
 
     def recognises(self, path: str | os.PathLike[str]) -> bool:
         """Whether this format reads ``path`` (a file by suffix or magic bytes, a

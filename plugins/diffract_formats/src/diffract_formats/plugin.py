@@ -1,5 +1,6 @@
 """Hook implementations: the safetensors, torch, npz, gguf, onnx, keras, flax, dcp
-(torch.distributed.checkpoint), huggingface and deepspeed (ZeRO) model formats.
+(torch.distributed.checkpoint), huggingface, deepspeed (ZeRO) and peft-lora (a LoRA
+adapter's updates) model formats.
 
 This module is what the entry point loads: it imports no reader (and no torch) until a
 file of that kind is opened.
@@ -85,6 +86,18 @@ def _zero_layout(path: str) -> bool:
     return zero_layout(path)
 
 
+def _lora(adapter: Any, scale: float | None = None) -> Any:
+    from diffract_formats.lora_reader import LoraReader
+
+    return LoraReader(adapter, scale)
+
+
+def _lora_layout(path: str) -> bool:
+    from diffract_formats.lora_reader import lora_layout
+
+    return lora_layout(path)
+
+
 def _hf_locate(name: str) -> str | None:
     from diffract_formats.hub_cache import locate
 
@@ -146,3 +159,9 @@ def diffract_model_formats() -> Iterator[ModelFormat]:
                                   "from the ranks' partitions as zero_to_fp32 does, stages "
                                   "1-3, without DeepSpeed; foreign pickled classes inert "
                                   "(needs torch)")
+    yield ModelFormat("peft-lora", _lora, layout=_lora_layout, objects=True,
+                      description="a PEFT LoRA adapter (its directory with "
+                                  "adapter_config.json, its adapter_model file, or its state "
+                                  "dict in memory) read as the updates scale * B @ A of the "
+                                  "adapted modules, computed on read; option scale "
+                                  "(default lora_alpha / r from the config)")

@@ -263,13 +263,13 @@ def add_models(session: Any, inputs: Sequence[tuple[str, Any, str | None]], *,
     """Add each model (a delta against model ``base``, or LoRA updates), or reuse it when
     a durable store already holds it from the same file (a resumed run)."""
     held = {r["model_id"]: r for r in session.models.list()}
-    derived = base is not None or lora
+    derived = base is not None
     for model_id, what, file in inputs:
         if model_id in held:
             if file is not None and held[model_id]["source"] == file:
                 continue  # resuming: the store has it, and its files are checked on read
             if derived and model_id != base:
-                continue  # resuming a delta or LoRA model (stored as computed)
+                continue  # resuming a delta model (stored as computed)
             raise UsageError(
                 f"The store already holds a model {model_id!r} from "
                 f"{held[model_id]['source']}, not from {file or 'this factory'}. Use another "

@@ -1,0 +1,157 @@
+"""diffract-formats' ``peft-lora`` format: a LoRA adapter read as its updates
+``scale * B @ A``, computed on read. An adapter directory is recognised by
+``models.add`` and ``diffract analyze`` without naming the format; a durable store
+records the adapter's files and reads them again instead of copying the dense updates
+(an adapter of a 7B model's every linear layer is tens of MB; its updates tens of GB),
+and refuses them when the config that gave the scale changed. A state dict in memory is
+read by naming the format (``models.add(sd, id, format="peft-lora")``), the one way the
+core lets a format read an object; other formats still refuse one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+st = pytest.importorskip("safetensors.torch")
+
+from diffract import Session  # noqa: E402
+from diffract.errors import ApplyError, InvalidArgumentError, ModelSourceError  # noqa: E402
+
+SIDE, RANK, ALPHA = 384, 4, 16
+MODULES = ("layers.0.q", "layers.0.v", "layers.1.q", "layers.1.v")
+
+
+def _adapter(rng) -> dict[str, np.ndarray]:
+    sd = {}
+    for module in MODULES:
+        prefix = f"base_model.model.{module}"
+        sd[f"{prefix}.lora_A.weight"] = rng.standard_normal((RANK, SIDE)).astype(np.float32)
+        sd[f"{prefix}.lora_B.weight"] = rng.standard_normal((SIDE, RANK)).astype(np.float32)
+    return sd
+
+
+def _save(sd: dict[str, np.ndarray], folder: Path, alpha: float = ALPHA) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    st.save_file({k: torch.from_numpy(v) for k, v in sd.items()},
+                 str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps({"lora_alpha": alpha, "r": RANK}))
+    return folder
+
+
+def _expected_norms(sd: dict[str, np.ndarray], scale: float) -> dict[str, float]:
+    return {f"{m}.weight": float(np.linalg.norm(
+        scale * (sd[f"base_model.model.{m}.lora_B.weight"].astype(np.float64)
+                 @ sd[f"base_model.model.{m}.lora_A.weight"]))) for m in MODULES}
+
+
+def _bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def test_a_directory_is_recognised_and_read_as_its_updates(rng, tmp_path):
+    sd = _adapter(rng)
+    folder = _save(sd, tmp_path / "adapter")
+    with Session() as s:
+        names = s.models.add(folder, "lora")
+        assert names == sorted(f"{m}.weight" for m in MODULES)
+        s.compute.apply("frob_norm")
+        got = s.results.export_metrics("frob_norm")["lora"]
+        source = s.store.source("lora")
+    for name, norm in _expected_norms(sd, ALPHA / RANK).items():
+        assert got[name]["frob_norm"] == pytest.approx(norm, rel=1e-6)
+    assert (source.format, source.kind) == ("peft-lora", "directory")
+    assert [Path(f.path).name for f in source.files] == ["adapter_model.safetensors",
+                                                        "adapter_config.json"]
+
+
+def test_a_durable_store_reads_the_adapter_again_and_copies_no_update(rng, tmp_path):
+    """The same adapter in memory is copied (the store is larger than its dense updates);
+    from its directory only the adapter's files are recorded."""
+    sd = _adapter(rng)
+    folder = _save(sd, tmp_path / "adapter")
+    dense = len(MODULES) * SIDE * SIDE * 4
+    with Session(profile="local", path=tmp_path / "from-file") as s:
+        s.models.add_lora(folder, "lora")
+    with Session(profile="local", path=tmp_path / "in-memory") as s:
+        s.models.add(sd, "lora", format="peft-lora", format_options={"scale": ALPHA / RANK})
+    assert _bytes(tmp_path / "in-memory") > dense
+    assert _bytes(tmp_path / "from-file") < dense / 4
+    for store in ("from-file", "in-memory"):
+        with Session(profile="local", path=tmp_path / store) as s:
+            s.compute.apply("frob_norm")
+            got = s.results.export_metrics("frob_norm")["lora"]
+        for name, norm in _expected_norms(sd, ALPHA / RANK).items():
+            assert got[name]["frob_norm"] == pytest.approx(norm, rel=1e-6), store
+
+
+def test_a_reopened_store_refuses_an_adapter_whose_config_changed(rng, tmp_path):
+    """The scale comes from adapter_config.json: another alpha there would give other
+    updates under the same model, so the reopened store fails its parameters instead."""
+    folder = _save(_adapter(rng), tmp_path / "adapter")
+    with Session(profile="local", path=tmp_path / "s") as s:
+        s.models.add_lora(folder, "lora")
+    (folder / "adapter_config.json").write_text(json.dumps({"lora_alpha": 2 * ALPHA,
+                                                            "r": RANK}))
+    with Session(profile="local", path=tmp_path / "s") as s:
+        with pytest.raises(ApplyError, match=r"adapter_config\.json' changed since the model "
+                                             r"was added"):
+            s.compute.apply("frob_norm")
+
+
+def test_a_state_dict_with_its_scale_equals_the_directory(rng, tmp_path):
+    sd = _adapter(rng)
+    folder = _save(sd, tmp_path / "adapter")
+    with Session() as s:
+        s.models.add_lora(folder, "dir")
+        s.models.add_lora({k: torch.from_numpy(v) for k, v in sd.items()}, "torch",
+                          scale=ALPHA / RANK)
+        s.models.add(sd, "numpy", format="peft-lora", format_options={"scale": ALPHA / RANK})
+        s.compute.apply("svals")
+        got = s.results.export_metrics("svals", include_arrays=True)
+    for name in _expected_norms(sd, 1.0):
+        np.testing.assert_array_equal(got["dir"][name]["svals"], got["torch"][name]["svals"])
+        np.testing.assert_array_equal(got["dir"][name]["svals"], got["numpy"][name]["svals"])
+
+
+def test_what_is_refused(rng, tmp_path):
+    with Session() as s:
+        with pytest.raises(InvalidArgumentError, match="format='npz' applies to checkpoint "
+                                                       "files and directories, not to a dict"):
+            s.models.add(_adapter(rng), "x", format="npz")
+        with pytest.raises(ModelSourceError, match=r"Model 'x': entries \['a'\] are neither "
+                                                   r"torch tensors"):
+            s.models.add({"a": [1.0]}, "x", format="peft-lora")
+        with pytest.raises(ModelSourceError, match="takes no option"):
+            s.models.add(_adapter(rng), "x", format="peft-lora", format_options={"rank": 2})
+        with pytest.raises(InvalidArgumentError, match=r"\['scale'\] applies to checkpoint"):
+            s.models.add(_adapter(rng), "x", format_options={"scale": 2.0})
+        (tmp_path / "bad").mkdir()
+        (tmp_path / "bad" / "adapter_config.json").write_text('{"r": 4}')
+        st.save_file({"base_model.model.q.lora_A.weight": torch.ones(4, 8),
+                      "base_model.model.q.lora_B.weight": torch.ones(8, 4)},
+                     str(tmp_path / "bad" / "adapter_model.safetensors"))
+        with pytest.raises(ModelSourceError, match=r"no usable lora_alpha and r .*'lora_alpha'"):
+            s.models.add(tmp_path / "bad", "x")
+        assert s.models.model_ids == []
+
+
+def test_the_command_line_analyses_an_adapter_directory(rng, tmp_path):
+    sd = _adapter(rng)
+    folder = _save(sd, tmp_path / "adapter")
+    out = tmp_path / "rows.json"
+    run = subprocess.run([sys.executable, "-m", "diffract.cli", "analyze", str(folder),
+                          "--metrics", "frob_norm", "--format", "json", "--out", str(out), "--quiet"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    rows = json.loads((out / "metrics.json").read_text())
+    got = {r["param"]: r["frob_norm"] for r in rows}
+    expected = _expected_norms(sd, ALPHA / RANK)
+    assert got.keys() == expected.keys()
+    for name, norm in expected.items():
+        assert got[name] == pytest.approx(norm, rel=1e-6)
