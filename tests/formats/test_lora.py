@@ -155,3 +155,28 @@ def test_the_command_line_analyses_an_adapter_directory(rng, tmp_path):
     assert got.keys() == expected.keys()
     for name, norm in expected.items():
         assert got[name] == pytest.approx(norm, rel=1e-6)
+
+
+def test_track_follows_the_adapters_of_a_peft_training_run(rng, tmp_path):
+    """checkpoint-N/ folders holding only an adapter (what a PEFT Trainer saves) are a
+    trajectory: each step's updates, read from its folder, in a store that copies none."""
+    adapters = {}
+    for step in (100, 200, 300):
+        adapters[step] = _adapter(rng)
+        folder = _save(adapters[step], tmp_path / "run" / f"checkpoint-{step}")
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    store = tmp_path / "store"
+    run = subprocess.run([sys.executable, "-m", "diffract.cli", "track", str(tmp_path / "run"),
+                          "--store", str(store), "--metrics", "frob_norm"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    # Copies of the three steps' dense updates would be 7 MiB; track keeps the top tenth
+    # of the singular vectors for its alignment fields (docs/storage.md).
+    assert _bytes(store) < 3 * len(MODULES) * SIDE * SIDE * 4 / 4
+    with Session(profile="local", path=store) as s:
+        steps = {m: r["step"] for m, r in s.models.steps().items()}
+        got = s.results.export_metrics("frob_norm")
+    assert sorted(steps.values()) == [100, 200, 300]
+    for model_id, step in steps.items():
+        for name, norm in _expected_norms(adapters[step], ALPHA / RANK).items():
+            assert got[model_id][name]["frob_norm"] == pytest.approx(norm, rel=1e-6)
