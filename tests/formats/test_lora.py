@@ -180,3 +180,20 @@ def test_track_follows_the_adapters_of_a_peft_training_run(rng, tmp_path):
     for model_id, step in steps.items():
         for name, norm in _expected_norms(adapters[step], ALPHA / RANK).items():
             assert got[model_id][name]["frob_norm"] == pytest.approx(norm, rel=1e-6)
+
+
+def test_an_adapter_folder_linking_outside_itself_is_refused(rng, tmp_path):
+    """Nothing is read outside the adapter's folder: a weights file or a config that is a
+    link out (a hostile download) is refused, naming the option that allows it."""
+    elsewhere = _save(_adapter(rng), tmp_path / "elsewhere")
+    for linked in ("adapter_model.safetensors", "adapter_config.json"):
+        folder = _save(_adapter(rng), tmp_path / f"links-{linked}")
+        (folder / linked).unlink()
+        (folder / linked).symlink_to(elsewhere / linked)
+        with Session() as s:
+            with pytest.raises(ModelSourceError, match=rf"'{linked}' resolves to .*outside "
+                                                       r"the checkpoint directory"):
+                s.models.add(folder, "x")
+            s.models.add(folder, "x", format="peft-lora",
+                         format_options={"allow_outside": True})
+            assert s.models.model_ids == ["x"]

@@ -8,7 +8,9 @@ rsLoRA; 1 without a config, or the ``scale`` option). Each pair
 ``<module>.lora_A.weight`` ``[r, in, k...]`` and ``<module>.lora_B.weight``
 ``[out, r, 1...]`` becomes one parameter ``<module>.weight`` ``[out, in, k...]``, named
 without PEFT's ``base_model.model.`` prefix. The config is one of the reader's files, so
-a store that reopens the adapter refuses it when the scale may have changed.
+a store that reopens the adapter refuses it when the scale may have changed. As for a
+Hugging Face directory, the weights and the config must lie in the adapter's folder
+(links into a hub cache's ``blobs/`` do); ``allow_outside=True`` lifts that.
 """
 
 from __future__ import annotations
@@ -89,12 +91,15 @@ def _scale(config: Path | None, scale: float | None) -> float:
 class LoraReader(CheckpointReader):
     """The updates of one adapter (see the module docstring)."""
 
-    def __init__(self, adapter: Any, scale: float | None = None) -> None:
+    def __init__(self, adapter: Any, scale: float | None = None,
+                 allow_outside: bool = False) -> None:
         config = None
         if isinstance(adapter, Mapping):
             self._inner: CheckpointReader = _InMemory(adapter)
             where = "the state dict"
         else:
+            from diffract_formats.readers import _check_inside
+
             path = Path(adapter)
             if path.is_dir():
                 found = [path / f for f in ADAPTER_FILES if (path / f).is_file()]
@@ -102,7 +107,11 @@ class LoraReader(CheckpointReader):
                     raise error(path, "holds no adapter_model.safetensors or adapter_model.bin "
                                       "(a PEFT adapter directory)")
                 path = found[0]
+                if not allow_outside:
+                    _check_inside(path.parent, path.name)
             config = path.parent / _CONFIG if (path.parent / _CONFIG).is_file() else None
+            if config is not None and not allow_outside:
+                _check_inside(path.parent, _CONFIG)
             self._inner, where = _weights(path), str(path)
         self.scale = _scale(config, scale)
         self._files = [*self._inner.files, *([str(config)] if config is not None else [])]

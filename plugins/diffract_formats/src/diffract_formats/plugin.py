@@ -86,10 +86,10 @@ def _zero_layout(path: str) -> bool:
     return zero_layout(path)
 
 
-def _lora(adapter: Any, scale: float | None = None) -> Any:
+def _lora(adapter: Any, scale: float | None = None, allow_outside: bool = False) -> Any:
     from diffract_formats.lora_reader import LoraReader
 
-    return LoraReader(adapter, scale)
+    return LoraReader(adapter, scale, allow_outside)
 
 
 def _lora_layout(path: str) -> bool:
@@ -163,5 +163,5 @@ def diffract_model_formats() -> Iterator[ModelFormat]:
                       description="a PEFT LoRA adapter (its directory with "
                                   "adapter_config.json, its adapter_model file, or its state "
                                   "dict in memory) read as the updates scale * B @ A of the "
-                                  "adapted modules, computed on read; option scale "
-                                  "(default lora_alpha / r from the config)")
+                                  "adapted modules, computed on read; options scale "
+                                  "(default lora_alpha / r from the config), allow_outside")
