@@ -197,3 +197,17 @@ def test_an_adapter_folder_linking_outside_itself_is_refused(rng, tmp_path):
             s.models.add(folder, "x", format="peft-lora",
                          format_options={"allow_outside": True})
             assert s.models.model_ids == ["x"]
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((), (8, 4)), ((4,), (8, 4)), ((4, 8), (8,)),
+                                                  ((4, 8), (8, 3))])
+def test_pairs_that_do_not_multiply_are_refused(tmp_path, a_shape, b_shape):
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    st.save_file({"base_model.model.q.lora_A.weight": torch.ones(a_shape),
+                  "base_model.model.q.lora_B.weight": torch.ones(b_shape)},
+                 str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps({"lora_alpha": 8, "r": 4}))
+    with Session() as s, pytest.raises(ModelSourceError, match=r"q: lora_B .* does not "
+                                                               r"multiply lora_A"):
+        s.models.add(folder, "x")

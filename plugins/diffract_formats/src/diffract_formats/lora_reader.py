@@ -135,10 +135,10 @@ class LoraReader(CheckpointReader):
         pairs, entries = {}, []
         for module, pair in sorted(found.items()):
             a, b = pair["A"], pair["B"]
-            rank = a.shape[0]
-            if len(b.shape) < 2 or b.shape[1] != rank:
+            if len(a.shape) < 2 or len(b.shape) < 2 or b.shape[1] != a.shape[0]:
                 raise error(where, f"{module}: lora_B {b.shape} does not multiply lora_A "
-                                   f"{a.shape} (lora_A's rank is {rank})")
+                                   f"{a.shape} (B [out, r, ...] times A [r, in, ...])")
+            rank = a.shape[0]
             name = f"{module}.weight"
             pairs[name] = (a.name, b.name)
             dtype = "float64" if "float64" in (a.dtype, b.dtype) else "float32"  # as read
