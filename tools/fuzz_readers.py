@@ -3,7 +3,8 @@ must be refused with a ModelSourceError (the documented error, naming the file),
 another exception, and a file it accepts must read every tensor or refuse that tensor
 the same way.
 
-    python tools/fuzz_readers.py [--formats onnx,gguf,flax,keras,config,trainer_state]
+    python tools/fuzz_readers.py [--formats onnx,gguf,flax,keras,config,trainer_state,
+                                            adapter,adapter_config]
                                  [--seconds 60] [--seed 0]
 
 Keras/HDF5 files are opened in a child process (the HDF5 C library is not ours: a crash
@@ -26,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-FORMATS = ("onnx", "gguf", "flax", "keras", "config", "trainer_state")
+FORMATS = ("onnx", "gguf", "flax", "keras", "config", "trainer_state", "adapter",
+           "adapter_config")
 
 
 def _onnx(folder: Path) -> Path:
@@ -124,9 +126,27 @@ def _trainer_state(folder: Path) -> Path:
          "log_history": [{"loss": 1.5, "step": 50}, {"loss": 1.2, "step": 100}]}))
 
 
+def _peft(folder: Path) -> Path:
+    """A PEFT adapter folder (two LoRA pairs, one of a convolution); its weights file."""
+    import torch
+    from safetensors.torch import save_file
+
+    ad = folder / "adapter"
+    ad.mkdir()
+    save_file({"base_model.model.q.lora_A.weight": torch.ones(2, 8),
+               "base_model.model.q.lora_B.weight": torch.ones(6, 2),
+               "base_model.model.c.lora_A.weight": torch.ones(2, 3, 3, 3),
+               "base_model.model.c.lora_B.weight": torch.ones(4, 2, 1, 1)},
+              str(ad / "adapter_model.safetensors"))
+    (ad / "adapter_config.json").write_text(json.dumps(
+        {"r": 2, "lora_alpha": 4, "use_rslora": False, "target_modules": ["q", "c"]}))
+    return ad / "adapter_model.safetensors"
+
+
 BUILDERS: dict[str, Callable[[Path], Path]] = {
     "onnx": _onnx, "gguf": _gguf, "flax": _flax, "keras": _keras, "config": _config,
-    "trainer_state": _trainer_state}
+    "trainer_state": _trainer_state, "adapter": _peft,
+    "adapter_config": lambda folder: _peft(folder).parent / "adapter_config.json"}
 
 
 def mutate(blob: bytes, rng: random.Random) -> bytes:
@@ -154,7 +174,7 @@ def _exercise(kind: str, path: Path) -> None:
     """Open, list and read everything the way the core does for ``kind``."""
     from diffract import Session
 
-    if kind in ("config", "trainer_state"):
+    if kind in ("config", "trainer_state", "adapter", "adapter_config"):
         with Session() as s:
             views = {"views": ["heads"]} if kind == "config" else {}
             s.models.add(path.parent, "m", **views)
@@ -175,7 +195,7 @@ def _exercise(kind: str, path: Path) -> None:
 def run(kind: str, iterations: int | None, seconds: float,
         seed: int) -> tuple[int, int, list[str]]:
     """(files tried, files refused, unexpected errors as text) for one format."""
-    from diffract.errors import ModelSourceError
+    from diffract.errors import EmptyModelError, ModelSourceError
 
     rng = random.Random(seed)
     tried = refused = 0
@@ -191,7 +211,7 @@ def run(kind: str, iterations: int | None, seconds: float,
             tried += 1
             try:
                 _exercise(kind, path)
-            except ModelSourceError:
+            except (ModelSourceError, EmptyModelError):  # EmptyModelError: nothing to read
                 refused += 1
             except Exception as exc:  # noqa: BLE001 - what the fuzzer is looking for
                 unexpected.append(f"{kind}: {type(exc).__name__}: {str(exc)[:200]} "
@@ -230,7 +250,7 @@ def main() -> int:
         if args.json:
             print(json.dumps([tried, refused, unexpected]))
             return 1 if unexpected else 0
-        print(f"{kind}: {tried} mutated files, {refused} refused with ModelSourceError, "
+        print(f"{kind}: {tried} mutated files, {refused} refused (a documented error), "
               f"{len(unexpected)} other exceptions")
         for line in unexpected[:20]:
             print("  " + line)

@@ -20,7 +20,8 @@ pytest.importorskip("msgpack")
 
 @pytest.mark.parametrize(("kind", "count"), [("onnx", 1500), ("gguf", 800), ("flax", 1500),
                                              ("keras", 400), ("config", 300),
-                                             ("trainer_state", 300)])
+                                             ("trainer_state", 300), ("adapter", 400),
+                                             ("adapter_config", 300)])
 def test_fuzzed_files_fail_only_with_the_documented_error(tool, kind, count):
     """Mutated files of each kind: a ModelSourceError or a clean read, never another exception."""
     fuzz = tool("fuzz_readers")
