@@ -10,6 +10,7 @@ done, 1 some work failed, 2 usage errors."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -111,5 +112,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 128 + signal.SIGTERM if terminated and code == 130 else code
 
 
+def exit_process(code: int) -> int:
+    """``python -m diffract.cli``'s exit with ``code``. After Ctrl-C or SIGTERM (130,
+    143) the interpreter is not finalized (stdio flushed and atexit handlers run
+    first): a KeyboardInterrupt that passed through code a C extension ran with
+    ``PyRun_String`` (scipy's module set-up, while powerlaw was being imported) leaves
+    CPython a flag that, under ``-m``, makes it kill itself with SIGINT as its last act,
+    whatever status was asked (-2 instead of 130, one run in eight, more on a busy
+    machine). The ``diffract`` script exits through ``Py_Exit``, which does not look at
+    the flag. Other codes are returned, for ``sys.exit``."""
+    if code not in (130, 143):
+        return code
+    import atexit
+    import os
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    sys.exit(exit_process(main()))
