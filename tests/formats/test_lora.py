@@ -127,6 +127,9 @@ def test_what_is_refused(rng, tmp_path):
         with pytest.raises(ModelSourceError, match=r"Model 'x': entries \['a'\] are neither "
                                                    r"torch tensors"):
             s.models.add({"a": [1.0]}, "x", format="peft-lora")
+        with pytest.raises(ModelSourceError, match="a PEFT adapter is read from its state "
+                                                   "dict, its adapter_model file or its dir"):
+            s.models.add(torch.nn.Linear(2, 2), "x", format="peft-lora")
         with pytest.raises(ModelSourceError, match="takes no option"):
             s.models.add(_adapter(rng), "x", format="peft-lora", format_options={"rank": 2})
         with pytest.raises(InvalidArgumentError, match=r"\['scale'\] applies to checkpoint"):

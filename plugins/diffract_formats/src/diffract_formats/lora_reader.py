@@ -16,6 +16,7 @@ Hugging Face directory, the weights and the config must lie in the adapter's fol
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -97,6 +98,9 @@ class LoraReader(CheckpointReader):
         if isinstance(adapter, Mapping):
             self._inner: CheckpointReader = _InMemory(adapter)
             where = "the state dict"
+        elif not isinstance(adapter, (str, os.PathLike)):
+            raise error(type(adapter).__name__, "a PEFT adapter is read from its state dict, "
+                                                "its adapter_model file or its directory")
         else:
             from diffract_formats.readers import _check_inside
 
