@@ -141,6 +141,15 @@ def test_what_is_refused(rng, tmp_path):
                      str(tmp_path / "bad" / "adapter_model.safetensors"))
         with pytest.raises(ModelSourceError, match=r"no usable lora_alpha and r .*'lora_alpha'"):
             s.models.add(tmp_path / "bad", "x")
+        for config in ('{"r": 0, "lora_alpha": 8}', '{"r": -4, "lora_alpha": 8, '
+                                                      '"use_rslora": true}'):
+            (tmp_path / "bad" / "adapter_config.json").write_text(config)
+            with pytest.raises(ModelSourceError, match=r"no usable lora_alpha and r .*r must "
+                                                       r"be positive"):
+                s.models.add(tmp_path / "bad", "x")
+        for scale in ("2", float("nan")):
+            with pytest.raises(ModelSourceError, match="scale must be a finite number"):
+                s.models.add_lora(_adapter(rng), "x", scale=scale)
         assert s.models.model_ids == []
 
 

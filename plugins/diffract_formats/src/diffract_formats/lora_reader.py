@@ -75,14 +75,19 @@ def _weights(path: Path) -> CheckpointReader:
     return TorchReader(str(path), None)
 
 
-def _scale(config: Path | None, scale: float | None) -> float:
+def _scale(config: Path | None, scale: Any) -> float:
     if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
+                or not math.isfinite(scale):
+            raise error("format_options", f"scale must be a finite number, got {scale!r}")
         return float(scale)
     if config is None:
         return 1.0
     try:
         data = read_json_file(config)
         alpha, r = float(data["lora_alpha"]), float(data["r"])
+        if not (math.isfinite(alpha) and math.isfinite(r) and r > 0):
+            raise ValueError(f"lora_alpha {alpha} and r {r}: r must be positive, both finite")
     except (ValueError, KeyError, TypeError) as exc:
         raise error(config, f"no usable lora_alpha and r ({exc}); pass the scale "
                             "explicitly (format_options={'scale': ...})") from None
