@@ -73,6 +73,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from diffract.errors import DiffractError, DiffractWarning
 
+    # numpy and the plugin layer load before Ctrl-C becomes a KeyboardInterrupt: one
+    # raised inside numpy's C set-up comes out as an ImportError (a traceback, exit 1);
+    # until here the launcher's handler ends the process with 130
+    from diffract.plugins import _runtime  # noqa: F401
+
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     name = f"diffract {chosen}" if chosen else "diffract"
