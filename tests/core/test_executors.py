@@ -575,3 +575,25 @@ def test_pool_workers_exit_when_the_session_process_is_killed(tmp_path, sig, exe
         with contextlib.suppress(OSError):
             os.kill(w, signal.SIGKILL)
     assert left == []
+
+
+def test_the_sessions_threads_keep_openmp_to_one_thread_and_the_caller_keeps_its_own():
+    """The I/O pool's and the ``threads`` executor's threads open OpenMP regions on one
+    thread (a team per thread made GNU OpenMP stop spin-waiting for the caller's team:
+    a training loop beside a monitor ran every step 1.3-2x slower), even after the user
+    gave torch a count; the caller's count is untouched."""
+    torch = pytest.importorskip("torch")
+    from diffract.core.executors import thread_executor
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with Session() as s:
+            kernels = thread_executor(s.config, {"max_workers": 2})
+            got = [pool.submit(torch.get_num_threads).result()
+                   for pool in (s._thread_pool(), kernels)]
+            kernels.shutdown()
+        assert got == [1, 1]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

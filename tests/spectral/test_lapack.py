@@ -138,3 +138,20 @@ def test_without_the_bundled_library_scipy_gives_the_same_values(monkeypatch):
         np.testing.assert_allclose(v, r, rtol=1e-10, atol=1e-12 * r[-1])
     if bundled is not None:
         assert all(np.array_equal(a, b) for a, b in zip(values, bundled, strict=True))
+
+
+def test_parallel_map_keeps_openmp_to_one_thread_per_worker():
+    """The decompositions' worker threads open torch's OpenMP regions on one thread each
+    (see diffract.plugins.one_openmp_thread); the caller keeps its count."""
+    import os
+
+    torch = pytest.importorskip("torch")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("parallel_map runs inline on one core")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert linalg.parallel_map(lambda _: torch.get_num_threads(), [0, 1]) == [1, 1]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

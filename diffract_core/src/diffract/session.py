@@ -25,7 +25,7 @@ from diffract.config import Config, load_config
 from diffract.core.cache import CacheManager
 from diffract.core.compute.execution import Progress, Runner
 from diffract.core.compute.registry import KernelRegistry
-from diffract.core.executors import ExecutorHandle
+from diffract.core.executors import ExecutorHandle, one_openmp_thread
 from diffract.core.scope import Scope
 from diffract.core.storage.base import Store
 from diffract.errors import (
@@ -234,8 +234,8 @@ class Session:
         with self._lock:
             if self._threads is None:
                 self._threads = ThreadPoolExecutor(
-                    max_workers=self.config.thread_workers, thread_name_prefix="diffract-io"
-                )
+                    max_workers=self.config.thread_workers, thread_name_prefix="diffract-io",
+                    initializer=one_openmp_thread)
             return self._threads
 
     def _runner(self, progress: Callable[[Progress], None] | None = None) -> Runner:

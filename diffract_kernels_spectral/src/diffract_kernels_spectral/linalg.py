@@ -287,7 +287,9 @@ def parallel_map(fn: Callable[[Any], T], items: Sequence[Any]) -> list[T | Excep
     workers = min(len(items), cpus)
     if workers <= 1:
         return [safe(item) for item in items]
-    with one_blas_thread(), ThreadPoolExecutor(workers) as pool:
+    from diffract.plugins import one_openmp_thread
+
+    with one_blas_thread(), ThreadPoolExecutor(workers, initializer=one_openmp_thread) as pool:
         return list(pool.map(safe, items))
 
 

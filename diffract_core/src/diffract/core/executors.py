@@ -32,6 +32,7 @@ __all__ = [
     "check_process_options",
     "spawn_problem",
     "limit_threads",
+    "one_openmp_thread",
     "process_executor",
     "sequential_executor",
     "thread_executor",
@@ -74,9 +75,23 @@ def limit_threads(threads: int) -> None:
         sys.modules["torch"].set_num_threads(threads)
 
 
+def one_openmp_thread() -> None:
+    """In an analysis's own thread: its OpenMP regions (torch on the CPU) on one thread. A
+    team per thread makes GNU OpenMP stop spin-waiting for all teams, a training loop's too
+    (each step 1.3-2x slower on 2 cores); torch's per-thread set-up would undo it, so first."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return  # numpy's BLAS runs threads of its own, not OpenMP's
+    torch.get_num_threads()
+    with contextlib.suppress(ImportError):
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(1, user_api="openmp")
+
+
 def watch_parent(parent: int, interval: float = 0.5) -> None:
     """In a worker: exit once ``parent`` is gone (a killed session leaves no workers
-    holding its files); a daemon thread polls its pid and ours's parent."""
+    holding its files); a daemon thread polls its pid and our parent."""
     def alive() -> bool:
         try:
             os.kill(parent, 0)
@@ -109,7 +124,7 @@ def sequential_executor(config: Any, options: Mapping[str, Any]) -> Executor:
 def thread_executor(config: Any, options: Mapping[str, Any]) -> Executor:
     return ThreadPoolExecutor(
         max_workers=int(options.get("max_workers", config.process_workers)),
-        thread_name_prefix="diffract-kernel")
+        thread_name_prefix="diffract-kernel", initializer=one_openmp_thread)
 
 
 def check_process_options(config: Any, options: Mapping[str, Any]) -> list[str]:
@@ -137,11 +152,8 @@ def process_executor(config: Any, options: Mapping[str, Any]) -> Executor:
 
     workers = int(options.get("max_workers", config.process_workers))
     return ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=multiprocessing.get_context(options.get("start_method", "spawn")),
-        initializer=_worker_start,
-        initargs=(max(1, _cpus() // workers), os.getpid()),
-    )
+        workers, multiprocessing.get_context(options.get("start_method", "spawn")),
+        initializer=_worker_start, initargs=(max(1, _cpus() // workers), os.getpid()))
 
 
 @functools.lru_cache(maxsize=8)

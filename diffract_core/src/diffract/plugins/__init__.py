@@ -15,7 +15,7 @@ A third-party pack declares ``[project.entry-points.diffract] <dist> = "<module>
 and puts ``@hookimpl`` functions in that module; see docs/plugins.md."""
 
 from diffract.config import Config
-from diffract.core.executors import InlineExecutor, limit_threads
+from diffract.core.executors import InlineExecutor, limit_threads, one_openmp_thread
 from diffract.core.formats import CheckpointReader, TensorEntry
 from diffract.core.models import open_source as open_model_source
 from diffract.core.scope import name_pattern
@@ -76,6 +76,6 @@ __all__ = [
     "KernelSpec", "OpSpec", "Conventions", "PluginRecord", "Restriction",
     "StorageProfile", "get_catalog", "get_plugin_manager", "get_registry", "hookimpl",
     "hookspec", "kernel", "limit_threads", "make_plugin_manager", "name_pattern",
-    "open_model_source", "read_json_file", "read_rows", "reset_registry",
+    "one_openmp_thread", "open_model_source", "read_json_file", "read_rows", "reset_registry",
     "set_plugin_manager", "sliced_shape", "to_slices", "view_name",
 ]

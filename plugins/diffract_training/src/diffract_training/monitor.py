@@ -32,7 +32,7 @@ from diffract.errors import (
     UndefinedValuesWarning,
     UnknownFieldError,
 )
-from diffract.plugins import contextual_name
+from diffract.plugins import contextual_name, one_openmp_thread
 from diffract_training._setup import head_geometry, lock_store
 from diffract_training._snapshot import Snapshot, blocks, lowest_priority, nbytes, rank
 
@@ -403,6 +403,7 @@ class Monitor:
     def _serve(self) -> None:
         """The worker thread: one analysis at a time, until the monitor closes."""
         lowest_priority()
+        one_openmp_thread()  # else every training step slows (see its docstring)
         while True:
             with self._wake:
                 while self._job is None and not self._stop:
