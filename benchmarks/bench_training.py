@@ -23,7 +23,17 @@ overhead it makes at that cadence (that cost over ``every`` median steps; for sa
 analyze also the ``diffract analyze`` of each checkpoint after the loop, one process per
 checkpoint as a user runs it). The whole runs' times are printed too, drift included.
 
-    python benchmarks/bench_training.py [--cadences 50 200 1000] [--repeats 1]
+    python benchmarks/bench_training.py [--cadences 50 200 1000] [--repeats 1] [--whole 2]
+
+The in-run estimate sees what a cadence point adds to the steps around it, not a
+slowdown of every step (which the monitor once caused on the CPU: see
+``diffract.plugins.one_openmp_thread``). So the whole runs are compared too, in fresh
+processes, without and with the monitor alternating (``--whole PAIRS`` pairs a cadence,
+each process timing its own training loop of max(400, 2 x every) steps, imports
+excluded): per pair the ratio of
+their loop times and of their median steps, the median over pairs printed as the
+whole-run overhead. Pairs adjacent in time share most of the VM's drift; their spread,
+printed, is what is left of it.
 
 ``--direct N`` measures instead what one background analysis costs the loop, thread
 against process, with the same in-run estimate at cadence 100, N runs of each: the
@@ -38,6 +48,7 @@ The prototype is a measurement, not the product: it copies the analysed weights 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
@@ -291,6 +302,43 @@ def direct(repeats: int) -> None:
            "points estimated", "analysed per run"], rows)
 
 
+def whole(pairs: int, every: int, steps: int, size: str, device: str) -> list:
+    """``pairs`` runs without and with the monitor at cadence ``every``, alternating, each
+    in a fresh process: a row of the whole-run table."""
+    got: dict[str, list[dict]] = {"none": [], "monitor": []}
+    for pair in range(pairs):
+        for kind in ("none", "monitor") if pair % 2 == 0 else ("monitor", "none"):
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", kind, "--cadences", str(every),
+                 "--steps", str(steps), "--size", size, "--device", device],
+                check=True, capture_output=True, text=True).stdout
+            got[kind].append(json.loads(out.strip().splitlines()[-1]))
+    totals = [m["total"] / n["total"] - 1 for n, m in zip(got["none"], got["monitor"],
+                                                          strict=True)]
+    medians = [m["median"] / n["median"] - 1 for n, m in zip(got["none"], got["monitor"],
+                                                             strict=True)]
+    return [every, steps, pairs,
+            " ".join(f"{n['total']:.1f}/{m['total']:.1f}s"
+                     for n, m in zip(got["none"], got["monitor"], strict=True)),
+            " ".join(f"{m['analysed']}/{m['skipped']}" for m in got["monitor"]),
+            f"{100 * statistics.median(totals):+.1f}% ({100 * min(totals):+.1f}.."
+            f"{100 * max(totals):+.1f})",
+            f"{100 * statistics.median(medians):+.1f}% ({100 * min(medians):+.1f}.."
+            f"{100 * max(medians):+.1f})"]
+
+
+def child(kind: str, every: int, steps: int) -> None:
+    """One run of ``whole``'s, in this process: its loop's time on the last line, JSON."""
+    with tempfile.TemporaryDirectory(prefix="diffract-bench-training-") as tmp:
+        if kind == "none":
+            run, analysed, skipped = train(steps, lambda step, model: None), 0, 0
+        else:
+            run, monitor, _ = with_monitor(steps, every, Path(tmp))
+            analysed, skipped = len(monitor.analysed), len(monitor.skipped)
+    print(json.dumps({"total": run.total, "median": run.median, "analysed": analysed,
+                      "skipped": skipped}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cadences", type=int, nargs="+", default=[50, 200, 1000])
@@ -303,8 +351,15 @@ def main() -> None:
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help=f"the settings to run, of {','.join(KINDS)} (default: all)")
     parser.add_argument("--steps", type=int, help="steps a run (default: 4 x every, >= 400)")
+    parser.add_argument("--whole", type=int, default=2, metavar="PAIRS",
+                        help="whole runs without and with the monitor in fresh processes, "
+                        "alternating: PAIRS pairs a cadence (0: none; default 2)")
+    parser.add_argument("--child", choices=("none", "monitor"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     configure(args.size, args.device)
+    if args.child:
+        child(args.child, args.cadences[0], args.steps)
+        return
     import torch
 
     header("bench_training: the cost of a monitor inside a training loop",
@@ -339,6 +394,14 @@ def main() -> None:
                 rows.append(summarise(kind, every, steps, got[kind]))
     table(["setting", "every", "steps", "analysed / skipped", "loop held per analysed step",
            "cost per analysis (in-run)", "overhead", "run time (drift included)"], rows)
+    if args.whole and "monitor" in args.kinds.split(","):
+        print(f"# whole runs, without / with the monitor (background, defaults), each in a "
+              f"fresh process, alternating; {args.whole} pair(s) a cadence")
+        table(["every", "steps", "pairs", "loop time none/monitor, each pair",
+               "analysed/skipped", "whole-run overhead: loop time", "median step"],
+              [whole(args.whole, every, args.steps or max(400, 2 * every), args.size,
+                     args.device)
+               for every in args.cadences])
     print("# cost per analysis: the excess of the steps from the cadence point until "
           f"{SETTLE} steps after its values came back, over the median of the same "
           "window's quiet half (the row 'none' is the same estimate where nothing ran: "
