@@ -135,27 +135,37 @@ def test_a_kernel_that_raises_does_not_stop_training(tmp_path, caplog):
 
 
 def test_the_analysis_keeps_openmp_to_one_thread_and_the_loop_keeps_its_own():
-    """The monitor's thread opens torch's OpenMP regions on one thread, after a
+    """The monitor's thread runs at the process's priority and opens torch's OpenMP regions on one thread, after a
     ``torch.set_num_threads`` of the training script's too: a second team made GNU
     OpenMP stop spin-waiting for the loop's, and every step of a CPU run was 1.3-2x
     slower for the rest of the run (benchmarks/bench_training.py --whole)."""
+    import os
+
     def omp_threads(weights):
         return float(torch.get_num_threads())
 
+    def thread_nice(weights):
+        return float(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
     with Session() as s:
         s.compute.kernel()(omp_threads)
+        s.compute.kernel()(thread_nice)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         got: dict[str, float] = {}
         model = _net()
-        with Monitor(model, every=1, metrics=["omp_threads"],
+        with Monitor(model, every=1, metrics=["omp_threads", "thread_nice"],
                      log=lambda values, step: got.update(values)) as monitor:
             monitor.step(1)
             monitor.wait()
         seen = {k: v for k, v in got.items() if k.startswith("diffract/omp_threads/")}
         assert len(seen) == 3 and set(seen.values()) == {1.0}
         assert torch.get_num_threads() == 2
+        # at the process's priority: at nice 19 the analysis starved on busy cores
+        nice = {k: v for k, v in got.items() if k.startswith("diffract/thread_nice/")}
+        assert len(nice) == 3
+        assert set(nice.values()) == {float(os.getpriority(os.PRIO_PROCESS, 0))}
     finally:
         torch.set_num_threads(before)
 

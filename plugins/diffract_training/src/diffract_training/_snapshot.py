@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Snapshot", "blocks", "nbytes", "lowest_priority", "rank"]
+__all__ = ["Snapshot", "blocks", "nbytes", "rank"]
 
 
 class Snapshot:
@@ -144,20 +144,6 @@ def alias(value: Any) -> Any:
 
 def nbytes(value: Any) -> int:
     return int(value.numel()) * int(value.element_size())
-
-
-def lowest_priority() -> None:
-    """The calling thread (and the threads it starts) at the lowest CPU priority, where
-    the system has per-thread priorities (Linux: nice 19): the analysis then takes the
-    cores the training leaves idle first. Where the training keeps every core busy the
-    analysis's CPU time comes out of the training's either way: on bench_training.py's
-    model (two cores) a cadence point cost the loop a median +82 ms at nice 19 and
-    +52 ms at normal priority, 18 points each, within the estimate's spread."""
-    if sys.platform.startswith("linux") and hasattr(os, "setpriority"):
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except OSError:  # pragma: no cover - a sandbox without the permission
-            pass
 
 
 def rank() -> int:

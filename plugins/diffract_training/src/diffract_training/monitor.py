@@ -34,7 +34,7 @@ from diffract.errors import (
 )
 from diffract.plugins import contextual_name, one_openmp_thread
 from diffract_training._setup import head_geometry, lock_store
-from diffract_training._snapshot import Snapshot, blocks, lowest_priority, nbytes, rank
+from diffract_training._snapshot import Snapshot, blocks, nbytes, rank
 
 __all__ = ["DEFAULT_METRICS", "VIEW_METRICS", "Monitor", "tag"]
 
@@ -402,7 +402,9 @@ class Monitor:
     # -- the worker's side ---------------------------------------------------------
     def _serve(self) -> None:
         """The worker thread: one analysis at a time, until the monitor closes."""
-        lowest_priority()
+        # At the process's priority: at nice 19 a CPU-only run's busy cores starved it
+        # (an analysis came back 50-200+ steps late and half the points were skipped at
+        # every=200) and cost the loop no less (docs/training.md, "What it costs").
         one_openmp_thread()  # else every training step slows (see its docstring)
         while True:
             with self._wake:
