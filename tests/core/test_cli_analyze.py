@@ -4,6 +4,7 @@ numbers on the same inputs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -69,6 +70,21 @@ def _api(path: Path, metrics: str, **config) -> dict:
         s.compute.apply(*metrics.split(","), errors="record")
         return s.results.export_metrics(*metrics.split(","))[path.stem]
 
+
+
+def _stored_values(store: Path) -> int:
+    """How many values a running ``analyze --store`` has committed (0 until its
+    database exists; a write in progress reads as 0 for that poll)."""
+    import sqlite3
+
+    if not (store / "store.sqlite").exists():
+        return 0
+    try:
+        with contextlib.closing(sqlite3.connect(
+                f"file:{store / 'store.sqlite'}?mode=ro", uri=True, timeout=0.1)) as db:
+            return int(db.execute("select count(*) from field_values").fetchone()[0])
+    except sqlite3.Error:
+        return 0
 
 class TestAnalyze:
     def test_table_and_summary(self, model_file, tmp_path):
@@ -193,10 +209,10 @@ class TestAnalyze:
         child = subprocess.Popen([sys.executable, "-m", "diffract.cli", *args], cwd=tmp_path,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  env=full)
-        deadline = time.monotonic() + 60
-        while not (store / "arrays").exists() and time.monotonic() < deadline:
+        deadline = time.monotonic() + 120
+        while _stored_values(store) == 0 and child.poll() is None \
+                and time.monotonic() < deadline:  # mid-run: some values stored
             time.sleep(0.05)
-        time.sleep(1.0)
         child.send_signal(signal.SIGINT)
         out, err = child.communicate(timeout=300)
         if child.returncode == 0:  # pragma: no cover - the machine outran the signal
