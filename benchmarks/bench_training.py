@@ -12,10 +12,10 @@ writes a ``local`` store, as a run would.
 
 What a cadence point costs is estimated inside each run (``costs``): the excess of the
 steps from the cadence point until a few steps after its values came back, over the
-median step of the quiet rest of the same window. Whole runs are not compared with each
-other: this VM's speed drifts by 10-30% between identical runs minutes apart, more than
-the costs measured; within a window of a few seconds it drifts far less. The run without
-a monitor gets the same estimate at the same steps: its noise. Printed per setting: the
+median step of the quiet rest of the same window: this VM's speed drifts by 10-30%
+between identical runs minutes apart, more than the costs measured; within a window of
+a few seconds it drifts far less. The run without a monitor gets the same estimate at
+the same steps: its noise. Printed per setting: the
 points analysed and skipped, the time the loop was held per analysed step
 (``Monitor.blocked``: the cadence point plus the copies or wait before the next
 optimizer step; inline, the whole analysis), the cost per analysed point, and the
@@ -30,10 +30,9 @@ slowdown of every step (which the monitor once caused on the CPU: see
 ``diffract.plugins.one_openmp_thread``). So the whole runs are compared too, in fresh
 processes, without and with the monitor alternating (``--whole PAIRS`` pairs a cadence,
 each process timing its own training loop of max(400, 2 x every) steps, imports
-excluded): per pair the ratio of
-their loop times and of their median steps, the median over pairs printed as the
-whole-run overhead. Pairs adjacent in time share most of the VM's drift; their spread,
-printed, is what is left of it.
+excluded): per pair the ratio of their loop times and of their median steps, the median
+over pairs printed as the whole-run overhead. Pairs adjacent in time share most of the
+VM's drift; their spread, printed, is what is left of it.
 
 ``--direct N`` measures instead what one background analysis costs the loop, thread
 against process, with the same in-run estimate at cadence 100, N runs of each: the

@@ -71,7 +71,6 @@ def _api(path: Path, metrics: str, **config) -> dict:
         return s.results.export_metrics(*metrics.split(","))[path.stem]
 
 
-
 def _stored_values(store: Path) -> int:
     """How many values a running ``analyze --store`` has committed (0 until its
     database exists; a write in progress reads as 0 for that poll)."""
@@ -85,6 +84,7 @@ def _stored_values(store: Path) -> int:
             return int(db.execute("select count(*) from field_values").fetchone()[0])
     except sqlite3.Error:
         return 0
+
 
 class TestAnalyze:
     def test_table_and_summary(self, model_file, tmp_path):

@@ -27,14 +27,8 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any
 
 __all__ = [
-    "ExecutorHandle",
-    "InlineExecutor",
-    "check_process_options",
-    "spawn_problem",
-    "limit_threads",
-    "one_openmp_thread",
-    "process_executor",
-    "sequential_executor",
+    "ExecutorHandle", "InlineExecutor", "check_process_options", "spawn_problem",
+    "limit_threads", "one_openmp_thread", "process_executor", "sequential_executor",
     "thread_executor",
 ]
 
@@ -84,9 +78,15 @@ def one_openmp_thread() -> None:
         return  # numpy's BLAS runs threads of its own, not OpenMP's
     torch.get_num_threads()
     with contextlib.suppress(ImportError):
-        from threadpoolctl import threadpool_limits
+        _openmp().limit(limits=1)
 
-        threadpool_limits(1, user_api="openmp")
+
+@functools.lru_cache(maxsize=1)
+def _openmp() -> Any:
+    """The OpenMP runtimes loaded (torch's), found once: the search is 1.5 ms a thread."""
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController().select(user_api="openmp")
 
 
 def watch_parent(parent: int, interval: float = 0.5) -> None:
