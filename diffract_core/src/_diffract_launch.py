@@ -13,7 +13,7 @@ def _early(signum: int, frame: object) -> None:
 def main() -> int:
     signal.signal(signal.SIGINT, _early)
     signal.signal(signal.SIGTERM, _early)
-    from diffract.cli import main as run
+    from diffract import cli
 
-    return run()
+    return cli.exit_process(cli.main())
 

@@ -248,6 +248,44 @@ class TestAnalyze:
         assert run.returncode == (130 if fixed else -signal.SIGINT), run.stderr
         assert run.stdout == "committed\n"
 
+    def test_the_quick_exit_runs_atexit_flushes_and_keeps_the_code(self, tmp_path):
+        """A finished command skips the interpreter's teardown, not what it owes: the
+        atexit handlers (weakref finalizers, temporary folders) and unflushed output."""
+        (tmp_path / "done.py").write_text(textwrap.dedent("""
+            import atexit, sys, tempfile
+            from diffract.cli import exit_process
+            scratch = tempfile.TemporaryDirectory(dir=sys.argv[1])
+            atexit.register(lambda: open(sys.argv[1] + "/atexit", "w").write("ran"))
+            print("table", end="")  # a pipe buffers it
+            sys.stderr.write("done")
+            sys.exit(exit_process(1))
+        """))
+        buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        run = subprocess.run([sys.executable, "done.py", str(tmp_path)], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300, env=buffered)
+        assert (run.returncode, run.stdout, run.stderr) == (1, "table", "done")
+        assert (tmp_path / "atexit").read_text() == "ran"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["atexit", "done.py"]
+
+    def test_the_quick_exit_waits_for_a_thread_still_running(self, tmp_path):
+        """With another thread alive the interpreter finalizes as usual: it joins the
+        thread (which here finishes only once finalization has begun)."""
+        (tmp_path / "busy.py").write_text(textwrap.dedent("""
+            import sys, threading
+            from diffract.cli import exit_process
+            begun = threading.Event()
+            threading._register_atexit(begun.set)  # runs before the join
+            def work():
+                begun.wait()
+                open(sys.argv[1] + "/written", "w").write("all")
+            threading.Thread(target=work).start()
+            sys.exit(exit_process(0))
+        """))
+        run = subprocess.run([sys.executable, "busy.py", str(tmp_path)], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        assert (tmp_path / "written").read_text() == "all"
+
     def test_a_store_holding_another_model_under_the_id_is_refused(self, tmp_path):
         a, b = tmp_path / "a", tmp_path / "b"
         a.mkdir(), b.mkdir()
@@ -834,10 +872,10 @@ def test_analyze_imports_none_of_the_modules_it_does_not_need(tmp_path):
     library, which imports matplotlib.)"""
     model_file = tmp_path / "net.safetensors"
     _save(model_file, 0, shapes=((300, 200), (200, 400)))
-    code = ("import sys, runpy; sys.argv = ['diffract', 'analyze', sys.argv[1]]\n"
-            "try:\n    runpy.run_module('diffract.cli', run_name='__main__')\n"
-            "except SystemExit:\n    pass\n"
-            f"print('LOADED', [m for m in {UNWANTED!r} if m in sys.modules])")
+    code = ("import atexit, sys, runpy; sys.argv = ['diffract', 'analyze', sys.argv[1]]\n"
+            "atexit.register(lambda: print('LOADED', [m for m in "
+            f"{UNWANTED!r} if m in sys.modules]))\n"
+            "runpy.run_module('diffract.cli', run_name='__main__')")
     out = subprocess.run([sys.executable, "-c", code, str(model_file)], capture_output=True,
                          text=True, timeout=300, check=True).stdout
     assert "LOADED []" in out, out

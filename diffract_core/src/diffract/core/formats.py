@@ -50,7 +50,7 @@ class TensorEntry:
     format stored it, e.g. a quantisation type or that it was turned around)."""
 
     name: str
-    shape: tuple[int, ...] = attrs.field(converter=tuple)
+    shape: tuple[int, ...] = attrs.field(converter=lambda v: tuple(v))
     dtype: str
     file: int = 0
     meta: tuple[tuple[str, Any], ...] = attrs.field(

@@ -141,7 +141,7 @@ class ModelFormat:
     open: Callable[[str], Any] = attrs.field(eq=False, hash=False, repr=_summary)
     suffixes: tuple[str, ...] = attrs.field(
         default=(), converter=lambda xs: tuple(x.lower() for x in xs))
-    magic: tuple[bytes, ...] = attrs.field(default=(), converter=tuple)
+    magic: tuple[bytes, ...] = attrs.field(default=(), converter=lambda v: tuple(v))
     layout: Callable[[str], bool] | None = attrs.field(
         default=None, eq=False, hash=False, repr=False)
     locate: Callable[[str], str | None] | None = attrs.field(
@@ -194,7 +194,7 @@ class ViewRule:
     description: str = ""
     check: Callable[[Mapping[str, Any]], list[str]] | None = attrs.field(
         default=None, eq=False, hash=False, repr=False)
-    options: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    options: tuple[str, ...] = attrs.field(default=(), converter=lambda v: tuple(v))
     provider: str = "unknown"
 
 
