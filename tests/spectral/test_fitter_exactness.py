@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from diffract_kernels_spectral import _taichi, fit_power_law, fitting
+from diffract_kernels_spectral import _search, _taichi, fit_power_law, fitting
 from diffract_kernels_spectral._search import _REFINE_ABOVE, _SEEDS
 from tests.spectral.conftest import count_candidates, exhaustive, heavy_esd, needs_taichi, pareto
 
@@ -146,12 +146,18 @@ def test_exact_ties_go_to_the_smallest_xmin(monkeypatch, n):
 def test_every_bound_is_sound_and_every_candidate_left_out_is_beaten():
     """On sets that take several bounds passes, every distance the search computes is
     held to the exhaustive scan: each lower bound at most the candidate's distance, each
-    exact scan its distance (or a value above the threshold it stopped at), and each
-    candidate never scanned exactly has a bound above the best distance (one that could
-    win was not left out). The final answer alone would miss a lost survivor that
+    exact scan its distance (or a value above the threshold it stopped at), each
+    candidate dropped by the check next to its peak has a distance above the best, and
+    each candidate never scanned exactly has a bound above the best distance (one that
+    could win was not left out). The final answer alone would miss a lost survivor that
     happens not to be the winner on these sets."""
-    real = _taichi.kernels()
-    seen = {"lower": [], "exact": []}
+    real, real_near_peak = _taichi.kernels(), _search._near_peak
+    seen = {"lower": [], "exact": [], "near": []}
+
+    def near_peak(ids, logx, first, starts, *rest):
+        kept = real_near_peak(ids, logx, first, starts, *rest)
+        seen["near"].extend(starts[np.setdiff1d(ids, kept)].tolist())
+        return kept
 
     def ks_lower(*args):
         real.ks_lower(*args)
@@ -166,12 +172,14 @@ def test_every_bound_is_sound_and_every_candidate_left_out_is_beaten():
     sets = [pareto(rng, 6000, 2.3), pareto(rng, 15_000, 2.0),
             np.concatenate([rng.lognormal(0, 1, 4000), pareto(rng, 6000, 2.5, 3.0)]),
             heavy_esd(rng, 1500, 3000, 2.2)]
-    passes = []
+    passes, near = [], []
     for x in sets:
-        seen["lower"].clear()
-        seen["exact"].clear()
+        for kind in seen.values():
+            kind.clear()
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(_taichi, "kernels", lambda: kernels)
+            mp.setattr(_search, "_near_peak", near_peak)
+            mp.setattr(_search, "_REFINE_ABOVE", 16)  # more passes on these small sets
             mp.setattr(fitting, "DENSE_MAX_POINTS", 0)
             fit = fit_power_law(x, fit_method="diffract", min_tail=MIN_TAIL)
         rows = exhaustive(x, MIN_TAIL)
@@ -190,6 +198,10 @@ def test_every_bound_is_sound_and_every_candidate_left_out_is_beaten():
             for s, d, stop in zip(starts.tolist(), out.tolist(), stops.tolist(), strict=True):
                 assert d <= distance[s] + 1e-12 and (d >= distance[s] - 1e-12 or d > stop)
                 scanned.add(s)
-        left_out = [s for s in distance if s not in scanned and not bound.get(s, 0.0) > d_best]
+        assert all(distance[s] > d_best for s in seen["near"])
+        near.append(len(seen["near"]))
+        left_out = [s for s in distance if s not in scanned and s not in seen["near"]
+                    and not bound.get(s, 0.0) > d_best]
         assert left_out == [], f"{len(left_out)} candidate(s) neither scanned nor beaten"
     assert min(passes) >= 1 and max(passes) >= 3  # the scouting pass and bounds passes
+    assert max(near) > 0  # the check next to the peaks dropped survivors

@@ -96,6 +96,31 @@ class TestExactSearch:
         assert fit.alpha == pytest.approx(best[1], rel=1e-12)
         assert fit.ks_distance == pytest.approx(best[2], rel=1e-12)
 
+    def test_the_check_near_a_peak_drops_only_candidates_that_cannot_win(self, rng):
+        """After a bounds pass the search drops a survivor whose exact gap next to its
+        peak exceeds the best distance: at the candidates' true peaks exactly those with
+        a distance above best go; at random peaks none with a distance at most best."""
+        from diffract_kernels_spectral import _search
+
+        x = np.sort(np.concatenate([rng.lognormal(0, 1, 2000), pareto(rng, 3000, 2.2, 3.0)]))
+        starts = _search._starts(x, 50)[::12]
+        logx, first, n = np.log(x), _search._first_index(x).astype(np.int32), len(x)
+        alphas = _search._alphas(x, starts)
+        dist, peak = np.empty(len(starts)), np.empty(len(starts), dtype=np.int32)
+        for i, (s, a) in enumerate(zip(starts, alphas, strict=True)):
+            gaps = np.abs(-np.expm1((1 - a) * (logx[s:] - logx[s])) - (first[s:] - s) / (n - s))
+            dist[i], peak[i] = gaps.max(), s + np.argmax(gaps)
+            if i % 40 == 0:  # the same distance as the exact fit's
+                assert dist[i] == pytest.approx(_search._exact_fit(x, s)[1], rel=1e-12)
+        best = np.full(len(starts), np.median(dist))
+        ids = np.arange(len(starts))
+        args = (logx, first, starts.astype(np.int32), np.full(len(starts), n, np.int32), alphas)
+        kept = _search._near_peak(ids, *args, peak, best)
+        assert np.array_equal(kept, ids[dist <= best])
+        anywhere = (starts + rng.random(len(starts)) * (n - starts)).astype(np.int32)
+        kept = _search._near_peak(ids, *args, anywhere, best)
+        assert set(ids[dist <= best]) <= set(kept) and len(kept) < len(ids)
+
     def test_duplicates_and_ties(self, rng):
         """Repeated values use the left empirical CDF, like the reference scan."""
         x = np.round(pareto(rng, 2000, 2.0), 1)

@@ -32,6 +32,8 @@ _REFINE_ABOVE = 256
 _REFINE = 4
 #: Finest bounds pass (below it the exact scan is as cheap).
 _MIN_BOUND_STRIDE = 8
+#: Data points on either side of a survivor's peak checked exactly after a bounds pass.
+_WINDOW = 32
 #: Elements of one block of the dense pass (bounds its memory: 8 MiB per array).
 _DENSE_BLOCK = 1 << 20
 
@@ -142,8 +144,9 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
     2. A coarse pass (every ``sqrt(n)``-th tail point, coarse to fine, see ``ks_lower``)
        bounds each other candidate's distance from below; a candidate whose bound
        exceeds its set's ``best`` is dropped (its scan stops there). The survivors of
-       smallest bound are scanned exactly, which can only lower ``best``; the next pass
-       takes a 4x finer grid.
+       smallest bound are scanned exactly, which can only lower ``best``; the others are
+       held to their exact gaps next to where their bound peaked (``_near_peak``); the
+       next pass takes a 4x finer grid.
     3. Every survivor is scanned exactly (interval-skipping scan, see ``ks_exact``),
        stopping once it exceeds its set's ``best``. The minimum is exact: nothing dropped
        could have been smaller.
@@ -282,7 +285,8 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
         dropped = np.zeros(len(glob), dtype=bool)
         dropped[seeds] = True
         alive = sel[below]
-        alive_all = np.concatenate([alive[~dropped[alive]], untouched])
+        alive_all = np.concatenate([_near_peak(alive[~dropped[alive]], logx, first, glob, ends,
+                                               alphas, peak, best[cand_set]), untouched])
         stride = np.where(refine, stride // _REFINE, stride)
     # 3. every survivor, exactly
     exact(alive_all)
@@ -290,6 +294,26 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
     winners = [_smallest_winner(orders[i], dist[cbase[i]:cbase[i + 1]])
                for i in range(len(xs))]
     return winners, scanned
+
+
+def _near_peak(ids: np.ndarray, logx: np.ndarray, first: np.ndarray, starts: np.ndarray,
+               ends: np.ndarray, alphas: np.ndarray, peak: np.ndarray,
+               best: np.ndarray) -> np.ndarray:
+    """The candidates of ``ids`` whose exact gaps at the ``_WINDOW`` data points on either
+    side of their ``peak`` (a data index) do not exceed their ``best`` (per candidate, as
+    ``starts``, ``ends``, ``alphas``): a gap at any point bounds the distance from below,
+    so the others cannot win. A survivor of a bounds pass usually loses there, for far
+    less than a finer pass over its whole tail (or the exact scan's) costs."""
+    kept, rows = [], _DENSE_BLOCK // (2 * _WINDOW + 1)
+    for lo in range(0, len(ids), rows):
+        part = ids[lo:lo + rows]
+        s, e = starts[part].astype(np.int64)[:, None], ends[part].astype(np.int64)[:, None]
+        j = np.clip(peak[part][:, None] + np.arange(-_WINDOW, _WINDOW + 1), s, e - 1)
+        fitted = -np.expm1((1.0 - alphas[part])[:, None] * (logx[j] - logx[s]))
+        gap = np.abs(fitted - (first[j] - s) / (e - s)).max(axis=1)
+        # ks_exact computes the same gaps in Taichi: allow for its rounding
+        kept.append(part[gap - 1e-12 <= best[part]])
+    return np.concatenate(kept) if kept else ids
 
 
 def _first_index(x: np.ndarray) -> np.ndarray:
