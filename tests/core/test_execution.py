@@ -398,3 +398,48 @@ class TestDemand:
         calls.clear()
         session.compute.apply("t_mid")  # asked for: computed wherever it is absent
         assert calls == ["mid"]
+
+
+class TestOverlappingBatches:
+    """In this process, a PARALLEL kernel whose batch is thread-safe (overlap_batches)
+    starts a chunk's batch while the previous chunk's is still running: on a 1B model,
+    odd-sized chunks of 2048 x 2048 matrices had left one of two cores idle for a third of
+    each chunk. A batch that did not say so never runs twice at once."""
+
+    def _apply(self, overlap: bool, first_waits: float) -> tuple[list[bool], dict]:
+        import threading
+
+        rng = np.random.default_rng(3)
+        arrays = {f"p{i}": rng.standard_normal((8, 8)) for i in range(6)}
+
+        second, seen, calls = threading.Event(), [], []
+
+        def many(units, **config):
+            calls.append(len(units))
+            if len(calls) == 1:
+                seen.append(second.wait(first_waits))  # the next chunk's batch has begun
+            else:
+                second.set()
+            return [float(np.sum(u["weights"] ** 2)) for u in units]
+
+        get_registry().register(KernelSpec.from_function(
+            test_kernels.squared_sum, name="t_overlap", batch=many, provider="<session>",
+            execution_protocol=KernelExecutionProtocol.PARALLEL, overlap_batches=overlap))
+        # chunks of two parameters (512 bytes each; a third of max_bytes per chunk)
+        config = {"cache": {"max_bytes": 3600},
+                  "parallel": {"executor": "sequential", "process_pool": {"max_workers": 2}}}
+        with Session(config=config) as session:
+            session.models.add(arrays, model_id="m")
+            session.compute.apply("t_overlap")
+            rows = session.results.export_metrics("t_overlap")["m"]
+        assert calls == [2, 2, 2]
+        return seen, {k: (v["t_overlap"], float(np.sum(arrays[k] ** 2))) for k, v in rows.items()}
+
+    def test_the_next_chunk_starts_before_the_last_one_ends(self):
+        seen, rows = self._apply(True, first_waits=60.0)  # 60 s: only a safety net
+        assert seen == [True] and len(rows) == 6
+        assert all(ours == pytest.approx(numpy) for ours, numpy in rows.values())
+
+    def test_a_batch_not_marked_thread_safe_runs_alone(self):
+        seen, rows = self._apply(False, first_waits=0.5)
+        assert seen == [False] and len(rows) == 6

@@ -155,3 +155,37 @@ def test_parallel_map_keeps_openmp_to_one_thread_per_worker():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_overlapping_parallel_maps_share_the_cores():
+    """Two calls at once (the runner overlaps chunks' batches) run at most one item per
+    CPU between them, and a call made from inside an item runs inline on that item's
+    core (no deadlock on the permits)."""
+    import os
+    import threading
+    import time
+
+    cpus = len(os.sched_getaffinity(0))
+    lock = threading.Lock()
+    active, most = [0], [0]
+
+    def item(_):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.01)  # holds its core long enough for the other call's items to try
+        with lock:
+            active[0] -= 1
+        return threading.get_ident()
+
+    results = {}
+    calls = [threading.Thread(target=lambda k=k: results.__setitem__(
+        k, linalg.parallel_map(item, range(4 * cpus)))) for k in range(2)]
+    for call in calls:
+        call.start()
+    for call in calls:
+        call.join()
+    assert most[0] == cpus and all(len(results[k]) == 4 * cpus for k in range(2))
+    inner = linalg.parallel_map(lambda _: linalg.parallel_map(lambda _: threading.get_ident(),
+                                                              range(3)), range(cpus))
+    assert all(len(set(ids)) == 1 for ids in inner)  # each inner call on one thread

@@ -11,6 +11,7 @@ the field is NaN and the reason is recorded for that parameter.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -29,11 +30,14 @@ from diffract_kernels_spectral.errors import FitError
 __all__ = ["ALL"]
 
 _MATRIX = [Restriction.min_ndim(2)]
+_ONE_GPU_BATCH = threading.Lock()
 
 #: Decompositions and fits are PARALLEL: on an executor (a process pool, a Dask
 #: cluster) once a step's work is worth one, in this process (their batch paths use one
 #: thread per core) otherwise. The cheap kernels that read their results stay
-#: SEQUENTIAL: shipping an ESD to a worker costs more than computing a norm.
+#: SEQUENTIAL: shipping an ESD to a worker costs more than computing a norm. The
+#: decompositions' batches are thread-safe (``overlap_batches``: two chunks' batches share
+#: ``linalg.parallel_map``'s cores; one GPU batch at a time); the fits' are not (Taichi).
 PARALLEL = KernelExecutionProtocol.PARALLEL
 
 #: The configuration domains the kernels share (checked by configure_kernel).
@@ -136,8 +140,9 @@ def _by_device(
                 good.append((i, _finite_tensor(units[i]["tensor"])))
             except FieldUndefined as exc:
                 out[i] = exc
-        for (i, _), v in zip(good, on_gpu([t for _, t in good], where), strict=True):
-            out[i] = v
+        with _ONE_GPU_BATCH:  # two chunks' batches at once: one on the GPU at a time
+            for (i, _), v in zip(good, on_gpu([t for _, t in good], where), strict=True):
+                out[i] = v
     return out
 
 
@@ -156,7 +161,7 @@ def _svals_batch(units: list[dict[str, Any]], *, device: str = "auto") -> list[A
     produce_fields=("weights_lsvs", "weights_svals", "weights_rsvs"),
     restrictions=_MATRIX,
     batch=lambda units, **cfg: _svd_batch(units, **cfg),
-    execution_protocol=PARALLEL,
+    execution_protocol=PARALLEL, overlap_batches=True,
 )
 def svd(
     tensor: Any,
@@ -205,7 +210,7 @@ def svd(
 
 
 @kernel(restrictions=_MATRIX, batch=lambda units, **cfg: _esd_batch(units, **cfg),
-        execution_protocol=PARALLEL)
+        execution_protocol=PARALLEL, overlap_batches=True)
 def esd(
     tensor: Any,
     esd_scale: float,
@@ -255,7 +260,7 @@ def _dims(shape: tuple[int, ...]) -> tuple[int, int]:
 
 
 @kernel(restrictions=_MATRIX, batch=lambda units, **cfg: _svals_batch(units, **cfg),
-        execution_protocol=PARALLEL)
+        execution_protocol=PARALLEL, overlap_batches=True)
 def svals(tensor: Any, *, device: str = "auto") -> np.ndarray:
     """Singular values ``sigma_i`` in float64, descending ``[k]``, values only
     (accurate to ``eps64 * sigma_max``: what rank decisions need). ``device``: "auto"

@@ -266,25 +266,45 @@ def svals_batched_torch(matrices: Sequence[Any], device: str = "cuda") -> list[n
     return out  # type: ignore[return-value]
 
 
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover
+        return os.cpu_count() or 1
+
+
+#: One permit per CPU: calls of ``parallel_map`` that overlap (the runner starts a
+#: chunk's batch while the last one's final units run) share the cores, never
+#: oversubscribe them (each call's memory stays that of one item per core).
+_CORES = threading.BoundedSemaphore(_cpus())
+_HOLDS = threading.local()  # whether this thread holds a permit
+
+
 def parallel_map(fn: Callable[[Any], T], items: Sequence[Any]) -> list[T | Exception]:
     """``fn`` over ``items`` on one thread per CPU, each LAPACK call single-threaded.
 
     On these 2-core machines, two single-threaded eigensolvers side by side run about
     three times faster than one after another with a two-threaded BLAS (the
     tridiagonal reduction is memory-bound and scales badly). An item whose call raises
-    yields the exception instance, in place.
+    yields the exception instance, in place. Across concurrent calls at most one item
+    per CPU runs at a time (see ``_CORES``).
     """
     def safe(item: Any) -> T | Exception:
+        held = getattr(_HOLDS, "held", False)
+        if not held:
+            _CORES.acquire()
+            _HOLDS.held = True
         try:
             return fn(item)
         except Exception as exc:  # noqa: BLE001 - returned in place, per item
             return exc
+        finally:
+            if not held:
+                _HOLDS.held = False
+                _CORES.release()
 
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover
-        cpus = os.cpu_count() or 1
-    workers = min(len(items), cpus)
+    # called from an item (it holds a core): its items run here, on that core
+    workers = 1 if getattr(_HOLDS, "held", False) else min(len(items), _cpus())
     if workers <= 1:
         return [safe(item) for item in items]
     from diffract.plugins import one_openmp_thread

@@ -2,7 +2,7 @@
 
 The budget is the memory the machine has available (``MemAvailable`` on Linux), less a
 headroom fraction, optionally capped by ``[cache] max_bytes``, divided by the number of
-chunks held at once (the one computing and the one being prefetched)."""
+chunks held at once (``CacheManager.IN_FLIGHT``)."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def _available_memory() -> int:
 class CacheManager:
     """Derives the per-chunk read budget; see the module docstring."""
 
-    #: Chunks resident at once: the one computing and the one being prefetched.
-    IN_FLIGHT = 2
+    #: Chunks resident at once: computing, queued behind it (pipelined), prefetching.
+    IN_FLIGHT = 3
 
     def __init__(self, max_bytes: int = 0, headroom: float = 0.25) -> None:
         self.max_bytes = max_bytes

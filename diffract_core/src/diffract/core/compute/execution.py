@@ -1,13 +1,11 @@
 """Running a plan: cut steps into chunks, prefetch inputs, run kernels, commit per chunk.
 
 For each step the runner cuts the pending units into chunks by the read budget and by
-time (a chunk grows from one unit to about ``[apply] chunk_seconds`` of work, so an
-interrupt loses at most that), prefetches the next chunk's inputs on the thread pool
-while the current one computes,
-runs the kernel on every unit (in-process for SEQUENTIAL kernels, on the configured
-executor for PARALLEL ones), normalizes each return value onto the kernel's
-produce_fields and commits the chunk to the store in one atomic write. A crash loses at
-most the chunk in flight; applying again resumes where it stopped.
+time (a chunk grows to about ``[apply] chunk_seconds`` of work: what an interrupt loses),
+prefetches the next chunk's inputs while the current one computes, runs the kernel on
+every unit (PARALLEL ones on the executor when it pays, a thread-safe batch overlapping
+the next chunk's), normalizes each return value onto the kernel's produce_fields and
+commits the chunk in one atomic write. A crash loses at most the chunks in flight.
 
 Every outcome belongs to one unit; nothing one unit does costs another its results:
 

@@ -75,6 +75,7 @@ class _Chunk:
     runnable: list[tuple[Unit, Any]] = attrs.field(factory=list)
     #: unit indices (one task: several units when they are short) -> the task's future
     futures: dict[tuple[int, ...], Future] | None = None
+    here: Future | None = None  #: its outcomes when it runs in this process, pipelined
     group: int = 1  #: units per executor task (short units are grouped; see GROUP_SECONDS)
     busy: float = 0.0  #: seconds the workers spent on the chunk's tasks, as they measured
 
@@ -171,7 +172,6 @@ class Runner(Inputs):
             return
         state = self._state(step, position)
         report.computed.setdefault(spec.name, 0)
-        # Chunks grow to about chunk_seconds of work: what an interrupt can lose.
         per_unit: float | None = None
         parallel = spec.execution_protocol is KernelExecutionProtocol.PARALLEL
         chunker = Chunker(step, self.store, self.cache.read_budget(), largest_first=parallel)
@@ -191,9 +191,11 @@ class Runner(Inputs):
         done = failed = 0
         begun = last = time.perf_counter()
         inflight: list[_Chunk] = []  # submitted to the executor, not yet committed
-
         chunks = 0
         undecided = parallel and not use_pool and not self.executors.inline and not in_process
+        # run here, a thread-safe batch starts on the next chunk while this one ends
+        ahead = ThreadPoolExecutor(PIPELINE + 1, "diffract-chunk") if (
+            parallel and spec.overlap_batches and self.parallel_workers > 1) else None
         group = 1  # units per executor task, from the measured time per unit
 
         def finished(chunk: Sequence[Unit], seconds: float, failures: int, busy: float = 0.0,
@@ -241,13 +243,13 @@ class Runner(Inputs):
                 inputs = [f.result() for f in pending]
                 following = chunker.take(size, spread)
                 pending = self._prefetch(state, following, lazy) if following else []
-                if use_pool:
+                if use_pool or (ahead is not None and not undecided):
                     # Pipelined (PIPELINE deep): the workers never idle at a chunk's end.
                     chunk = self._prepare(state, current, inputs)
-                    # groups small enough that every worker gets two tasks of the chunk
-                    chunk.group = max(1, min(group, len(chunk.runnable)
-                                             // (2 * self.parallel_workers)))
-                    self._submit_chunk(state, chunk)
+                    if use_pool:  # groups small enough for two tasks per worker
+                        chunk.group = max(1, min(group, len(chunk.runnable)
+                                                 // (2 * self.parallel_workers)))
+                    self._submit_chunk(state, chunk, None if use_pool else ahead)
                     inflight.append(chunk)
                     if len(inflight) > PIPELINE:
                         finish_oldest()
@@ -263,6 +265,8 @@ class Runner(Inputs):
         finally:
             for future in pending:  # interrupted: do not read what nobody will use
                 future.cancel()
+            if ahead is not None:  # a running batch cannot be stopped: it ends first
+                ahead.shutdown(cancel_futures=True)
 
     def _pool_unusable(self, spec: KernelSpec) -> bool:
         """Whether this program cannot use spawned workers for ``spec`` (then it runs here,
@@ -286,13 +290,16 @@ class Runner(Inputs):
             return invoke_batch(spec, units, config)
         return [invoke(spec.function, got, config) for _, got in runnable]
 
-    def _submit_chunk(self, state: StepState, chunk: _Chunk) -> None:
-        """Send a chunk's units to the executor (unless their inputs live on a GPU:
-        those run here when the chunk is finished)."""
+    def _submit_chunk(self, state: StepState, chunk: _Chunk,
+                      here: ThreadPoolExecutor | None = None) -> None:
+        """Send a chunk's units to the executor, or its batch to ``here`` (a thread of this
+        process), unless their inputs live on a GPU: those run when the chunk finishes."""
         if not chunk.runnable or any(on_gpu(got) for _, got in chunk.runnable):
             return
-        chunk.futures = self._submit(state, chunk.runnable, range(len(chunk.runnable)),
-                                     chunk.group)
+        if here is not None:
+            chunk.here = here.submit(self._in_process, state, chunk.runnable)
+            return
+        chunk.futures = self._submit(state, chunk.runnable, range(len(chunk.runnable)), chunk.group)
 
     def _finish_chunk(self, state: StepState, chunk: _Chunk, report: ApplyReport) -> int:
         """Collect a chunk's outcomes and commit it; returns its failures.
@@ -303,7 +310,9 @@ class Runner(Inputs):
         seconds after the runner starts waiting for it fails, and the pool is replaced
         so that its worker stops. Ctrl-C cancels what is queued and stops the workers;
         committed chunks stay."""
-        if chunk.futures is None:
+        if chunk.here is not None:
+            outcomes = chunk.here.result()
+        elif chunk.futures is None:
             outcomes = self._in_process(state, chunk.runnable)
         else:
             outcomes = [None] * len(chunk.runnable)

@@ -75,19 +75,14 @@ def _tuple_or_none(value: Iterable[Any] | None) -> tuple[Any, ...] | None:
 class KernelOptions:
     """Everything about a kernel its signature does not say; None: not given.
 
-    ``name`` (default: the function's name), ``require_fields`` (the field each required
-    parameter reads, in order; default: the parameter names), ``produce_fields``
-    (default: the kernel's name), ``apply_level`` (default PARAMETER),
-    ``execution_protocol`` (default SEQUENTIAL), ``restrictions`` (Restriction records)
-    ``batch`` (a faster path for a whole chunk, see :class:`KernelSpec`), ``hints``
-    (input field -> the distribution that produces it, named when it is missing) and
-    ``aliases`` (another name -> one of the produced fields: apply, export, erase,
-    stale and provenance accept either; stored and computed under the field's own name)
-    ``undefined_inputs`` (True: the kernel runs also where an input is undefined,
-    receiving the stored NaN, e.g. to say how a fit failed; by default such a unit is
-    undefined with its input's reason, without running) and ``optional_inputs`` (input
-    fields read where they are stored and NaN elsewhere: never computed for this kernel,
-    only ordered before it when the same apply asks for them; PARAMETER kernels)."""
+    ``name`` (default: the function's), ``require_fields`` (the field each required
+    parameter reads; default: their names), ``produce_fields`` (default: the name),
+    ``apply_level`` (PARAMETER), ``execution_protocol`` (SEQUENTIAL), ``restrictions``,
+    ``batch`` (see :class:`KernelSpec`), ``hints`` (input field -> the distribution that
+    produces it), ``aliases`` (another name -> a produced field), ``undefined_inputs``
+    (True: also run on an undefined input's NaN), ``optional_inputs`` (read where stored,
+    NaN elsewhere; PARAMETER kernels) and ``overlap_batches`` (True: ``batch`` is
+    thread-safe; run here, a chunk's batch starts while the last one ends): docs/compute.md."""
 
     name: str | None = None
     require_fields: tuple[str, ...] | None = attrs.field(default=None, converter=_tuple_or_none)
@@ -107,6 +102,7 @@ class KernelOptions:
     undefined_inputs: bool | None = None
     optional_inputs: tuple[str, ...] | None = attrs.field(default=None,
                                                          converter=_tuple_or_none)
+    overlap_batches: bool | None = None
 
     @classmethod
     def of(cls, options: Mapping[str, Any], *, where: str) -> KernelOptions:
@@ -137,12 +133,10 @@ class KernelSpec:
     values each accepts; ``provider`` names the distribution that registered it (filled
     in by the plugin manager).
 
-    ``batch`` is an optional faster path for SEQUENTIAL kernels: called as
-    ``batch(units, **config)`` with ``units`` a list of per-unit input dicts, it returns
-    one result per unit, in order, where an exception instance stands for that unit
-    raising it. It must compute what ``function`` computes (it may batch same-shaped
-    inputs, use several threads or a GPU). If it raises, the runner falls back to
-    ``function`` unit by unit."""
+    ``batch`` is an optional faster path for a chunk run here: ``batch(units, **config)``
+    (``units``: per-unit input dicts) returns one result per unit, in order (an exception
+    instance for a unit that raised), what ``function`` computes (same-shaped inputs
+    batched, threads, a GPU). If it raises, the runner runs ``function`` unit by unit."""
 
     name: str
     function: Callable[..., Any] = attrs.field(eq=False, hash=False, repr=_summary)
@@ -160,6 +154,7 @@ class KernelSpec:
     aliases: tuple[tuple[str, str], ...] = ()
     undefined_inputs: bool = False
     optional_inputs: tuple[str, ...] = ()
+    overlap_batches: bool = False
 
     @property
     def require_fields(self) -> tuple[str, ...]:
@@ -369,17 +364,15 @@ def _validate(
         field_hints=opts.hints or (),
         aliases=opts.aliases or (),
         undefined_inputs=bool(opts.undefined_inputs),
-        optional_inputs=optional)
+        optional_inputs=optional,
+        overlap_batches=bool(opts.overlap_batches))
 
 
 def kernel(fn: F | None = None, /, **options: Any) -> Any:
     """Mark a function as a kernel for a pack; it stays a plain, callable function.
 
-    ``options`` are those of :class:`KernelOptions` (name, require_fields,
-    produce_fields, apply_level, execution_protocol, restrictions, batch, hints,
-    aliases, undefined_inputs, optional_inputs). A pack's
-    ``diffract_kernels`` hook then yields ``KernelSpec.from_function(fn)``. Usable bare
-    (``@kernel``) or with options (``@kernel(apply_level=...)``)."""
+    ``options`` are those of :class:`KernelOptions`. A pack's ``diffract_kernels`` hook
+    then yields ``KernelSpec.from_function(fn)``. Bare (``@kernel``) or with options."""
     marks = KernelOptions.of(options, where="@kernel")
 
     def mark(f: F) -> F:
