@@ -52,13 +52,20 @@ def _nonempty(shape: tuple[int, ...]) -> None:
 
 
 def _finite_matrix(weights: np.ndarray) -> np.ndarray:
+    return _finite_with_top(weights)[0]
+
+
+def _finite_with_top(weights: np.ndarray) -> tuple[np.ndarray, float]:
+    """The matrix after the NaN/Inf check, and its largest magnitude (linalg.esd's
+    ``top``: the two reductions are not taken twice over a large matrix)."""
     w = linalg.as_matrix(weights)
     _nonempty(w.shape)
     # min and max are NaN or infinite exactly when some entry is: two cheap reductions,
     # no temporary array (the full count is taken only when there is something to count)
-    if not (np.isfinite(w.min()) and np.isfinite(w.max())):
+    low, high = float(w.min()), float(w.max())
+    if not (math.isfinite(low) and math.isfinite(high)):
         raise FieldUndefined(f"weights contain {int((~np.isfinite(w)).sum())} NaN or Inf value(s)")
-    return w
+    return w, max(high, -low)
 
 
 def _finite_tensor(tensor: Any) -> Any:
@@ -235,7 +242,8 @@ def esd(
     if where != "cpu":
         values = linalg.esd_batched_torch([_finite_tensor(tensor)], precision, where)[0]
     else:
-        values = linalg.esd(_finite_matrix(linalg.host_array(tensor)), precision)
+        w, top = _finite_with_top(linalg.host_array(tensor))
+        values = linalg.esd(w, precision, top=top)
     return _scaled(values, esd_scale)
 
 

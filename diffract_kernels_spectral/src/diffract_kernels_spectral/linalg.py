@@ -123,7 +123,8 @@ def _gram(w: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return gram
 
 
-def esd(weights: np.ndarray, precision: str = "float64") -> np.ndarray:
+def esd(weights: np.ndarray, precision: str = "float64", *,
+        top: float | None = None) -> np.ndarray:
     """Eigenvalues of the smaller Gram matrix, ascending, float64; noise set to 0.
 
     ``precision`` is the arithmetic of the Gram product and the eigensolver. float64
@@ -132,12 +133,14 @@ def esd(weights: np.ndarray, precision: str = "float64") -> np.ndarray:
     faster, but its absolute error is about ``k * eps32 * lambda_max``: eigenvalues
     below :func:`noise_floor` (about ``1e-4 lambda_max`` for k = 768) are stored as
     exactly 0 and the relative error of the others is ``~eps32 lambda_max / lambda``
-    (on MiniLM, up to 2e-4 on stable_rank and 7e-4 on the entropy).
+    (on MiniLM, up to 2e-4 on stable_rank and 7e-4 on the entropy). ``top``: the largest
+    magnitude of an entry, when the caller has it (taken here otherwise).
     """
     if precision not in _PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(_PRECISIONS)}, got {precision!r}")
     w = as_matrix(weights)
-    top = max(float(w.max()), -float(w.min())) if w.size else 0.0
+    if top is None:
+        top = max(float(w.max()), -float(w.min())) if w.size else 0.0
     if top == 0.0:
         return np.zeros(min(w.shape))
     exponent = int(np.frexp(top)[1])
