@@ -455,6 +455,22 @@ class TestPoolOnlyWhenWorthIt:
             pids = {r["t_idle"] for r in s.results.export_metrics("t_idle")["m"].values()}
         assert os.getpid() in pids and len(pids - {os.getpid()}) >= 1
 
+    def test_a_kernel_that_overlaps_its_batches_here_keeps_off_local_workers(self):
+        """The same work from a kernel whose batch overlaps chunks in this process (one
+        solver per core: overlap_batches) stays here: local workers share these cores.
+        On a 1B-shaped checkpoint the esd step went to the pool (a two-unit chunk, timed
+        alone, kept 1.7 of 2 cores busy) and took 5 s longer than in process."""
+        model = {f"p{i}": np.zeros((100, 100)) for i in range(40)}
+        with Session(config={"parallel": {"executor": "processes",
+                                          "process_pool": {"max_workers": 2}}}) as s:
+            s.compute.kernel(name="t_idle", execution_protocol=PARALLEL,
+                             overlap_batches=True)(test_kernels.idle_pid)
+            s.compute.configure_kernel("t_idle", per_element=2e-5)
+            s.models.add(model, model_id="m")
+            s.compute.apply("t_idle")
+            pids = {r["t_idle"] for r in s.results.export_metrics("t_idle")["m"].values()}
+        assert pids == {os.getpid()}
+
     def test_progress_events_count_failures_and_rate(self):
         """Each progress event carries failed units and a positive rate."""
         events = []

@@ -1,8 +1,7 @@
 """The cache manager: how many bytes of inputs one chunk may read.
 
 The budget is the memory the machine has available (``MemAvailable`` on Linux), less a
-headroom fraction, optionally capped by ``[cache] max_bytes``, divided by the number of
-chunks held at once (``CacheManager.IN_FLIGHT``)."""
+headroom fraction, capped by ``[cache] max_bytes``, shared by ``CacheManager.IN_FLIGHT``."""
 
 from __future__ import annotations
 

@@ -192,8 +192,9 @@ class Runner(Inputs):
         begun = last = time.perf_counter()
         inflight: list[_Chunk] = []  # submitted to the executor, not yet committed
         chunks = 0
-        undecided = parallel and not use_pool and not self.executors.inline and not in_process
-        # run here, a thread-safe batch starts on the next chunk while this one ends
+        # a batch that overlaps chunks here keeps these cores busy: local workers cannot win
+        undecided = parallel and not use_pool and not self.executors.inline and not in_process \
+            and not (spec.overlap_batches and self.executors.spawns)
         ahead = ThreadPoolExecutor(PIPELINE + 1, "diffract-chunk") if (
             parallel and spec.overlap_batches and self.parallel_workers > 1) else None
         group = 1  # units per executor task, from the measured time per unit
