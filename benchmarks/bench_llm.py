@@ -213,8 +213,7 @@ def main() -> None:
           f"two matrices of a shape at once, one per core: {together_s:.1f} s "
           f"({together_s / (floor_s / 2):.2f}x the one-core floor halved)")
     for row, name in zip(rows, walls, strict=True):
-        row.insert(3, f"{walls[name] / together_s:.2f}x" if name in runs and
-                   runs[name][2] == floor_s else "")
+        row.insert(3, f"{walls[name] / together_s:.2f}x" if runs[name][2] == floor_s else "")
     table(["run", "wall s", "wall / 2-core floor", "wall / two at once", "core-s / matrix",
            "cpu / floor", "peak RSS MiB", "read MiB"], rows)
     if "in process (sequential)" in walls and "--views heads" in walls:

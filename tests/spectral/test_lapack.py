@@ -163,17 +163,19 @@ def test_overlapping_parallel_maps_share_the_cores():
     core (no deadlock on the permits)."""
     import os
     import threading
-    import time
 
     cpus = len(os.sched_getaffinity(0))
     lock = threading.Lock()
     active, most = [0], [0]
+    # the items holding the cores meet here (an event, not a time: every permit is in
+    # use at once, however busy the machine); 60 s is only a safety net
+    together = threading.Barrier(cpus, timeout=60)
 
     def item(_):
         with lock:
             active[0] += 1
             most[0] = max(most[0], active[0])
-        time.sleep(0.01)  # holds its core long enough for the other call's items to try
+        together.wait()
         with lock:
             active[0] -= 1
         return threading.get_ident()
@@ -185,7 +187,9 @@ def test_overlapping_parallel_maps_share_the_cores():
         call.start()
     for call in calls:
         call.join()
-    assert most[0] == cpus and all(len(results[k]) == 4 * cpus for k in range(2))
+    assert most[0] == cpus
+    assert all(len(results[k]) == 4 * cpus for k in range(2))
+    assert not any(isinstance(r, Exception) for k in range(2) for r in results[k])
     inner = linalg.parallel_map(lambda _: linalg.parallel_map(lambda _: threading.get_ident(),
                                                               range(3)), range(cpus))
     assert all(len(set(ids)) == 1 for ids in inner)  # each inner call on one thread
