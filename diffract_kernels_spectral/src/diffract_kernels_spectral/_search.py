@@ -36,6 +36,8 @@ _MIN_BOUND_STRIDE = 8
 _WINDOW = 32
 #: Elements of one block of the dense pass (bounds its memory: 8 MiB per array).
 _DENSE_BLOCK = 1 << 20
+#: Blocks of candidates the dense pass takes at the least (see ``_dense_ks``).
+_DENSE_STEPS = 8
 
 
 # -- data ---------------------------------------------------------------------------
@@ -341,19 +343,23 @@ def _dense_ks(x: np.ndarray, starts: np.ndarray, cdf: Any) -> np.ndarray:
     blocks of candidates). ``cdf(block, cols)`` is the fitted CDF of the candidates
     ``starts[block]`` at the points ``x[cols]``; the distance is ``max |T(u) - A(u)|``
     over the distinct tail values, ``A(u)`` the fraction of the tail strictly below
-    ``u`` (the pruned search's definition)."""
+    ``u`` (the pruned search's definition).
+
+    ``starts`` ascend, so a block of candidates needs only the points from its first
+    xmin on: the blocks (at least ``_DENSE_STEPS`` of them) make a staircase that skips
+    most of the points below each candidate's xmin, which count for nothing."""
     n = len(x)
     first = np.searchsorted(x, x, side="left")
     # Only each distinct value's first occurrence counts (A is taken just below u).
-    cols = np.flatnonzero(first == np.arange(n))
-    below = first[cols].astype(np.float64)
+    every = np.flatnonzero(first == np.arange(n))
     dist = np.empty(len(starts))
-    rows = max(1, _DENSE_BLOCK // max(len(cols), 1))
+    rows = max(1, min(_DENSE_BLOCK // max(len(every), 1), -(-len(starts) // _DENSE_STEPS)))
     for lo in range(0, len(starts), rows):
         block = slice(lo, lo + rows)
         s = starts[block].astype(np.int64)
+        cols = every[np.searchsorted(every, s.min()):]
         m = (n - s).astype(np.float64)[:, None]
-        gap = np.abs(cdf(block, cols) - (below[None, :] - s[:, None]) / m)
+        gap = np.abs(cdf(block, cols) - (first[cols][None, :] - s[:, None]) / m)
         gap[cols[None, :] < s[:, None]] = 0.0  # points below the candidate's xmin
         dist[block] = gap.max(axis=1)
     return dist

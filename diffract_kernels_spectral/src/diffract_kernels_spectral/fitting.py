@@ -76,9 +76,10 @@ MIN_POINTS_ACCELERATED = 100
 _METHODS = ("auto", "diffract", "powerlaw")
 #: Up to this many points, while Taichi is not running, the exact search is one dense
 #: numpy pass over every (candidate, tail point) pair: it saves Taichi's start-up (about
-#: 1 s: import, runtime, kernel compilation) and costs 1.4 / 6.4 / 9.2 ms per fit at
-#: 384 / 768 / 1024 points against the warm pruned search's ~1.1 ms (this VM), so a
-#: fresh process fitting a few hundred spectra is faster without Taichi.
+#: 1 s: import, runtime, kernel compilation) and costs 1.9 / 5.5 / 12.3 ms per fit at
+#: 384 / 768 / 1024 points (2.7 / 12.1 / 24.9 ms before its blocks skipped the points
+#: below their xmin, same run, a slow hour of this VM) against the warm pruned search's
+#: ~1.1 ms, so a fresh process fitting a few hundred spectra is faster without Taichi.
 DENSE_MAX_POINTS = 1024
 
 
