@@ -345,9 +345,10 @@ def _dense_ks(x: np.ndarray, starts: np.ndarray, cdf: Any) -> np.ndarray:
     over the distinct tail values, ``A(u)`` the fraction of the tail strictly below
     ``u`` (the pruned search's definition).
 
-    ``starts`` ascend, so a block of candidates needs only the points from its first
-    xmin on: the blocks (at least ``_DENSE_STEPS`` of them) make a staircase that skips
-    most of the points below each candidate's xmin, which count for nothing."""
+    A block of candidates needs only the points from its smallest xmin on: with
+    ``starts`` ascending (as :func:`_starts` gives them) the blocks, at least
+    ``_DENSE_STEPS`` of them, make a staircase that skips most of the points below each
+    candidate's xmin, which count for nothing."""
     n = len(x)
     first = np.searchsorted(x, x, side="left")
     # Only each distinct value's first occurrence counts (A is taken just below u).
