@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -52,6 +53,11 @@ class TestCli:
         top = lines[next(i for i, line in enumerate(lines) if line.startswith("sudden")) + 1]
         assert top.startswith(f"  step {EVENT['seen_at']}  {EVENT['layer']}: ")
         assert "step-0600: 4 weight matrices" in out
+        # the output layer's 10 eigenvalues are too few for a tail: its NaN says why
+        table = out[out.index("step-0600: 4 weight matrices"):]
+        assert re.search(r"^out\.weight +10x192 +nan ", table, re.M)
+        assert "no alpha for 1 layer(s):\n    1 x only 10 positive point(s), fewer than " \
+               "min_tail=50" in table
 
         votes: dict[tuple[int, str], int] = {}
         with Session(profile="local", path=tmp_path / "d" / "store") as s:

@@ -129,6 +129,7 @@ def run_demo(out: str | Path = "diffract-demo", print_fn: Any = print) -> dict[s
 
     from diffract.session import Session
     from diffract_report import report, viz
+    from diffract_report.summary import summarize, summary_lines
     from diffract_report.track import configure_track, sudden, track
 
     started = time.perf_counter()
@@ -167,6 +168,9 @@ def run_demo(out: str | Path = "diffract-demo", print_fn: Any = print) -> dict[s
                  for name, row in rows.items() if len(shapes[name]) >= 2]
         print_fn(f"\n{final}: {len(table)} weight matrices")
         print_fn(report.format_table(["parameter", "shape", *metrics], table))
+        for record in summarize(session, [final]):  # why a value is undefined, as analyze
+            if record["layers"]:
+                print_fn("\n" + "\n".join(summary_lines(record)))
         try:
             written += viz.plot_model(session, final, out / "plots")
         except Exception as exc:  # noqa: BLE001 - plots are optional
