@@ -22,6 +22,17 @@ def median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     return statistics.median(times), result
 
 
+def best_time(fn: Callable[[], Any], repeats: int) -> float:
+    """Best wall time of ``repeats`` calls (after a warm-up call the caller makes): the
+    floor of a computation on a machine whose speed moves between timings."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def header(title: str, packages: Sequence[str]) -> None:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,

@@ -149,7 +149,8 @@ def main() -> None:
                      "1.00" if name == "diffract analyze" else f"{med / ours:.2f}"])
     table(["tool", "median s", "range s", "time / ours"], rows)
     spectra, count = timed([sys.executable, "-c", FLOOR, str(path)])[1].split()
-    start, floor = statistics.median(starts), statistics.median(starts) + float(spectra)
+    start = statistics.median(starts)
+    floor = start + float(spectra)
     print(f"# floor: Python with numpy {start:.2f} s (median) + the {count} spectra on two "
           f"cores {float(spectra):.2f} s (best of 3, warm) = {floor:.2f} s; ours is the floor "
           f"+ {ours - floor:.2f} s ({ours / floor:.2f}x)")

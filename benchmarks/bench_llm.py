@@ -25,11 +25,10 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import header, table  # noqa: E402
+from _common import best_time, header, table  # noqa: E402
 
 LAYERS, HIDDEN, HEADS, MLP, VOCAB = 16, 2048, 16, 8192, 100352
 CONFIG = {"model_type": "olmo2", "num_hidden_layers": LAYERS, "hidden_size": HIDDEN,
@@ -127,12 +126,7 @@ def floor(repeats: int = 3) -> dict[tuple[int, int], float]:
         for shape in sorted(set(shapes().values()) | {(128, HIDDEN), (HIDDEN, 128)}):
             w = rng.standard_normal(shape, dtype=np.float32)
             esd(w)
-            best = float("inf")
-            for _ in range(repeats):
-                start = time.perf_counter()
-                esd(w)
-                best = min(best, time.perf_counter() - start)
-            out[shape] = best
+            out[shape] = best_time(lambda w=w: esd(w), repeats)
     return out
 
 
@@ -149,12 +143,7 @@ def floor_two_at_once(repeats: int = 3) -> dict[tuple[int, int], float]:
     for shape in sorted(set(shapes().values())):
         pair = [rng.standard_normal(shape, dtype=np.float32) for _ in range(2)]
         parallel_map(esd, pair)
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            parallel_map(esd, pair)
-            best = min(best, time.perf_counter() - start)
-        out[shape] = best / 2
+        out[shape] = best_time(lambda pair=pair: parallel_map(esd, pair), repeats) / 2
     return out
 
 
