@@ -143,8 +143,9 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
 
     1. Exact distances of a few evenly spread candidates per set give its threshold
        ``best``.
-    2. A coarse pass (every ``sqrt(n)``-th tail point, coarse to fine, see ``ks_lower``)
-       bounds each other candidate's distance from below; a candidate whose bound
+    2. A coarse pass (every ``sqrt(n)``-th tail point, coarse to fine, see ``ks_lower``;
+       first next to where the nearest scout in xmin order saw its largest gap) bounds
+       each other candidate's distance from below; a candidate whose bound
        exceeds its set's ``best`` is dropped (its scan stops there). The survivors of
        smallest bound are scanned exactly, which can only lower ``best``; the others are
        held to their exact gaps next to where their bound peaked (``_near_peak``); the
@@ -244,6 +245,7 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
     # 1. small sets are scanned whole; the others get probes: a few evenly spread
     # candidates, then the likeliest of a scouting pass over every few candidates
     first_pass, alive, scouts = [], [], []
+    scout_every: dict[int, int] = {}
     for i, st in enumerate(starts_list):
         count = len(st)
         ids = np.arange(cbase[i], cbase[i + 1])
@@ -257,7 +259,8 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
         first_pass.append(probe)
         alive.append(ids[~np.isin(ids, probe)])
         if count > _SCOUTS:
-            scouts.append(ids[position[::count // _SCOUTS]])
+            scout_every[i] = count // _SCOUTS
+            scouts.append(ids[position[::scout_every[i]]])
     exact(np.concatenate(first_pass))
     scanned = sum(len(p) for p in first_pass)
     alive_all = np.concatenate(alive) if alive else np.empty(0, dtype=np.int64)
@@ -266,6 +269,14 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
         scout = scout[np.isinf(dist[scout])]
         seeds = seed(likely(scout, bounds(scout, np.full(len(scout), np.inf))))
         scanned += len(seeds)
+        for i, every in scout_every.items():
+            # every candidate looks first where its nearest scout (in xmin order) had
+            # its largest gap: neighbours' gaps peak at about the same point
+            position = positions[i]
+            near = np.arange(len(position)) + every // 2
+            near = np.minimum(near - near % every, (len(position) - 1) // every * every)
+            ids = cbase[i] + position
+            peak[ids] = np.where(peak[ids] >= 0, peak[ids], peak[cbase[i] + position[near]])
         alive_all = alive_all[~np.isin(alive_all, seeds)]
     # 2. bounds passes while a set has many survivors (all sets here have one size n
     # per replicate batch; the stride follows each set's n)

@@ -30,11 +30,11 @@ def ks_lower(
     candidate cannot win); ``where`` is the data index of the largest gap found.
 
     The grid is shared by all candidates (small, so it stays in cache). The points
-    next to ``hints[c]`` (a grid index: where a coarser pass found the largest gap, or
-    -1) come first, then the grid coarse to fine (every 2^b-th point, then the odd
-    multiples of 2^(b-1), ...): a gap follows a smooth, bridge-like curve over the tail,
-    so these find a large one after a few evaluations and a losing candidate stops
-    there.
+    next to ``hints[c]`` (a grid index: where a coarser pass, or a neighbouring
+    candidate, found the largest gap; or -1) come first, then the grid coarse to fine
+    (every 2^b-th point, then the odd multiples of 2^(b-1), ...): a gap follows a
+    smooth, bridge-like curve over the tail, so these find a large one after a few
+    evaluations and a losing candidate stops there, at the first gap above its stop.
     """
     for c in range(starts.shape[0]):
         s = starts[c]
@@ -55,6 +55,8 @@ def ks_lower(
                 if near > lo:
                     lo = near
                     at = g
+                if lo > stop_above:
+                    break
         step = 1
         while step * 2 <= count:
             step *= 2
