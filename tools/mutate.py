@@ -152,6 +152,11 @@ MUTANTS = [
            "cols = every[np.searchsorted(every, s.min()):]",
            "cols = every[np.searchsorted(every, s.max()):]",
            tuple(FITTER_TESTS), "a block of the dense pass must keep the points of its first xmin"),
+    Mutant("fitter-budget-drops", SPECTRAL + "_taichi_kernels.py",
+           "if lo > stop_above or left == 0:\n                    break",
+           "if left == 0:\n                    lo = stop_above + 1.0\n"
+           "                if lo > stop_above or left == 0:\n                    break",
+           tuple(FITTER_TESTS), "a candidate whose budget ran out is not beaten: it goes on"),
     Mutant("fitter-exact-scan-skips", SPECTRAL + "_taichi_kernels.py",
            "if ti.max(t - prev_a, a - prev_t) + 1e-12 > d:",
            "if ti.max(t - prev_a, a - prev_t) > d + 1e-3:",

@@ -132,7 +132,7 @@ def test_exact_ties_go_to_the_smallest_xmin(monkeypatch, n):
         out[:] = 0.25
 
     def ks_lower(logx, first, grid, grid_logx, grid_first, grid_from, grid_to, hints, starts,
-                 ends, alphas, stops, lower, where):
+                 ends, alphas, stops, lower, where, budget):
         lower[:] = 0.25
         where[:] = starts
 

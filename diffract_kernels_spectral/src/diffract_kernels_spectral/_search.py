@@ -32,6 +32,12 @@ _REFINE_ABOVE = 256
 _REFINE = 4
 #: Finest bounds pass (below it the exact scan is as cheap).
 _MIN_BOUND_STRIDE = 8
+#: Grid points (beyond the hint's) the first bounds pass over every candidate visits at
+#: most: it drops the clear losers; a near-tie, which no grid point rules out, would
+#: visit all of them at a coarse stride only to meet the finer passes anyway.
+_FIRST_BUDGET = 64
+#: No budget (the scouts, and the passes after the first).
+_UNBOUNDED = 1 << 30
 #: Data points on either side of a survivor's peak checked exactly after a bounds pass.
 _WINDOW = 32
 #: Elements of one block of the dense pass (bounds its memory: 8 MiB per array).
@@ -145,8 +151,9 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
        ``best``.
     2. A coarse pass (every ``sqrt(n)``-th tail point, coarse to fine, see ``ks_lower``;
        first next to where the nearest scout in xmin order saw its largest gap) bounds
-       each other candidate's distance from below; a candidate whose bound
-       exceeds its set's ``best`` is dropped (its scan stops there). The survivors of
+       each other candidate's distance from below (the first pass visits at most
+       ``_FIRST_BUDGET`` grid points each); a candidate whose bound exceeds its set's
+       ``best`` is dropped (its scan stops there). The survivors of
        smallest bound are scanned exactly, which can only lower ``best``; the others are
        held to their exact gaps next to where their bound peaked (``_near_peak``); the
        next pass takes a 4x finer grid.
@@ -190,9 +197,10 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
     n_of = np.diff(offsets)
     stride = np.maximum(4, (np.sqrt(n_of) * _COARSE).astype(int))
 
-    def bounds(sel: np.ndarray, stop: np.ndarray) -> np.ndarray:
+    def bounds(sel: np.ndarray, stop: np.ndarray, budget: int = _UNBOUNDED) -> np.ndarray:
         """ks_lower of the candidates ``sel`` at their sets' strides, stopping above
-        ``stop`` (per candidate); remembers where each saw its largest gap."""
+        ``stop`` (per candidate) or after ``budget`` grid points; remembers where each
+        saw its largest gap."""
         lower, where = np.empty(len(sel)), np.empty(len(sel), dtype=np.int32)
         strides = stride[cand_set[sel]]
         for st_val in np.unique(strides):
@@ -205,7 +213,7 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
             k.ks_lower(logx, first, grid, logx[grid], first[grid], grid_from, grid_to,
                        hints.astype(np.int32), np.ascontiguousarray(glob[ids]),
                        np.ascontiguousarray(ends[ids]), np.ascontiguousarray(alphas[ids]),
-                       np.ascontiguousarray(stop[part]), lo, at)
+                       np.ascontiguousarray(stop[part]), lo, at, budget)
             lower[part], where[part] = lo, at
         peak[sel] = where
         return lower
@@ -280,6 +288,7 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
         alive_all = alive_all[~np.isin(alive_all, seeds)]
     # 2. bounds passes while a set has many survivors (all sets here have one size n
     # per replicate batch; the stride follows each set's n)
+    budget = _FIRST_BUDGET
     while len(alive_all):
         counts = np.bincount(cand_set[alive_all], minlength=len(xs))
         refine = (counts > _REFINE_ABOVE) & (stride >= _MIN_BOUND_STRIDE)
@@ -287,7 +296,8 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
         sel, untouched = alive_all[chosen], alive_all[~chosen]
         if not len(sel):
             break
-        lower = bounds(sel, best[cand_set[sel]])
+        lower = bounds(sel, best[cand_set[sel]], budget)
+        budget = _UNBOUNDED
         # The lower bound multiplies by 1/m where the exact pass divides: allow rounding.
         below = lower - 1e-12 <= best[cand_set[sel]]
         # the likeliest survivors are scanned exactly (which can only lower the best),

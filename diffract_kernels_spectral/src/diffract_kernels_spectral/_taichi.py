@@ -80,7 +80,7 @@ def _warm_up(tk: Any) -> None:
     grid = np.arange(3, dtype=np.int32)
     zero, three = np.zeros(1, dtype=np.int32), np.full(1, 3, dtype=np.int32)
     tk.ks_lower(logx, first, grid, logx, grid, zero, three, zero, starts, ends, alphas,
-                stops, lower, zero.copy())
+                stops, lower, zero.copy(), 3)
     tk.ks_exact(logx, first, starts, ends, alphas, 1, stops, np.full(1, -1, dtype=np.int32),
                 out)
 

@@ -21,7 +21,7 @@ _EXACT_NEAR = 32
 def ks_lower(
     logx: F64, first: I32, grid: I32, grid_logx: F64, grid_first: I32, grid_from: I32,
     grid_to: I32, hints: I32, starts: I32, ends: I32, alphas: F64, stops: F64,
-    lower: F64, where: I32,
+    lower: F64, where: I32, budget: ti.i32,
 ):
     """Per candidate, a lower bound on its KS distance: the largest gap at the grid
     points of its tail (``grid[g]`` for ``g`` in ``[grid_from, grid_to)``, with their
@@ -35,6 +35,8 @@ def ks_lower(
     (every 2^b-th point, then the odd multiples of 2^(b-1), ...): a gap follows a
     smooth, bridge-like curve over the tail, so these find a large one after a few
     evaluations and a losing candidate stops there, at the first gap above its stop.
+    At most ``budget`` grid points are visited after the hint's: a candidate that none
+    of them rules out gets the largest gap seen (still a bound from below).
     """
     for c in range(starts.shape[0]):
         s = starts[c]
@@ -63,7 +65,8 @@ def ks_lower(
         h = step  # every multiple of step first, then the odd multiples of each half
         i = h
         inc = h
-        while h >= 1 and lo <= stop_above:
+        left = budget
+        while h >= 1 and lo <= stop_above and left > 0:
             while i <= count:
                 g = lo_g - 1 + i
                 t = 1.0 - ti.exp(e * (grid_logx[g] - l0))
@@ -71,7 +74,8 @@ def ks_lower(
                 if gap > lo:
                     lo = gap
                     at = g
-                if lo > stop_above:
+                left -= 1
+                if lo > stop_above or left == 0:
                     break
                 i += inc
             inc = h
