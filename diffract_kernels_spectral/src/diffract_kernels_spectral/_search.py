@@ -170,12 +170,13 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
                             for x, o in zip(xs, offsets, strict=False)]).astype(np.int32)
     # Candidates of every set in one list; a fixed shuffle per set spreads the long
     # tails (the early candidates) over the threads.
-    orders = [np.random.default_rng(len(st)).permutation(len(st)) for st in starts_list]
+    shuffles = [_spread(len(st)) for st in starts_list]
+    orders = [order for order, _ in shuffles]
     cand_set = np.concatenate([np.full(len(st), i) for i, st in enumerate(starts_list)])
     local = np.concatenate([st[o] for st, o in zip(starts_list, orders, strict=True)])
     glob = (local + offsets[cand_set]).astype(np.int32)
     ends = offsets[cand_set + 1].astype(np.int32)
-    alphas = np.concatenate([_alphas(x, st[o]) for x, st, o in
+    alphas = np.concatenate([_alphas(x, st)[o] for x, st, o in
                              zip(xs, starts_list, orders, strict=True)])
     cbase = np.cumsum([0] + [len(st) for st in starts_list])
     dist = np.full(len(glob), np.inf)
@@ -202,16 +203,19 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
         ``stop`` (per candidate) or after ``budget`` grid points; remembers where each
         saw its largest gap."""
         lower, where = np.empty(len(sel)), np.empty(len(sel), dtype=np.int32)
-        strides = stride[cand_set[sel]]
-        for st_val in np.unique(strides):
-            part = np.flatnonzero(strides == st_val)
+        # one stride for every set (one set, or replicates of one size): no split
+        groups = ([(stride[0], slice(None))] if (stride == stride[0]).all() else
+                  [(v, np.flatnonzero(stride[cand_set[sel]] == v)) for v in np.unique(stride)])
+        for st_val, part in groups:
             ids = sel[part]
-            grid, grid_from, grid_to = _grid(offsets, n_of, int(st_val), glob[ids],
-                                             cand_set[ids])
-            lo, at = np.empty(len(part)), np.empty(len(part), dtype=np.int32)
-            hints = np.where(peak[ids] >= 0, np.searchsorted(grid, peak[ids]), -1)
-            k.ks_lower(logx, first, grid, logx[grid], first[grid], grid_from, grid_to,
-                       hints.astype(np.int32), np.ascontiguousarray(glob[ids]),
+            if not len(ids):
+                continue
+            grid, index, grid_to = _grid(offsets, n_of, int(st_val), cand_set[ids])
+            peaks = peak[ids]
+            hints = np.where(peaks >= 0, index(peaks), -1).astype(np.int32)
+            lo, at = np.empty(len(ids)), np.empty(len(ids), dtype=np.int32)
+            k.ks_lower(logx, first, grid, logx[grid], first[grid], index(glob[ids]), grid_to,
+                       hints, np.ascontiguousarray(glob[ids]),
                        np.ascontiguousarray(ends[ids]), np.ascontiguousarray(alphas[ids]),
                        np.ascontiguousarray(stop[part]), lo, at, budget)
             lower[part], where[part] = lo, at
@@ -260,9 +264,7 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
         if count <= 4 * _SEEDS:
             first_pass.append(ids)
             continue
-        position = np.empty(count, dtype=np.int64)  # where each sorted candidate went
-        position[orders[i]] = np.arange(count)
-        positions[i] = position
+        positions[i] = position = shuffles[i][1]  # where each sorted candidate went
         probe = ids[position[np.linspace(0, count - 1, _SEEDS).astype(int)]]
         first_pass.append(probe)
         alive.append(ids[~np.isin(ids, probe)])
@@ -280,11 +282,10 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
         for i, every in scout_every.items():
             # every candidate looks first where its nearest scout (in xmin order) had
             # its largest gap: neighbours' gaps peak at about the same point
-            position = positions[i]
-            near = np.arange(len(position)) + every // 2
-            near = np.minimum(near - near % every, (len(position) - 1) // every * every)
-            ids = cbase[i] + position
-            peak[ids] = np.where(peak[ids] >= 0, peak[ids], peak[cbase[i] + position[near]])
+            near = orders[i] + every // 2
+            near = np.minimum(near - near % every, (len(near) - 1) // every * every)
+            own = peak[cbase[i]:cbase[i + 1]]
+            np.copyto(own, peak[cbase[i] + positions[i][near]], where=own < 0)
         alive_all = alive_all[~np.isin(alive_all, seeds)]
     # 2. bounds passes while a set has many survivors (all sets here have one size n
     # per replicate batch; the stride follows each set's n)
@@ -339,24 +340,43 @@ def _near_peak(ids: np.ndarray, logx: np.ndarray, first: np.ndarray, starts: np.
     return np.concatenate(kept) if kept else ids
 
 
+def _spread(count: int) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed permutation of ``range(count)`` that sets candidates far apart in xmin
+    side by side (a multiplicative step near the golden section, coprime to ``count``),
+    and its inverse: ``(order, position)``, ``order[position] == arange(count)``."""
+    step = max(1, round(count * 0.6180339887))
+    while math.gcd(step, count) != 1:
+        step += 1
+    ramp = np.arange(count, dtype=np.int64)
+    return ramp * step % count, ramp * pow(step, -1, count) % count
+
+
 def _first_index(x: np.ndarray) -> np.ndarray:
     """Per point of sorted ``x``, the first index holding its value (in one pass)."""
     new = np.r_[True, x[1:] != x[:-1]]
     return np.maximum.accumulate(np.where(new, np.arange(len(x)), 0))
 
 
-def _grid(offsets: np.ndarray, n_of: np.ndarray, stride: int, starts: np.ndarray,
-          sets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _grid(offsets: np.ndarray, n_of: np.ndarray, stride: int, sets: np.ndarray
+          ) -> tuple[np.ndarray, Any, np.ndarray]:
     """The points at which ``ks_lower`` bounds the distances (every ``stride``-th index of
-    each data set and its last, ascending) and, per candidate (``starts``, in data sets
-    ``sets``), the range of grid indices in its tail: ``(grid, from, to)``."""
+    each data set and its last, ascending) and, for candidates in data sets ``sets``,
+    ``index`` and the end of their sets' grids: ``(grid, index, to)``. ``index(points)``
+    is, per candidate, the first grid index at or after its point (a data index of its
+    set): ``np.searchsorted(grid, points)``, by arithmetic."""
     counts = (n_of - 2) // stride + 2  # indices 0, stride, ... below n - 1, and n - 1
     base = np.r_[0, np.cumsum(counts)]
     grid = np.concatenate([np.r_[np.arange(o, o + n - 1, stride), o + n - 1]
                            for o, n in zip(offsets[:-1], n_of, strict=True)]).astype(np.int32)
-    local = starts - offsets[sets]
-    start = np.minimum(-(-local // stride), counts[sets] - 1) + base[sets]
-    return grid, start.astype(np.int32), base[sets + 1].astype(np.int32)
+    if len(n_of) == 1:  # one data set: no per-candidate gathers
+        o, last, b, to = offsets[0], counts[0] - 1, 0, np.full(len(sets), base[1], np.int32)
+    else:
+        o, last, b, to = offsets[sets], counts[sets] - 1, base[sets], base[sets + 1]
+
+    def index(points: np.ndarray) -> np.ndarray:
+        return (np.minimum(-(-(points - o) // stride), last) + b).astype(np.int32)
+
+    return grid, index, np.asarray(to, dtype=np.int32)
 
 
 def _dense_ks(x: np.ndarray, starts: np.ndarray, cdf: Any) -> np.ndarray:
