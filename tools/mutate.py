@@ -157,6 +157,10 @@ MUTANTS = [
            "if left == 0:\n                    lo = stop_above + 1.0\n"
            "                if lo > stop_above or left == 0:\n                    break",
            tuple(FITTER_TESTS), "a candidate whose budget ran out is not beaten: it goes on"),
+    Mutant("fitter-grid-of-the-first-set", SPECTRAL + "_search.py",
+           "o, last, b, to = offsets[sets], counts[sets] - 1, base[sets], base[sets + 1]",
+           "o, last, b, to = offsets[sets], counts[sets] - 1, 0, base[sets + 1]",
+           tuple(FITTER_TESTS), "a batch's later sets must be bounded on their own grids"),
     Mutant("fitter-exact-scan-skips", SPECTRAL + "_taichi_kernels.py",
            "if ti.max(t - prev_a, a - prev_t) + 1e-12 > d:",
            "if ti.max(t - prev_a, a - prev_t) > d + 1e-3:",

@@ -108,6 +108,21 @@ def test_search_equals_the_exhaustive_scan_on_hundreds_of_data_sets(bound_passes
     assert max(passes_per_fit) >= 3
 
 
+def test_a_batch_of_sets_of_different_sizes_finds_each_sets_exhaustive_winner():
+    """Sets of different sizes searched in one batch (as replicates are) each get their
+    exhaustive scan's winner: their grids have different strides, and the largest has
+    enough candidates for scouts that lend their peaks (indices offset per set)."""
+    rng = np.random.default_rng(20261203)
+    xs = [np.sort(pareto(rng, 400, 2.6)), np.sort(pareto(rng, 3000, 2.2)),
+          np.sort(np.concatenate([rng.lognormal(0, 1, 4500), pareto(rng, 4500, 2.4, 3.0)])),
+          np.sort(pareto(rng, 1200, 3.1))]
+    assert len(_search._starts(xs[2], MIN_TAIL)) > _search._SCOUTS
+    starts_list = [_search._starts(x, MIN_TAIL) for x in xs]
+    winners, _ = _search._search_many(xs, starts_list)
+    for x, starts, won in zip(xs, starts_list, winners, strict=True):
+        rows = exhaustive(x, MIN_TAIL)
+        assert x[starts[won]] == rows[int(np.argmin(rows[:, 2])), 0]
+
 @pytest.mark.parametrize("alpha", [3.5, 5.0, 8.0])
 def test_exponents_above_three_match_the_closed_form_and_the_scan(alpha):
     """Where powerlaw cannot be the reference (it bounds alpha to 3): the fitted xmin is
