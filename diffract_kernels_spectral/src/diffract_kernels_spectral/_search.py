@@ -347,8 +347,9 @@ def _spread(count: int) -> tuple[np.ndarray, np.ndarray]:
     step = max(1, round(count * 0.6180339887))
     while math.gcd(step, count) != 1:
         step += 1
-    ramp = np.arange(count, dtype=np.int64)
-    return ramp * step % count, ramp * pow(step, -1, count) % count
+    ramp = np.arange(count, dtype=np.int64)  # starting at step, not 0: the smallest xmin
+    # must not come first, or an argmin would pick it among ties by chance
+    return (ramp + 1) * step % count, (ramp * pow(step, -1, count) - 1) % count
 
 
 def _first_index(x: np.ndarray) -> np.ndarray:
