@@ -170,8 +170,7 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
                             for x, o in zip(xs, offsets, strict=False)]).astype(np.int32)
     # Candidates of every set in one list; a fixed shuffle per set spreads the long
     # tails (the early candidates) over the threads.
-    shuffles = [_spread(len(st)) for st in starts_list]
-    orders = [order for order, _ in shuffles]
+    orders, inverses = zip(*[_spread(len(st)) for st in starts_list], strict=True)
     cand_set = np.concatenate([np.full(len(st), i) for i, st in enumerate(starts_list)])
     local = np.concatenate([st[o] for st, o in zip(starts_list, orders, strict=True)])
     glob = (local + offsets[cand_set]).astype(np.int32)
@@ -204,8 +203,11 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
         saw its largest gap."""
         lower, where = np.empty(len(sel)), np.empty(len(sel), dtype=np.int32)
         # one stride for every set (one set, or replicates of one size): no split
-        groups = ([(stride[0], slice(None))] if (stride == stride[0]).all() else
-                  [(v, np.flatnonzero(stride[cand_set[sel]] == v)) for v in np.unique(stride)])
+        if (stride == stride[0]).all():
+            groups = [(stride[0], slice(None))]
+        else:
+            each = stride[cand_set[sel]]
+            groups = [(v, np.flatnonzero(each == v)) for v in np.unique(stride)]
         for st_val, part in groups:
             ids = sel[part]
             if not len(ids):
@@ -264,7 +266,7 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
         if count <= 4 * _SEEDS:
             first_pass.append(ids)
             continue
-        positions[i] = position = shuffles[i][1]  # where each sorted candidate went
+        positions[i] = position = inverses[i]  # where each sorted candidate went
         probe = ids[position[np.linspace(0, count - 1, _SEEDS).astype(int)]]
         first_pass.append(probe)
         alive.append(ids[~np.isin(ids, probe)])
