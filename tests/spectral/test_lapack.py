@@ -86,8 +86,8 @@ def _fields(result):
 
 def test_the_fits_batch_gives_what_one_fit_at_a_time_gives(monkeypatch):
     """Same values, failures and undefined fields in place; then which units run on the
-    threads: those the dense scan fits (the bound lowered to 400 points to see the rest
-    run here), and none once Taichi has started."""
+    threads: those the dense scan fits and large enough to pay for threads (the bounds
+    moved to 250 and 400 points to see the rest run here), none once Taichi has started."""
     rng = np.random.default_rng(11)
     spectra = [np.sort(rng.pareto(2.0 + i / 4, 300 + 37 * i) + 1.0) for i in range(7)]
     spectra.insert(2, np.array([1.0, 2.0]))  # too few points: FitError in place
@@ -114,9 +114,14 @@ def test_the_fits_batch_gives_what_one_fit_at_a_time_gives(monkeypatch):
     monkeypatch.setattr(linalg, "parallel_map",
                         lambda fn, items: seen.extend(items) or [fn(i) for i in items])
     monkeypatch.setattr("diffract_kernels_spectral.kernels_fits.DENSE_MAX_POINTS", 400)
+    monkeypatch.setattr("diffract_kernels_spectral.kernels_fits.THREADED_MIN_POINTS", 250)
     _power_law_fits(units)
-    # 300, 337, 374 and 200 (all equal) points; not the two points (fitted by the
-    # powerlaw library: under MIN_POINTS_ACCELERATED) nor 411 and more
+    # 300, 337 and 374 points; not the two points (fitted by the powerlaw library: under
+    # MIN_POINTS_ACCELERATED), nor the 200 (all equal: too few to pay), nor 411 and more
+    assert seen == [0, 1, 3]
+    monkeypatch.setattr("diffract_kernels_spectral.kernels_fits.THREADED_MIN_POINTS", 200)
+    seen.clear()
+    _power_law_fits(units)
     assert seen == [0, 1, 3, 4]
     monkeypatch.setattr(_taichi, "running", lambda: True)  # once Taichi runs: none
     seen.clear()

@@ -43,23 +43,31 @@ IN_MODEL = KernelApplyLevel.IN_MODEL
 
 
 # -- fits ------------------------------------------------------------------------------------
+#: Spectra of fewer points are fitted here, one after another, even by the dense scan: its
+#: blocks of a small spectrum are short numpy calls that hold the GIL, and two threads
+#: took 1.1-1.3x the time of one at 384-640 points (0.7-0.8x at 768-1024; 24 spectra a
+#: size, 2-core VM, scratch script in the commit message).
+THREADED_MIN_POINTS = 700
+
+
 def _power_law_fits(units: list[dict[str, Any]], **config: Any) -> list[Any]:
     """:func:`power_law_fit` of many spectra: those the dense numpy scan fits (at most
-    DENSE_MAX_POINTS points, Taichi not started) on one thread per core (numpy releases
-    the GIL in its loops: 1.6-1.9x on two cores for MiniLM's 39), the rest here in order
-    (Taichi's kernels, and the powerlaw library's warning filters, are not for threads)."""
+    DENSE_MAX_POINTS points, Taichi not started) and large enough to pay for it
+    (THREADED_MIN_POINTS) on one thread per core (numpy releases the GIL in its long
+    loops), the rest here in order (Taichi's kernels, and the powerlaw library's warning
+    filters, are not for threads)."""
     def fit(unit: dict[str, Any]) -> Any:
         try:
             return power_law_fit(unit["esd"], **config)
         except Exception as exc:  # noqa: BLE001 - returned in place, as invoke_batch wants
             return exc
 
-    def dense(unit: dict[str, Any]) -> bool:
+    def threads_pay(unit: dict[str, Any]) -> bool:
         n = int(np.count_nonzero(np.asarray(unit["esd"]) > 0))
-        return (n <= DENSE_MAX_POINTS and not _taichi.running()
+        return (THREADED_MIN_POINTS <= n <= DENSE_MAX_POINTS and not _taichi.running()
                 and resolve_fit_method(config.get("fit_method", "auto"), n) == "diffract")
 
-    threaded = [i for i, unit in enumerate(units) if dense(unit)]
+    threaded = [i for i, unit in enumerate(units) if threads_pay(unit)]
     out: list[Any] = [None] * len(units)
     for i, result in zip(threaded, linalg.parallel_map(lambda i: fit(units[i]), threaded),
                          strict=True):
