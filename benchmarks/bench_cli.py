@@ -59,6 +59,7 @@ FLOOR = """
 import sys, time
 from safetensors.numpy import load_file
 from diffract_kernels_spectral import linalg
+import diffract.plugins  # parallel_map's first call would import it (~60 ms): not spectra
 mats = sorted((v for v in load_file(sys.argv[1]).values() if v.ndim == 2 and min(v.shape) > 1),
               key=lambda w: -w.size)
 took = []
