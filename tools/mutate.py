@@ -152,6 +152,11 @@ MUTANTS = [
            "cols = every[np.searchsorted(every, s.min()):]",
            "cols = every[np.searchsorted(every, s.max()):]",
            tuple(FITTER_TESTS), "a block of the dense pass must keep the points of its first xmin"),
+    Mutant("fits-small-on-threads", SPECTRAL + "kernels_fits.py",
+           "return (THREADED_MIN_POINTS <= n <= DENSE_MAX_POINTS",
+           "return (n <= DENSE_MAX_POINTS",
+           ("tests/spectral/test_lapack.py",),
+           "spectra too small to pay for threads fitted on them (slower; MiniLM's 384 points)"),
     Mutant("fitter-budget-drops", SPECTRAL + "_taichi_kernels.py",
            "if lo > stop_above or left == 0:\n                    break",
            "if left == 0:\n                    lo = stop_above + 1.0\n"
