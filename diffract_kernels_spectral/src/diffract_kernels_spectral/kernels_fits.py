@@ -46,7 +46,7 @@ IN_MODEL = KernelApplyLevel.IN_MODEL
 #: Spectra of fewer points are fitted here, one after another, even by the dense scan: its
 #: blocks of a small spectrum are short numpy calls that hold the GIL, and two threads
 #: took 1.1-1.3x the time of one at 384-640 points (0.7-0.8x at 768-1024; 24 spectra a
-#: size, 2-core VM, scratch script in the commit message).
+#: size, 2-core VM: the figures are in the commit that set it).
 THREADED_MIN_POINTS = 700
 
 
