@@ -879,3 +879,41 @@ def test_analyze_imports_none_of_the_modules_it_does_not_need(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(model_file)], capture_output=True,
                          text=True, timeout=300, check=True).stdout
     assert "LOADED []" in out, out
+
+
+def test_a_folder_of_checkpoints_says_to_give_them_one_by_one_or_to_track_them(
+        tmp_path, capsys):
+    """`diffract analyze runs/` on a folder of checkpoint files (a run's step-*.npz) or
+    of a trainer's checkpoint-*/ directories is refused with what to type instead: the
+    files (folder/*) or `diffract track folder`; a folder holding no checkpoint keeps the
+    formats' own message (what a checkpoint directory holds)."""
+    from diffract.cli import main
+
+    run = tmp_path / "my run"
+    run.mkdir()
+    for step in (100, 200, 300, 400, 500):
+        np.savez(run / f"step-{step}.npz", w=np.ones((4, 3)))
+    (run / "notes.txt").write_text("not a checkpoint")
+    for command in ("analyze", "compare"):
+        assert main([command, str(run), str(run)]) == 2
+        err = capsys.readouterr().err
+        assert (f"{run}: a folder of 5 checkpoint(s) (step-100.npz, step-200.npz, "
+                f"step-300.npz, ... step-500.npz), not one checkpoint.") in err, err
+        assert f"'{run}'/* for all" in err and f"diffract track '{run}'" in err, err
+
+    trainer = tmp_path / "out"
+    for step in (10, 20):
+        (trainer / f"checkpoint-{step}").mkdir(parents=True)
+        safetensors_torch.save_file({"w": torch.ones(4, 3)},
+                                    str(trainer / f"checkpoint-{step}" / "model.safetensors"))
+    assert main(["analyze", f"{trainer}/"]) == 2
+    err = capsys.readouterr().err
+    assert "a folder of 2 checkpoint(s) (checkpoint-10, checkpoint-20)" in err, err
+    assert f"diffract track {trainer}\n" in err, err  # the trailing slash dropped
+
+    other = tmp_path / "docs"
+    other.mkdir()
+    (other / "README.md").write_text("no weights here")
+    assert main(["analyze", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "a folder of" not in err and "not a checkpoint directory any installed" in err, err

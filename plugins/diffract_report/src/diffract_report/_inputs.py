@@ -9,9 +9,11 @@ used: what a user can do here they can do from Python.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -130,12 +132,37 @@ def _load_factory(spec: str) -> Any:
     return obj()
 
 
+def is_checkpoint(path: Path) -> bool:
+    """Whether an installed model format reads ``path`` (a file by its suffix or first
+    bytes, a directory by its layout)."""
+    from diffract.plugins import get_catalog
+
+    return any(f.recognises(path) for f in get_catalog().formats.values())
+
+
+def _refuse_a_folder_of_checkpoints(raw: str, folder: Path) -> None:
+    """A folder given as one model that holds checkpoints (a run's ``step-*.pt``, a
+    trainer's ``checkpoint-*/``) is refused with what to type instead; any other folder
+    is left to the formats, whose message says what a checkpoint directory holds."""
+    inside = [p.name for p in sorted(itertools.islice(folder.iterdir(), 10_000))
+              if is_checkpoint(p)]
+    if inside:
+        shown = ", ".join(inside[:3]) + (f", ... {inside[-1]}" if len(inside) > 3 else "")
+        quoted = shlex.quote(raw.rstrip("/") or "/")
+        raise UsageError(
+            f"{raw}: a folder of {len(inside)} checkpoint(s) ({shown}), not one checkpoint. "
+            f"Give them one by one ({quoted}/* for all), or track them as one training "
+            f"run's steps: diffract track {quoted}")
+
+
 def model_inputs(paths: Sequence[str]) -> list[tuple[str, Any, str | None]]:
     """(model_id, what to add, file path or None) per PATH; ids from file names."""
     out: list[tuple[str, Any, str | None]] = []
     taken: set[str] = set()
     for raw in paths:
         path = Path(raw)
+        if path.is_dir() and not is_checkpoint(path):
+            _refuse_a_folder_of_checkpoints(raw, path)
         if path.exists():
             stem = path.name if path.is_dir() else path.stem
             what: Any = str(path.resolve())

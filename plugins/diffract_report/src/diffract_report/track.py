@@ -33,6 +33,7 @@ from diffract_report._inputs import (
     add_session_arguments,
     apply_settings,
     check_metrics,
+    is_checkpoint,
     model_inputs,
     open_session,
     parents_only,
@@ -78,12 +79,6 @@ def configure_track(p: argparse.ArgumentParser) -> None:
     p.set_defaults(profile="local")
 
 
-def _is_checkpoint(path: Path) -> bool:
-    from diffract.plugins import get_catalog
-
-    return any(f.recognises(path) for f in get_catalog().formats.values())
-
-
 def checkpoints(patterns: Sequence[str]) -> list[str]:
     """The checkpoint paths: each pattern a glob, a checkpoint, or a folder of them."""
     out: list[str] = []
@@ -94,10 +89,10 @@ def checkpoints(patterns: Sequence[str]) -> list[str]:
             raise UsageError(f"{pattern}: matches no checkpoint (no such file, directory or "
                              "glob match).")
         for match in map(Path, matches):
-            if _is_checkpoint(match):
+            if is_checkpoint(match):
                 out.append(str(match))
             elif match.is_dir():
-                inside = sorted(str(p) for p in match.iterdir() if _is_checkpoint(p))
+                inside = sorted(str(p) for p in match.iterdir() if is_checkpoint(p))
                 if not inside:
                     raise UsageError(f"{match}: a folder holding no checkpoint a model format "
                                      "reads.")
