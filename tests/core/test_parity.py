@@ -69,6 +69,26 @@ class TestParameterTypes:
         assert from_names == types
         assert ParameterType.DENSE == "dense"
 
+    def test_gpt2s_conv1d_is_a_linear_map_as_in_its_saved_file(self):
+        """transformers' Conv1D (GPT-2's attention and MLP) holds a 2-D weight: a linear
+        map, typed attention or dense from its name as the same weights in a state dict
+        are, not conv (a 3-D nn.Conv1d weight stays conv)."""
+        transformers = pytest.importorskip("transformers")
+        torch.manual_seed(0)
+        model = transformers.GPT2Model(transformers.GPT2Config(
+            n_layer=1, n_head=2, n_embd=8, vocab_size=16, n_positions=8))
+        with Session() as s:
+            s.models.add(model, model_id="m")
+            s.models.add(dict(model.state_dict()), model_id="sd")
+            types = {p.name: p.ptype for p in s.models.params("m")}
+            from_names = {p.name: p.ptype for p in s.models.params("sd")}
+        assert {n: t for n, t in types.items() if n.startswith("h.0.") and "ln" not in n} == {
+            "h.0.attn.c_attn.weight": "attention", "h.0.attn.c_attn.bias": "bias",
+            "h.0.attn.c_proj.weight": "attention", "h.0.attn.c_proj.bias": "bias",
+            "h.0.mlp.c_fc.weight": "dense", "h.0.mlp.c_fc.bias": "bias",
+            "h.0.mlp.c_proj.weight": "dense", "h.0.mlp.c_proj.bias": "bias"}
+        assert types == from_names
+
     def test_overrides_rename_retype_and_attach_metadata(self, new_session):
         """A renamed parameter is computed and exported under its new name (its weights
         still read from the original), with its type and metadata; also after a reopen."""

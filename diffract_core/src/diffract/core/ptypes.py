@@ -50,11 +50,11 @@ def infer_type(name: str, shape: tuple[int, ...], module: str | None = None) -> 
         kind = module.lower()
         if "embedding" in kind:
             return ParameterType.EMBEDDING.value
-        if kind.startswith("conv"):
+        if kind.startswith("conv") and len(shape) != 2:  # GPT-2's Conv1D: a linear map
             return ParameterType.CONV.value
         if "norm" in kind:
             return ParameterType.NORM.value
-        if kind in ("linear", "conv1d_gpt2", "nonDynamicallyQuantizableLinear".lower()):
+        if kind in ("linear", "conv1d", "nonDynamicallyQuantizableLinear".lower()):
             return (ParameterType.ATTENTION.value if _ATTENTION.search(low)
                     else ParameterType.DENSE.value)
     if _EMBEDDING.search(low):
