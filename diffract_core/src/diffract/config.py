@@ -49,24 +49,18 @@ from typing import Any
 
 import attrs
 
+from diffract.core.executors import cpus
 from diffract.errors import ConfigError, did_you_mean
 
 __all__ = ["Config", "load_config"]
-
-
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 @attrs.frozen
 class Config:
     """Validated session configuration (see the module docstring for the file format)."""
 
-    thread_workers: int = attrs.field(factory=lambda: min(8, _cpus()))
-    process_workers: int = attrs.field(factory=lambda: min(8, _cpus()))
+    thread_workers: int = attrs.field(factory=lambda: min(8, cpus()))
+    process_workers: int = attrs.field(factory=lambda: min(8, cpus()))
     executor: str = "processes"
     cache_max_bytes: int = 0
     cache_headroom: float = 0.25
@@ -158,29 +152,28 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | Config | No
             f"config must be a path, a mapping or None, got {type(config).__name__}."
         )
     problems: list[str] = []
+
+    def refuse() -> None:  # every problem found so far, at once
+        if problems:
+            raise ConfigError(f"Invalid {source}:\n  " + "\n  ".join(sorted(problems))
+                              + "\nSee diffract.config for every key and its default.")
+
     _check(data, _SCHEMA, "", problems)
-    if problems:
-        raise ConfigError(
-            f"Invalid {source}:\n  " + "\n  ".join(sorted(problems))
-            + "\nSee diffract.config for every key and its default.",
-        )
+    refuse()
     par = data.get("parallel", {}) if isinstance(data.get("parallel", {}), Mapping) else {}
     cache = data.get("cache", {}) if isinstance(data.get("cache", {}), Mapping) else {}
     defaults = Config()
     values = {
         "thread_workers": par.get("thread_pool", {}).get("max_workers", defaults.thread_workers),
-        "process_workers": par.get("process_pool", {}).get(
-            "max_workers", defaults.process_workers
-        ),
+        "process_workers": par.get("process_pool", {}).get("max_workers",
+                                                           defaults.process_workers),
         "executor": par.get("executor", _executor_name(data, defaults.executor)),
         "unit_timeout": float(par.get("unit_timeout", defaults.unit_timeout)),
         "pool_min_seconds": float(par.get("pool_min_seconds", defaults.pool_min_seconds)),
         "cache_max_bytes": cache.get("max_bytes", defaults.cache_max_bytes),
         "cache_headroom": float(cache.get("headroom", defaults.cache_headroom)),
-        "chunk_seconds": float(
-            (data.get("apply") if isinstance(data.get("apply"), Mapping) else {}).get(
-                "chunk_seconds", defaults.chunk_seconds)
-        ),
+        "chunk_seconds": float((data.get("apply") if isinstance(data.get("apply"), Mapping)
+                                else {}).get("chunk_seconds", defaults.chunk_seconds)),
         "profiles": dict(data.get("profile", {})),
         "executors": {k: v for k, v in dict(data.get("executor", {})).items() if k != "name"},
         "prefer": dict(data.get("plugins", {}).get("prefer", {})),
@@ -205,9 +198,5 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | Config | No
         problems.append(f"'apply.chunk_seconds' must be > 0, got {values['chunk_seconds']}")
     if not 0.0 <= values["cache_headroom"] < 1.0:
         problems.append(f"'cache.headroom' must be in [0, 1), got {values['cache_headroom']}")
-    if problems:
-        raise ConfigError(
-            f"Invalid {source}:\n  " + "\n  ".join(sorted(problems))
-            + "\nSee diffract.config for every key and its default.",
-        )
+    refuse()
     return Config(**values)

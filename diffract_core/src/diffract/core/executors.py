@@ -50,7 +50,8 @@ class InlineExecutor(Executor):
         return future
 
 
-def _cpus() -> int:
+def cpus() -> int:
+    """The CPUs this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
@@ -153,7 +154,7 @@ def process_executor(config: Any, options: Mapping[str, Any]) -> Executor:
     workers = int(options.get("max_workers", config.process_workers))
     return ProcessPoolExecutor(
         workers, multiprocessing.get_context(options.get("start_method", "spawn")),
-        initializer=_worker_start, initargs=(max(1, _cpus() // workers), os.getpid()))
+        initializer=_worker_start, initargs=(max(1, cpus() // workers), os.getpid()))
 
 
 @functools.lru_cache(maxsize=8)
