@@ -105,6 +105,46 @@ class TestKernelFieldConfusion:
             session.compute.configure_kernel("frob_nrm")
 
 
+class TestFieldsAsAList:
+    """Every call that takes field names takes them one by one or as one list (a list of
+    metrics kept in a variable); anything else that is not a name is refused naming the
+    call, not a TypeError from deep inside (``apply(["a"])`` said "unhashable type")."""
+
+    def test_a_list_is_the_same_as_the_names_one_by_one(self, session, arrays):
+        session.models.add(arrays, model_id="m")
+        session.models.add(arrays, model_id="n")
+        fields = ["stable_rank", "frob_norm"]
+        report = session.compute.apply(fields)
+        assert set(report.requested) == set(fields) and report.computed
+        assert session.results.export_metrics(fields) == session.results.export_metrics(
+            *fields)
+        assert session.results.to_pandas(tuple(fields)).equals(
+            session.results.to_pandas(*fields))
+        assert session.results.export(fields) == session.results.export(*fields)
+        assert session.results.export_aggregates(["param_norm"]) == {}
+        assert session.results.stale(fields) == []
+        pairs = session.compute.apply_pairs(["l_overlap"], pairs="first")
+        assert set(pairs) == {("m", "n")} and pairs[("m", "n")].computed
+        norms = session.results.export_metrics("frob_norm")
+        assert sum(len(params) for params in norms.values()) == 8  # 4 parameters, 2 models
+        assert session.results.erase(["frob_norm"]) == 8
+        assert session.results.export_metrics("frob_norm") == {"m": {}, "n": {}}
+
+    @pytest.mark.parametrize("call", ["compute.apply", "compute.apply_pairs",
+                                      "results.export_metrics", "results.to_pandas",
+                                      "results.export", "results.export_aggregates",
+                                      "results.stale", "results.erase"])
+    def test_what_is_not_a_name_is_refused_naming_the_call(self, session, arrays, call):
+        session.models.add(arrays, model_id="m")
+        api, method = call.split(".")
+        fn = getattr(getattr(session, api), method)
+        for bad in (None, 3, ["stable_rank", 3]):
+            with pytest.raises(InvalidArgumentError,
+                               match=rf"{method}\(\) takes field names, as {method}\('a', "
+                                     rf"'b'\) or {method}\(\['a', 'b'\]\); got "):
+                fn(bad)
+
+
 class TestExportArrays:
     @pytest.fixture
     def filled(self, session, arrays):

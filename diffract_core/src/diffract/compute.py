@@ -65,6 +65,7 @@ class ComputeAPI(ScopedAPI):
             raise InvalidArgumentError(
                 f"recompute must be 'presence' (compute what is absent) or 'stale' (also "
                 f"recompute what is stale), got {recompute!r}.")
+        fields = self._fields(fields, "apply")
         if not fields:
             raise InvalidArgumentError(
                 "apply() needs at least one field name, e.g. apply('frob_norm'). "
@@ -126,6 +127,7 @@ class ComputeAPI(ScopedAPI):
         order is by training step where the models have one (``models.ordered()``).
         Returns one :class:`ApplyReport` per pair. Failures of every pair are reported
         together at the end (``ApplyError``; ``errors="record"`` only warns)."""
+        fields = self._fields(fields, "apply_pairs")
         ids = self._session.models.ordered(self._scope_ids())
         if pairs == "all":
             chosen = list(itertools.combinations(ids, 2))

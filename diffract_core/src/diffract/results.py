@@ -121,7 +121,7 @@ class ResultsAPI(ResultWrites):
         (absent where not stored); ``csv``/``json``: written to ``path`` when given,
         returned as text otherwise."""
         check_format(export_format)
-        names, rows = self._metric_rows(fields, include_arrays)
+        names, rows = self._metric_rows(self._fields(fields, "export_metrics"), include_arrays)
         if export_format == "dict":
             table: dict[str, dict[str, dict[str, Any]]] = {m: {} for m in self._scope_ids()}
             for row in rows:
@@ -143,7 +143,7 @@ class ResultsAPI(ResultWrites):
 
     def to_pandas(self, *fields: str, include_arrays: bool = False) -> Any:
         """``export_metrics(*fields, export_format="pandas")``: one row per parameter."""
-        return self.export_metrics(*fields, export_format="pandas",
+        return self.export_metrics(*self._fields(fields, "to_pandas"), export_format="pandas",
                                    include_arrays=include_arrays)
 
     def trajectory(self, field: str, by: str = "param") -> Any:
@@ -190,7 +190,7 @@ class ResultsAPI(ResultWrites):
         ``total_frob_norm@models[...]...``) or one contextual name exactly. ``dict``:
         ``{contextual_name: value}``; tabular: columns name, field, models, param, value."""
         check_format(export_format)
-        selected = self._aggregate_items(fields)
+        selected = self._aggregate_items(self._fields(fields, "export_aggregates"))
         if export_format == "dict":
             return selected
         records = []
@@ -217,6 +217,7 @@ class ResultsAPI(ResultWrites):
         columns empty). ``export_format`` None gives a list of records."""
         export_format = export_format or "list"
         check_format(export_format)
+        fields = self._fields(fields, "export")
         if isinstance(sources, str):
             sources = {"metrics", "aggregates"} if sources == "all" else {sources}
         sources = set(sources)
@@ -279,7 +280,7 @@ class ResultsAPI(ResultWrites):
         recomputes them."""
         check_format(export_format)
         session = self._session
-        names = [self._canonical(f) for f in fields] if fields else None
+        names = [self._canonical(f) for f in self._fields(fields, "stale")] or None
         if names:
             self._check_fields(names, "to check")
         units = [u for u in find_stale(session.registry, session.store, self._scope_ids(), names)

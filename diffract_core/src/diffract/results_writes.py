@@ -30,6 +30,7 @@ class ResultWrites(ScopedAPI):
         too. Erase a multi-output kernel's fields as a group: a unit is recomputed only
         when all of its kernel's outputs are absent. In a view that filters parameters,
         only those parameters' values (and pairwise aggregates) are erased."""
+        fields = self._fields(fields, "erase")
         if erase_all:
             if fields:
                 raise InvalidArgumentError("erase() takes field names or erase_all=True, "

@@ -143,3 +143,14 @@ class ScopedAPI:
 
     def _scope_ids(self) -> list[str]:
         return self._scope.model_ids(self._session.store)
+
+    @staticmethod
+    def _fields(fields: tuple[Any, ...], call: str) -> tuple[str, ...]:
+        """Field names as given one by one (``call("a", "b")``) or in one list, checked."""
+        if len(fields) == 1 and isinstance(fields[0], (list, tuple)):
+            fields = tuple(fields[0])
+        for f in fields:
+            if not isinstance(f, str):
+                raise InvalidArgumentError(f"{call}() takes field names, as {call}('a', 'b') "
+                                           f"or {call}(['a', 'b']); got {f!r}.")
+        return fields
