@@ -1,9 +1,11 @@
 """Parameter types: what kind of layer a parameter belongs to, and overrides at add time.
 
 Every parameter gets a :class:`ParameterType` when its model is added: from its module
-for a torch model (``nn.Linear`` is dense, or attention when its name says so;
-``nn.Embedding``, ``nn.Conv*d``, normalisation layers), from its name and shape for a
-state dict or a checkpoint file. ``models.add(..., parameter_overrides={name:
+for a torch model (``nn.Linear`` and GPT-2's ``Conv1D`` are dense, or attention when
+the name says so, never under a state-space ``mixer``/``mamba`` block; ``nn.Embedding``,
+``nn.Conv*d``, normalisation layers), from its name and shape for a state dict or a
+checkpoint file (a 3-D tensor is a convolution unless its name says experts), so a
+module and its saved state dict get the same types. ``models.add(..., parameter_overrides={name:
 ParameterOverrides(...)})`` renames a parameter, sets its type (one of these or any
 string of the user's) and attaches metadata that exports carry."""
 
@@ -33,10 +35,11 @@ class ParameterType(enum.StrEnum):
     BIAS = "bias"
 
 
-_ATTENTION = re.compile(r"(^|[._])(q|k|v|o|qkv|query|key|value|out)_?proj|(^|[._])(attn|attention|"
-                        r"self_attn|c_attn|wq|wk|wv|wo|query|key|value)([._]|$)")
+_ATTENTION = re.compile(r"^(?!.*(^|[._])(mixer|mamba)[._])"  # no state-space mixer's projections
+                        r".*((^|[._])(q|k|v|o|qkv|query|key|value|out)_?proj|(^|[._])(attn|"
+                        r"(self|encdec)?attention|self_attn|c_attn|query|key|value)([._]|$))")
 _EMBEDDING = re.compile(r"(^|[._])(embed\w*|wte|wpe|tok_embeddings|word_embeddings|"
-                        r"position_embeddings|lm_head|shared)([._]|$)")
+                        r"position_embeddings|lm_head|shared|relative_attention_bias)([._]|$)")
 _NORM = re.compile(r"(^|[._])(\w*norm\w*|ln_?\w*|layernorm|rmsnorm)([._]|$)")
 
 
@@ -54,16 +57,14 @@ def infer_type(name: str, shape: tuple[int, ...], module: str | None = None) -> 
             return ParameterType.CONV.value
         if "norm" in kind:
             return ParameterType.NORM.value
-        if kind in ("linear", "conv1d", "nonDynamicallyQuantizableLinear".lower()):
-            return (ParameterType.ATTENTION.value if _ATTENTION.search(low)
-                    else ParameterType.DENSE.value)
+        # a linear layer's type comes from its name, as for the same weight in a file
     if _EMBEDDING.search(low):
         return ParameterType.EMBEDDING.value
     if _NORM.search(low) and len(shape) == 1:
         return ParameterType.NORM.value
-    if len(shape) >= 3:
+    if len(shape) >= 3 and "expert" not in low:  # packed MoE experts are linear maps
         return ParameterType.CONV.value
-    if len(shape) == 2:
+    if len(shape) >= 2:
         return (ParameterType.ATTENTION.value if _ATTENTION.search(low)
                 else ParameterType.DENSE.value)
     if len(shape) == 1:

@@ -3,20 +3,27 @@ options) -> [View]``.
 
 Head geometry comes from the options (``heads``, ``kv_heads``, ``head_dim``) or the
 model's ``config.json`` (``num_attention_heads`` / ``n_head``, ``num_key_value_heads``,
-``head_dim`` or ``hidden_size / heads``). Parameters are recognised by name:
+``head_dim`` or ``hidden_size / heads``): a multimodal model's vision or audio tower from
+its ``vision_config``/``audio_config``, the rest from ``text_config`` when there is one;
+``encoder_attention_heads``/``decoder_attention_heads`` by the parameter's side (BART,
+Whisper). Parameters are recognised by name:
 
-* separate projections, split by output rows: ``q_proj``/``query``/``wq``/``attn_q``
-  (``heads`` blocks), ``k_proj``/``key``/``wk``/``attn_k`` and ``v_proj``/``value``/
-  ``wv``/``attn_v`` (``kv_heads`` blocks: grouped-query attention); ``attn_*`` are
-  llama.cpp's GGUF names, whose rope permutation stays within each head's rows;
-* output projections, split by input columns: ``o_proj``, ``out_proj``, ``wo``,
-  ``attn_output``,
+* separate projections, split by output rows: ``q_proj``/``query``/``attention.wq``/
+  ``attn_q``/T5's ``SelfAttention.q`` (``heads`` blocks), ``k_proj``/``key``/``wk``/
+  ``attn_k`` and ``v_proj``/``value``/``wv``/``attn_v`` (``kv_heads`` blocks: grouped-query
+  attention; ``multi_query`` configurations have one); ``attn_*`` are llama.cpp's GGUF
+  names, whose rope permutation stays within each head's rows; Meta's ``wq``... only
+  under ``attention.`` or ``attn.`` (T5's feed-forward ``wo`` is no attention weight);
+* output projections, split by input columns: ``o_proj``, ``out_proj``, ``attention.wo``,
+  T5's ``SelfAttention.o``, ``attn_output``,
   ``attention.output.dense`` (BERT), ``attn.c_proj`` (GPT-2), ``self_attention.dense`` /
   ``attention.dense`` (Falcon, GPT-NeoX), ``self_attn.dense`` (Phi-2);
 * fused QKV: ``attn.c_attn`` (GPT-2's Conv1D, stored ``[in, out]``: each slice is
   transposed to ``[out, in]``), ``qkv_proj``/``Wqkv``/``attn_qkv`` (q, then k, then v) and
   ``query_key_value`` (per key-value group: its query heads, then k, then v, as GPT-NeoX
   and Falcon lay it out; ``qkv_layout="blocks"`` for q|k|v);
+* never under a state-space mixer (``mixer.``, ``mamba.``: Mamba's ``out_proj`` has no
+  heads);
 * ``patterns`` (``{"q": regex, "k": ..., "v": ..., "o": ..., "qkv": ...}``) for others,
   ``transposed=True`` for weights stored ``[in, out]``.
 
@@ -38,15 +45,27 @@ __all__ = ["HEAD_OPTIONS", "check", "conv", "experts", "geometry", "heads", "kin
 
 #: Name patterns of each kind of attention weight (searched in the parameter's name).
 KINDS = {
-    "q": r"(^|\.)(q_proj|query|wq|attn_q)\.weight$",
-    "k": r"(^|\.)(k_proj|key|wk|attn_k)\.weight$",
-    "v": r"(^|\.)(v_proj|value|wv|attn_v)\.weight$",
-    "o": r"(^|\.)(o_proj|out_proj|wo|attention\.output\.dense|attn\.c_proj|"
-         r"self_attention\.dense|attention\.dense|self_attn\.dense|attn_output)\.weight$",
+    "q": r"(^|\.)(q_proj|query|(attention|attn)\.wq|attn_q|(Self|EncDec)Attention\.q)\.weight$",
+    "k": r"(^|\.)(k_proj|key|(attention|attn)\.wk|attn_k|(Self|EncDec)Attention\.k)\.weight$",
+    "v": r"(^|\.)(v_proj|value|(attention|attn)\.wv|attn_v|(Self|EncDec)Attention\.v)\.weight$",
+    "o": r"(^|\.)(o_proj|out_proj|(attention|attn)\.wo|attention\.output\.dense|attn\.c_proj|"
+         r"self_attention\.dense|attention\.dense|self_attn\.dense|attn_output|"
+         r"(Self|EncDec)Attention\.o)\.weight$",
     "qkv": r"(^|\.)(attn\.c_attn|qkv_proj|Wqkv|query_key_value|attn_qkv)\.weight$",
 }
-#: Parameters stored ``[in, out]`` (GPT-2's Conv1D).
+#: Parents whose projections are no attention's: state-space mixers (Mamba's ``mixer``,
+#: Jamba's and Zamba's ``mamba`` blocks), whose ``out_proj`` has no heads.
+_NOT_ATTENTION = r"(^|\.)(mixer|mamba)\."
+#: Parameters stored ``[in, out]`` (GPT-2's Conv1D), but for the model types whose
+#: ``c_attn``/``c_proj`` are plain linear layers (GPT-BigCode: StarCoder, SantaCoder).
 _TRANSPOSED = r"(^|\.)attn\.(c_attn|c_proj)\.weight$"
+_LINEAR_C_ATTN = ("gpt_bigcode",)
+
+
+def _transposed(name: str, config: Mapping[str, Any], options: Mapping[str, Any]) -> bool:
+    if "transposed" in options:
+        return bool(options["transposed"])
+    return bool(re.search(_TRANSPOSED, name)) and config.get("model_type") not in _LINEAR_C_ATTN
 #: Options of the head geometry (shared by ``heads`` and ``qkv``).
 HEAD_OPTIONS = ("heads", "kv_heads", "head_dim", "patterns", "transposed", "qkv_layout")
 _EXPERT_COUNT = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
@@ -83,8 +102,13 @@ def check(options: Mapping[str, Any]) -> list[str]:
 
 def kind_of(name: str, options: Mapping[str, Any]) -> str | None:
     """Which attention weight a parameter is (q, k, v, o, qkv), by its name."""
+    given = options.get("patterns", {})
     for kind, default in KINDS.items():
-        if name_pattern(options.get("patterns", {}).get(kind, default)).search(name):
+        if kind in given:
+            if name_pattern(given[kind]).search(name):
+                return kind
+        elif name_pattern(default).search(name) and not name_pattern(_NOT_ATTENTION).search(
+                name):
             return kind
     return None
 
@@ -105,21 +129,45 @@ def _count(config: Mapping[str, Any], option: str, *keys: str) -> int | None:
     return None
 
 
+#: Where a multimodal model's towers live (their own sub-configuration describes them).
+_TOWERS = {"vision_config": r"(^|\.)(vision_tower|vision_model|visual|vision_encoder)\.",
+           "audio_config": r"(^|\.)(audio_tower|audio_model|audio_encoder)\."}
+
+
+def _config_of(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """The configuration that describes parameter ``name``: a multimodal model's vision
+    or audio tower has its own (LLaVA, CLIP, Gemma 3, Qwen2-VL), anything else its
+    language model's ``text_config`` when there is one, else the configuration itself."""
+    for key, where in _TOWERS.items():
+        if isinstance(config.get(key), Mapping) and re.search(where, name):
+            return config[key]
+    text = config.get("text_config")
+    return text if isinstance(text, Mapping) else config
+
+
 def geometry(config: Mapping[str, Any], options: Mapping[str, Any],
              name: str) -> tuple[int, int, int]:
-    """(heads, kv_heads, head_dim) from the options, else the configuration."""
+    """(heads, kv_heads, head_dim) from the options, else the configuration (the
+    parameter's tower's, and the encoder's or decoder's head count where they differ:
+    BART, Whisper)."""
+    config = _config_of(config, name)
+    side = "decoder" if re.search(r"(^|\.)decoder\.", name) else "encoder"
     heads = options.get("heads") or _count(config, "heads", "num_attention_heads", "n_head",
-                                           "num_heads")
+                                           "num_heads", f"{side}_attention_heads")
     if not heads:
         raise ValueError(f"{name} is an attention weight, but the head count is unknown: no "
                          "config.json beside the checkpoint (nor its own metadata) gives "
                          'num_attention_heads; pass view_options={"heads": N} (and kv_heads, '
                          "head_dim)")
-    kv = (options.get("kv_heads") or _count(config, "kv_heads", "num_key_value_heads",
-                                            "num_kv_heads", "n_head_kv")
-          or (1 if config.get("multi_query") else heads))
+    # multi-query attention (Falcon-7B, GPT-BigCode): one key-value head, whatever
+    # num_kv_heads says (transformers writes it equal to the heads there); Falcon's new
+    # decoder architecture has num_kv_heads of them
+    mqa = config.get("multi_query") and not config.get("new_decoder_architecture")
+    kv = (options.get("kv_heads") or (1 if mqa else None)
+          or _count(config, "kv_heads", "num_key_value_heads", "num_kv_heads", "n_head_kv")
+          or heads)
     hidden = _count(config, "head_dim", "hidden_size", "n_embd", "d_model")
-    dim = options.get("head_dim") or _count(config, "head_dim", "head_dim") or (
+    dim = options.get("head_dim") or _count(config, "head_dim", "head_dim", "d_kv") or (
         hidden // heads if hidden else None)
     if heads % kv:
         raise ValueError(f"num_key_value_heads ({kv}) does not divide num_attention_heads "
@@ -169,6 +217,8 @@ def _layout(name: str, config: Mapping[str, Any], options: Mapping[str, Any]) ->
     if "query_key_value" in name and not (config.get("multi_query")
                                           and not config.get("new_decoder_architecture")):
         return "grouped"
+    if config.get("model_type") in _LINEAR_C_ATTN and not config.get("multi_query"):
+        return "grouped"  # GPT-BigCode without multi-query: q, k, v per head
     return "blocks"
 
 
@@ -178,7 +228,7 @@ def heads(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> 
     kind = kind_of(name, options)
     if kind is None or len(shape) != 2:
         return []
-    transposed = bool(options.get("transposed", re.search(_TRANSPOSED, name)))
+    transposed = _transposed(name, config, options)
     out_size, in_size = (shape[1], shape[0]) if transposed else shape
     n_heads, kv, dim = geometry(config, options, name)
     if kind == "o":
@@ -204,7 +254,7 @@ def qkv(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> li
     name, shape = param.name, tuple(param.shape)
     if len(shape) != 2:
         return []
-    transposed = bool(options.get("transposed", re.search(_TRANSPOSED, name)))
+    transposed = _transposed(name, config, options)
     out_size = shape[1] if transposed else shape[0]
     if re.search(r"(^|\.)gate_up_proj\.weight$", name):
         if out_size % 2:

@@ -1,0 +1,224 @@
+"""Heads of real architectures, each built tiny from its transformers config (no
+download): every head view equals the rows (or columns) the model's own attention code
+gives that head, read by feeding the projection the identity (biases zeroed, so the
+output is the weight itself, bit for bit). And the parameter types of those models agree
+between the module and its state dict."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from diffract import Session
+from diffract.errors import ModelSourceError
+
+pytest.importorskip("diffract_views")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+HIDDEN, HEADS = 32, 4
+DIM = HIDDEN // HEADS
+
+
+def _build(cls, config):
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+    return model
+
+
+def _views(model, model_id="m", **add):
+    with Session() as s:
+        s.models.add(model, model_id, views=["heads"], **add)
+        return {p.name: s.store.load_weights(model_id, p.name)
+                for p in s.models.params(model_id) if p.parent is not None}
+
+
+def _identity_through(linear) -> torch.Tensor:
+    """The projection's output for each unit input: [in, out], the weight turned."""
+    with torch.no_grad():
+        return linear(torch.eye(HIDDEN)[None])
+
+
+def _same_where_both(module: dict, state: dict) -> None:
+    """The module's types are its state dict's (which also lists tied weights again)."""
+    assert len(set(module) & set(state)) >= 0.9 * len(state)
+    assert {n: module[n] for n in state if n in module} == {
+        n: t for n, t in state.items() if n in module}
+
+
+@pytest.mark.parametrize("new_arch, kv", [(False, 1), (True, 2)])
+def test_falcon_multi_query_and_new_decoder_heads_are_falcons_own(new_arch, kv):
+    """Falcon-7B's multi-query layout (q heads, then one k, one v; transformers writes
+    num_kv_heads equal to the heads there) and Falcon-40B's grouped one, against
+    FalconAttention._split_heads."""
+    config = transformers.FalconConfig(
+        num_hidden_layers=1, hidden_size=HIDDEN, num_attention_heads=HEADS, vocab_size=50,
+        new_decoder_architecture=new_arch, num_kv_heads=kv if new_arch else None)
+    model = _build(transformers.FalconForCausalLM, config)
+    attn = model.transformer.h[0].self_attention
+    q, k, v = (t[0].numpy() for t in attn._split_heads(_identity_through(attn.query_key_value)))
+    views = _views(model)
+    name = "transformer.h.0.self_attention.query_key_value.weight"
+    per = HEADS // kv
+    assert len([n for n in views if n.startswith(name)]) == HEADS + 2 * kv
+    for h in range(HEADS):
+        np.testing.assert_array_equal(views[f"{name}[part=q,head={h}]"], q[:, h].T)
+    for g in range(kv):  # new_arch broadcasts each group's k and v to its query heads
+        at = g * per if new_arch else g
+        np.testing.assert_array_equal(views[f"{name}[part=k,head={g}]"], k[:, at].T)
+        np.testing.assert_array_equal(views[f"{name}[part=v,head={g}]"], v[:, at].T)
+
+
+@pytest.mark.parametrize("multi_query", [True, False])
+def test_gpt_bigcodes_linear_c_attn_is_not_gpt2s_conv1d(multi_query):
+    """StarCoder's c_attn is a plain [out, in] linear layer (GPT-2's is Conv1D, [in,
+    out]): multi-query q | k | v, or q, k, v per head, as GPTBigCodeAttention splits it;
+    c_proj by input columns."""
+    config = transformers.GPTBigCodeConfig(n_layer=1, n_embd=HIDDEN, n_head=HEADS,
+                                           vocab_size=50, n_positions=16,
+                                           multi_query=multi_query)
+    model = _build(transformers.GPTBigCodeForCausalLM, config)
+    attn = model.transformer.h[0].attn
+    out = _identity_through(attn.c_attn)[0]
+    if multi_query:
+        q, k, v = out.split((HIDDEN, DIM, DIM), dim=-1)
+        q, k, v = q.view(HIDDEN, HEADS, DIM), k[:, None], v[:, None]
+    else:
+        q, k, v = out.view(HIDDEN, HEADS, 3 * DIM).split(3 * [DIM], dim=-1)
+    views = _views(model)
+    name = "transformer.h.0.attn.c_attn.weight"
+    kv = 1 if multi_query else HEADS
+    assert len([n for n in views if n.startswith(name)]) == HEADS + 2 * kv
+    for part, heads in (("q", q), ("k", k), ("v", v)):
+        for h in range(heads.shape[1]):
+            np.testing.assert_array_equal(views[f"{name}[part={part},head={h}]"],
+                                          heads[:, h].numpy().T)
+    proj = attn.c_proj.weight.detach().numpy()
+    for h in range(HEADS):
+        np.testing.assert_array_equal(views[f"transformer.h.0.attn.c_proj.weight[head={h}]"],
+                                      proj[:, h * DIM:(h + 1) * DIM])
+
+
+def test_t5s_attention_has_heads_and_its_feed_forward_wo_has_none():
+    """T5's SelfAttention/EncDecAttention q, k, v, o (d_kv per head) are split; the
+    feed-forward's wo, which Meta's naming would call an attention output, is not (it
+    made the whole model fail: its input size fits no head geometry)."""
+    config = transformers.T5Config(num_layers=1, d_model=HIDDEN, d_ff=64, num_heads=HEADS,
+                                   d_kv=6, vocab_size=50)
+    model = _build(transformers.T5Model, config)
+    views = _views(model)
+    assert not any("DenseReluDense" in n for n in views)
+    for block in ("encoder.block.0.layer.0.SelfAttention",
+                  "decoder.block.0.layer.1.EncDecAttention"):
+        attn = model.get_submodule(block)
+        q = _identity_through(attn.q)[0].view(HIDDEN, HEADS, 6)
+        o = attn.o.weight.detach().numpy()
+        for h in range(HEADS):
+            np.testing.assert_array_equal(views[f"{block}.q.weight[head={h}]"], q[:, h].numpy().T)
+            np.testing.assert_array_equal(views[f"{block}.o.weight[head={h}]"],
+                                          o[:, h * 6:(h + 1) * 6])
+    assert len(views) == 3 * 4 * HEADS  # encoder self, decoder self and cross: q, k, v, o
+
+
+def test_mamba_has_no_heads_and_its_mixer_is_dense():
+    """Mamba's mixer.out_proj is no attention output: heads splits nothing (an error
+    saying so), and the mixer's projections are dense, the module and its state dict
+    alike (its conv1d stays conv)."""
+    model = _build(transformers.MambaForCausalLM,
+                   transformers.MambaConfig(num_hidden_layers=1, hidden_size=HIDDEN,
+                                            vocab_size=50))
+    with pytest.raises(ModelSourceError, match=r"view rule\(s\) \['heads'\] split none"):
+        _views(model)
+    with Session() as s:
+        s.models.add(model, "m")
+        s.models.add(dict(model.state_dict()), "sd")
+        types = {p.name: p.ptype for p in s.models.params("m")}
+        _same_where_both(types, {p.name: p.ptype for p in s.models.params("sd")})
+    mixer = "backbone.layers.0.mixer."
+    assert types[mixer + "out_proj.weight"] == types[mixer + "in_proj.weight"] == "dense"
+    assert types[mixer + "conv1d.weight"] == "conv"
+
+
+@pytest.mark.parametrize("arch", ["t5", "mixtral"])
+def test_types_of_t5_and_packed_experts_agree_with_their_state_dicts(arch):
+    """T5: q, k, v, o are attention, the feed-forward's wi and wo dense; Mixtral's packed
+    experts (3-D gate_up_proj, down_proj) are dense, not convolutions."""
+    if arch == "t5":
+        model = _build(transformers.T5Model, transformers.T5Config(
+            num_layers=1, d_model=HIDDEN, d_ff=64, num_heads=HEADS, d_kv=DIM, vocab_size=50))
+    else:
+        model = _build(transformers.MixtralForCausalLM, transformers.MixtralConfig(
+            num_hidden_layers=1, hidden_size=HIDDEN, intermediate_size=64,
+            num_attention_heads=HEADS, num_key_value_heads=2, num_local_experts=4,
+            vocab_size=50))
+    with Session() as s:
+        s.models.add(model, "m")
+        s.models.add(dict(model.state_dict()), "sd")
+        types = {p.name: p.ptype for p in s.models.params("m")}
+        _same_where_both(types, {p.name: p.ptype for p in s.models.params("sd")})
+    if arch == "t5":
+        layer = "encoder.block.0.layer."
+        for part in "qkvo":
+            assert types[f"{layer}0.SelfAttention.{part}.weight"] == "attention"
+        assert types[f"{layer}1.DenseReluDense.wi.weight"] == "dense"
+        assert types[f"{layer}1.DenseReluDense.wo.weight"] == "dense"
+    else:
+        packed = [n for n in types if ".experts." in n]
+        assert packed and all(types[n] == "dense" for n in packed), packed
+        assert "conv" not in types.values()
+
+
+def test_encoder_and_decoder_head_counts_of_bart():
+    """BART's config names encoder_attention_heads and decoder_attention_heads (no
+    num_attention_heads: heads failed the whole model); here they differ, 4 and 2, and
+    the decoder's cross-attention takes the decoder's."""
+    config = transformers.BartConfig(
+        encoder_layers=1, decoder_layers=1, d_model=HIDDEN, encoder_attention_heads=4,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=60,
+        max_position_embeddings=16)
+    model = _build(transformers.BartModel, config)
+    views = _views(model)
+    for block, heads in (("encoder.layers.0.self_attn", 4), ("decoder.layers.0.self_attn", 2),
+                         ("decoder.layers.0.encoder_attn", 2)):
+        dim = HIDDEN // heads
+        attn = model.get_submodule(block)
+        for part in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            names = [n for n in views if n.startswith(f"{block}.{part}.weight[")]
+            assert len(names) == heads, (block, part, names)
+        q = attn.q_proj.weight.detach().numpy()
+        o = attn.out_proj.weight.detach().numpy()
+        for h in range(heads):
+            np.testing.assert_array_equal(views[f"{block}.q_proj.weight[head={h}]"],
+                                          q[h * dim:(h + 1) * dim])
+            np.testing.assert_array_equal(views[f"{block}.out_proj.weight[head={h}]"],
+                                          o[:, h * dim:(h + 1) * dim])
+
+
+def test_a_multimodal_models_towers_take_their_own_configs():
+    """LLaVA: the CLIP vision tower's 2 heads from vision_config, the Llama language
+    model's 4 heads over 2 key-value heads from text_config (the top-level config has
+    neither: heads failed the whole model)."""
+    config = transformers.LlavaConfig(
+        vision_config=transformers.CLIPVisionConfig(
+            num_hidden_layers=1, hidden_size=HIDDEN, intermediate_size=64,
+            num_attention_heads=2, image_size=16, patch_size=8),
+        text_config=transformers.LlamaConfig(
+            num_hidden_layers=1, hidden_size=HIDDEN, intermediate_size=64,
+            num_attention_heads=HEADS, num_key_value_heads=2, vocab_size=60))
+    model = _build(transformers.LlavaForConditionalGeneration, config)
+    views = _views(model)
+    vision = [n for n in views if ".vision_tower." in n]
+    text = [n for n in views if ".language_model." in n]
+    assert len(vision) == 4 * 2 and len(text) == HEADS + 2 + 2 + HEADS
+    assert len(views) == len(vision) + len(text)
+    k = next(n for n in model.state_dict() if "vision_tower" in n and "k_proj.weight" in n)
+    weight = model.state_dict()[k].numpy()
+    for h in range(2):
+        np.testing.assert_array_equal(views[f"{k}[head={h}]"], weight[h * 16:(h + 1) * 16])
