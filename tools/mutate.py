@@ -55,6 +55,14 @@ class Mutant:
 
 
 MUTANTS = [
+    Mutant("views-multi-query-kv-from-num-kv-heads",
+           "plugins/diffract_views/src/diffract_views/rules.py",
+           'kv = (options.get("kv_heads") or (1 if mqa else None)',
+           'kv = (options.get("kv_heads") or None', ("tests/views",),
+           "Falcon-7B's one key-value head taken as num_kv_heads"),
+    Mutant("views-towers-share-one-config", "plugins/diffract_views/src/diffract_views/rules.py",
+           "    config = _config_of(config, name)\n", "", ("tests/views",),
+           "a multimodal model's towers read the top-level configuration"),
     Mutant("views-experts-turned-by-default", "plugins/diffract_views/src/diffract_views/rules.py",
            'return "in_out" if config.get("model_type") in _IN_OUT_EXPERTS else "out_in"',
            'return "out_in" if config.get("model_type") in _IN_OUT_EXPERTS else "in_out"',
