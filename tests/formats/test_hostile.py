@@ -321,6 +321,27 @@ def test_an_npz_holding_an_object_array(tmp_path):
         assert s.results.export_metrics("frob_norm")["m"]["w"]["frob_norm"] == pytest.approx(6.0)
 
 
+def test_an_npz_of_big_endian_and_fortran_arrays_reads_them_all(tmp_path):
+    """A big-endian float ('>f4': numpy on a big-endian machine, or astype) and a
+    Fortran-ordered one are floats like any other, read with numpy's values; the '>f4'
+    one was left out, its dtype written '>f4' where a float's name was looked for."""
+    rng = np.random.default_rng(0)
+    arrays = {"be": rng.standard_normal((5, 4)).astype(">f4"),
+              "be64": rng.standard_normal((4, 6)).astype(">f8"),
+              "fortran": np.asfortranarray(rng.standard_normal((6, 3)))}
+    np.savez(tmp_path / "m.npz", **arrays)
+    with Session() as s:
+        assert s.models.add(tmp_path / "m.npz", "m") == ["be", "be64", "fortran"]
+        assert {p.name: p.dtype for p in s.models.params("m")} == {
+            "be": "float32", "be64": "float64", "fortran": "float64"}
+        s.compute.apply("frob_norm")
+        got = s.results.export_metrics("frob_norm")["m"]
+        for name, array in arrays.items():
+            np.testing.assert_array_equal(s.store.load_weights("m", name), array)
+            assert got[name]["frob_norm"] == pytest.approx(
+                np.linalg.norm(array.astype(np.float64)), rel=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["F16", "BF16"])
 def test_large_half_tensors_at_an_offset_read_as_the_reference_library_does(tmp_path, dtype):
     """Half-precision tensors of more than 4M elements (converted to float32 block by

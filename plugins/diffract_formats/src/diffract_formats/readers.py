@@ -113,7 +113,8 @@ class NpzReader(ConfigBeside, CheckpointReader):
                         header = (np.lib.format.read_array_header_1_0 if major == 1
                                   else np.lib.format.read_array_header_2_0)
                         shape, _, dtype = header(fh)
-                    self._entries.append(TensorEntry(member[:-4], shape, str(dtype)))
+                    # by name: a big-endian ">f4" is float32 too (it was left out as no float)
+                    self._entries.append(TensorEntry(member[:-4], shape, dtype.name))
         except (OSError, ValueError, zipfile.BadZipFile) as exc:
             raise error(path, f"not a readable .npz file: {exc}") from None
 
