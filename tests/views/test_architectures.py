@@ -222,3 +222,40 @@ def test_a_multimodal_models_towers_take_their_own_configs():
     weight = model.state_dict()[k].numpy()
     for h in range(2):
         np.testing.assert_array_equal(views[f"{k}[head={h}]"], weight[h * 16:(h + 1) * 16])
+
+
+@pytest.mark.parametrize("q_lora_rank", [16, None])
+def test_multi_head_latent_attention_of_deepseek_v3(q_lora_rank):
+    """DeepSeek-V3's MLA (Kimi K2's too): q_b_proj (or q_proj) by heads of k_nope + k_rope
+    rows, kv_b_proj by head into its k_nope and its v rows, o_proj by heads of v_head_dim
+    columns, as DeepseekV3Attention views them; the latent down-projections have no
+    heads. Before, o_proj fitted no head geometry and failed the whole model."""
+    config = transformers.DeepseekV3Config(
+        num_hidden_layers=1, hidden_size=HIDDEN, intermediate_size=64, moe_intermediate_size=16,
+        num_attention_heads=HEADS, num_key_value_heads=HEADS, q_lora_rank=q_lora_rank,
+        kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+        n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, vocab_size=50)
+    model = _build(transformers.DeepseekV3ForCausalLM, config)
+    attn = model.model.layers[0].self_attn
+    views = _views(model)
+    base = "model.layers.0.self_attn."
+    q_name = "q_b_proj" if q_lora_rank else "q_proj"
+    q_proj = getattr(attn, q_name)
+    with torch.no_grad():
+        q = q_proj(torch.eye(q_proj.in_features)).view(q_proj.in_features, HEADS, -1)
+        kv = attn.kv_b_proj(torch.eye(8)).view(8, HEADS, -1)
+    k_nope, v = torch.split(kv, [8, 6], dim=-1)
+    o = attn.o_proj.weight.detach().numpy()
+    assert q.shape[-1] == 12 and sorted(views) == sorted(
+        [f"{base}{q_name}.weight[head={h}]" for h in range(HEADS)]
+        + [f"{base}kv_b_proj.weight[part={p},head={h}]" for p in "kv" for h in range(HEADS)]
+        + [f"{base}o_proj.weight[head={h}]" for h in range(HEADS)])
+    for h in range(HEADS):
+        np.testing.assert_array_equal(views[f"{base}{q_name}.weight[head={h}]"], q[:, h].numpy().T)
+        np.testing.assert_array_equal(views[f"{base}kv_b_proj.weight[part=k,head={h}]"],
+                                      k_nope[:, h].numpy().T)
+        np.testing.assert_array_equal(views[f"{base}kv_b_proj.weight[part=v,head={h}]"],
+                                      v[:, h].numpy().T)
+        np.testing.assert_array_equal(views[f"{base}o_proj.weight[head={h}]"],
+                                      o[:, h * 6:(h + 1) * 6])

@@ -22,6 +22,11 @@ Whisper). Parameters are recognised by name:
   transposed to ``[out, in]``), ``qkv_proj``/``Wqkv``/``attn_qkv`` (q, then k, then v) and
   ``query_key_value`` (per key-value group: its query heads, then k, then v, as GPT-NeoX
   and Falcon lay it out; ``qkv_layout="blocks"`` for q|k|v);
+* multi-head latent attention (DeepSeek-V2/V3, Kimi K2: a ``kv_lora_rank`` in the
+  configuration): ``q_b_proj`` (or ``q_proj``) by heads of ``qk_nope_head_dim +
+  qk_rope_head_dim`` rows, ``kv_b_proj`` per head into its ``part=k`` (k_nope) and
+  ``part=v`` rows, ``o_proj`` by heads of ``v_head_dim`` columns; the latent
+  down-projections have no heads;
 * never under a state-space mixer (``mixer.``, ``mamba.``: Mamba's ``out_proj`` has no
   heads);
 * ``patterns`` (``{"q": regex, "k": ..., "v": ..., "o": ..., "qkv": ...}``) for others,
@@ -45,13 +50,17 @@ __all__ = ["HEAD_OPTIONS", "check", "conv", "experts", "geometry", "heads", "kin
 
 #: Name patterns of each kind of attention weight (searched in the parameter's name).
 KINDS = {
-    "q": r"(^|\.)(q_proj|query|(attention|attn)\.wq|attn_q|(Self|EncDec)Attention\.q)\.weight$",
+    "q": r"(^|\.)(q_proj|q_b_proj|query|(attention|attn)\.wq|attn_q|"
+         r"(Self|EncDec)Attention\.q)\.weight$",
     "k": r"(^|\.)(k_proj|key|(attention|attn)\.wk|attn_k|(Self|EncDec)Attention\.k)\.weight$",
     "v": r"(^|\.)(v_proj|value|(attention|attn)\.wv|attn_v|(Self|EncDec)Attention\.v)\.weight$",
     "o": r"(^|\.)(o_proj|out_proj|(attention|attn)\.wo|attention\.output\.dense|attn\.c_proj|"
          r"self_attention\.dense|attention\.dense|self_attn\.dense|attn_output|"
          r"(Self|EncDec)Attention\.o)\.weight$",
     "qkv": r"(^|\.)(attn\.c_attn|qkv_proj|Wqkv|query_key_value|attn_qkv)\.weight$",
+    # multi-head latent attention (DeepSeek-V2/V3, Kimi K2): per head, its k_nope rows
+    # then its v rows
+    "kv_b": r"(^|\.)kv_b_proj\.weight$",
 }
 #: Parents whose projections are no attention's: state-space mixers (Mamba's ``mixer``,
 #: Jamba's and Zamba's ``mamba`` blocks), whose ``out_proj`` has no heads.
@@ -145,6 +154,17 @@ def _config_of(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return text if isinstance(text, Mapping) else config
 
 
+def _latent(config: Mapping[str, Any], name: str) -> tuple[int, int, int] | None:
+    """(qk_nope_head_dim, qk_rope_head_dim, v_head_dim) of multi-head latent attention
+    (a ``kv_lora_rank`` in the configuration), else None."""
+    config = _config_of(config, name)
+    if config.get("kv_lora_rank") is None:
+        return None
+    dims = [_count(config, key, key) for key in ("qk_nope_head_dim", "qk_rope_head_dim",
+                                                 "v_head_dim")]
+    return None if None in dims else tuple(dims)  # type: ignore[return-value]
+
+
 def geometry(config: Mapping[str, Any], options: Mapping[str, Any],
              name: str) -> tuple[int, int, int]:
     """(heads, kv_heads, head_dim) from the options, else the configuration (the
@@ -231,6 +251,19 @@ def heads(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> 
     transposed = _transposed(name, config, options)
     out_size, in_size = (shape[1], shape[0]) if transposed else shape
     n_heads, kv, dim = geometry(config, options, name)
+    latent = None if options.get("head_dim") else _latent(config, name)
+    if kind == "kv_b":
+        if latent is None:
+            return []
+        nope, _, v_dim = latent
+        per = nope + v_dim
+        _fits(name, out_size, n_heads * per, "its output size", shape)
+        return [View(f"part={part},head={h}",
+                     _slice(0, h * per + start, h * per + start + size, transposed), transposed)
+                for part, start, size in (("k", 0, nope), ("v", nope, v_dim))
+                for h in range(n_heads)]
+    if latent is not None:  # q heads of k_nope + k_rope rows, o heads of v_head_dim columns
+        dim = latent[2] if kind == "o" else latent[0] + latent[1]
     if kind == "o":
         dim = _dim(name, in_size, n_heads, dim, shape)
         _fits(name, in_size, n_heads * dim, "its input size", shape)
@@ -264,7 +297,8 @@ def qkv(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> li
                 View("part=up", _slice(0, half, out_size, transposed), transposed)]
     if kind_of(name, options) != "qkv":
         return []
-    if options.get("heads") or config.get("num_attention_heads") or config.get("n_head"):
+    sub = _config_of(config, name)
+    if options.get("heads") or sub.get("num_attention_heads") or sub.get("n_head"):
         n_heads, kv, dim = geometry(config, options, name)
         dim = _dim(name, out_size, n_heads + 2 * kv, dim, shape)
     else:  # no geometry: equal thirds (multi-head attention)
