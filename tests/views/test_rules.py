@@ -230,6 +230,21 @@ class TestBadInput:
                 s.models.add(state, "m", views=views, view_options=options)
             assert s.model_ids == []
 
+    @pytest.mark.parametrize("views, options, message", [
+        (3, None, r"views=3 names no view rule; name one or more"),
+        ([3], None, r"views=\[3\] names no view rule"),
+        (["heads"], {"heads": 4, "transposed": "yes"},
+         r"view rule 'heads': transposed must be True or False, got 'yes'"),
+    ], ids=["an-int", "a-list-of-ints", "transposed-a-string"])
+    def test_views_and_options_of_the_wrong_type(self, views, options, message):
+        """Not a TypeError from inside ('int' object is not iterable), and no string
+        taken as True."""
+        with Session() as s:
+            with pytest.raises(InvalidArgumentError, match=message):
+                s.models.add({"q_proj.weight": np.ones((8, 4))}, "m", views=views,
+                             view_options=options)
+            assert s.model_ids == []
+
     def test_a_config_that_is_not_json_and_options_nobody_takes(self, rng, tmp_path):
         """A broken config.json is named when a rule needs it (the model reads without
         views); an option no chosen rule takes is refused."""

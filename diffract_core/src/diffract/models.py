@@ -43,7 +43,8 @@ def _view_rules(views: Any, shared: Mapping[str, Any] | None = None
         return []
     if isinstance(views, str):
         views = [v.strip() for v in views.split(",") if v.strip()]
-    if not views:
+    if not views or not isinstance(views, (Mapping, list, tuple)) or not all(
+            isinstance(v, str) for v in views):
         raise InvalidArgumentError(f"views={views!r} names no view rule; name one or more.")
     wanted = ({name: dict(opts or {}) for name, opts in views.items()}
               if isinstance(views, Mapping) else {name: {} for name in views})

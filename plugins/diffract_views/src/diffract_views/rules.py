@@ -88,6 +88,8 @@ def check(options: Mapping[str, Any]) -> list[str]:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                   or value < 1):
             problems.append(f"{key} must be a positive integer, got {value!r}")
+    if options.get("transposed") not in (None, True, False):
+        problems.append(f"transposed must be True or False, got {options['transposed']!r}")
     layout = options.get("qkv_layout")
     if layout not in (None, "blocks", "grouped"):
         problems.append(f"qkv_layout must be 'blocks' or 'grouped', got {layout!r}")
