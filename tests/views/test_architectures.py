@@ -259,3 +259,67 @@ def test_multi_head_latent_attention_of_deepseek_v3(q_lora_rank):
                                       v[:, h].numpy().T)
         np.testing.assert_array_equal(views[f"{base}o_proj.weight[head={h}]"],
                                       o[:, h * 6:(h + 1) * 6])
+
+
+def test_kimi_linears_kda_layers_have_their_own_heads_and_its_mla_layers_theirs():
+    """A hybrid model's layer_types pick each layer's geometry: Kimi Linear's KDA
+    (linear-attention) layers split by linear_num_heads of linear_head_dim, as
+    KimiDeltaAttention views q, k, v and o; its full-attention layers are latent
+    attention (DeepSeek-V3's)."""
+    config = transformers.KimiLinearConfig(
+        num_hidden_layers=2, hidden_size=HIDDEN, intermediate_size=64, moe_intermediate_size=16,
+        num_attention_heads=HEADS, num_key_value_heads=HEADS, kv_lora_rank=8, q_lora_rank=None,
+        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, linear_num_heads=2,
+        linear_head_dim=16, layer_types=["linear_attention", "full_attention"],
+        mlp_layer_types=["dense", "dense"], vocab_size=60, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)
+    model = _build(transformers.KimiLinearForCausalLM, config)
+    views = _views(model)
+    kda = model.model.layers[0].self_attn
+    base = "model.layers.0.self_attn."
+    for part in ("q_proj", "k_proj", "v_proj"):
+        out = _identity_through(getattr(kda, part))[0].view(HIDDEN, 2, 16)  # as KDA views it
+        for h in range(2):
+            np.testing.assert_array_equal(views[f"{base}{part}.weight[head={h}]"],
+                                          out[:, h].numpy().T)
+    o = kda.o_proj.weight.detach().numpy()
+    for h in range(2):
+        np.testing.assert_array_equal(views[f"{base}o_proj.weight[head={h}]"],
+                                      o[:, h * 16:(h + 1) * 16])
+    assert len([n for n in views if n.startswith(base)]) == 4 * 2  # nothing else in a KDA layer
+    full = "model.layers.1.self_attn."
+    assert {n.split("[")[0] for n in views if n.startswith(full)} == {
+        f"{full}q_proj.weight", f"{full}kv_b_proj.weight", f"{full}o_proj.weight"}
+
+
+def test_qwen3_nexts_gated_queries_and_layers_without_heads():
+    """Qwen3-Next: a full-attention q_proj holds per head its query rows then its output
+    gate's (as Qwen3NextAttention chunks it); its Gated DeltaNet layers, and LFM2's
+    short-convolution blocks, are left whole (their out_proj fitted no geometry or was
+    split as if it were attention)."""
+    config = transformers.Qwen3NextConfig(
+        num_hidden_layers=2, hidden_size=HIDDEN, intermediate_size=64, num_attention_heads=HEADS,
+        num_key_value_heads=2, head_dim=DIM, linear_num_value_heads=4, linear_num_key_heads=2,
+        linear_key_head_dim=8, linear_value_head_dim=8, moe_intermediate_size=16,
+        shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+        vocab_size=60, layer_types=["linear_attention", "full_attention"])
+    model = _build(transformers.Qwen3NextForCausalLM, config)
+    views = _views(model)
+    assert not any(".layers.0." in n for n in views)
+    attn = model.model.layers[1].self_attn
+    q, gate = torch.chunk(_identity_through(attn.q_proj)[0].view(HIDDEN, HEADS, 2 * DIM), 2, -1)
+    base = "model.layers.1.self_attn.q_proj.weight"
+    for h in range(HEADS):
+        np.testing.assert_array_equal(views[f"{base}[part=q,head={h}]"], q[:, h].numpy().T)
+        np.testing.assert_array_equal(views[f"{base}[part=gate,head={h}]"], gate[:, h].numpy().T)
+    with Session() as s:
+        s.models.add(model, "m")
+        types = {p.name: p.ptype for p in s.models.params("m")}
+    assert types["model.layers.0.mlp.shared_expert.up_proj.weight"] == "dense"  # not 'shared'
+    assert types["model.embed_tokens.weight"] == "embedding"
+
+    lfm2 = _build(transformers.Lfm2ForCausalLM, transformers.Lfm2Config(
+        num_hidden_layers=2, hidden_size=HIDDEN, intermediate_size=64, num_attention_heads=HEADS,
+        num_key_value_heads=2, vocab_size=60, layer_types=["conv", "full_attention"]))
+    views = _views(lfm2)
+    assert views and not any(".layers.0." in n for n in views)

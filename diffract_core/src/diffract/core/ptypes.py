@@ -39,7 +39,7 @@ _ATTENTION = re.compile(r"^(?!.*(^|[._])(mixer|mamba)[._])"  # no state-space mi
                         r".*((^|[._])(q|k|v|o|qkv|query|key|value|out)_?proj|(^|[._])(attn|"
                         r"(self|encdec)?attention|self_attn|c_attn|query|key|value)([._]|$))")
 _EMBEDDING = re.compile(r"(^|[._])(embed\w*|wte|wpe|tok_embeddings|word_embeddings|"
-                        r"position_embeddings|lm_head|shared|relative_attention_bias)([._]|$)")
+                        r"position_embeddings|lm_head|shared(?=\.|$)|relative_attention_bias)([._]|$)")
 _NORM = re.compile(r"(^|[._])(\w*norm\w*|ln_?\w*|layernorm|rmsnorm)([._]|$)")
 
 

@@ -27,6 +27,10 @@ Whisper). Parameters are recognised by name:
   qk_rope_head_dim`` rows, ``kv_b_proj`` per head into its ``part=k`` (k_nope) and
   ``part=v`` rows, ``o_proj`` by heads of ``v_head_dim`` columns; the latent
   down-projections have no heads;
+* hybrid models by their ``layer_types``: a linear-attention layer by its own
+  ``linear_num_heads`` of ``linear_head_dim`` (Kimi Linear's KDA; left whole without
+  them: Qwen3-Next's Gated DeltaNet, MiniMax), a convolution or state-space layer (LFM2)
+  left whole; Qwen3-Next's ``q_proj`` per head into ``part=q`` and ``part=gate`` rows;
 * never under a state-space mixer (``mixer.``, ``mamba.``: Mamba's ``out_proj`` has no
   heads);
 * ``patterns`` (``{"q": regex, "k": ..., "v": ..., "o": ..., "qkv": ...}``) for others,
@@ -69,6 +73,8 @@ _NOT_ATTENTION = r"(^|\.)(mixer|mamba)\."
 #: ``c_attn``/``c_proj`` are plain linear layers (GPT-BigCode: StarCoder, SantaCoder).
 _TRANSPOSED = r"(^|\.)attn\.(c_attn|c_proj)\.weight$"
 _LINEAR_C_ATTN = ("gpt_bigcode",)
+#: Model types whose q_proj holds each head's query and then its output gate's rows.
+_GATED_Q = ("qwen3_next",)
 
 
 def _transposed(name: str, config: Mapping[str, Any], options: Mapping[str, Any]) -> bool:
@@ -167,6 +173,26 @@ def _latent(config: Mapping[str, Any], name: str) -> tuple[int, int, int] | None
     return None if None in dims else tuple(dims)  # type: ignore[return-value]
 
 
+def _layer_type(config: Mapping[str, Any], name: str) -> str:
+    """The ``layer_types`` entry of the layer holding ``name`` (hybrid models: Qwen3-Next,
+    Kimi Linear, MiniMax, LFM2, Gemma 3...), or '' when the configuration has none."""
+    types = _config_of(config, name).get("layer_types")
+    found = re.search(r"(^|\.)(layers|h|blocks)\.(\d+)\.", name)
+    if not isinstance(types, list) or found is None or int(found.group(3)) >= len(types):
+        return ""
+    return str(types[int(found.group(3))])
+
+
+def _linear_geometry(config: Mapping[str, Any], name: str) -> tuple[int, int, int] | None:
+    """(heads, heads, head_dim) of a linear-attention layer with separate q, k, v and o
+    projections (Kimi Linear's KDA: ``linear_num_heads`` of ``linear_head_dim``), else
+    None: its projections are left whole."""
+    config = _config_of(config, name)
+    heads = _count(config, "heads", "linear_num_heads")
+    dim = _count(config, "head_dim", "linear_head_dim")
+    return (heads, heads, dim) if heads and dim else None
+
+
 def geometry(config: Mapping[str, Any], options: Mapping[str, Any],
              name: str) -> tuple[int, int, int]:
     """(heads, kv_heads, head_dim) from the options, else the configuration (the
@@ -248,12 +274,19 @@ def heads(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> 
     """Attention weights per head (see the module docstring)."""
     name, shape = param.name, tuple(param.shape)
     kind = kind_of(name, options)
-    if kind is None or len(shape) != 2:
-        return []
+    layer = "" if options.get("patterns") else _layer_type(config, name)
+    if kind is None or len(shape) != 2 or (layer and "attention" not in layer):
+        return []  # a hybrid model's convolution or state-space layer has no heads
     transposed = _transposed(name, config, options)
     out_size, in_size = (shape[1], shape[0]) if transposed else shape
-    n_heads, kv, dim = geometry(config, options, name)
-    latent = None if options.get("head_dim") else _latent(config, name)
+    if "linear" in layer:  # linear attention: its own head geometry, or none known
+        found = _linear_geometry(config, name) if kind in ("q", "k", "v", "o") else None
+        if found is None:
+            return []
+        (n_heads, kv, dim), latent = found, None
+    else:
+        n_heads, kv, dim = geometry(config, options, name)
+        latent = None if options.get("head_dim") else _latent(config, name)
     if kind == "kv_b":
         if latent is None:
             return []
@@ -278,6 +311,11 @@ def heads(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> 
         return [View(f"part={part},head={h}", _slice(0, s, s + dim, transposed), transposed)
                 for part, rows in starts.items() for h, s in enumerate(rows)]
     count = n_heads if kind == "q" else kv
+    if kind == "q" and _config_of(config, name).get("model_type") in _GATED_Q and dim \
+            and out_size == 2 * n_heads * dim:  # per head: its q rows, then its gate's
+        return [View(f"part={part},head={h}", _slice(0, (2 * h + i) * dim, (2 * h + i + 1) * dim,
+                                                     transposed), transposed)
+                for i, part in enumerate(("q", "gate")) for h in range(n_heads)]
     dim = _dim(name, out_size, count, dim, shape)
     _fits(name, out_size, count * dim, "its output size", shape)
     return [View(f"head={h}", _slice(0, h * dim, (h + 1) * dim, transposed), transposed)
@@ -297,7 +335,9 @@ def qkv(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> li
         half = out_size // 2
         return [View("part=gate", _slice(0, 0, half, transposed), transposed),
                 View("part=up", _slice(0, half, out_size, transposed), transposed)]
-    if kind_of(name, options) != "qkv":
+    layer = "" if options.get("patterns") else _layer_type(config, name)
+    if kind_of(name, options) != "qkv" or (layer and "linear" in layer or layer and
+                                           "attention" not in layer):
         return []
     sub = _config_of(config, name)
     if options.get("heads") or sub.get("num_attention_heads") or sub.get("n_head"):
