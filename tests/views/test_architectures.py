@@ -323,3 +323,50 @@ def test_qwen3_nexts_gated_queries_and_layers_without_heads():
         num_key_value_heads=2, vocab_size=60, layer_types=["conv", "full_attention"]))
     views = _views(lfm2)
     assert views and not any(".layers.0." in n for n in views)
+
+
+def test_codegens_sharded_qkv_mpts_n_heads_and_debertas_query_proj():
+    """CodeGen's qkv_proj is four model-parallel blocks of q | v | k (CodeGenAttention
+    splits it so; read as q|k|v blocks its heads were other rows); MPT names its head
+    count n_heads (heads failed the model); DeBERTa-v2's query_proj/key_proj/value_proj
+    are split like BERT's query/key/value (they were left whole)."""
+    codegen = _build(transformers.CodeGenForCausalLM, transformers.CodeGenConfig(
+        n_layer=1, n_embd=HIDDEN, n_head=HEADS * 2, vocab_size=60, rotary_dim=2))
+    attn = codegen.transformer.h[0].attn
+    heads, dim = HEADS * 2, HIDDEN // (HEADS * 2)
+    local = HIDDEN // attn.mp_num
+    out = _identity_through(attn.qkv_proj)[0].view(HIDDEN, attn.mp_num, 3 * local)
+    q, v, k = (t.reshape(HIDDEN, heads, dim) for t in out.split(local, dim=-1))
+    views = _views(codegen)
+    name = "transformer.h.0.attn.qkv_proj.weight"
+    for part, rows in (("q", q), ("k", k), ("v", v)):
+        for h in range(heads):
+            np.testing.assert_array_equal(views[f"{name}[part={part},head={h}]"],
+                                          rows[:, h].numpy().T)
+    with Session() as s, pytest.raises(ModelSourceError, match=r"in the codegen layout the "
+                                                               r"rows of q are not contiguous"):
+        s.models.add(codegen, "m", views=["qkv"])
+
+    mpt = _build(transformers.MptForCausalLM, transformers.MptConfig(
+        n_layers=1, d_model=HIDDEN, n_heads=HEADS, vocab_size=60))
+    attn = mpt.transformer.blocks[0].attn
+    q, k, v = (t.view(HIDDEN, HEADS, DIM) for t in _identity_through(attn.Wqkv)[0].chunk(3, -1))
+    views = _views(mpt)
+    for part, rows in (("q", q), ("k", k), ("v", v)):
+        for h in range(HEADS):
+            np.testing.assert_array_equal(
+                views[f"transformer.blocks.0.attn.Wqkv.weight[part={part},head={h}]"],
+                rows[:, h].numpy().T)
+
+    deberta = _build(transformers.DebertaV2Model, transformers.DebertaV2Config(
+        num_hidden_layers=1, hidden_size=HIDDEN, intermediate_size=64, num_attention_heads=HEADS,
+        vocab_size=60))
+    views = _views(deberta)
+    base = "encoder.layer.0.attention.self."
+    assert {n.split("[")[0] for n in views} == {
+        f"{base}query_proj.weight", f"{base}key_proj.weight", f"{base}value_proj.weight",
+        "encoder.layer.0.attention.output.dense.weight"}
+    weight = deberta.encoder.layer[0].attention.self.key_proj.weight.detach().numpy()
+    for h in range(HEADS):
+        np.testing.assert_array_equal(views[f"{base}key_proj.weight[head={h}]"],
+                                      weight[h * DIM:(h + 1) * DIM])

@@ -54,10 +54,12 @@ __all__ = ["HEAD_OPTIONS", "check", "conv", "experts", "geometry", "heads", "kin
 
 #: Name patterns of each kind of attention weight (searched in the parameter's name).
 KINDS = {
-    "q": r"(^|\.)(q_proj|q_b_proj|query|(attention|attn)\.wq|attn_q|"
+    "q": r"(^|\.)(q_proj|q_b_proj|query|query_proj|(attention|attn)\.wq|attn_q|"
          r"(Self|EncDec)Attention\.q)\.weight$",
-    "k": r"(^|\.)(k_proj|key|(attention|attn)\.wk|attn_k|(Self|EncDec)Attention\.k)\.weight$",
-    "v": r"(^|\.)(v_proj|value|(attention|attn)\.wv|attn_v|(Self|EncDec)Attention\.v)\.weight$",
+    "k": r"(^|\.)(k_proj|key|key_proj|(attention|attn)\.wk|attn_k|"
+         r"(Self|EncDec)Attention\.k)\.weight$",
+    "v": r"(^|\.)(v_proj|value|value_proj|(attention|attn)\.wv|attn_v|"
+         r"(Self|EncDec)Attention\.v)\.weight$",
     "o": r"(^|\.)(o_proj|out_proj|(attention|attn)\.wo|attention\.output\.dense|attn\.c_proj|"
          r"self_attention\.dense|attention\.dense|self_attn\.dense|attn_output|"
          r"(Self|EncDec)Attention\.o)\.weight$",
@@ -201,7 +203,7 @@ def geometry(config: Mapping[str, Any], options: Mapping[str, Any],
     config = _config_of(config, name)
     side = "decoder" if re.search(r"(^|\.)decoder\.", name) else "encoder"
     heads = options.get("heads") or _count(config, "heads", "num_attention_heads", "n_head",
-                                           "num_heads", f"{side}_attention_heads")
+                                           "num_heads", "n_heads", f"{side}_attention_heads")
     if not heads:
         raise ValueError(f"{name} is an attention weight, but the head count is unknown: no "
                          "config.json beside the checkpoint (nor its own metadata) gives "
@@ -253,6 +255,10 @@ def _fused_rows(kind_layout: str, heads: int, kv: int, dim: int) -> dict[str, li
         return {"q": [h * dim for h in range(heads)],
                 "k": [(heads + g) * dim for g in range(kv)],
                 "v": [(heads + kv + g) * dim for g in range(kv)]}
+    if kind_layout == "codegen":  # four blocks of q | v | k, each a quarter of the heads
+        per, local = heads // 4, heads // 4 * dim
+        return {part: [b * 3 * local + at * local + j * dim for b in range(4) for j in range(per)]
+                for part, at in (("q", 0), ("v", 1), ("k", 2))}
     per = heads // kv  # grouped: per key-value group, its query heads, then k, then v
     return {"q": [(g * (per + 2) + i) * dim for g in range(kv) for i in range(per)],
             "k": [(g * (per + 2) + per) * dim for g in range(kv)],
@@ -262,6 +268,8 @@ def _fused_rows(kind_layout: str, heads: int, kv: int, dim: int) -> dict[str, li
 def _layout(name: str, config: Mapping[str, Any], options: Mapping[str, Any]) -> str:
     if options.get("qkv_layout"):
         return options["qkv_layout"]
+    if config.get("model_type") == "codegen":
+        return "codegen"  # CodeGen's qkv_proj, split for its four model-parallel shards
     if "query_key_value" in name and not (config.get("multi_query")
                                           and not config.get("new_decoder_architecture")):
         return "grouped"
@@ -350,8 +358,8 @@ def qkv(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> li
                              "parts; pass view_options heads and kv_heads")
         dim = out_size // 3
     _fits(name, out_size, (n_heads + 2 * kv) * dim, "its output size", shape)
-    if _layout(name, config, options) == "grouped" and n_heads > 1:
-        raise ValueError(f"{name}: in the grouped layout the rows of q are not contiguous; "
+    if (layout := _layout(name, config, options)) != "blocks" and n_heads > 1:
+        raise ValueError(f"{name}: in the {layout} layout the rows of q are not contiguous; "
                          "use the heads rule (it splits per head), or qkv_layout='blocks' if "
                          "this matrix is q|k|v")
     q, k = n_heads * dim, kv * dim
