@@ -370,3 +370,18 @@ def test_codegens_sharded_qkv_mpts_n_heads_and_debertas_query_proj():
     for h in range(HEADS):
         np.testing.assert_array_equal(views[f"{base}key_proj.weight[head={h}]"],
                                       weight[h * DIM:(h + 1) * DIM])
+
+
+def test_blooms_query_key_value_is_q_k_v_per_head():
+    """BLOOM's fused query_key_value holds, per head, its q, k and v rows (kv heads =
+    heads in the grouped layout), as BloomAttention._reshape takes them."""
+    model = _build(transformers.BloomForCausalLM, transformers.BloomConfig(
+        n_layer=1, hidden_size=HIDDEN, n_head=HEADS, vocab_size=60))
+    attn = model.transformer.h[0].self_attention
+    q, k, v = (t[0].transpose(0, 1).numpy()
+               for t in attn._reshape(_identity_through(attn.query_key_value)))
+    views = _views(model)
+    name = "transformer.h.0.self_attention.query_key_value.weight"
+    for part, rows in (("q", q), ("k", k), ("v", v)):
+        for h in range(HEADS):
+            np.testing.assert_array_equal(views[f"{name}[part={part},head={h}]"], rows[:, h].T)
