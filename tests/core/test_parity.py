@@ -89,6 +89,19 @@ class TestParameterTypes:
             "h.0.mlp.c_proj.weight": "dense", "h.0.mlp.c_proj.bias": "bias"}
         assert types == from_names
 
+    def test_packed_experts_are_dense_whatever_their_naming(self):
+        """3-D expert tensors (transformers' experts.gate_up_proj, llama.cpp's
+        ffn_gate_exps) are linear maps; a 3-D tensor otherwise is a convolution."""
+        rng = np.random.default_rng(0)
+        state = {"model.layers.0.mlp.experts.gate_up_proj": rng.standard_normal((4, 8, 6)),
+                 "blk.0.ffn_gate_exps.weight": rng.standard_normal((4, 8, 6)),
+                 "encoder.conv.weight": rng.standard_normal((4, 8, 3))}
+        with Session() as s:
+            s.models.add(state, model_id="m")
+            types = {p.name: p.ptype for p in s.models.params("m")}
+        assert types == {"model.layers.0.mlp.experts.gate_up_proj": "dense",
+                         "blk.0.ffn_gate_exps.weight": "dense", "encoder.conv.weight": "conv"}
+
     def test_overrides_rename_retype_and_attach_metadata(self, new_session):
         """A renamed parameter is computed and exported under its new name (its weights
         still read from the original), with its type and metadata; also after a reopen."""

@@ -395,6 +395,11 @@ class TestGGUF:
             frame = s.results.to_pandas("numel")
             assert set(frame["meta.quant"]) >= {"Q4_K", "Q8_0", "F16"}
             assert "blk.0.attn_q.weight[head=3]" in {p.name for p in s.models.params("m")}
+            types = {p.name: p.ptype for p in s.models.params("m") if p.parent is None}
+        assert types == {"blk.0.attn_q.weight": "attention", "token_embd.weight": "embedding",
+                         "blk.0.ffn_up.weight": "dense", "blk.0.ffn_down.weight": "dense",
+                         "blk.0.ffn_gate.weight": "dense", "blk.1.ffn_up.weight": "dense",
+                         "output_norm.weight": "norm"}  # llama.cpp's names typed
 
     def test_grouped_query_attention_heads(self, tmp_path):
         """head_count 4 and head_count_kv 2 (grouped-query attention): q splits into 4

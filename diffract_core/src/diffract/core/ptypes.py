@@ -4,7 +4,8 @@ Every parameter gets a :class:`ParameterType` when its model is added: from its 
 for a torch model (``nn.Linear`` and GPT-2's ``Conv1D`` are dense, or attention when
 the name says so, never under a state-space ``mixer``/``mamba`` block; ``nn.Embedding``,
 ``nn.Conv*d``, normalisation layers), from its name and shape for a state dict or a
-checkpoint file (a 3-D tensor is a convolution unless its name says experts), so a
+checkpoint file (a 3-D tensor is a convolution unless its name says experts: ``experts``,
+GGUF's ``ffn_*_exps``; GGUF's ``token_embd`` is an embedding), so a
 module and its saved state dict get the same types. ``models.add(..., parameter_overrides={name:
 ParameterOverrides(...)})`` renames a parameter, sets its type (one of these or any
 string of the user's) and attaches metadata that exports carry."""
@@ -38,7 +39,7 @@ class ParameterType(enum.StrEnum):
 _ATTENTION = re.compile(r"^(?!.*(^|[._])(mixer|mamba)[._])"  # no state-space mixer's projections
                         r".*((^|[._])(q|k|v|o|qkv|query|key|value|out)_?proj|(^|[._])(attn|"
                         r"(self|encdec)?attention|self_attn|c_attn|query|key|value)([._]|$))")
-_EMBEDDING = re.compile(r"(^|[._])(embed\w*|wte|wpe|tok_embeddings|word_embeddings|"
+_EMBEDDING = re.compile(r"(^|[._])(embed\w*|token_embd|wte|wpe|tok_embeddings|word_embeddings|"
                         r"position_embeddings|lm_head|shared(?=\.|$)|relative_attention_bias)([._]|$)")
 _NORM = re.compile(r"(^|[._])(\w*norm\w*|ln_?\w*|layernorm|rmsnorm)([._]|$)")
 
@@ -62,7 +63,7 @@ def infer_type(name: str, shape: tuple[int, ...], module: str | None = None) -> 
         return ParameterType.EMBEDDING.value
     if _NORM.search(low) and len(shape) == 1:
         return ParameterType.NORM.value
-    if len(shape) >= 3 and "expert" not in low:  # packed MoE experts are linear maps
+    if len(shape) >= 3 and not re.search(r"expert|_exps\b", low):  # packed MoE experts
         return ParameterType.CONV.value
     if len(shape) >= 2:
         return (ParameterType.ATTENTION.value if _ATTENTION.search(low)
