@@ -56,24 +56,28 @@ def _same_where_both(module: dict, state: dict) -> None:
 @pytest.mark.parametrize("new_arch, kv", [(False, 1), (True, 2)])
 def test_falcon_multi_query_and_new_decoder_heads_are_falcons_own(new_arch, kv):
     """Falcon-7B's multi-query layout (q heads, then one k, one v; transformers writes
-    num_kv_heads equal to the heads there) and Falcon-40B's grouped one, against
-    FalconAttention._split_heads."""
+    num_kv_heads equal to the heads there) and Falcon-40B's grouped one (per key-value
+    group its query heads, then its k and its v), split here as FalconAttention splits its
+    fused output (a private helper in some transformers releases, inline in others)."""
     config = transformers.FalconConfig(
         num_hidden_layers=1, hidden_size=HIDDEN, num_attention_heads=HEADS, vocab_size=50,
         new_decoder_architecture=new_arch, num_kv_heads=kv if new_arch else None)
     model = _build(transformers.FalconForCausalLM, config)
     attn = model.transformer.h[0].self_attention
-    q, k, v = (t[0].numpy() for t in attn._split_heads(_identity_through(attn.query_key_value)))
+    fused = _identity_through(attn.query_key_value)[0].view(HIDDEN, -1, attn.head_dim)
+    if new_arch:
+        grouped = fused.view(HIDDEN, kv, -1, attn.head_dim)
+        q, k, v = grouped[:, :, :-2].flatten(1, 2), grouped[:, :, -2], grouped[:, :, -1]
+    else:
+        q, k, v = fused.split([HEADS, 1, 1], dim=1)
     views = _views(model)
     name = "transformer.h.0.self_attention.query_key_value.weight"
-    per = HEADS // kv
     assert len([n for n in views if n.startswith(name)]) == HEADS + 2 * kv
-    for h in range(HEADS):
-        np.testing.assert_array_equal(views[f"{name}[part=q,head={h}]"], q[:, h].T)
-    for g in range(kv):  # new_arch broadcasts each group's k and v to its query heads
-        at = g * per if new_arch else g
-        np.testing.assert_array_equal(views[f"{name}[part=k,head={g}]"], k[:, at].T)
-        np.testing.assert_array_equal(views[f"{name}[part=v,head={g}]"], v[:, at].T)
+    for part, rows in (("q", q), ("k", k), ("v", v)):
+        assert rows.shape[1] == (HEADS if part == "q" else kv)
+        for h in range(rows.shape[1]):
+            np.testing.assert_array_equal(views[f"{name}[part={part},head={h}]"],
+                                          rows[:, h].numpy().T)
 
 
 @pytest.mark.parametrize("multi_query", [True, False])
@@ -374,12 +378,12 @@ def test_codegens_sharded_qkv_mpts_n_heads_and_debertas_query_proj():
 
 def test_blooms_query_key_value_is_q_k_v_per_head():
     """BLOOM's fused query_key_value holds, per head, its q, k and v rows (kv heads =
-    heads in the grouped layout), as BloomAttention._reshape takes them."""
+    heads in the grouped layout), as BloomAttention views its output: [heads, 3, dim]."""
     model = _build(transformers.BloomForCausalLM, transformers.BloomConfig(
         n_layer=1, hidden_size=HIDDEN, n_head=HEADS, vocab_size=60))
     attn = model.transformer.h[0].self_attention
-    q, k, v = (t[0].transpose(0, 1).numpy()
-               for t in attn._reshape(_identity_through(attn.query_key_value)))
+    fused = _identity_through(attn.query_key_value)[0].view(HIDDEN, HEADS, 3, DIM)
+    q, k, v = (fused[:, :, i].numpy() for i in range(3))
     views = _views(model)
     name = "transformer.h.0.self_attention.query_key_value.weight"
     for part, rows in (("q", q), ("k", k), ("v", v)):
