@@ -121,7 +121,9 @@ class TestFieldsAsAList:
         assert session.results.to_pandas(tuple(fields)).equals(
             session.results.to_pandas(*fields))
         assert session.results.export(fields) == session.results.export(*fields)
-        assert session.results.export_aggregates(["param_norm"]) == {}
+        session.compute.apply(["param_norm"])
+        aggregates = session.results.export_aggregates(["param_norm"])
+        assert aggregates and aggregates == session.results.export_aggregates("param_norm")
         assert session.results.stale(fields) == []
         pairs = session.compute.apply_pairs(["l_overlap"], pairs="first")
         assert set(pairs) == {("m", "n")} and pairs[("m", "n")].computed

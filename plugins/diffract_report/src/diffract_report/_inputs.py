@@ -9,7 +9,6 @@ used: what a user can do here they can do from Python.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import re
@@ -140,12 +139,16 @@ def is_checkpoint(path: Path) -> bool:
     return any(f.recognises(path) for f in get_catalog().formats.values())
 
 
+def checkpoints_inside(folder: Path) -> list[Path]:
+    """The checkpoints directly inside ``folder``, by name."""
+    return sorted(p for p in folder.iterdir() if is_checkpoint(p))
+
+
 def _refuse_a_folder_of_checkpoints(raw: str, folder: Path) -> None:
     """A folder given as one model that holds checkpoints (a run's ``step-*.pt``, a
     trainer's ``checkpoint-*/``) is refused with what to type instead; any other folder
     is left to the formats, whose message says what a checkpoint directory holds."""
-    inside = [p.name for p in sorted(itertools.islice(folder.iterdir(), 10_000))
-              if is_checkpoint(p)]
+    inside = [p.name for p in checkpoints_inside(folder)]
     if inside:
         shown = ", ".join(inside[:3]) + (f", ... {inside[-1]}" if len(inside) > 3 else "")
         quoted = shlex.quote(raw.rstrip("/") or "/")

@@ -33,6 +33,7 @@ from diffract_report._inputs import (
     add_session_arguments,
     apply_settings,
     check_metrics,
+    checkpoints_inside,
     is_checkpoint,
     model_inputs,
     open_session,
@@ -92,7 +93,7 @@ def checkpoints(patterns: Sequence[str]) -> list[str]:
             if is_checkpoint(match):
                 out.append(str(match))
             elif match.is_dir():
-                inside = sorted(str(p) for p in match.iterdir() if is_checkpoint(p))
+                inside = [str(p) for p in checkpoints_inside(match)]
                 if not inside:
                     raise UsageError(f"{match}: a folder holding no checkpoint a model format "
                                      "reads.")

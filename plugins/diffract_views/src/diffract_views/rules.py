@@ -164,10 +164,9 @@ def _config_of(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return text if isinstance(text, Mapping) else config
 
 
-def _latent(config: Mapping[str, Any], name: str) -> tuple[int, int, int] | None:
+def _latent(config: Mapping[str, Any]) -> tuple[int, int, int] | None:
     """(qk_nope_head_dim, qk_rope_head_dim, v_head_dim) of multi-head latent attention
-    (a ``kv_lora_rank`` in the configuration), else None."""
-    config = _config_of(config, name)
+    (a ``kv_lora_rank`` in the parameter's configuration), else None."""
     if config.get("kv_lora_rank") is None:
         return None
     dims = [_count(config, key, key) for key in ("qk_nope_head_dim", "qk_rope_head_dim",
@@ -177,19 +176,19 @@ def _latent(config: Mapping[str, Any], name: str) -> tuple[int, int, int] | None
 
 def _layer_type(config: Mapping[str, Any], name: str) -> str:
     """The ``layer_types`` entry of the layer holding ``name`` (hybrid models: Qwen3-Next,
-    Kimi Linear, MiniMax, LFM2, Gemma 3...), or '' when the configuration has none."""
-    types = _config_of(config, name).get("layer_types")
+    Kimi Linear, MiniMax, LFM2, Gemma 3...), or '' when the parameter's configuration
+    has none."""
+    types = config.get("layer_types")
     found = re.search(r"(^|\.)(layers|h|blocks)\.(\d+)\.", name)
     if not isinstance(types, list) or found is None or int(found.group(3)) >= len(types):
         return ""
     return str(types[int(found.group(3))])
 
 
-def _linear_geometry(config: Mapping[str, Any], name: str) -> tuple[int, int, int] | None:
+def _linear_geometry(config: Mapping[str, Any]) -> tuple[int, int, int] | None:
     """(heads, heads, head_dim) of a linear-attention layer with separate q, k, v and o
     projections (Kimi Linear's KDA: ``linear_num_heads`` of ``linear_head_dim``), else
     None: its projections are left whole."""
-    config = _config_of(config, name)
     heads = _count(config, "heads", "linear_num_heads")
     dim = _count(config, "head_dim", "linear_head_dim")
     return (heads, heads, dim) if heads and dim else None
@@ -200,7 +199,7 @@ def geometry(config: Mapping[str, Any], options: Mapping[str, Any],
     """(heads, kv_heads, head_dim) from the options, else the configuration (the
     parameter's tower's, and the encoder's or decoder's head count where they differ:
     BART, Whisper)."""
-    config = _config_of(config, name)
+    config = _config_of(config, name)  # idempotent: the rules pass it resolved already
     side = "decoder" if re.search(r"(^|\.)decoder\.", name) else "encoder"
     heads = options.get("heads") or _count(config, "heads", "num_attention_heads", "n_head",
                                            "num_heads", "n_heads", f"{side}_attention_heads")
@@ -281,6 +280,7 @@ def _layout(name: str, config: Mapping[str, Any], options: Mapping[str, Any]) ->
 def heads(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> list[View]:
     """Attention weights per head (see the module docstring)."""
     name, shape = param.name, tuple(param.shape)
+    config = _config_of(config, name)  # its tower's, or its language model's
     kind = kind_of(name, options)
     layer = "" if options.get("patterns") else _layer_type(config, name)
     if kind is None or len(shape) != 2 or (layer and "attention" not in layer):
@@ -288,13 +288,13 @@ def heads(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> 
     transposed = _transposed(name, config, options)
     out_size, in_size = (shape[1], shape[0]) if transposed else shape
     if "linear" in layer:  # linear attention: its own head geometry, or none known
-        found = _linear_geometry(config, name) if kind in ("q", "k", "v", "o") else None
+        found = _linear_geometry(config) if kind in ("q", "k", "v", "o") else None
         if found is None:
             return []
         (n_heads, kv, dim), latent = found, None
     else:
         n_heads, kv, dim = geometry(config, options, name)
-        latent = None if options.get("head_dim") else _latent(config, name)
+        latent = None if options.get("head_dim") else _latent(config)
     if kind == "kv_b":
         if latent is None:
             return []
@@ -319,7 +319,7 @@ def heads(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> 
         return [View(f"part={part},head={h}", _slice(0, s, s + dim, transposed), transposed)
                 for part, rows in starts.items() for h, s in enumerate(rows)]
     count = n_heads if kind == "q" else kv
-    if kind == "q" and _config_of(config, name).get("model_type") in _GATED_Q and dim \
+    if kind == "q" and config.get("model_type") in _GATED_Q and dim \
             and out_size == 2 * n_heads * dim:  # per head: its q rows, then its gate's
         return [View(f"part={part},head={h}", _slice(0, (2 * h + i) * dim, (2 * h + i + 1) * dim,
                                                      transposed), transposed)
@@ -343,12 +343,12 @@ def qkv(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> li
         half = out_size // 2
         return [View("part=gate", _slice(0, 0, half, transposed), transposed),
                 View("part=up", _slice(0, half, out_size, transposed), transposed)]
+    config = _config_of(config, name)
     layer = "" if options.get("patterns") else _layer_type(config, name)
-    if kind_of(name, options) != "qkv" or (layer and "linear" in layer or layer and
-                                           "attention" not in layer):
+    if kind_of(name, options) != "qkv" or (layer and ("linear" in layer
+                                                      or "attention" not in layer)):
         return []
-    sub = _config_of(config, name)
-    if options.get("heads") or sub.get("num_attention_heads") or sub.get("n_head"):
+    if options.get("heads") or config.get("num_attention_heads") or config.get("n_head"):
         n_heads, kv, dim = geometry(config, options, name)
         dim = _dim(name, out_size, n_heads + 2 * kv, dim, shape)
     else:  # no geometry: equal thirds (multi-head attention)
