@@ -25,9 +25,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-#: A ratchet: the core's size today plus a little, on the way to issue 37's 5,000.
-CORE_MAX_CODE = 6025
-CORE_MAX_LINES = 8733
+#: A ratchet: the core's size today plus a little, on the way to issue 37's 5,000. Issue
+#: 56 raised it by 5 code lines (config.py, shorter, paid for the rest): the one "inside"
+#: rule every reader calls lives in the core, whose own side file (trainer_state.json)
+#: obeys it and whose plugin surface hands it to third-party readers.
+CORE_MAX_CODE = 6030
+CORE_MAX_LINES = 8748
 MODULE_MAX_LINES = 600
 #: Modules exempt from MODULE_MAX_LINES (relative to ROOT).
 EXEMPT = ("kernel_fun_gpu/src/kernel_fun/ops/*/_triton.py",)

@@ -29,8 +29,11 @@ _RANK = textwrap.dedent("""
     os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                       RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_SIZE="2")
     import torch, deepspeed
-    import deepspeed.comm.torch as comm
-    comm.build_shm_op = lambda: None  # its shared-memory allreduce compiles C++: not needed
+    import deepspeed.comm.torch
+    # its shared-memory allreduce compiles C++ (minutes): not needed. The module itself,
+    # from sys.modules: `import deepspeed.comm.torch as comm` binds torch (deepspeed.comm
+    # has an attribute named torch), and the patch then missed.
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -72,13 +75,16 @@ def saved(request, tmp_path_factory) -> tuple[int, Path]:
     script = root / "rank.py"
     script.write_text(_RANK)
     port = str(_free_port())
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    extensions = root / "torch_extensions"  # where a JIT build would land: none may
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCH_EXTENSIONS_DIR": str(extensions)}
     ranks = [subprocess.Popen([sys.executable, str(script), str(r), port, str(stage),
                                str(root / "ck")], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for r in (0, 1)]
     for proc in ranks:
         out, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-3000:]
+    built = sorted(p.name for p in extensions.rglob("*")) if extensions.exists() else []
+    assert not built, f"writing the fixture compiled DeepSpeed's C++ ops: {built}"
     return stage, root / "ck"
 
 
@@ -159,4 +165,24 @@ def test_a_missing_rank_is_refused(saved, tmp_path):
     copy = _copy(folder, tmp_path)
     (copy / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
     with pytest.raises(ModelSourceError, match="written by 2 ranks and holds 1"):
+        DeepSpeedReader(str(copy))
+
+
+def test_a_step_folder_or_a_rank_file_linking_out_is_refused(saved, tmp_path):
+    """The save folder's ``latest`` naming a step folder that is a link elsewhere, or a
+    rank's file linking out of its step folder: refused by the one inside rule."""
+    stage, folder = saved
+    save = tmp_path / "save"
+    save.mkdir()
+    (save / "latest").write_text("global_step2")
+    (save / "global_step2").symlink_to(folder / "global_step2", target_is_directory=True)
+    with pytest.raises(ModelSourceError, match=r"'global_step2' resolves to .*, outside the "
+                                               r"checkpoint's folder"):
+        DeepSpeedReader(str(save))
+    copy = _copy(folder, tmp_path)
+    rank1 = copy / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    rank1.unlink()
+    rank1.symlink_to(folder / "global_step1" / rank1.name)
+    with pytest.raises(ModelSourceError, match=r"'zero_pp_rank_1_mp_rank_00_optim_states.pt' "
+                                               r"resolves to .*, outside the checkpoint"):
         DeepSpeedReader(str(copy))

@@ -1,7 +1,7 @@
 """Hugging Face model ids from the local cache (issue 35 item 2): a cache laid out as
 huggingface_hub lays it (``refs/``, ``blobs/``, ``snapshots/<commit>/`` links), found from
-HF_HUB_CACHE or HF_HOME, by revision, with huggingface_hub's own lookup and without it;
-an id that is not cached says how to fetch it; a local path of the same name wins."""
+HF_HUB_CACHE or HF_HOME, by revision (a ref, a commit or a unique prefix of one); an id
+that is not cached says how to fetch it; a local path of the same name wins."""
 
 from __future__ import annotations
 
@@ -70,22 +70,12 @@ def _read(name: str) -> dict[str, np.ndarray]:
                 for p in s.models.params("m")}
 
 
-@pytest.fixture(params=["huggingface_hub", "layout"])
-def lookup(request, monkeypatch):
-    """Both ways the snapshot is found: huggingface_hub's own lookup, and the layout."""
-    if request.param == "huggingface_hub":
-        pytest.importorskip("huggingface_hub")
-    else:
-        monkeypatch.setattr(hub_cache, "_hub_available", lambda: False)
-    return request.param
-
-
 def _same(a: dict, b: dict) -> bool:
     return sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
 
 
 @pytest.mark.parametrize("sharded", [False, True])
-def test_an_id_reads_its_snapshot_by_revision(tmp_path, monkeypatch, lookup, sharded):
+def test_an_id_reads_its_snapshot_by_revision(tmp_path, monkeypatch, sharded):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     want = _cache(tmp_path / "cache", sharded=sharded)
     assert _same(_read("org/tiny"), want["main"])
@@ -97,7 +87,7 @@ def test_an_id_reads_its_snapshot_by_revision(tmp_path, monkeypatch, lookup, sha
             tmp_path / "cache" / "models--org--tiny" / "snapshots" / COMMITS["main"])
 
 
-def test_hf_home_and_the_default_cache(tmp_path, monkeypatch, lookup):
+def test_hf_home_and_the_default_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
     want = _cache(tmp_path / "home" / "hub")
@@ -108,7 +98,7 @@ def test_hf_home_and_the_default_cache(tmp_path, monkeypatch, lookup):
     assert _same(_read("org/other"), want["main"])
 
 
-def test_an_id_not_cached_says_how_to_fetch_it(tmp_path, monkeypatch, lookup):
+def test_an_id_not_cached_says_how_to_fetch_it(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     _cache(tmp_path / "cache")
     with pytest.raises(ModelSourceError, match=r"`hf download org/missing`.*downloads nothing"):
@@ -117,7 +107,7 @@ def test_an_id_not_cached_says_how_to_fetch_it(tmp_path, monkeypatch, lookup):
         _read("org/tiny@v9")
 
 
-def test_a_local_path_of_the_same_name_wins(tmp_path, monkeypatch, lookup):
+def test_a_local_path_of_the_same_name_wins(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     _cache(tmp_path / "cache")
     local = _weights(7)
@@ -132,7 +122,7 @@ def test_names_that_are_no_ids_are_left_to_the_path_rules():
         assert hub_cache.locate(name) is None
 
 
-def test_the_command_line_takes_an_id(tmp_path, monkeypatch, capsys, lookup):
+def test_the_command_line_takes_an_id(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     _cache(tmp_path / "cache")
     monkeypatch.chdir(tmp_path)

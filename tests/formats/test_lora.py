@@ -204,7 +204,7 @@ def test_an_adapter_folder_linking_outside_itself_is_refused(rng, tmp_path):
         (folder / linked).symlink_to(elsewhere / linked)
         with Session() as s:
             with pytest.raises(ModelSourceError, match=rf"'{linked}' resolves to .*outside "
-                                                       r"the checkpoint directory"):
+                                                       r"the checkpoint's folder"):
                 s.models.add(folder, "x")
             s.models.add(folder, "x", format="peft-lora",
                          format_options={"allow_outside": True})

@@ -99,19 +99,15 @@ def _check(data: Mapping[str, Any], schema: Mapping[str, Any], where: str, probl
             )
             continue
         want = schema[key]
-        if isinstance(want, dict):
+        if isinstance(want, dict) or want is dict:
             if not isinstance(value, Mapping):
                 problems.append(f"{path!r} must be a table, got {value!r}")
-            else:
+            elif want is not dict:
                 _check(value, want, path, problems)
-        elif want is dict:
-            if not isinstance(value, Mapping):
-                problems.append(f"{path!r} must be a table, got {value!r}")
-        elif want is float:
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                problems.append(f"{path!r} must be a number, got {value!r}")
-        elif not isinstance(value, want) or isinstance(value, bool):
-            problems.append(f"{path!r} must be {want.__name__}, got {value!r}")
+        elif not isinstance(value, (int, float) if want is float else want) or isinstance(
+                value, bool):
+            what = "a number" if want is float else want.__name__
+            problems.append(f"{path!r} must be {what}, got {value!r}")
 
 
 def _executor_name(data: Mapping[str, Any], default: str) -> str:

@@ -23,7 +23,8 @@ import attrs
 
 from diffract.errors import ModelSourceError
 
-__all__ = ["FileIdentity", "ModelSource", "HEADER_BYTES", "MAX_SIDE_FILE", "read_json_file"]
+__all__ = ["FileIdentity", "ModelSource", "HEADER_BYTES", "MAX_SIDE_FILE", "inside",
+           "read_json_file"]
 
 #: Bytes hashed at the start of a file (covers a safetensors header for typical models);
 #: a safetensors file's whole declared header is hashed when it is longer.
@@ -81,6 +82,24 @@ def read_json_file(source: Any, what: str | None = None) -> Any:
         raise ModelSourceError(f"{what or str(source)!r} {problem}; fix or remove the file",
                                model_id=None)
     return value
+
+
+def inside(folder: str | os.PathLike[str], name: str | os.PathLike[str],
+           hint: str = "copy the file into the folder") -> Path:
+    """``folder / name`` resolved (links followed), when it lies in the checkpoint folder
+    ``folder``: the one rule of every reader, for weights and side files alike. A Hugging
+    Face cache snapshot (``models--org--name/snapshots/<commit>``) is inside its
+    repository's folder, whose ``blobs/`` its files link into; the snapshot folder itself
+    must resolve there too. Otherwise a ModelSourceError saying where it leads and ``hint``.
+    """
+    given = Path(os.path.abspath(folder))
+    cached = given.parent.name == "snapshots" and given.parent.parent.name[:8] == "models--"
+    area, target = (given.parent.parent if cached else given).resolve(), (given / name).resolve()
+    if not target.is_relative_to(area):
+        raise ModelSourceError(f"{os.fspath(name)!r} resolves to {str(target)!r}, outside the "
+                               f"checkpoint's folder {str(area)!r}: Diffract reads only the "
+                               f"checkpoint's own files; {hint}", model_id=None)
+    return target
 
 
 def _header_length(fh: Any, size: int) -> int:

@@ -48,13 +48,13 @@ def _from_path(path: Path) -> Step:
 
 
 def _trainer_state(path: Path) -> Step:
-    from diffract.core.sources import read_json_file
+    from diffract.core.sources import inside, read_json_file
     from diffract.errors import ModelSourceError
 
     state = (path if path.is_dir() else path.parent) / "trainer_state.json"
     if not state.is_file():
         return {}
-    data = read_json_file(state)  # a bad one fails its checkpoint, saying why
+    data = read_json_file(inside(state.parent, state.name))  # a bad one fails, saying why
     if not isinstance(data, dict):
         raise ModelSourceError(f"{str(state)!r} holds no JSON object; fix or remove it (the "
                                "step then comes from the folder's name)", model_id=None)

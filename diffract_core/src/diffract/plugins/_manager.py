@@ -148,11 +148,11 @@ def _env_prefer() -> dict[str, str]:
         if not entry.strip():
             continue
         name, sep, dist = entry.partition("=")
-        if not sep or not name.strip() or not dist.strip():
-            message = f"DIFFRACT_PREFER entry {entry!r} is not name=distribution; ignored."
-            warn(PluginWarning(message))
-            continue
-        out[name.strip()] = dist.strip()
+        if sep and name.strip() and dist.strip():
+            out[name.strip()] = dist.strip()
+        else:
+            warn(PluginWarning(f"DIFFRACT_PREFER entry {entry!r} is not name=distribution; "
+                               "ignored."))
     return out
 
 

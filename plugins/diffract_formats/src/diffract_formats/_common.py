@@ -30,14 +30,14 @@ class Config(dict):
 
 
 def config_json(folder: str | Path) -> dict[str, Any]:
-    """The ``config.json`` of a checkpoint's folder (read bounded, by read_json_file), or
-    ``{}`` when there is none; one that is not a JSON object is an error naming it."""
-    from diffract.plugins import read_json_file
+    """The ``config.json`` of a checkpoint's folder (inside it, read bounded), or ``{}``
+    when there is none; one that is not a JSON object is an error naming it."""
+    from diffract.plugins import inside, read_json_file
 
     path = Path(folder) / "config.json"
     if not path.is_file():
         return {}
-    data = read_json_file(path)
+    data = read_json_file(inside(folder, "config.json"), str(path))
     if not isinstance(data, dict):
         raise error(path, "config.json holds no JSON object; fix it, or give the geometry as "
                           "view options")

@@ -30,8 +30,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from diffract.errors import ModelSourceError
-from diffract.plugins import CheckpointReader, TensorEntry, to_slices
+from diffract.plugins import CheckpointReader, TensorEntry, inside, to_slices
 from diffract_formats._common import config_json, error, file_identity, library
 
 __all__ = ["DcpReader", "dcp_folder", "dcp_layout"]
@@ -46,6 +48,9 @@ NOT_MODEL = ("optimizer", "optim", "lr_scheduler", "scheduler", "dataloader", "t
              "rng", "rng_state", "rng_states", "extra_state", "trainer")
 #: A metadata file larger than this is refused before it is read.
 MAX_METADATA = 256 << 20
+#: The most cells of the grid a tensor's chunk boundaries cut that the tiling check marks
+#: (one byte each): far more than any rank layout makes (as many cells as chunks).
+MAX_GRID_CELLS = 1 << 26
 
 _DCP = "torch.distributed.checkpoint."
 #: (module, name) the metadata unpickler resolves; dtypes are checked apart.
@@ -69,6 +74,16 @@ def dcp_folder(path: str | Path) -> Path | None:
         if (folder / METADATA).is_file():
             return folder
     return None
+
+
+def _checked_folder(path: str | Path) -> Path | None:
+    """:func:`dcp_folder`, resolved, with its ``.metadata`` and OLMo-core's inner folder
+    inside the checkpoint's folder (neither may link out of it)."""
+    folder = dcp_folder(path)
+    if folder is None:
+        return None
+    inside(path, folder.relative_to(path) / METADATA)
+    return inside(path, folder.relative_to(path))
 
 
 def dcp_layout(path: str) -> bool:
@@ -153,15 +168,17 @@ class DcpReader(CheckpointReader):
     model's parameters are, when not under ``app.model.``, ``model.`` or ``module.``."""
 
     def __init__(self, path: str, prefix: str | None = None) -> None:
-        folder = dcp_folder(path)
+        folder = _checked_folder(path)
         if folder is None:
             raise error(path, f"no {METADATA} here (nor in model_and_optim/): not a "
                               "torch.distributed.checkpoint folder")
-        self._root = folder.resolve()
+        self._root = folder
         self._metadata_path = self._root / METADATA
         metadata = read_metadata(self._metadata_path)
         try:
             self._index(metadata, prefix)
+        except ModelSourceError:
+            raise  # said with its file and tensor
         except (AttributeError, TypeError, ValueError, KeyError, IndexError,
                 OverflowError) as exc:  # a pickle of the right classes, wrongly filled
             raise error(self._metadata_path, f"the metadata is damaged ({type(exc).__name__}: "
@@ -187,6 +204,7 @@ class DcpReader(CheckpointReader):
             if isinstance(fqn, str) and offset is not None:
                 where[(fqn, tuple(int(o) for o in offset))] = info
         sizes: dict[Path, int] = {}
+        files: dict[Any, Path] = {}  # each file the metadata names, checked once
         self._stats: dict[Path, tuple[int, ...]] = {}
         self._tensors: dict[str, tuple[Any, list[tuple[Any, Path, int, int]]]] = {}
         for key in keys:
@@ -208,7 +226,8 @@ class DcpReader(CheckpointReader):
                 if info is None:
                     raise error(self._metadata_path, f"tensor {key!r}: the chunk at "
                                                      f"{offsets} is stored nowhere")
-                file = self._inside(info.relative_path, key)
+                file = files.get(info.relative_path) or self._inside(info.relative_path, key)
+                files[info.relative_path] = file
                 if file not in sizes:
                     stat = file.stat()
                     sizes[file] = stat.st_size
@@ -228,11 +247,10 @@ class DcpReader(CheckpointReader):
                     raise error(file, f"tensor {key!r}: a chunk of {lengths} is declared in "
                                       f"{length} bytes, fewer than its entries take")
                 chunks.append((offsets, lengths, file, start, length))
-            covered = sum(math.prod(c[1]) for c in chunks)
-            if covered != math.prod(shape) or _overlap(chunks):
+            problem = _tiling_problem(shape, chunks)
+            if problem is not None:
                 raise error(self._metadata_path, f"tensor {key!r}: its chunks do not tile its "
-                                                 f"shape {shape} (they cover {covered} of "
-                                                 f"{math.prod(shape)} entries, or overlap)")
+                                                 f"shape {shape} ({problem})")
             self._tensors[key[len(self._prefix):]] = (entry, chunks)
         self._files = [str(self._metadata_path), *sorted(map(str, sizes))]
         #: each tensor's first chunk's file (the core checks its identity before a read;
@@ -242,15 +260,16 @@ class DcpReader(CheckpointReader):
 
     def _inside(self, relative: Any, key: str) -> Path:
         """A file the metadata names, refused unless it lies in the folder."""
-        if not isinstance(relative, str) or not relative or Path(relative).is_absolute() \
-                or ".." in Path(relative).parts:
+        if not isinstance(relative, str) or not relative:
             raise error(self._metadata_path, f"tensor {key!r} is stored at {relative!r}, "
-                                             "outside the checkpoint's folder: refused")
-        file = (self._root / relative).resolve()
-        if not file.is_relative_to(self._root) or not file.is_file():
+                                             "which names no file: refused")
+        try:
+            file = inside(self._root, relative)
+        except ModelSourceError as exc:
+            raise error(self._metadata_path, f"tensor {key!r}: {exc}") from None
+        if not file.is_file():
             raise error(self._metadata_path, f"tensor {key!r} is stored in {relative!r}, "
-                                             "which is not a file inside the checkpoint's "
-                                             "folder")
+                                             "which is not a file of the checkpoint's folder")
         return file
 
     @property
@@ -329,15 +348,45 @@ class DcpReader(CheckpointReader):
         return part
 
 
-def _overlap(chunks: list[tuple[Any, ...]]) -> bool:
-    """Whether two chunks (offsets, sizes, ...) share an entry: with the count of entries
-    equal to the tensor's, chunks that do not overlap tile it exactly."""
+def _tiling_problem(shape: tuple[int, ...], chunks: list[tuple[Any, ...]]) -> str | None:
+    """Why the chunks (offsets, sizes, ...), each inside ``shape``, do not tile it, or None.
+
+    They tile it when they cover as many entries as it holds and no two share an entry.
+    Overlap is checked on the grid the chunks' own boundaries cut (one row of cells per
+    distinct offset along each axis): every chunk is a block of its cells, so two chunks
+    share an entry exactly when they share a cell. Chunks covering more cells in all than
+    the grid holds overlap; chunks of one cell each (the grids ranks write: one row, or
+    one block of a grid, per rank) overlap when two have the same cell; otherwise each
+    chunk's cells are marked once, a cell marked twice being the overlap. O(n log n) in
+    the number of chunks, where comparing them pair by pair was quadratic (20,000 chunks
+    of one tensor took minutes)."""
+    covered = sum(math.prod(c[1]) for c in chunks)
+    if covered != math.prod(shape):
+        return f"they cover {covered} of {math.prod(shape)} entries"
     boxes = [(c[0], c[1]) for c in chunks if math.prod(c[1])]
-    return any(all(oa < ob + nb and ob < oa + na
-                   for oa, na, ob, nb in zip(a_off, a_len, b_off, b_len, strict=True))
-               for i, (a_off, a_len) in enumerate(boxes) for b_off, b_len in boxes[i + 1:])
-
-
+    if len(boxes) < 2:
+        return None
+    starts = np.array([o for o, _ in boxes], dtype=np.int64).reshape(len(boxes), len(shape))
+    stops = starts + np.array([n for _, n in boxes], dtype=np.int64).reshape(starts.shape)
+    cuts = [np.unique(np.concatenate([starts[:, a], stops[:, a]])) for a in range(len(shape))]
+    first = np.stack([np.searchsorted(c, starts[:, a]) for a, c in enumerate(cuts)], axis=1)
+    last = np.stack([np.searchsorted(c, stops[:, a]) for a, c in enumerate(cuts)], axis=1)
+    grid = tuple(len(c) - 1 for c in cuts)
+    spans = np.prod(last - first, axis=1, dtype=np.float64)  # no int64 overflow
+    if spans.sum() > math.prod(grid):
+        return "two of them overlap"
+    if (spans == 1).all():
+        return "two of them overlap" if len(np.unique(first, axis=0)) < len(boxes) else None
+    if math.prod(grid) > MAX_GRID_CELLS:
+        return (f"their {len(boxes)} chunks cut it into {math.prod(grid)} pieces, more than "
+                f"Diffract checks ({MAX_GRID_CELLS}); save it with a regular sharding")
+    marked = np.zeros(grid, dtype=bool)
+    for lo, hi in zip(first.tolist(), last.tolist(), strict=True):
+        block = tuple(map(slice, lo, hi))
+        if marked[block].any():
+            return "two of them overlap"
+        marked[block] = True
+    return None
 
 
 def _resolved(shape: tuple[int, ...], index: Any) -> tuple[Any, ...]:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from diffract.errors import ModelSourceError
-from diffract.plugins import CheckpointReader, TensorEntry, to_slices
+from diffract.plugins import CheckpointReader, TensorEntry, inside, to_slices
 from diffract_formats._common import config_json, error, file_identity, library
 
 __all__ = ["DeepSpeedReader", "zero_folder", "zero_layout"]
@@ -50,7 +50,7 @@ def zero_folder(path: str | Path) -> Path | None:
         return None
     latest = p / "latest"
     if latest.is_file() and latest.stat().st_size < 256:
-        tag = latest.read_text(encoding="ascii", errors="replace").strip()
+        tag = inside(p, "latest").read_text(encoding="ascii", errors="replace").strip()
         if tag and Path(tag).name == tag and tag not in (".", "..") and (p / tag).is_dir():
             p = p / tag
     names = [f.name for f in p.iterdir()] if p.is_dir() else []
@@ -100,7 +100,8 @@ class DeepSpeedReader(CheckpointReader):
         if folder is None:
             raise error(path, "no *_model_states.pt with *_optim_states.pt here (nor a "
                               "'latest' naming such a folder): not a DeepSpeed checkpoint")
-        self._root, self._given = folder.resolve(), Path(path).resolve()
+        self._root = inside(path, folder.relative_to(path))  # a step folder linking out: no
+        self._given = Path(path).resolve()
         names = sorted(f.name for f in self._root.iterdir())
         optim = {int(m[1]): m for m in map(_OPTIM.fullmatch, names) if m}
         model = [m for m in map(_MODEL.fullmatch, names) if m]
@@ -110,6 +111,8 @@ class DeepSpeedReader(CheckpointReader):
         first = next((m for m in model if m[1] in (None, "0")), None)
         if first is None:
             raise error(self._root, "rank 0's model states are missing")
+        for name in (first[0], *(m[0] for m in optim.values())):  # no rank's file links out
+            inside(self._root, name)
         self._model_path = self._root / first[0]
         try:
             self._index(_load(self._model_path), [self._root / optim[r][0]

@@ -3,11 +3,15 @@ offline: nothing is downloaded.
 
 The cache is ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
 ``$XDG_CACHE_HOME/huggingface/hub`` (``~/.cache/huggingface/hub``), read when the id is
-looked up (not when a library was imported). With huggingface_hub installed its own
-``snapshot_download(local_files_only=True)`` finds the snapshot; without it the cache's
-layout is read as huggingface_hub writes it: ``models--org--name/refs/<revision>`` holds a
-commit, ``snapshots/<commit>/`` the files (links into ``blobs/``, which the Hugging Face
-reader follows for a cache snapshot).
+looked up (not when a library was imported). The cache's layout is read as
+huggingface_hub writes it: ``models--org--name/refs/<revision>`` holds a commit,
+``snapshots/<commit>/`` the files (links into ``blobs/``). A revision resolves to a
+40-hex commit whose snapshot lies in the repository's folder, by the one rule every
+reader keeps (:func:`diffract.plugins.inside`): a ref holding anything but a commit, or a
+snapshot linking out of the cache, is refused. huggingface_hub's own
+``snapshot_download(local_files_only=True)`` is not used for this: it joins a ref's text
+onto ``snapshots/`` unchecked, so a ref holding ``../../..`` leads out of the cache.
+A revision may be a unique prefix of a cached commit (``org/name@0123abc``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import os
 import re
 from pathlib import Path
 
+from diffract.errors import ModelSourceError
+from diffract.plugins import inside
 from diffract_formats._common import error
 
 __all__ = ["cache_dir", "locate"]
@@ -23,6 +29,8 @@ __all__ = ["cache_dir", "locate"]
 #: ``org/name`` with an optional ``@revision`` (a branch, a tag or a commit).
 HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96})(?:@(?P<rev>[\w./-]{1,200}))?")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+#: A short commit: at least 7 hex digits, as git abbreviates.
+_SHORT = re.compile(r"[0-9a-f]{7,39}")
 
 
 def cache_dir() -> Path:
@@ -37,14 +45,14 @@ def cache_dir() -> Path:
 
 def locate(name: str) -> str | None:
     """The snapshot folder of model id ``name`` in the local cache; None when ``name`` is
-    no model id; a ModelSourceError saying how to fetch it when it is not cached."""
+    no model id; a ModelSourceError saying how to fetch it when it is not cached, or what
+    is wrong with the cache."""
     found = HUB_ID.fullmatch(name)
     if found is None or ".." in name or "//" in name:
         return None
     repo, revision = found["repo"], found["rev"] or "main"
     cache = cache_dir()
-    snapshot = _with_hub(repo, revision, cache) if _hub_available() else _by_layout(
-        repo, revision, cache)
+    snapshot = _snapshot(cache / ("models--" + repo.replace("/", "--")), revision)
     if snapshot is None:
         fetch = f"hf download {repo}" + (f" --revision {revision}" if found["rev"] else "")
         raise error(cache, f"{name!r} is no file or folder here, and model {repo!r} "
@@ -55,34 +63,37 @@ def locate(name: str) -> str | None:
     return str(snapshot)
 
 
-def _hub_available() -> bool:
-    try:
-        import huggingface_hub  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _with_hub(repo: str, revision: str, cache: Path) -> Path | None:
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(repo, revision=revision, cache_dir=str(cache),
-                                      local_files_only=True))
-    except Exception:  # noqa: BLE001 - not cached (its own LocalEntryNotFoundError), or no id
+def _snapshot(folder: Path, revision: str) -> Path | None:
+    """``folder/snapshots/<commit>`` of ``revision`` (a ref, a commit or its unique
+    prefix), checked inside ``folder``; None when the cache does not hold it."""
+    if not folder.is_dir():
         return None
-
-
-def _by_layout(repo: str, revision: str, cache: Path) -> Path | None:
-    folder = cache / ("models--" + repo.replace("/", "--"))
     commit = revision
-    if not _COMMIT.fullmatch(revision):
-        ref = folder / "refs" / revision
-        if not ref.is_file():
-            return None
+    if (folder / "refs" / revision).is_file():
+        ref = inside(folder, Path("refs") / revision, "fetch the model again")
         with open(ref, "rb") as fh:
-            commit = fh.read(100).decode("ascii", errors="replace").strip()
-        if not _COMMIT.fullmatch(commit):
-            return None
-    snapshot = folder / "snapshots" / commit
-    return snapshot if snapshot.is_dir() else None
+            text = fh.read(100).decode("ascii", errors="replace").strip()
+        if not _COMMIT.fullmatch(text):
+            raise error(folder / "refs" / revision,
+                        f"refs/{revision} holds {text[:60]!r}, not a 40-hex commit: the cache "
+                        "is damaged (or was not written by huggingface_hub); fetch the model "
+                        "again, or give the snapshot's folder as a path")
+        commit = text
+    elif _SHORT.fullmatch(revision):
+        commit = _unique_prefix(folder, revision)
+    if not _COMMIT.fullmatch(commit) or not (folder / "snapshots" / commit).is_dir():
+        return None
+    inside(folder, Path("snapshots") / commit, "fetch the model again")
+    return folder / "snapshots" / commit
+
+
+def _unique_prefix(folder: Path, prefix: str) -> str:
+    """The one cached commit starting with ``prefix`` (``prefix`` itself when none does)."""
+    snapshots = folder / "snapshots"
+    found = sorted(p.name for p in snapshots.iterdir() if p.name.startswith(prefix)
+                   and _COMMIT.fullmatch(p.name)) if snapshots.is_dir() else []
+    if len(found) > 1:
+        raise ModelSourceError(f"revision {prefix!r} is ambiguous in the local Hugging Face "
+                               f"cache: {len(found)} commits start with it ({', '.join(found)})"
+                               "; give more digits", model_id=None)
+    return found[0] if found else prefix

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from diffract.errors import EmptyModelError
-from diffract.plugins import CheckpointReader, TensorEntry, read_json_file, to_slices
+from diffract.plugins import CheckpointReader, TensorEntry, inside, read_json_file, to_slices
 from diffract_formats._common import error
 
 __all__ = ["ADAPTER_FILES", "LoraReader", "lora_layout"]
@@ -107,7 +107,7 @@ class LoraReader(CheckpointReader):
             raise error(type(adapter).__name__, "a PEFT adapter is read from its state dict, "
                                                 "its adapter_model file or its directory")
         else:
-            from diffract_formats.readers import _check_inside
+            from diffract_formats.readers import OUTSIDE_HINT
 
             path = Path(adapter)
             if path.is_dir():
@@ -117,10 +117,10 @@ class LoraReader(CheckpointReader):
                                       "(a PEFT adapter directory)")
                 path = found[0]
                 if not allow_outside:
-                    _check_inside(path.parent, path.name)
+                    inside(path.parent, path.name, OUTSIDE_HINT)
             config = path.parent / _CONFIG if (path.parent / _CONFIG).is_file() else None
             if config is not None and not allow_outside:
-                _check_inside(path.parent, _CONFIG)
+                inside(path.parent, _CONFIG, OUTSIDE_HINT)
             self._inner, where = _weights(path), str(path)
         self.scale = _scale(config, scale)
         self._files = [*self._inner.files, *([str(config)] if config is not None else [])]

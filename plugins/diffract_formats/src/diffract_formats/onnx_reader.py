@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from diffract.plugins import CheckpointReader, TensorEntry, to_slices
+from diffract.errors import ModelSourceError
+from diffract.plugins import CheckpointReader, TensorEntry, inside, to_slices
 from diffract_formats._common import ConfigBeside, error
 from diffract_formats._wire import Span, WireError, protobuf_fields, varint
 
@@ -144,7 +146,7 @@ class OnnxReader(ConfigBeside, CheckpointReader):
 
     def __init__(self, path: str) -> None:
         self._path = str(Path(path).resolve())
-        self._dir = Path(self._path).parent
+        self._dir = Path(os.path.abspath(path)).parent  # as given: a cache snapshot's
         self._files = [self._path]
         try:
             with open(self._path, "rb") as fh, mmap.mmap(fh.fileno(), 0,
@@ -197,9 +199,11 @@ class OnnxReader(ConfigBeside, CheckpointReader):
 
     def _external(self, init: _Initializer) -> None:
         location = init.external.get("location", "")
-        target = (self._dir / location).resolve()
-        if not location or Path(location).is_absolute() or not target.is_relative_to(
-                self._dir):
+        try:
+            target = inside(self._dir, location) if location else None
+        except ModelSourceError:
+            target = None
+        if target is None:
             raise WireError(f"initializer {init.name!r} names external data {location!r} "
                             "outside the model's folder; Diffract reads only files beside "
                             "the model")

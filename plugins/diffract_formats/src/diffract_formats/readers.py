@@ -23,6 +23,7 @@ from diffract.errors import ModelWarning, warn
 from diffract.plugins import (
     CheckpointReader,
     TensorEntry,
+    inside,
     read_json_file,
     read_rows,
     to_slices,
@@ -131,19 +132,9 @@ class NpzReader(ConfigBeside, CheckpointReader):
         return value if index is None else value[to_slices(index)]
 
 
-def _check_inside(root: Path, shard: str) -> None:
-    """Refuse a shard that is not a file of the checkpoint directory: an absolute or
-    ``..`` name, or a symlink resolving outside it (a Hugging Face cache snapshot's links
-    into its repository's ``blobs/`` are inside). ``allow_outside=True`` lifts this."""
-    base = root.resolve()
-    target = (root / shard).resolve()
-    blobs = base.parent.parent / "blobs" if base.parent.name == "snapshots" else None
-    if Path(shard).is_absolute() or not (
-            target.is_relative_to(base) or (blobs is not None and target.is_relative_to(blobs))):
-        raise error(root, f"shard {shard!r} resolves to {str(target)!r}, outside the "
-                           "checkpoint directory; Diffract reads only the directory's own "
-                           "files (models.add(..., format_options={'allow_outside': True}) "
-                           "if you mean it)")
+#: What a Hugging Face directory's refusal of a file outside it says to do.
+OUTSIDE_HINT = ("copy the file into the folder, or models.add(..., format_options="
+                "{'allow_outside': True}) if you mean it")
 
 
 def hf_layout(path: str) -> bool:
@@ -162,13 +153,16 @@ class HuggingFaceReader(CheckpointReader):
             raise error(root, f"the directory holds none of {list(HF_MARKERS)}; pass a "
                                "checkpoint file or a Hugging Face-style checkpoint directory")
         kind = SafetensorsReader if marker.startswith("model.") else TorchReader
+
+        def file(name: str) -> Path:  # checked, named as given (a shard's name, no blob's)
+            if not allow_outside:
+                inside(root, name, OUTSIDE_HINT)
+            return root / name
+
         shards: dict[str, list[str] | None] = {marker: None}
         if marker.endswith(".index.json"):
-            shards = self._index(root / marker)
-        if not allow_outside:
-            for shard in shards:
-                _check_inside(root, shard)
-        self._readers = [kind(str(root / shard)) for shard in shards]
+            shards = self._index(file(marker))
+        self._readers = [kind(str(file(shard))) for shard in shards]
         self._wanted = [set(names) if names is not None else None for names in shards.values()]
         self._where: dict[str, int] = {}
 
