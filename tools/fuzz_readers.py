@@ -4,7 +4,7 @@ another exception, and a file it accepts must read every tensor or refuse that t
 the same way.
 
     python tools/fuzz_readers.py [--formats onnx,gguf,flax,keras,config,trainer_state,
-                                            adapter,adapter_config]
+                                            adapter,adapter_config,hub_ref,hub_index]
                                  [--seconds 60] [--seed 0]
 
 Keras/HDF5 files are opened in a child process (the HDF5 C library is not ours: a crash
@@ -28,7 +28,10 @@ from pathlib import Path
 import numpy as np
 
 FORMATS = ("onnx", "gguf", "flax", "keras", "config", "trainer_state", "adapter",
-           "adapter_config")
+           "adapter_config", "hub_ref", "hub_index")
+#: Side files read through a Hugging Face cache (the cache is the fuzzed file's
+#: ``models--org--x`` folder's parent; the model is added by its id).
+HUB = ("hub_ref", "hub_index")
 
 
 def _onnx(folder: Path) -> Path:
@@ -143,10 +146,39 @@ def _peft(folder: Path) -> Path:
     return ad / "adapter_model.safetensors"
 
 
+def _hub(folder: Path, mutated: str) -> Path:
+    """A Hugging Face cache holding ``org/x`` (sharded, files linking into blobs/); the
+    file the mutations go to: ``refs/main`` or the snapshot's shard index (a blob)."""
+    import hashlib
+
+    import torch
+    from safetensors.torch import save as save_bytes
+
+    repo = folder / "cache" / "models--org--x"
+    commit = "c" * 40
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    files = {"a.safetensors": save_bytes({"q.weight": torch.ones(8, 8)}),
+             "b.safetensors": save_bytes({"k.weight": torch.ones(4, 8)}),
+             "model.safetensors.index.json": json.dumps({"weight_map": {
+                 "q.weight": "a.safetensors", "k.weight": "b.safetensors"}}).encode()}
+    for name, data in files.items():
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / name).symlink_to(Path("../..") / "blobs" / blob.name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return (repo / "refs" / "main" if mutated == "ref"
+            else (snapshot / "model.safetensors.index.json").resolve())
+
+
 BUILDERS: dict[str, Callable[[Path], Path]] = {
     "onnx": _onnx, "gguf": _gguf, "flax": _flax, "keras": _keras, "config": _config,
     "trainer_state": _trainer_state, "adapter": _peft,
-    "adapter_config": lambda folder: _peft(folder).parent / "adapter_config.json"}
+    "adapter_config": lambda folder: _peft(folder).parent / "adapter_config.json",
+    "hub_ref": lambda folder: _hub(folder, "ref"),
+    "hub_index": lambda folder: _hub(folder, "index")}
 
 
 def mutate(blob: bytes, rng: random.Random) -> bytes:
@@ -172,8 +204,24 @@ def mutate(blob: bytes, rng: random.Random) -> bytes:
 
 def _exercise(kind: str, path: Path) -> None:
     """Open, list and read everything the way the core does for ``kind``."""
+    import os
+
     from diffract import Session
 
+    if kind in HUB:
+        before = os.environ.get("HF_HUB_CACHE")
+        os.environ["HF_HUB_CACHE"] = str(next(p for p in path.parents if p.name == "cache"))
+        try:
+            with Session() as s:
+                s.models.add("org/x", "m")
+                for p in s.models.params("m"):
+                    s.store.load_weights("m", p.name)
+        finally:  # the test suite runs this in its own process
+            if before is None:
+                del os.environ["HF_HUB_CACHE"]
+            else:
+                os.environ["HF_HUB_CACHE"] = before
+        return
     if kind in ("config", "trainer_state", "adapter", "adapter_config"):
         with Session() as s:
             views = {"views": ["heads"]} if kind == "config" else {}

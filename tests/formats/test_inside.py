@@ -284,3 +284,30 @@ class TestDcp:
     def test_model_and_optim_inside_still_reads(self, tmp_path):
         _dcp(tmp_path / "step-1" / "model_and_optim")
         assert list(_add(tmp_path / "step-1")) == ["weight"]
+
+
+@pytest.mark.parametrize("level", ["refs", "refs/main", "snapshots", "blobs", "blob",
+                                   "snapshot file"])
+def test_a_link_out_at_any_level_of_the_cache_is_refused(cache, outside, level):
+    """Each level of a cached model (the refs folder and a ref, the snapshots folder, the
+    blobs folder, one blob, one of a snapshot's links) replaced by a link to a copy
+    outside the repository: refused, nothing outside opened."""
+    import shutil
+
+    repo = _cache(cache)
+    snapshot = repo / "snapshots" / COMMIT
+    config_blob = (snapshot / "config.json").resolve()
+    target = {"refs": repo / "refs", "refs/main": repo / "refs" / "main",
+              "snapshots": repo / "snapshots", "blobs": repo / "blobs", "blob": config_blob,
+              "snapshot file": snapshot / "model.safetensors"}[level]
+    copy = outside / "copy"
+    if target.is_dir() and not target.is_symlink():
+        shutil.copytree(target, copy, symlinks=True)
+        shutil.rmtree(target)
+    else:
+        copy.write_bytes(target.read_bytes())
+        target.unlink()
+    target.symlink_to(copy)
+    with pytest.raises(ModelSourceError, match=r"resolves to .*outside.*outside the "
+                                               r"checkpoint's folder"):
+        _add("org/x", views=["heads"], view_options={"heads": 2})
