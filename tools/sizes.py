@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: rule every reader calls lives in the core, whose own side file (trainer_state.json)
 #: obeys it and whose plugin surface hands it to third-party readers.
 CORE_MAX_CODE = 6030
-CORE_MAX_LINES = 8748
+CORE_MAX_LINES = 8752
 MODULE_MAX_LINES = 600
 #: Modules exempt from MODULE_MAX_LINES (relative to ROOT).
 EXEMPT = ("kernel_fun_gpu/src/kernel_fun/ops/*/_triton.py",)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import socket
 import subprocess
 import sys
@@ -210,6 +211,18 @@ class TestHostile:
         _write_metadata(tmp_path / "ck", metadata)
         with pytest.raises(ModelSourceError, match="cut short, or not this checkpoint's"):
             DcpReader(str(tmp_path / "ck"))
+
+    def test_a_short_shard_is_named_with_its_tensor_not_as_damaged_metadata(self, tmp_path):
+        """A .distcp cut short: the message says which tensor, which bytes, which file,
+        whole (it began 'the metadata is damaged' and was cut at 200 characters)."""
+        _trained(tmp_path / "ck")
+        shard = next((tmp_path / "ck").glob("*.distcp"))
+        shard.write_bytes(shard.read_bytes()[:100])
+        with pytest.raises(ModelSourceError) as caught:
+            DcpReader(str(tmp_path / "ck"))
+        assert re.fullmatch(r"tensor '[\w.]+': the metadata puts a chunk at bytes \d+\.\.\d+ "
+                            r"of a 100-byte file \(cut short, or not this checkpoint's\) "
+                            rf"\('{re.escape(str(shard))}'\)", str(caught.value)), caught.value
 
     def test_a_chunk_holding_another_shape_is_refused(self, tmp_path):
         _trained(tmp_path / "ck")

@@ -147,6 +147,13 @@ def test_what_is_refused(rng, tmp_path):
             with pytest.raises(ModelSourceError, match=r"no usable lora_alpha and r .*r must "
                                                        r"be positive"):
                 s.models.add(tmp_path / "bad", "x")
+        for config, why in (('{"r": 4, "lora_alpha": 1' + "0" * 400 + '}', "too large"),
+                            ('{"r": 1' + "0" * 400 + ', "lora_alpha": 8}', "too large"),
+                            ('{"r": 1e-300, "lora_alpha": 1e308}', "not a finite scale")):
+            (tmp_path / "bad" / "adapter_config.json").write_text(config)
+            with pytest.raises(ModelSourceError, match=rf"no usable lora_alpha and r "
+                                                       rf"\(.*{why}.*adapter_config.json"):
+                s.models.add(tmp_path / "bad", "x")
         for scale in ("2", float("nan")):
             with pytest.raises(ModelSourceError, match="scale must be a finite number"):
                 s.models.add_lora(_adapter(rng), "x", scale=scale)

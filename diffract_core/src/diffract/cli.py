@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import signal
     import warnings
 
-    from diffract.errors import DiffractError, DiffractWarning
+    from diffract.errors import DiffractError, DiffractWarning, printable
 
     # numpy and the plugin layer load before Ctrl-C becomes a KeyboardInterrupt: one
     # raised inside numpy's C set-up comes out as an ImportError (a traceback, exit 1);
@@ -97,13 +97,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             # ours once each, others as Python decides; no file or line the user never wrote
             warnings.simplefilter("default", DiffractWarning)
             warnings.showwarning = lambda message, category, *_, **__: print(
-                f"{category.__name__}: {message}", file=sys.stderr)
+                f"{category.__name__}: " + printable(str(message), "\n"), file=sys.stderr)
             code = _run(argv, chosen)
     except KeyboardInterrupt:
         print(f"{name}: interrupted; what was committed is kept.", file=sys.stderr)
         code = 130
     except DiffractError as exc:
-        print(f"{name}: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: " + printable(str(exc), keep="\n"), file=sys.stderr)
         code = 2
     except BrokenPipeError:  # `diffract kernels -v | head`: the reader left; not an error
         import os

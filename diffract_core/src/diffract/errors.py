@@ -36,8 +36,17 @@ __all__ = [
     "UnknownConfigKeyError", "UnknownConventionsError", "UnknownExecutorError",
     "UnknownFieldError", "UnknownFormatError", "UnknownKernelError",
     "UnknownModelError", "UnknownNameError", "UnknownOpError", "UnknownProfileError",
-    "WeightsUnavailableError", "did_you_mean", "install_hint", "provider_of", "warn",
+    "WeightsUnavailableError", "did_you_mean", "install_hint", "printable", "provider_of",
+    "warn",
 ]
+
+
+def printable(text: str, keep: str = "") -> str:
+    """``text`` for a terminal: every character it would act on (ESC, CR, BEL, NUL, a
+    newline, bidi overrides and other controls or format characters) written as its visible
+    escape (``\\x1b``, ``\\n``, ``\\u202e``), but those in ``keep``."""
+    return "".join(c if c.isprintable() or c in keep else c.encode("unicode_escape").decode()
+                   for c in text)
 
 
 def did_you_mean(word: str, known: Iterable[str]) -> str:

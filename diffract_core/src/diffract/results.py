@@ -252,11 +252,9 @@ class ResultsAPI(ResultWrites):
 
     # -- notes, staleness, provenance --------------------------------------------------
     def _in_scope(self, models: tuple[str, ...], param: str | None) -> bool:
-        if not set(models) <= set(self._scope_ids()):
-            return False
-        if param is None or self._scope.whole_models:
-            return True
-        return self._scope.keeps_param(models[0], param, self._session.store)
+        return set(models) <= set(self._scope_ids()) and (
+            param is None or self._scope.whole_models
+            or self._scope.keeps_param(models[0], param, self._session.store))
 
     def export_notes(self, export_format: str = "dict") -> Any:
         """Why units were skipped, left undefined (NaN) or failed, within scope."""

@@ -166,13 +166,11 @@ def _has_main_guard(path: str) -> bool:
             tree = ast.parse(fh.read())
     except (OSError, SyntaxError, ValueError):
         return True  # cannot tell: do not stop the user
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
-            names = [n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)]
-            consts = [c.value for c in ast.walk(node.test) if isinstance(c, ast.Constant)]
-            if "__name__" in names and "__main__" in consts:
-                return True
-    return False
+    return any("__name__" in [n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)]
+               and "__main__" in [c.value for c in ast.walk(node.test)
+                                  if isinstance(c, ast.Constant)]
+               for node in ast.walk(tree)
+               if isinstance(node, ast.If) and isinstance(node.test, ast.Compare))
 
 
 def spawn_problem(function: Callable[..., Any]) -> str | None:

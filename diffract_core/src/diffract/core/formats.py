@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import inspect
+import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -142,7 +143,7 @@ def find_format(path: Path, model_id: str, name: str | None = None) -> Any:
             f"{', '.join(sorted(formats)) or 'none'}."
             + (f" It comes from {dist}: {install_hint(dist)}" if dist else ""),
             model_id=model_id)
-    if not path.exists():
+    if not os.path.exists(path):  # False for a name too long for the file system, too
         raise ModelSourceError(f"Model {model_id!r}: the file does not exist "
                                f"({str(path)!r}).", model_id=model_id)
     ranked = sorted(formats.values(), key=lambda f: -f.priority)  # stable: catalog order
@@ -226,7 +227,7 @@ def open_path(path: Path, model_id: str, format: str | None = None,
     (``load(name, index=None)`` numpy, ``raw`` as stored) and a function returning the
     model's configuration (read only if a view rule asks: a broken ``config.json`` does
     not stop a model read without views)."""
-    if not path.exists():  # a name a format knows (a Hugging Face id), as it finds it
+    if not os.path.exists(path):  # a name a format knows (a Hugging Face id), as it finds it
         for f in sorted(_formats().values(), key=lambda f: -f.priority):
             found = f.locate is not None and _named(model_id, lambda f=f, n=str(path): f.locate(n))
             if found:

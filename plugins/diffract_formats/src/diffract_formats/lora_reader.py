@@ -88,10 +88,14 @@ def _scale(config: Path | None, scale: Any) -> float:
         alpha, r = float(data["lora_alpha"]), float(data["r"])
         if not (math.isfinite(alpha) and math.isfinite(r) and r > 0):
             raise ValueError(f"lora_alpha {alpha} and r {r}: r must be positive, both finite")
-    except (ValueError, KeyError, TypeError) as exc:
+        scale = alpha / math.sqrt(r) if data.get("use_rslora") else alpha / r
+        if not math.isfinite(scale):
+            raise ValueError(f"lora_alpha {alpha} over r {r} is {scale}, not a finite scale")
+    except (ValueError, KeyError, TypeError, OverflowError) as exc:  # OverflowError: an
+        # integer of hundreds of digits, which no float holds
         raise error(config, f"no usable lora_alpha and r ({exc}); pass the scale "
                             "explicitly (format_options={'scale': ...})") from None
-    return alpha / math.sqrt(r) if data.get("use_rslora") else alpha / r
+    return scale
 
 
 class LoraReader(CheckpointReader):

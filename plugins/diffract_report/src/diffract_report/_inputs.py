@@ -18,7 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from diffract.errors import InvalidArgumentError, ModelSourceError, install_hint, provider_of
+from diffract.errors import (
+    InvalidArgumentError,
+    ModelSourceError,
+    install_hint,
+    printable,
+    provider_of,
+)
 
 #: The WeightWatcher-like default set.
 DEFAULT_METRICS = ("pl_alpha", "pl_fit_quality", "alpha_weighted", "stable_rank", "log_norm",
@@ -117,17 +123,17 @@ def _load_factory(spec: str) -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise UsageError(f"{spec}: cannot import module {module_name!r} ({exc}). Give a "
+        raise UsageError(f"{printable(spec)}: cannot import module {module_name!r} ({exc}). Give a "
                          "module importable from here (or a file path).") from None
     finally:
         sys.path.pop(0)
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise UsageError(f"{spec}: module {module_name!r} has no {attr!r}.")
+            raise UsageError(f"{printable(spec)}: module {module_name!r} has no {attr!r}.")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise UsageError(f"{spec}: {attr!r} is not callable; name a function that returns "
-                         "an nn.Module.")
+        raise UsageError(f"{printable(spec)}: {attr!r} is not callable; name a function "
+                         "that returns an nn.Module.")
     return obj()
 
 
@@ -150,11 +156,12 @@ def _refuse_a_folder_of_checkpoints(raw: str, folder: Path) -> None:
     is left to the formats, whose message says what a checkpoint directory holds."""
     inside = [p.name for p in checkpoints_inside(folder)]
     if inside:
-        shown = ", ".join(inside[:3]) + (f", ... {inside[-1]}" if len(inside) > 3 else "")
-        quoted = shlex.quote(raw.rstrip("/") or "/")
+        shown = printable(", ".join(inside[:3]) + (f", ... {inside[-1]}" if len(inside) > 3
+                                                   else ""))
+        quoted = printable(shlex.quote(raw.rstrip("/") or "/"))
         raise UsageError(
-            f"{raw}: a folder of {len(inside)} checkpoint(s) ({shown}), not one checkpoint. "
-            f"Give them one by one ({quoted}/* for all), or track them as one training "
+            f"{printable(raw)}: a folder of {len(inside)} checkpoint(s) ({shown}), not one "
+            f"checkpoint. Give them one by one ({quoted}/* for all), or track them as one training "
             f"run's steps: diffract track {quoted}")
 
 
@@ -163,10 +170,10 @@ def model_inputs(paths: Sequence[str]) -> list[tuple[str, Any, str | None]]:
     out: list[tuple[str, Any, str | None]] = []
     taken: set[str] = set()
     for raw in paths:
-        path = Path(raw)
-        if path.is_dir() and not is_checkpoint(path):
+        path = Path(raw)  # os.path's tests: False for a name too long for the file system
+        if os.path.isdir(raw) and not is_checkpoint(path):
             _refuse_a_folder_of_checkpoints(raw, path)
-        if path.exists():
+        if os.path.exists(raw):
             stem = path.name if path.is_dir() else path.stem
             what: Any = str(path.resolve())
             file: str | None = what
@@ -178,9 +185,9 @@ def model_inputs(paths: Sequence[str]) -> list[tuple[str, Any, str | None]]:
         elif _HUB_ID.fullmatch(raw):  # a model id: the formats find it (the local cache)
             stem, what, file = raw.split("@", 1)[0].rsplit("/", 1)[1], raw, None
         else:
-            raise UsageError(f"{raw}: no such file or directory. Give a .safetensors file, a "
-                             "checkpoint directory, a torch state-dict file, a Hugging Face "
-                             "model id (org/name) in the local cache, or module:factory.")
+            raise UsageError(f"{printable(raw)}: no such file or directory. Give a .safetensors "
+                             "file, a checkpoint directory, a torch state-dict file, a Hugging "
+                             "Face model id (org/name) in the local cache, or module:factory.")
         model_id = re.sub(r"[^\w.\-]+", "_", stem) or "model"
         base, n = model_id, 2
         while model_id in taken:

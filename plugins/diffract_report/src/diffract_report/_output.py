@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from diffract.errors import printable
 from diffract_report._inputs import UsageError
 from diffract_report.summary import format_table, format_value
 
@@ -137,14 +138,16 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
     """A table whose first ``keys`` columns name the row; on a terminal (``console``) the
     value columns come in groups that fit its width, each group with the key columns
     again, so nothing is squeezed into ellipses or dropped."""
+    title = printable(title)  # names escaped whole: ESC, CR, a newline cannot drive a row
+    cells = [[printable(format_value(v)) for v in r] for r in rows]
     if console is None:
         print(title)
-        print(format_table(list(header), rows))
+        print(format_table(list(header), cells))
         return
     from rich import box
+    from rich.markup import escape
     from rich.table import Table
 
-    cells = [[format_value(v) for v in r] for r in rows]
     heads = list(header)
 
     def width(i: int) -> int:
@@ -164,14 +167,14 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
         groups[-1].append(i)
         used += width(i)
     for n, group in enumerate(groups):
-        table = Table(title=title if n == 0 else None, title_justify="left",
+        table = Table(title=escape(title) if n == 0 else None, title_justify="left",
                       header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
         for i in range(keys):
             table.add_column(heads[i], no_wrap=True, overflow="fold")
         for i in group:
             table.add_column(heads[i], justify="right", no_wrap=True)
-        for r in cells:
-            table.add_row(*r[:keys], *(r[i] for i in group))
+        for r in cells:  # [text] in a name is no markup
+            table.add_row(*map(escape, r[:keys]), *(escape(r[i]) for i in group))
         console.print(table)
 
 
@@ -271,7 +274,7 @@ def tell_failures(reports: Sequence[Any], tell: Callable[[str], None]) -> bool:
     tell(f"\n{total} parameter(s) failed:")
     for (_, kernel, reason), units in sorted(roots.items(), key=lambda kv: -len(kv[1])):
         more = f" and {len(units) - 1} more" if len(units) > 1 else ""
-        tell(f"  {kernel} on {units[0]}{more}: {reason}")
+        tell(f"  {kernel} on {printable(units[0])}{more}: {reason}")
     if downstream:
         tell("  and, because of them: " + ", ".join(f"{k} on {n}" for k, n in downstream.items()))
     return True

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from types import SimpleNamespace
 
+from diffract.errors import printable
 from diffract_report._inputs import (
     DEFAULT_METRICS,
     EXIT_FAILED,
@@ -149,7 +150,7 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                                       view_metrics=view_fields or None,
                                       seconds=time.perf_counter() - started,
                                       command=" ".join(["diffract", *sys.argv[1:]])))
-        tell = say if to_terminal else (lambda s: print(s, file=sys.stderr))
+        tell = say if to_terminal else (lambda s: print(printable(s, "\n"), file=sys.stderr))
         for path in written:
             tell(f"wrote {path}")
         if tell_failures(reports, tell):
@@ -195,15 +196,21 @@ def _write_schedules(view: object, model_ids: list[str], args: argparse.Namespac
     return written
 
 
-def command_entry(command: str, run: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
+def command_entry(command: str, run: Callable[..., int]) -> Callable[..., int]:
     """The entry of one command: its usage errors are one line on stderr, exit 2 (other
-    Diffract errors are handled the same way by diffract.cli.main)."""
+    Diffract errors are handled the same way by diffract.cli.main). What it says goes out
+    with the characters that drive a terminal (ESC, CR, BEL, bidi overrides...) escaped;
+    names in tables are escaped whole (a newline too)."""
+
+    def say(text: str) -> None:
+        print(printable(text, keep="\n"))
 
     def entry(args: argparse.Namespace) -> int:
         try:
-            return run(args)
+            return run(args, say=say)
         except UsageError as exc:
-            print(f"diffract {command}: error: {exc}", file=sys.stderr)
+            print(f"diffract {command}: error: " + printable(str(exc), keep="\n"),
+                  file=sys.stderr)
             return EXIT_USAGE
 
     return entry

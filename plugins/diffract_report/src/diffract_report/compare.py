@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from diffract.errors import printable
 from diffract_report._inputs import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -141,7 +142,8 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
             written.append(write_html(view, args.report, metrics=[], sections=sections,
                                       seconds=time.perf_counter() - started,
                                       command=" ".join(["diffract", *sys.argv[1:]])))
-        tell = say if args.format == "table" else (lambda s: print(s, file=sys.stderr))
+        tell = say if args.format == "table" else (
+            lambda s: print(printable(s, "\n"), file=sys.stderr))
         for path in written:
             tell(f"wrote {path}")
         if tell_failures(reports, tell):

@@ -60,7 +60,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     from diffract_report.analyze import command_entry
     from diffract_report.demo import run_demo
 
-    return command_entry("demo", lambda a: run_demo(a.out)["exit"])(args)
+    return command_entry("demo", lambda a, say: run_demo(a.out)["exit"])(args)
 
 
 def _configure_catalog(parser: argparse.ArgumentParser) -> None:

@@ -17,12 +17,14 @@ import argparse
 import contextlib
 import glob
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from diffract.errors import printable
 from diffract_report._inputs import (
     DEFAULT_METRICS,
     EXIT_FAILED,
@@ -85,18 +87,18 @@ def checkpoints(patterns: Sequence[str]) -> list[str]:
     out: list[str] = []
     for pattern in patterns:
         matches = sorted(glob.glob(pattern)) if any(c in pattern for c in "*?[") else (
-            [pattern] if Path(pattern).exists() else [])
+            [pattern] if os.path.exists(pattern) else [])  # a name too long: False
         if not matches:
-            raise UsageError(f"{pattern}: matches no checkpoint (no such file, directory or "
-                             "glob match).")
+            raise UsageError(f"{printable(pattern)}: matches no checkpoint (no such file, "
+                             "directory or glob match).")
         for match in map(Path, matches):
             if is_checkpoint(match):
                 out.append(str(match))
             elif match.is_dir():
                 inside = [str(p) for p in checkpoints_inside(match)]
                 if not inside:
-                    raise UsageError(f"{match}: a folder holding no checkpoint a model format "
-                                     "reads.")
+                    raise UsageError(f"{printable(str(match))}: a folder holding no "
+                                     "checkpoint a model format reads.")
                 out += inside
     return list(dict.fromkeys(out))
 
@@ -495,6 +497,8 @@ def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
     metrics = [m.strip() for m in (args.metrics or ",".join(DEFAULT_METRICS)).split(",")
                if m.strip()]
     view_fields = list(VIEW_METRICS) if args.views and not args.metrics else []
+    if args.paths:
+        checkpoints(args.paths)  # a path matching nothing is refused before a store is made
     session = open_session(args)
     with session, _svd_setting_restored(session):
         check_metrics(session, [*metrics, *view_fields])

@@ -1,14 +1,92 @@
-"""What a monitor sets up before training: the lock on its store, the heads' geometry."""
+"""What a monitor sets up before training: its arguments checked, the lock on its store,
+the heads' geometry."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import operator
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from diffract.errors import DiffractError
+from diffract.errors import DiffractError, InvalidArgumentError, StorageError
 
-__all__ = ["head_geometry", "lock_store"]
+__all__ = ["check_arguments", "global_step", "head_geometry", "lock_store", "monitor_options"]
+
+
+def _names(value: Any, what: str, *, empty: bool = True) -> str | None:
+    """Why ``value`` is not a name or a list of names (None where ``empty``), or None."""
+    if value is None and empty or isinstance(value, str):
+        return None
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return None
+    return (f"{what} takes a name or a list of names{' (or None)' if empty else ''}, got "
+            f"{value!r}")
+
+
+def check_arguments(every: Any, metrics: Any, views: Any, view_options: Any,
+                    view_metrics: Any, params: Any, store: Any, histograms: Any, prefix: Any,
+                    background: Any, copy_limit: Any) -> None:
+    """Every problem with a monitor's arguments, at once, as an InvalidArgumentError,
+    before anything (a session, a store's folder) is made."""
+    problems = [p for p in (_names(metrics, "metrics", empty=False),
+                            _names(view_metrics, "view_metrics", empty=False),
+                            _names(views, "views"), _names(params, "params")) if p]
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int)
+                              or every < 1):
+        problems.append(f"every takes a whole number of steps of at least 1 (or None: only "
+                        f"the checkpoints given to analyse_saved), got {every!r}")
+    if view_options is not None and not (isinstance(view_options, Mapping) and all(
+            isinstance(k, str) for k in view_options)):
+        problems.append(f"view_options takes a mapping of option names to values (heads=12"
+                        f"...), got {view_options!r}")
+    if store is not None and (not isinstance(store, (str, os.PathLike)) or not str(store)
+                              or "\x00" in str(store)):
+        problems.append(f"store takes a folder's path (a str or Path without NUL), got "
+                        f"{store!r}")
+    problems += [f"{name} takes True or False, got {value!r}" for name, value in (
+        ("histograms", histograms), ("background", background)) if not isinstance(value, bool)]
+    if not isinstance(prefix, str) or not prefix:
+        problems.append(f"prefix takes the logged names' first part (a str), got {prefix!r}")
+    if copy_limit is not None and (isinstance(copy_limit, bool) or not isinstance(
+            copy_limit, (int, float)) or not math.isfinite(copy_limit) or copy_limit < 0
+            or (isinstance(copy_limit, float) and copy_limit > 1)):
+        problems.append(f"copy_limit takes a share of the analysed bytes (a float from 0 to "
+                        f"1), a number of bytes (an int) or None (no limit), got "
+                        f"{copy_limit!r}")
+    if problems:
+        raise InvalidArgumentError("Monitor: " + "; ".join(sorted(problems)) + ".")
+
+
+def monitor_options(front_end: str, options: Mapping[str, Any], monitor: Any) -> dict[str, Any]:
+    """A front end's keywords for its monitor (the class ``monitor``), every name one the
+    monitor takes (the checks of their values are the monitor's); a copy, so a front end
+    can build its monitor again (a second ``fit``)."""
+    import inspect
+
+    from diffract.errors import did_you_mean
+
+    known = [n for n in inspect.signature(monitor).parameters if n != "model"]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise InvalidArgumentError(
+            f"{front_end} got unknown keyword(s) {unknown}.{did_you_mean(unknown[0], known)} "
+            f"It takes the monitor's: {', '.join(known)}.")
+    return dict(options)
+
+
+def global_step(value: Any) -> int:
+    """``value`` as a step number (an int, numpy's too; not a bool), or an
+    InvalidArgumentError."""
+    try:
+        step = operator.index(value)
+    except TypeError:
+        step = -1
+    if isinstance(value, bool) or step < 0:
+        raise InvalidArgumentError(f"the global step is a whole number of at least 0 (the "
+                                   f"optimizer steps taken), got {value!r}.") from None
+    return step
 
 
 def head_geometry(model: Any, views: Sequence[str]) -> dict[str, Any] | None:
@@ -32,7 +110,12 @@ def lock_store(store: str | Path) -> Any:
     """An exclusive lock on ``<store>/.monitor.lock`` for the monitor's life: a store
     another run is writing is refused before training starts."""
     folder = Path(store)
-    fh = open(folder / ".monitor.lock", "a")  # noqa: SIM115 - held until close()
+    try:
+        fh = open(folder / ".monitor.lock", "a")  # noqa: SIM115 - held until close()
+    except OSError as exc:  # a store on a read-only file system, or not ours to write
+        raise StorageError(f"the store {str(folder)!r} cannot be written ({exc.strerror}): "
+                           "a monitor adds a step to it at each analysis; give it a store "
+                           "on a writable file system (store=...).") from None
     try:
         import fcntl
 

@@ -23,6 +23,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from diffract_training._setup import monitor_options
 from diffract_training.monitor import Monitor, write_histograms
 
 __all__ = ["DiffractCallback"]
@@ -41,15 +42,22 @@ class DiffractCallback(TrainerCallback):
     def __init__(self, trainer: Any = None, *, on_save: bool = False, **monitor: Any) -> None:
         self.trainer = trainer
         self.on_save_analysis = on_save
-        self.monitor = Monitor(None, **monitor)  # log= takes one sink or a list
-        self.monitor._sinks.insert(0, self._to_trainer)
+        self._options = monitor_options("DiffractCallback", monitor, Monitor)
+        self.monitor = self._new_monitor()
         self._args: Any = None
         self._state: Any = None
         self._control: Any = None
 
+    def _new_monitor(self) -> Monitor:
+        monitor = Monitor(None, **self._options)  # log= takes one sink or a list
+        monitor._sinks.insert(0, self._to_trainer)
+        return monitor
+
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:
         self._args, self._state, self._control = args, state, control
+        if self.monitor.closed:  # a second train(): the first closed its monitor
+            self.monitor = self._new_monitor()
         if model is not None:  # on every rank: the monitor knows which one writes
             self.monitor.attach(model)
 

@@ -20,6 +20,7 @@ try:
 except ImportError:  # the older package name
     from pytorch_lightning import Callback
 
+from diffract_training._setup import monitor_options
 from diffract_training.monitor import Monitor, write_histograms
 
 __all__ = ["DiffractLightningCallback"]
@@ -33,12 +34,19 @@ class DiffractLightningCallback(Callback):
 
     def __init__(self, **monitor: Any) -> None:
         super().__init__()
-        self.monitor = Monitor(None, **monitor)  # log= takes one sink or a list
-        self.monitor._sinks.insert(0, self._to_loggers)
+        self._options = monitor_options("DiffractLightningCallback", monitor, Monitor)
+        self.monitor = self._new_monitor()
         self._trainer: Any = None
+
+    def _new_monitor(self) -> Monitor:
+        monitor = Monitor(None, **self._options)  # log= takes one sink or a list
+        monitor._sinks.insert(0, self._to_loggers)
+        return monitor
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._trainer = trainer
+        if self.monitor.closed:  # a second fit(): the first closed its monitor
+            self.monitor = self._new_monitor()
         self.monitor.attach(pl_module)  # on every rank: the monitor knows which one writes
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,

@@ -33,7 +33,8 @@ from diffract.errors import (
     UnknownFieldError,
 )
 from diffract.plugins import contextual_name, one_openmp_thread
-from diffract_training._setup import head_geometry, lock_store
+from diffract_training._setup import check_arguments, head_geometry, lock_store
+from diffract_training._setup import global_step as _step
 from diffract_training._snapshot import Snapshot, blocks, nbytes, rank
 
 __all__ = ["DEFAULT_METRICS", "VIEW_METRICS", "Monitor", "tag"]
@@ -94,17 +95,8 @@ class Monitor:
         background: bool = True,
         copy_limit: float | None = 2**30,
     ) -> None:
-        if every is not None and (isinstance(every, bool) or not isinstance(every, int)
-                                  or every < 1):
-            raise InvalidArgumentError(
-                f"every must be a whole number of steps of at least 1 (or None: only the "
-                f"checkpoints given to analyse_saved), got {every!r}.")
-        if copy_limit is not None and (isinstance(copy_limit, bool) or not isinstance(
-                copy_limit, (int, float)) or copy_limit < 0
-                or (isinstance(copy_limit, float) and copy_limit > 1)):
-            raise InvalidArgumentError(
-                f"copy_limit takes a share of the analysed bytes (a float from 0 to 1), a "
-                f"number of bytes (an int) or None (no limit), got {copy_limit!r}.")
+        check_arguments(every, metrics, views, view_options, view_metrics, params, store,
+                        histograms, prefix, background, copy_limit)
         self.copy_limit = copy_limit
         self.every, self.prefix, self.histograms = every, prefix, histograms
         self._model_level: list[str] = []
@@ -116,7 +108,7 @@ class Monitor:
         self._hook: Any = None
         self._snap: Snapshot | None = None
         self._params = params
-        self._views = list(views or [])
+        self._views = [views] if isinstance(views, str) else list(views or [])  # one rule
         self._given_view_options = dict(view_options) if view_options else None
         self._view_options: dict[str, Any] | None = self._given_view_options
         self._sinks = _sinks(log)
@@ -265,6 +257,7 @@ class Monitor:
     def step(self, global_step: int) -> bool:
         """Call once per optimizer step: at a cadence point, snapshot and start the
         analysis (True); otherwise only hand finished results to the sinks."""
+        global_step = _step(global_step)
         self._emit()
         if self.closed or self.every is None or global_step % self.every:
             return False
@@ -294,6 +287,7 @@ class Monitor:
         (a Trainer's ``on_save``), in the worker: the loop pays nothing, and the numbers
         are those of the file. A step analysed already, live or saved, is not analysed
         again; while an analysis runs, this one is skipped like a cadence point."""
+        global_step = _step(global_step)
         self._emit()
         if self.closed or not self.writer or global_step in self._done:
             return False

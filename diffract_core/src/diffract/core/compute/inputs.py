@@ -46,11 +46,9 @@ def on_gpu(inputs: Mapping[str, Any]) -> bool:
     """Whether a unit's inputs hold a tensor on a GPU: its kernel runs here, where the
     device is (shipping device tensors to worker processes would copy them through the
     host, or fail)."""
-    for value in inputs.values():
-        for item in value if isinstance(value, tuple) else (value,):
-            if getattr(getattr(item, "device", None), "type", "cpu") != "cpu":
-                return True
-    return False
+    return any(getattr(getattr(item, "device", None), "type", "cpu") != "cpu"
+               for value in inputs.values()
+               for item in (value if isinstance(value, tuple) else (value,)))
 
 
 NoteKey = tuple[str, tuple[str, ...], "str | None"]
