@@ -129,7 +129,7 @@ MUTANTS = [
            "if False:", ("tests/core/test_friction.py",), "apply(['a', 'b']) is refused"),
     Mutant("folder-of-checkpoints-not-caught",
            "plugins/diffract_report/src/diffract_report/_inputs.py",
-           "if path.is_dir() and not is_checkpoint(path):", "if False:",
+           "if os.path.isdir(raw) and not is_checkpoint(path):", "if False:",
            ("tests/core/test_cli_analyze.py",),
            "analyze runs/ answers with the formats' list, not with what to type"),
     Mutant("filter-label-is-a-class", "diffract_core/src/diffract/core/scope.py",

@@ -313,7 +313,8 @@ class TestNormalisationAndPreset:
     def test_the_diffract_03_preset(self, session, rng):
         settings = session.compute.configure_conventions("diffract-0.3")
         assert settings["esd_scale"] == {"normalize": "greater_dim"}
-        assert settings["power_law_fit"] == {"min_tail": 50, "alpha_max": 8.0}
+        assert settings["power_law_fit"] == {"min_tail": 50, "alpha_max": 8.0,
+                                             "fit_method": "auto"}
         assert settings["pl_pvalue"]["xmin"] == "fixed"
         w = rng.standard_t(3, size=(200, 120))
         session.models.add({"w": w}, model_id="m")

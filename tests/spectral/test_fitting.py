@@ -173,7 +173,8 @@ class TestBadInput:
         ("call", "message"),
         [
             (lambda x: fit_power_law(x, fit_method="fast"),
-             r"Unknown fit_method 'fast'; choose one of \['auto', 'diffract', 'powerlaw'\]"),
+             r"Unknown fit_method 'fast'; choose one of \['auto', 'diffract', 'powerlaw', "
+             r"'small_sample', 'weightwatcher'\]"),
             (lambda x: fit_power_law(np.ones((3, 3))), r"data must be 1-D, got shape \(3, 3\)"),
             (lambda x: fit_power_law(x, min_tail=1), r"min_tail must be at least 2, got 1"),
             (lambda x: fit_exponential(x, xmin=2.0, fit_method="exact"), r"Unknown fit_method 'exact'"),
@@ -191,8 +192,8 @@ class TestBadInput:
     @needs_powerlaw
     def test_without_taichi_diffract_raises_and_auto_falls_back(self, rng, monkeypatch):
         """With taichi unavailable, 'diffract' still fits what the dense numpy pass takes
-        (up to DENSE_MAX_POINTS), raises with the fix above it, and 'auto' uses
-        powerlaw there."""
+        (up to DENSE_MAX_POINTS), raises with the fix above it, and 'auto' scans densely
+        there (the exact fit, never the library's bounded one)."""
         monkeypatch.setitem(_taichi._STATE, "kernels", None)
         monkeypatch.setitem(_taichi._STATE, "error", "taichi failed to initialize (simulated)")
         small = pareto(rng, 300, 2.5)
@@ -201,14 +202,24 @@ class TestBadInput:
         big = pareto(rng, fitting.DENSE_MAX_POINTS + 1, 2.5)
         with pytest.raises(FitUnavailableError, match="simulated"):
             fit_power_law(big, fit_method="diffract")
-        assert fit_power_law(big).method == "powerlaw"
+        fit = fit_power_law(big)
+        assert fit.method == "diffract"
+        from diffract_kernels_spectral._search import _exact_fit, _starts
+
+        starts = _starts(np.sort(big), 50)  # the exhaustive rule: smallest D, smallest xmin
+        fits = [_exact_fit(np.sort(big), int(i)) for i in starts]
+        best = min(range(len(fits)), key=lambda i: (fits[i][1], i))
+        assert (fit.alpha, fit.ks_distance) == fits[best]
 
     @needs_powerlaw
-    @needs_taichi
-    def test_auto_uses_the_library_below_100_points(self, rng):
-        """'auto' picks the accelerated fitter from 100 points on."""
-        assert fit_power_law(pareto(rng, 99, 2.5)).method == "powerlaw"
-        assert fit_power_law(pareto(rng, 100, 2.5)).method == "diffract"
+    def test_auto_is_the_exact_search_at_every_size(self, rng):
+        """'auto' never uses the powerlaw library (its search admits alpha <= 3 only):
+        the exact search from 5 points up, the same fit as 'diffract'."""
+        for n in (5, 12, 40, 99, 100, 400):
+            x = pareto(rng, n, 5.0)
+            auto, exact = fit_power_law(x, min_tail=5), fit_power_law(
+                x, min_tail=5, fit_method="diffract")
+            assert auto.method == "diffract" and auto == exact
 
 
 class TestAlternatives:

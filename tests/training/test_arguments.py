@@ -121,3 +121,30 @@ def test_a_lightning_callback_reused_for_a_second_fit_analyses_again():
                             enable_model_summary=False, enable_checkpointing=False)
         trainer.fit(Net(), data)
     assert logged == [2, 4, 2, 4]
+
+
+def test_the_kernels_configuration_is_frozen_when_the_monitor_starts():
+    """A configure_kernel elsewhere in the process after the monitor started changes
+    nothing of its numbers (kernel configuration is process-global); a monitor started
+    after it uses it."""
+    from diffract.plugins import get_registry
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(300, 200))
+    values = {}
+    for when in ("before", "after"):
+        get_registry().reset_configuration()
+        if when == "before":
+            get_registry().configure("power_law_fit", min_tail=5)
+        with Monitor(model, every=1, background=False, metrics=["pl_n_tail"]) as m:
+            get_registry().configure("power_law_fit", min_tail=150)  # mid-run, elsewhere
+            m.step(1)
+            values[when] = m.session.results.export_metrics("pl_n_tail")["step-1"]["0.weight"]
+    get_registry().reset_configuration()
+    esd = np.sort(np.linalg.svd(model[0].weight.detach().double().numpy(),
+                                compute_uv=False) ** 2)
+    from diffract_kernels_spectral import fit_power_law
+
+    assert values["before"]["pl_n_tail"] == fit_power_law(esd, min_tail=5).n_tail
+    assert values["after"]["pl_n_tail"] == fit_power_law(esd, min_tail=50).n_tail
+    assert fit_power_law(esd, min_tail=150).n_tail != fit_power_law(esd, min_tail=50).n_tail

@@ -24,7 +24,9 @@ class PowerLawFit:
     ``sigma``: the standard error ``(alpha - 1) / sqrt(n_tail)``; ``n_tail``: points in
     the tail; ``n``: points considered; ``xmax``: the largest point;
     ``n_candidates``: xmin candidates searched (0 when xmin was fixed);
-    ``method``: "diffract" or "powerlaw".
+    ``method``: "diffract", "powerlaw" or "small_sample"; ``bounded``: the powerlaw
+    library's bound (alpha <= 3) constrained its xmin search (a candidate above 3 that
+    would have won was left out).
     """
 
     alpha: float
@@ -36,6 +38,7 @@ class PowerLawFit:
     xmax: float
     n_candidates: int
     method: str
+    bounded: bool = False
 
 
 @attrs.frozen

@@ -23,13 +23,17 @@ bounds every candidate's ``D`` from below and above using every k-th tail point 
 CDFs are monotone), the candidates with the smallest upper bounds are scanned exactly,
 and only candidates whose lower bound does not exceed the best exact distance are
 scanned afterwards (each scan stopping once it exceeds it): the same answer as scanning
-everything. ``"powerlaw"`` calls the powerlaw library (unrestricted candidates: exact
-parity with it, including its limits: powerlaw 2.0 bounds alpha to [0, 3]).
-Up to ``DENSE_MAX_POINTS`` (1024) points, unless Taichi is already running,
-``"diffract"`` scans every candidate in one dense numpy pass instead (no Taichi
-start-up; same distances, same tie rule).
-``"auto"`` is ``"diffract"`` when there are at least 100 points (and taichi runs, above
-1024 points), else ``"powerlaw"``.
+everything. Up to ``DENSE_MAX_POINTS`` (1024) points, unless Taichi is already running,
+it scans every candidate in one dense numpy pass instead (no Taichi start-up; same
+distances, same tie rule). ``"auto"`` (the default) is that exact search at every size,
+the dense pass where Taichi cannot run: the CSN fit at its own xmin, exponents unbounded.
+``"powerlaw"`` calls the powerlaw library (parity with it, including its limit: powerlaw
+2.0 searches alpha in [0, 3] only): a fit on that bound is undefined, and one whose xmin
+search the bound constrained (a candidate with alpha above 3 that would have won was
+left out, so another xmin won) is marked ``bounded``. ``"small_sample"`` is the fit
+WeightWatcher 0.7.7 makes of fewer than 20 points (:func:`fit_power_law_small_sample`),
+at any size; ``"weightwatcher"`` is WeightWatcher 0.7.7's choice: that fit below 20
+points, the exact search from 20, nothing below 8 (it skips such layers).
 """
 
 from __future__ import annotations
@@ -63,17 +67,24 @@ from diffract_kernels_spectral._search import (
 from diffract_kernels_spectral.errors import FitArgumentError, FitError
 
 __all__ = [
-    "MIN_POINTS_ACCELERATED",
     "candidate_range",
     "fit_exponential",
     "fit_power_law",
+    "fit_power_law_small_sample",
     "fit_truncated_power_law",
     "resolve_fit_method",
 ]
 
-#: Below this many points, "auto" uses the powerlaw library (see the module docstring).
-MIN_POINTS_ACCELERATED = 100
-_METHODS = ("auto", "diffract", "powerlaw")
+_METHODS = ("auto", "diffract", "powerlaw", "small_sample", "weightwatcher")
+#: WeightWatcher 0.7.7 (WW_powerlaw.SMALL_N_CUTOFF): below this many eigenvalues its
+#: power law is the small-sample fit.
+WW_SMALL_N = 20
+#: WeightWatcher 0.7.7 (constants.DEFAULT_MIN_EVALS): layers of fewer eigenvalues are not
+#: analysed, and a small-sample tail holds at least this many points (its k_min).
+WW_MIN_EVALS = 8
+#: The small-sample fit's tail-size term (the objective WeightWatcher 0.7.7's small-sample
+#: fit states; see fit_power_law_small_sample).
+SMALL_SAMPLE_WEIGHT = 0.868
 #: Up to this many points, while Taichi is not running, the exact search is one dense
 #: numpy pass over every (candidate, tail point) pair: it saves Taichi's start-up (about
 #: 1 s: import, runtime, kernel compilation) and costs 1.9 / 5.5 / 12.3 ms per fit at
@@ -92,22 +103,21 @@ def _check_method(fit_method: str) -> None:
 
 
 def resolve_fit_method(fit_method: str, n_points: int) -> str:
-    """The implementation ``fit_method`` means for ``n_points`` points: diffract or powerlaw.
+    """The implementation ``fit_method`` means for ``n_points`` points: ``diffract`` (the
+    exact search), ``powerlaw`` or ``small_sample``.
 
-    Raises :class:`FitUnavailableError` for "diffract" when taichi cannot run, and
-    :class:`FitArgumentError` for an unknown name.
+    Raises :class:`FitUnavailableError` for "diffract" above DENSE_MAX_POINTS points when
+    taichi cannot run ("auto" scans densely then), and :class:`FitArgumentError` for an
+    unknown name.
     """
     _check_method(fit_method)
-    if fit_method == "powerlaw":
-        return "powerlaw"
-    if fit_method == "diffract":
-        if n_points > DENSE_MAX_POINTS:
-            _taichi.kernels()
-        return "diffract"
-    if n_points >= MIN_POINTS_ACCELERATED and (n_points <= DENSE_MAX_POINTS
-                                               or _taichi.available()):
-        return "diffract"
-    return "powerlaw"
+    if fit_method in ("powerlaw", "small_sample"):
+        return fit_method
+    if fit_method == "weightwatcher":
+        return "small_sample" if n_points < WW_SMALL_N else "diffract"
+    if fit_method == "diffract" and n_points > DENSE_MAX_POINTS:
+        _taichi.kernels()
+    return "diffract"
 
 
 # -- power law -------------------------------------------------------------------------
@@ -119,8 +129,8 @@ def _fit_diffract(x: np.ndarray, min_tail: int, alpha_max: float | None = None) 
         starts = starts[_alphas(x, starts) <= alpha_max]
         if len(starts) == 0:
             raise FitError(f"every xmin candidate gives alpha > alpha_max={alpha_max}")
-    if len(x) <= DENSE_MAX_POINTS and not _taichi.running():
-        best = _search_dense(x, starts)
+    if (len(x) <= DENSE_MAX_POINTS and not _taichi.running()) or not _taichi.available():
+        best = _search_dense(x, starts)  # (auto without taichi: the same answer, slower)
     else:
         best, _ = _search(x, starts)
     start = int(starts[best])
@@ -149,6 +159,74 @@ def _check_library_bound(x: np.ndarray, xmin: float, alpha: float) -> None:
                        "that bound")
 
 
+def _constrained(x: np.ndarray, d_library: float) -> bool:
+    """Whether the library's bound constrained its xmin search: the candidate of smallest
+    KS distance over all of its candidates (every distinct value but the largest, the same
+    distances) has alpha above 3 and beats the library's pick, which it could not take."""
+    starts = _starts(x, 2)
+    if len(starts) == 0:
+        return False
+    alpha, d = _exact_fit(x, int(starts[_search_dense(x, starts)]))
+    return alpha > POWERLAW_ALPHA_MAX and d < d_library - 1e-12
+
+
+def fit_power_law_small_sample(data: Any, *, min_tail: int = WW_MIN_EVALS,
+                               tail_weight: float = SMALL_SAMPLE_WEIGHT) -> PowerLawFit:
+    """The small-sample power law of WeightWatcher 0.7.7 (``WWFit.fit_powerlaw_smallN``,
+    which it uses below 20 eigenvalues), for spectra of a few dozen points (heads,
+    experts).
+
+    For each xmin candidate (a data value other than the largest, with a tail of at least
+    ``min_tail`` points: WeightWatcher's k_min is 8) the exponent is the bias-corrected
+    MLE ``alpha = 1 + (n - 1) / sum(ln(x_i / xmin))`` over the tail's n points, and its KS
+    distance ``D = max |i / n - (1 - (x_(i) / xmin)^(1 - alpha))|`` (i = 0..n-1, the tail in
+    order); the fit is the candidate of smallest ``D - tail_weight / sqrt(n)`` (the
+    smallest xmin among ties): 0.868, the objective WeightWatcher's small-sample fit
+    states, favours longer tails. WeightWatcher 0.7.7 itself returns the candidate of
+    smallest ``D`` (its ``WWFit.__init__`` takes the argmin of the distances after that
+    fit, overriding the objective's choice): ``tail_weight=0`` is what it returns.
+    Candidates with alpha <= 1 or no spread are left out; where none is left the whole
+    spectrum is the tail. ``sigma = (alpha - 1) / sqrt(n)``. Raises FitError when
+    nothing can be fitted.
+    """
+    x = _prepare(data)
+    if len(x) < 2 or x[0] == x[-1]:
+        raise FitError(_too_few(x, 2))
+    logs = np.log(x)
+    best: tuple[float, int, float, float] | None = None  # (objective, start, D, alpha)
+    for start in range(len(x) - 1 - max(min_tail - 2, 0)):  # tails of min_tail points on
+        fit = _small_sample_at(x, logs, start)
+        if fit is None:
+            continue
+        objective = fit[0] - tail_weight / math.sqrt(len(x) - start)
+        if best is None or objective < best[0]:  # the first of equals: the smallest xmin
+            best = (objective, start, *fit)
+    if best is None:  # no candidate: the whole spectrum is the tail, as WeightWatcher's
+        fit = _small_sample_at(x, logs, 0)
+        if fit is None:
+            raise FitError("the spectrum has no spread above its smallest value: a power "
+                           "law cannot be fitted")
+        best = (0.0, 0, *fit)
+    _, start, d, alpha = best
+    n_tail = len(x) - start
+    return PowerLawFit(alpha, float(x[start]), d, (alpha - 1) / math.sqrt(n_tail), n_tail,
+                       len(x), float(x[-1]), len(x) - 1, "small_sample")
+
+
+def _small_sample_at(x: np.ndarray, logs: np.ndarray, start: int) -> tuple[float, float] | None:
+    """(D, alpha) of the small-sample fit with the tail from sorted index ``start``, or
+    None when the tail has no spread or its exponent is not above 1."""
+    n = len(x) - start
+    spread = float(np.sum(logs[start:]) - n * logs[start])
+    if spread <= 1e-12:
+        return None
+    alpha = 1.0 + (n - 1.0) / spread
+    if alpha <= 1.0:
+        return None
+    fitted = 1.0 - (x[start:] / x[start]) ** (1.0 - alpha)
+    return float(np.max(np.abs(np.arange(n) / n - fitted))), alpha
+
+
 def _fit_powerlaw_library(x: np.ndarray, xmin: Any, xmax: float | None) -> PowerLawFit:
     import powerlaw
 
@@ -167,9 +245,8 @@ def _fit_powerlaw_library(x: np.ndarray, xmin: Any, xmax: float | None) -> Power
     n_tail = int(np.sum(x >= fitted_xmin))
     _check_library_bound(x, fitted_xmin, alpha)
     n_cand = 0 if xmin is not None else len(np.unique(x)) - 1
-    return PowerLawFit(
-        alpha, fitted_xmin, d, sigma, n_tail, len(x), float(x[-1]), n_cand, "powerlaw"
-    )
+    return PowerLawFit(alpha, fitted_xmin, d, sigma, n_tail, len(x), float(x[-1]), n_cand,
+                       "powerlaw", bounded=xmin is None and _constrained(x, d))
 
 
 def fit_power_law(
@@ -202,14 +279,19 @@ def fit_power_law(
         raise FitArgumentError(f"alpha_max must be > 1, got {alpha_max}.")
     x = _prepare(data, xmax)
     method = resolve_fit_method(fit_method, len(x))
-    if alpha_max is not None and method == "powerlaw" and xmin is None:
-        if fit_method == "powerlaw":
-            raise FitArgumentError(
-                "alpha_max needs fit_method='diffract' or 'auto' (the powerlaw library "
-                "cannot leave out candidates by their exponent).")
-        method = "diffract"
+    if alpha_max is not None and method in ("powerlaw", "small_sample") and xmin is None:
+        raise FitArgumentError(
+            f"alpha_max needs fit_method='diffract' or 'auto' (the {method} fit cannot "
+            "leave out candidates by their exponent).")
+    if fit_method == "weightwatcher" and len(x) < WW_MIN_EVALS:
+        raise FitError(f"only {len(x)} positive eigenvalue(s): WeightWatcher 0.7.7 analyses "
+                       f"no layer of fewer than {WW_MIN_EVALS}")
+    if method == "small_sample" and fit_method == "weightwatcher" and xmin is None:
+        return fit_power_law_small_sample(x, min_tail=WW_MIN_EVALS, tail_weight=0.0)
     if len(x) < min_tail:
         raise FitError(_too_few(x, min_tail))
+    if method == "small_sample" and xmin is None:
+        return fit_power_law_small_sample(x, min_tail=min_tail)
     if xmin is not None:
         if method == "powerlaw":
             return _fit_powerlaw_library(x, float(xmin), xmax)

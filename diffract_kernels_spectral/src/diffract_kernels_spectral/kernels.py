@@ -41,7 +41,7 @@ _ONE_GPU_BATCH = threading.Lock()
 PARALLEL = KernelExecutionProtocol.PARALLEL
 
 #: The configuration domains the kernels share (checked by configure_kernel).
-FitMethod = Literal["auto", "diffract", "powerlaw"]
+FitMethod = Literal["auto", "diffract", "powerlaw", "small_sample", "weightwatcher"]
 MinTail = Annotated[int, Range(ge=2)]
 TailStart = Literal["pl_xmin", "own"]
 

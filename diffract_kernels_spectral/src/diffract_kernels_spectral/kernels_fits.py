@@ -77,7 +77,8 @@ def _power_law_fits(units: list[dict[str, Any]], **config: Any) -> list[Any]:
 
 
 @kernel(
-    produce_fields=("pl_alpha", "pl_xmin", "pl_xmax", "pl_ks_distance", "pl_sigma", "pl_n_tail"),
+    produce_fields=("pl_alpha", "pl_xmin", "pl_xmax", "pl_ks_distance", "pl_sigma", "pl_n_tail",
+                    "pl_bounded"),
     aliases={"pl_esd_xmin": "pl_xmin", "pl_ks": "pl_ks_distance", "alpha": "pl_alpha",
              "xmin": "pl_xmin", "xmax": "pl_xmax", "D": "pl_ks_distance", "sigma": "pl_sigma"},
     execution_protocol=PARALLEL,
@@ -96,9 +97,17 @@ def power_law_fit(
 ):
     """Power law ``p(lambda) ~ lambda^-pl_alpha`` on the ESD tail ``lambda >= pl_xmin``
     (Clauset-Shalizi-Newman: continuous MLE ``alpha = 1 + n / sum ln(lambda_i / xmin)``,
-    xmin minimising the KS distance over candidates leaving ``min_tail`` points);
+    xmin minimising the KS distance over candidates leaving ``min_tail`` points, by the
+    exact search at every size: ``fit_method="auto"``);
     ``pl_sigma = (alpha - 1) / sqrt(pl_n_tail)``; ``pl_xmax`` the largest eigenvalue
-    fitted (``lambda_max`` unless some are clipped). Zero eigenvalues are left out; a
+    fitted (``lambda_max`` unless some are clipped). ``fit_method="powerlaw"`` is the
+    powerlaw library's fit, whose search admits alpha <= 3 only: ``pl_bounded`` is 1 where
+    that bound constrained it (a candidate above 3 that would have won was left out), 0
+    otherwise; ``"small_sample"`` is WeightWatcher's small-sample fit (bias-corrected
+    ``alpha = 1 + (n - 1) / sum ln(lambda_i / xmin)``, xmin by the smallest
+    ``D - 0.868 / sqrt(n)``), for heads and experts of few rows; ``"weightwatcher"``
+    WeightWatcher 0.7.7's own choice (that fit, keeping the smallest ``D`` as 0.7.7 does,
+    below 20 eigenvalues; nothing below 8). Zero eigenvalues are left out; a
     spectrum whose spread is within ``k * eps32 * lambda_max`` counts as all-equal
     (undefined). ``alpha_max`` leaves out candidates whose exponent exceeds it (the
     original Diffract used 8). ``clip_top`` leaves out the largest ``clip_top``
@@ -133,7 +142,8 @@ def power_law_fit(
                 break
             if refit.alpha <= 2.0:
                 break
-    return fit.alpha, fit.xmin, fit.xmax, fit.ks_distance, fit.sigma, fit.n_tail
+    return (fit.alpha, fit.xmin, fit.xmax, fit.ks_distance, fit.sigma, fit.n_tail,
+            int(fit.bounded))
 
 
 @kernel

@@ -23,16 +23,20 @@ def diffract_kernels() -> Iterator[KernelSpec]:
 
 
 def _preset(*, min_tail: int, alpha_max: float | None, normalize: str, pvalue_xmin: str,
-            alternatives_xmin: str, bulk: str = "frobenius") -> dict[str, dict[str, object]]:
-    """Every setting a preset owns, so that switching presets leaves nothing behind."""
+            alternatives_xmin: str, bulk: str = "frobenius",
+            fit_method: str = "auto") -> dict[str, dict[str, object]]:
+    """Every setting a preset's numbers depend on (the fit's method too: an earlier
+    configure_kernel of it in the process changed a preset's numbers), so that switching
+    presets leaves nothing behind."""
     fit = {"min_tail": min_tail, "alpha_max": alpha_max}
-    alternatives = {"min_tail": min_tail, "xmin": alternatives_xmin}
+    fitted = {**fit, "fit_method": fit_method}
+    alternatives = {"min_tail": min_tail, "xmin": alternatives_xmin, "fit_method": "auto"}
     return {
         "esd_scale": {"normalize": normalize},
         "marchenko_pastur": {"bulk": bulk},
-        "power_law_fit": fit,
-        "pl_pvalue": {**fit, "xmin": pvalue_xmin},
-        "pl_alpha_ci": fit,
+        "power_law_fit": fitted,
+        "pl_pvalue": {**fitted, "xmin": pvalue_xmin},
+        "pl_alpha_ci": fitted,
         "pl_fit_quality": fit,
         "truncated_power_law_fit": alternatives,
         "exponential_fit": alternatives,
@@ -53,12 +57,13 @@ def diffract_conventions() -> Iterator[Conventions]:
     yield Conventions(
         "weightwatcher",
         _preset(min_tail=5, alpha_max=None, normalize="none", pvalue_xmin="search",
-                alternatives_xmin="pl_xmin", bulk="fitted"),
+                alternatives_xmin="pl_xmin", bulk="fitted", fit_method="weightwatcher"),
         "WeightWatcher 0.7.7's analyze(): power-law tails down to 5 points, so small "
-        "spectra get an alpha, and the Marchenko-Pastur bulk is fitted as its mp_fit=True "
-        "does (mp_softrank, num_spikes). On all-MiniLM-L6-v2 "
-        "pl_alpha then equals WeightWatcher's on all 39 layers (max relative difference "
-        "4e-14); with the default tail floor it differs on about half of them.",
+        "spectra get an alpha, below 20 eigenvalues its small-sample fit, no fit below 8, "
+        "and the Marchenko-Pastur bulk is fitted as its mp_fit=True does (mp_softrank, "
+        "num_spikes). On all-MiniLM-L6-v2 pl_alpha then equals WeightWatcher's on all 39 "
+        "layers (max relative difference 4e-14); with the default tail floor it differs "
+        "on about half of them.",
     )
     yield Conventions(
         "diffract-0.3",

@@ -83,19 +83,43 @@ class ProgressBar:
 
 
 # -- output ------------------------------------------------------------------------------
+#: What marks a pl_alpha the powerlaw library's bound constrained, and the note it gets.
+BOUNDED_MARK = "*"
+BOUNDED_NOTE = ("* pl_alpha where the powerlaw library's fit (fit_method='powerlaw') left "
+                "out a better xmin because its exponent is above 3, the most the library "
+                "searches: not the CSN fit (fit_method='auto' fits without that bound)")
+
+
+def bounded(view: Any, model_id: str) -> set[str]:
+    """The parameters whose pl_alpha the powerlaw library's bound constrained."""
+    if "pl_bounded" not in view.compute.list_available_metrics():
+        return set()
+    rows = view.results.export_metrics("pl_bounded").get(model_id, {})
+    return {name for name, row in rows.items() if row.get("pl_bounded") == 1}
+
+
+def _marked(metric: str, value: Any, flagged: bool) -> Any:
+    """``value`` with BOUNDED_MARK when it is a pl_alpha the library's bound constrained."""
+    return f"{format_value(value)}{BOUNDED_MARK}" if flagged and metric in (
+        "pl_alpha", "alpha") else value
+
+
 def table_rows(session: Any, view: Any, model_id: str, metrics: Sequence[str],
                include_1d: bool) -> list[list[Any]]:
     """Rows of (parameter, shape, metric values) in the view, 1-D parameters only when
-    asked; parameter views are summarised apart (see :func:`view_tables`)."""
+    asked; parameter views are summarised apart (see :func:`view_tables`). A pl_alpha
+    the powerlaw library's bound constrained carries BOUNDED_MARK."""
     values = view.results.export_metrics(*metrics)[model_id]
     params = {p.name: p for p in session.models.params(model_id)}
+    flagged = bounded(view, model_id)
     rows = []
     for name, row in values.items():
         shape = params[name].shape if name in params else ()
         if (len(shape) < 2 and not include_1d) or (name in params and params[name].parent):
             continue
         rows.append([name, "x".join(map(str, shape)), *(
-            "" if m == "warning" and not isinstance(row.get(m), str) else row.get(m)
+            "" if m == "warning" and not isinstance(row.get(m), str)
+            else _marked(m, row.get(m), name in flagged)
             for m in metrics)])  # no warning applies: an empty cell, as WeightWatcher's
     return rows
 
@@ -118,12 +142,18 @@ def view_tables(session: Any, view: Any, model_id: str, metrics: Sequence[str],
         return
     first = next(iter(summaries.values()))
     rows = [[r["parameter"], r["views"]] for r in first]
+    flagged = {p.parent for p in session.models.params(model_id)
+               if p.name in bounded(view, model_id)}
     for field in fields:
         for row, r in zip(rows, summaries[field], strict=True):
-            row.append(f"{format_value(r['median'])} [{format_value(r['min'])}, "
-                       f"{format_value(r['max'])}]" if r["defined"] else "undefined")
+            cell = (f"{format_value(r['median'])} [{format_value(r['min'])}, "
+                    f"{format_value(r['max'])}]" if r["defined"] else "undefined")
+            row.append(_marked(field, cell, r["parameter"] in flagged))
     print_table(f"{model_id}: median [min, max] over each parameter's views",
                 ["parameter", "views", *fields], rows, console, keys=2)
+    if any(str(v).endswith(BOUNDED_MARK) for row in rows for v in row[2:]):
+        say(BOUNDED_NOTE.replace("pl_alpha where", "pl_alpha of a parameter some of whose "
+                                 "views are fits where"))
     for field in fields:
         reasons = undefined_reasons(view, model_id, field)
         if reasons:

@@ -27,6 +27,8 @@ from diffract_report._inputs import (
     scope,
 )
 from diffract_report._output import (
+    BOUNDED_MARK,
+    BOUNDED_NOTE,
     ProgressBar,
     print_table,
     run_apply,
@@ -121,6 +123,8 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
             for model_id in model_ids:
                 rows = table_rows(session, view, model_id, metrics, args.include_1d)
                 print_table(f"{model_id}: {len(rows)} layers", header, rows, console)
+                if any(str(v).endswith(BOUNDED_MARK) for row in rows for v in row[2:]):
+                    say(BOUNDED_NOTE)
                 view_tables(session, view, model_id, view_fields or metrics, console, say)
             for record in summaries:
                 if record["layers"]:  # alpha was asked for

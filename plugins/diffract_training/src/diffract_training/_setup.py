@@ -10,9 +10,43 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from diffract import Session
 from diffract.errors import DiffractError, InvalidArgumentError, StorageError
 
-__all__ = ["check_arguments", "global_step", "head_geometry", "lock_store", "monitor_options"]
+__all__ = ["FrozenSession", "check_arguments", "global_step", "head_geometry", "lock_store",
+           "monitor_options"]
+
+
+class _FrozenRegistry:
+    """The process's kernel registry, every kernel's configuration as it was when frozen
+    (the rest, registration and lookups, the registry's own)."""
+
+    def __init__(self, registry: Any) -> None:
+        self._registry = registry
+        self._config = {s.name: registry.effective_config(s.name) for s in registry.kernels()}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._registry, name)
+
+    def effective_config(self, name: str) -> dict[str, Any]:
+        frozen = self._config.get(name)
+        return dict(frozen) if frozen is not None else self._registry.effective_config(name)
+
+
+class FrozenSession(Session):
+    """A session whose kernels run with the configuration they had when :meth:`freeze`
+    was called: kernel configuration is process-global (as in the original Diffract), and
+    a ``configure_kernel`` elsewhere in a training process would otherwise change a
+    monitor's numbers mid-run."""
+
+    _frozen: _FrozenRegistry | None = None
+
+    @property
+    def registry(self) -> Any:
+        return self._frozen if self._frozen is not None else super().registry
+
+    def freeze(self) -> None:
+        self._frozen = _FrozenRegistry(super().registry)
 
 
 def _names(value: Any, what: str, *, empty: bool = True) -> str | None:

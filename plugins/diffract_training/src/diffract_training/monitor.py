@@ -33,7 +33,7 @@ from diffract.errors import (
     UnknownFieldError,
 )
 from diffract.plugins import contextual_name, one_openmp_thread
-from diffract_training._setup import check_arguments, head_geometry, lock_store
+from diffract_training._setup import FrozenSession, check_arguments, head_geometry, lock_store
 from diffract_training._setup import global_step as _step
 from diffract_training._snapshot import Snapshot, blocks, nbytes, rank
 
@@ -122,7 +122,8 @@ class Monitor:
         #: the others only take part in gathering sharded parameters).
         self.writer = rank() == 0
         store = store if self.writer else None
-        self.session = Session("local", path=str(store)) if store is not None else Session()
+        self.session = FrozenSession("local", path=str(store)) if store is not None \
+            else FrozenSession()
         self._lock_file = None
         self._sharded: list[str] = []
         try:
@@ -178,7 +179,8 @@ class Monitor:
             self.writer = False
             self._release_lock()
             self.session.close()
-            self.session, self._done = Session(), set()
+            self.session, self._done = FrozenSession(), set()
+        self.session.freeze()  # the kernels' configuration of now, for the whole run
         self._model = model
         self._view_options = self._given_view_options or head_geometry(model, self._views)
         self._names = self._analysed(self._params)
