@@ -150,7 +150,7 @@ class TestStoreSize:
             fields = {m: set(s.store.fields(m)) for m in ids}
             overlaps = [n for n in s.store.aggregate_names() if n.startswith("l_overlap@")]
             values = s.results.export_aggregates(
-                "l_subspace_overlap", "avg_max_l_agreement", "sval_rel_change",
+                "l_subspace_overlap", "avg_max_l_agreement_top", "sval_rel_change",
                 export_format="list")
         return ids, fields, overlaps, sorted((r["field"], r["models"], r["param"],
                                               float(r["value"])) for r in values)
@@ -172,7 +172,7 @@ class TestStoreSize:
         assert not any("weights_rsvs" in f for f in fields.values())
         assert all("esd" in f for f in fields.values())  # the spectra stay
         kept_ids, kept_fields, kept_overlaps, kept_values = self._stored(kept)
-        assert kept_overlaps and all("weights_rsvs" in f for f in kept_fields.values())
+        assert all("weights_rsvs" in f for f in kept_fields.values())  # nothing pruned
         assert values == kept_values  # bit for bit: the same vectors, before they went
         # an unchanged run computes nothing; a new checkpoint pairs with what stayed
         decompositions.update(esd=0, svd=0)
@@ -219,8 +219,9 @@ class TestStoreSize:
     def test_a_run_keeps_the_top_tenth_of_the_vectors(self, tmp_path, capsys):
         """What stays of a checkpoint's vectors is its matrices' top tenth of directions
         (3 of 30 here), what the alignment fields read: the subspace overlap and the
-        singular values' change are those of all the vectors kept, bit for bit, and the
-        agreement is the top-3 agreement of all the vectors (l_overlap k=3), bit for bit."""
+        singular values' change are those of all the vectors kept, bit for bit, and so is
+        the top-tenth agreement (avg_max_l_agreement_top); the agreement over every
+        direction is computed where every direction's vectors are kept, and only there."""
         _run(tmp_path / "run", range(1000, 4000, 1000))
         run, tenth, full = str(tmp_path / "run"), str(tmp_path / "tenth"), str(tmp_path / "all")
         assert _track(run, "--store", tenth, "--metrics", METRICS) == 0
@@ -236,6 +237,11 @@ class TestStoreSize:
             assert {np.asarray(v["weights_lsvs"]).shape[1] for m in lsvs
                     for v in lsvs[m].values()} == {30}
         assert self._stored(tenth)[3] == self._stored(full)[3]
+        with Session(profile="local", path=full) as s:
+            every = s.results.export_aggregates("avg_max_l_agreement", export_format="list")
+        with Session(profile="local", path=tenth) as s:
+            assert s.results.export_aggregates("avg_max_l_agreement", export_format="list") == []
+        assert len(every) == len(self._stored(full)[3]) // 3 and all(0 < r["value"] <= 1 for r in every)
         capsys.readouterr()
 
     def test_a_field_asking_for_more_vectors_than_kept_is_undefined_with_the_reason(
@@ -588,3 +594,43 @@ def test_out_writes_the_trajectories_and_the_alignment(tmp_path, capsys, fmt):
     assert _track(str(tmp_path / "run"), "--store", str(tmp_path / "s"), "--format",
                   "json") == 2
     assert "give --out DIR" in capsys.readouterr().err
+
+
+def test_track_and_compare_agree_on_every_field_name_they_share(tmp_path, capsys):
+    """One definition per field name (issue 64 item 2): the same pair of checkpoints,
+    tracked (the top tenth of the vectors kept, float32) and compared (every vector):
+    every alignment field both store has the same value (float32's rounding apart), the
+    top-tenth agreement has its own name, and avg_max_l_agreement (over every direction)
+    is computed by track only where it keeps every direction's vectors, then equal."""
+    from diffract.plugins import reset_registry
+
+    _run(tmp_path / "run", range(1000, 3000, 1000))
+    pair = [str(tmp_path / "run" / f"checkpoint-{s}") for s in (1000, 2000)]
+    fields = ("avg_max_l_agreement", "avg_max_l_agreement_top", "l_subspace_overlap",
+              "sval_rel_change")
+    stores = {"track": str(tmp_path / "t"), "track-all": str(tmp_path / "ta"),
+              "compare": str(tmp_path / "c")}
+    assert _track(str(tmp_path / "run"), "--store", stores["track"], "--metrics",
+                  METRICS) == 0
+    reset_registry()
+    assert _track(str(tmp_path / "run"), "--store", stores["track-all"], "--metrics",
+                  METRICS, "--set", "svd.vector_share=1") == 0
+    reset_registry()
+    assert main(["compare", *pair, "--store", stores["compare"], "--metrics",
+                 ",".join(fields), "--executor", "sequential"]) == 0
+    capsys.readouterr()
+    values = {}
+    for name, store in stores.items():
+        with Session(profile="local", path=store) as s:
+            values[name] = {(r["field"], r["param"]): r["value"] for r in
+                            s.results.export_aggregates(*fields, export_format="list")}
+    compared = values["compare"]
+    assert {f for f, _ in compared} == set(fields)
+    assert {f for f, _ in values["track"]} == set(fields) - {"avg_max_l_agreement"}
+    assert {f for f, _ in values["track-all"]} == set(fields)
+    for name in ("track", "track-all"):
+        for key, value in values[name].items():
+            assert value == pytest.approx(compared[key], abs=1e-7), (name, key)
+    top = {p: v for (f, p), v in compared.items() if f == "avg_max_l_agreement_top"}
+    every = {p: v for (f, p), v in compared.items() if f == "avg_max_l_agreement"}
+    assert all(abs(top[p] - every[p]) > 1e-3 for p in top)  # two numbers, two names

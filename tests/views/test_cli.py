@@ -67,7 +67,7 @@ def test_compare_ranks_the_moved_head_first(pair, tmp_path):
     rows = list(csv.DictReader((tmp_path / "out" / "heads.csv").open()))
     assert len(rows) == 2 * (4 + 2 + 2 + 4)
     assert rows[0]["head"] == "model.layers.1.self_attn.q_proj.weight[head=2]"
-    assert float(rows[0]["change (1 - l_subspace_overlap)"]) > 0.3
+    assert float(rows[0]["change (1 - min(l, r))"]) > 0.3
     assert all(float(r["l_subspace_overlap"]) == pytest.approx(1.0, abs=1e-9) for r in rows[1:])
     assert "intruder_dimensions" in rows[0]
 
@@ -120,3 +120,48 @@ def test_the_report_tables_experts(tmp_path):
     text = (tmp_path / "r.html").read_text()
     table = re.search(r'<table[^>]* id="experts-moe-stable_rank">(.*?)</table>', text).group(1)
     assert "<th>0</th><th>1</th><th>2</th>" in table and "mlp.experts.down_proj" in table
+
+
+@pytest.fixture
+def input_rotated(tmp_path):
+    """Issue 64 item 1: two query heads of layer 1 whose input side is rotated
+    (W_h -> W_h Q, Q orthogonal: what they attend to changes, their own output space
+    does not), and one key head perturbed by noise of its own scale."""
+    rng = np.random.default_rng(5)
+    state = {}
+    for layer in range(2):
+        a = f"model.layers.{layer}.self_attn."
+        state[a + "q_proj.weight"] = rng.standard_t(3, (64, 64))
+        state[a + "k_proj.weight"] = rng.standard_t(3, (32, 64))
+        state[a + "v_proj.weight"] = rng.standard_t(3, (32, 64))
+        state[a + "o_proj.weight"] = rng.standard_t(3, (64, 64))
+    tuned = {k: v.copy() for k, v in state.items()}
+    q = tuned["model.layers.1.self_attn.q_proj.weight"]
+    for head in (0, 3):
+        rotation, _ = np.linalg.qr(rng.standard_normal((64, 64)))
+        q[16 * head:16 * head + 16] = q[16 * head:16 * head + 16] @ rotation
+    k = tuned["model.layers.0.self_attn.k_proj.weight"]
+    k[16:32] += rng.standard_normal((16, 64)) * k[16:32].std()
+    return _save(tmp_path / "base", state), _save(tmp_path / "tuned", tuned)
+
+
+def test_a_head_whose_input_side_moved_ranks_first(input_rotated, tmp_path):
+    """Ranked by 1 - min(l, r): the two input-rotated query heads first (their output
+    overlap stays 1, their input overlap drops), then the noisy key head; both sides are
+    in the table, the unchanged heads at change 0."""
+    base, tuned = input_rotated
+    run = _cli("compare", str(base), str(tuned), "--views", "heads", "--out",
+               str(tmp_path / "out"), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    rows = list(csv.DictReader((tmp_path / "out" / "heads.csv").open()))
+    q = "model.layers.1.self_attn.q_proj.weight"
+    assert {r["head"] for r in rows[:2]} == {f"{q}[head=0]", f"{q}[head=3]"}
+    assert rows[2]["head"] == "model.layers.0.self_attn.k_proj.weight[head=1]"
+    for r in rows[:2]:
+        assert float(r["l_subspace_overlap"]) == pytest.approx(1.0, abs=1e-9)
+        assert float(r["r_subspace_overlap"]) < 0.6
+        change = float(r["change (1 - min(l, r))"])
+        assert change == pytest.approx(1 - float(r["r_subspace_overlap"]))
+    assert float(rows[2]["change (1 - min(l, r))"]) > 0.2
+    assert all(float(r["change (1 - min(l, r))"]) < 1e-9 for r in rows[3:])
+    assert "r_subspace_overlap" in run.stdout and "change (1 - min(l, r))" in run.stdout

@@ -58,8 +58,8 @@ def test_the_rotated_head_ranks_first_everywhere(tmp_path, capsys):
                  "--views", "heads", "--executor", "sequential", "--out", str(out),
                  "--report", str(report)]) == 0
     said = capsys.readouterr().out.splitlines()
-    start = said.index("heads that moved most (1 - l_subspace_overlap with the previous "
-                       "checkpoint):")
+    start = said.index("heads that moved most (1 - the smaller of the output and input "
+                       "subspace overlaps with the previous checkpoint):")
     first = said[start + 1].split()
     assert first[:5] == ["step", "20", "->", "30", MOVED], said[start:start + 3]
     runner_up = float(said[start + 2].split()[-1])
@@ -69,6 +69,17 @@ def test_the_rotated_head_ranks_first_everywhere(tmp_path, capsys):
     assert (rows[0]["step"], rows[0]["head"]) == ("30", MOVED)
     assert len(rows) == 4 * 24  # four intervals, 2 layers x (4 + 2 + 2 + 4) heads
     change = {(r["step"], r["head"]): float(r["change"]) for r in rows}
+    from diffract import Session
+
+    with Session(profile="local", path=str(tmp_path / "store")) as s:  # both sides read
+        sides = {}
+        for r in s.results.export_aggregates("l_subspace_overlap", "r_subspace_overlap",
+                                             export_format="list"):
+            sides.setdefault((r["models"], r["param"]), {})[r["field"]] = r["value"]
+        for r in rows:
+            pair = sides[(f"checkpoint-{r['from_step']},checkpoint-{r['step']}", r["head"])]
+            assert float(r["change"]) == pytest.approx(1 - min(pair.values()), abs=1e-12)
+            assert len(pair) == 2, r
 
     text = report.read_text()
     table = text[text.index('id="head-moves"'):]
@@ -77,8 +88,8 @@ def test_the_rotated_head_ranks_first_everywhere(tmp_path, capsys):
     charts = [json.loads(html.unescape(c))
               for c in re.findall(r"<div class=chart data-chart='([^']*)'", text)]
     heat = next(p["heat"] for c in charts for p in c["panels"] if p.get("title") ==
-                "model.layers.1.self_attn.q_proj.weight: 1 - l_subspace_overlap with the "
-                "previous checkpoint")
+                "model.layers.1.self_attn.q_proj.weight: change (1 - min(l, r) subspace "
+                "overlap) since the previous checkpoint")
     assert heat["cols"] == ["20", "30", "40", "50"] and heat["rows"] == [
         f"head={h}" for h in range(4)]
     for h, values in enumerate(heat["z"]):

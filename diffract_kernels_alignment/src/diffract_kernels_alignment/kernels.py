@@ -58,26 +58,47 @@ def _right(pair: tuple[np.ndarray, np.ndarray], k: int) -> tuple[np.ndarray, np.
     return va[:n].T, vb[:n].T
 
 
+def _directions(vectors: int, svals: tuple, k: int, fields: str) -> int:
+    """The directions a field over ``k`` directions (all: ``k`` = 0) reads, refused when
+    the SVD kept the vectors of fewer (``svd.vector_share`` < 1, as ``diffract track``)."""
+    directions = min(len(svals[0]), len(svals[1]))
+    n = min(directions, k) if k > 0 else directions
+    if n > vectors:
+        raise FieldUndefined(
+            f"{fields} read the vectors of {'all ' if k == 0 else 'the top '}{n} of "
+            f"{directions} directions, and the SVD kept those of {vectors} (svd "
+            "vector_share < 1, as diffract track keeps the top tenth): set svd "
+            "vector_share=1, or read the top-tenth forms (avg_max_l_agreement_top, "
+            "l_subspace_overlap)")
+    return n
+
+
 # -- overlaps ------------------------------------------------------------------------------
 @kernel(apply_level=CROSS, hints=_HINTS)
-def l_overlap(weights_lsvs: tuple[np.ndarray, np.ndarray], *, k: TopK = 0) -> np.ndarray:
+def l_overlap(weights_lsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple, *,
+              k: TopK = 0) -> np.ndarray:
     """``O^L = |U_a^T U_b|``, ``[k, k]``: the absolute cosine between left singular
     vector ``i`` of model a and ``j`` of model b (the sign of a singular vector is
-    arbitrary, so only the absolute value is a property of the pair). ``k = min(N, M)``
-    by default (every direction whose vectors the SVD kept: the top tenth in ``diffract
-    track``, ``svd.vector_share``); ``k`` > 0 keeps the top ``k`` directions. Rows follow
-    a's directions, columns b's, both by decreasing singular value."""
-    ua, ub = _left(weights_lsvs, k)
-    product = ua.T @ ub
+    arbitrary, so only the absolute value is a property of the pair). ``k = min(N, M)``,
+    every direction, by default; ``k`` > 0 keeps the top ``k`` directions. Undefined
+    where the SVD kept the vectors of fewer directions (``svd.vector_share`` < 1: the top
+    tenth in ``diffract track``): the fields read from it (the agreements and their means)
+    have one definition wherever they are computed. Rows follow a's directions, columns
+    b's, both by decreasing singular value."""
+    ua, ub = _left(weights_lsvs, 0)
+    n = _directions(min(ua.shape[1], ub.shape[1]), weights_svals, k, "the overlaps")
+    product = ua[:, :n].T @ ub[:, :n]
     return np.abs(product, out=product)  # in place: one k x k array at a time
 
 
 @kernel(apply_level=CROSS, hints=_HINTS)
-def r_overlap(weights_rsvs: tuple[np.ndarray, np.ndarray], *, k: TopK = 0) -> np.ndarray:
+def r_overlap(weights_rsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple, *,
+              k: TopK = 0) -> np.ndarray:
     """``O^R = |V_a^T V_b|``, ``[k, k]``: as ``l_overlap`` for the right singular
     vectors (the input space of ``W``)."""
-    va, vb = _right(weights_rsvs, k)
-    product = va.T @ vb
+    va, vb = _right(weights_rsvs, 0)
+    n = _directions(min(va.shape[1], vb.shape[1]), weights_svals, k, "the overlaps")
+    product = va[:, :n].T @ vb[:, :n]
     return np.abs(product, out=product)
 
 
@@ -151,6 +172,33 @@ def avg_max_r_agreement(max_r_agreement: np.ndarray, weights_svals: tuple, *,
 for _fn, _x in ((avg_l_agreement, "l_agreement"), (avg_r_agreement, "r_agreement"),
                 (avg_max_l_agreement, "max_l_agreement"), (avg_max_r_agreement, "max_r_agreement")):
     _fn.__doc__ = _AVG_DOC.format(x=_x)
+
+
+def _best_matches_top(a: np.ndarray, b: np.ndarray, svals: tuple, k: int) -> float:
+    n = _subspace_k(min(a.shape[1], b.shape[1]), svals, k)
+    return float(np.mean(np.max(np.abs(a[:, :n].T @ b[:, :n]), axis=1)))
+
+
+@kernel(apply_level=CROSS, hints=_HINTS)
+def avg_max_l_agreement_top(weights_lsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple,
+                            *, k: TopK = 0) -> float:
+    """``(1 / k) sum_{i <= k} max_{j <= k} |u_a,i . u_b,j|``: how well each of a's top ``k``
+    left singular directions is matched among b's top ``k`` (1: the top subspace kept its
+    directions, in any order). ``k`` = 0 takes the top tenth of the directions, rounded up
+    (``ceil(min(N, M) / 10)``, as ``l_subspace_overlap``): what ``diffract track`` keeps
+    the vectors of, so a tracked run and ``diffract compare`` give it the same value.
+    ``avg_max_l_agreement`` averages over every direction of a, matched among all of b's:
+    another number (the lower directions move more), under another name."""
+    ua, ub = _left(weights_lsvs, 0)
+    return _best_matches_top(ua, ub, weights_svals, k)
+
+
+@kernel(apply_level=CROSS, hints=_HINTS)
+def avg_max_r_agreement_top(weights_rsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple,
+                            *, k: TopK = 0) -> float:
+    """``avg_max_l_agreement_top`` for the right singular vectors (the input space)."""
+    va, vb = _right(weights_rsvs, 0)
+    return _best_matches_top(va, vb, weights_svals, k)
 
 
 # -- subspaces -----------------------------------------------------------------------------
@@ -240,5 +288,6 @@ def intruder_dimensions(
 ALL: tuple[Any, ...] = (
     l_overlap, r_overlap, l_agreement, r_agreement, max_l_agreement, max_r_agreement,
     avg_l_agreement, avg_r_agreement, avg_max_l_agreement, avg_max_r_agreement,
-    l_subspace, r_subspace, sval_rel_change, intruder_dimensions,
+    avg_max_l_agreement_top, avg_max_r_agreement_top, l_subspace, r_subspace,
+    sval_rel_change, intruder_dimensions,
 )

@@ -35,8 +35,9 @@ from diffract_report.analyze import command_entry
 
 #: Pairwise fields shown by default: direction agreement, subspace overlap, spectrum change.
 DEFAULT_COMPARE = ("avg_max_l_agreement", "l_subspace_overlap", "sval_rel_change")
-#: What views (heads) are ranked by: 1 - the overlap of their top singular subspaces.
-RANK_BY = "l_subspace_overlap"
+#: What views (heads) are ranked by: 1 - the overlap of their top singular subspaces, on
+#: the side (output, input) that moved most (diffract_report.views.rank_heads).
+RANK_BY = ("l_subspace_overlap", "r_subspace_overlap")
 #: Heads shown at each end of the ranking in the terminal (CSV and report hold all).
 SHOWN = 10
 
@@ -66,8 +67,8 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
     defaults = (*DEFAULT_COMPARE, *(("intruder_dimensions",) if args.views else ()))
     metrics = [m.strip() for m in (args.metrics or ",".join(defaults)).split(",")
                if m.strip()]
-    if args.views and RANK_BY not in metrics:  # the ranking of views reads it
-        metrics.append(RANK_BY)
+    if args.views:  # the ranking of views reads both sides
+        metrics += [side for side in RANK_BY if side not in metrics]
     inputs = model_inputs(args.paths)
     session = open_session(args)
     with session:
@@ -155,22 +156,23 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
 def _ranked_views(view: Any, pairs: Sequence[tuple[str, str]], metrics: Sequence[str],
                   args: argparse.Namespace, console: Any, say: Callable[[str], None],
                   sections: list[str]) -> list[Path]:
-    """Per compared pair, the head views ranked by change (1 - l_subspace_overlap), most
-    and least changed in the terminal, all of them in heads.csv (--out) and the report."""
+    """Per compared pair, the head views ranked by change (1 - the smaller of their
+    output and input subspace overlaps), both sides shown, most and least changed in the
+    terminal, all of them in heads.csv (--out) and the report."""
     import csv
 
     from diffract_report.views import rank_heads
 
     written: list[Path] = []
-    fields = [m for m in metrics if m != RANK_BY]
-    header = ["head", f"change (1 - {RANK_BY})", RANK_BY, *fields]
+    fields = [m for m in metrics if m not in RANK_BY]
+    header = ["head", "change (1 - min(l, r))", *RANK_BY, *fields]
     every = []
     for a, b in pairs:
         ranked = rank_heads(view, (a, b), fields, by=RANK_BY)
         if not ranked:
             continue
-        rows = [[r["head"], r["change"], r[RANK_BY], *(r.get(f) for f in fields)]
-                for r in ranked]
+        rows = [[r["head"], r["change"], *(r.get(s) for s in RANK_BY),
+                 *(r.get(f) for f in fields)] for r in ranked]
         every += [[f"{a} -> {b}", *row] for row in rows]
         if args.format == "table":
             shown = rows if len(rows) <= 2 * SHOWN else rows[:SHOWN] + rows[-SHOWN:]

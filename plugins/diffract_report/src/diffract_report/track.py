@@ -50,7 +50,10 @@ __all__ = ["categorical", "changes", "checkpoints", "configure_track", "sudden",
            "sudden_lines", "track"]
 
 #: Pairwise fields of the alignment with the predecessor and the first checkpoint.
-ALIGNMENT = ("l_subspace_overlap", "avg_max_l_agreement", "sval_rel_change")
+ALIGNMENT = ("l_subspace_overlap", "avg_max_l_agreement_top", "sval_rel_change")
+#: Alignment fields over every direction: computed where the run keeps every direction's
+#: vectors (--set svd.vector_share=1); with the top tenth they would be another number.
+ALIGNMENT_ALL = ("avg_max_l_agreement",)
 #: Layers shown per metric for each of "last interval" and "whole run".
 TOP = 5
 
@@ -241,7 +244,8 @@ def _head_movers(session: Any, args: argparse.Namespace, say: Callable[[str], No
     moves = head_moves(session)
     if not moves:
         return
-    say("heads that moved most (1 - l_subspace_overlap with the previous checkpoint):")
+    say("heads that moved most (1 - the smaller of the output and input subspace overlaps "
+        "with the previous checkpoint):")
     for r in moves[:TOP]:
         say(f"  step {r['from_step']} -> {r['step']}  {r['head']}  {r['change']:.3g}")
     if args.out:
@@ -283,13 +287,23 @@ def _write_trajectories(session: Any, metrics: Sequence[str],
                     raise UsageError("--format parquet needs pyarrow: pip install pyarrow "
                                      "(or use --format csv).") from None
             written.append(path)
-    known = set(session.compute.list_available_metrics())
-    fields = [f for f in ALIGNMENT if f in known]
+    fields = _alignment_fields(session, every=True)
     stored = {name.split("@", 1)[0] for name in session.store.aggregate_names()}
     if set(fields) & stored:
         written.append(session.results.export_aggregates(*fields, export_format="csv",
                                                          path=folder / "alignment.csv"))
     return written
+
+
+def _alignment_fields(session: Any, every: bool = False) -> list[str]:
+    """The alignment fields a round computes (installed ones): the top-tenth ones, and
+    those over every direction where the svd keeps every direction's vectors (all of
+    them with ``every``, for reading what a store holds)."""
+    known = set(session.compute.list_available_metrics())
+    share = (session.compute.kernel_config("svd").get("vector_share", 1.0)
+             if "svd" in session.compute.list_available_kernels() else 1.0)
+    wanted = [*ALIGNMENT, *(ALIGNMENT_ALL if every or share >= 1.0 else ())]
+    return [f for f in wanted if f in known]
 
 
 def sudden_lines(flagged: Sequence[tuple[float, str, Any, str, float]], k: float) -> list[str]:
@@ -354,8 +368,8 @@ def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: arg
     _svd_settings(session, ids, args.settings)
     interactive = sys.stderr.isatty() and not args.quiet
     against = {a.strip() for a in args.against.split(",") if a.strip()} - {"none"}
+    fields = _alignment_fields(session) if against else []
     known = set(session.compute.list_available_metrics())
-    fields = [f for f in ALIGNMENT if f in known] if against else []
     stale = session.results.stale(*metrics, *view_fields, *fields)
     if stale:
         kernels = sorted({r["kernel"] for r in stale})
@@ -377,10 +391,14 @@ def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: arg
         # checkpoint by checkpoint, pruning after each that computed something: the store
         # never holds more than the reference's, the previous and the current vectors
         pruned = False
+        heads = _views_of(session) if "r_subspace_overlap" in known else []
         for later in dict.fromkeys(b for _, b in pairs):
-            done = session.compute.apply_pairs(
-                *fields, pairs=[p for p in pairs if p[1] == later], errors="record",
-                recompute=mode).values()
+            now = [p for p in pairs if p[1] == later]
+            done = [*session.compute.apply_pairs(*fields, pairs=now, errors="record",
+                                                 recompute=mode).values(),
+                    *(session.filter(param_names=heads).compute.apply_pairs(
+                        "r_subspace_overlap", pairs=now, errors="record",
+                        recompute=mode).values() if heads else ())]
             reports += done
             pruned = not args.keep_vectors and any(sum(r.computed.values()) for r in done)
             if pruned:
@@ -392,8 +410,9 @@ def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: arg
 
 #: What the alignment fields were computed from and no later round reads: the pairwise
 #: overlap matrices (k x k per layer and pair), every checkpoint's right singular vectors
-#: (no alignment field of track's reads them), and the left ones of every checkpoint but
-#: the first (the reference) and the latest (the next one's predecessor).
+#: but those of head views (whose change is read on both sides: r_subspace_overlap), and
+#: the left ones of every checkpoint but the first (the reference) and the latest (the
+#: next one's predecessor).
 _PAIRWISE_INTERMEDIATES = ("l_overlap",)
 _SVD_GROUP = ("weights_lsvs", "weights_svals", "weights_rsvs")
 
@@ -414,8 +433,16 @@ def _prune(session: Any, ids: Sequence[str], asked: set[str], first: bool = True
     gone = [m for m in ids if m not in kept]
     if gone:  # the whole group: a unit is recomputed only when all of it is absent
         session.filter(model_ids=gone).results.erase(*_SVD_GROUP)
-    if kept:
-        session.filter(model_ids=kept).results.erase("weights_rsvs")
+    whole = sorted({p.name for m in kept for p in session.models.params(m)} - set(
+        _views_of(session)))
+    if kept and whole:  # a head's right vectors stay: its input side is compared
+        session.filter(model_ids=kept, param_names=whole).results.erase("weights_rsvs")
+
+
+def _views_of(session: Any) -> list[str]:
+    """The names of the views (heads...) of the run's checkpoints."""
+    return sorted({p.name for m in session.model_ids for p in session.models.params(m)
+                   if p.parent is not None})
 
 
 @contextlib.contextmanager

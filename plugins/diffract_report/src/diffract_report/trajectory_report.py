@@ -63,7 +63,8 @@ def _alignment(session: Any, field: str) -> dict[str, list[tuple[float, float]]]
 
 def _head_sections(session: Any, view_fields: Sequence[str]) -> list[str]:
     """With head views: per attention matrix, a heads x steps heat map of how much each
-    head moved since the previous checkpoint (1 - l_subspace_overlap) and of the first
+    head moved since the previous checkpoint (1 - the smaller of its output and input
+    subspace overlaps, views.rank_heads) and of the first
     view metric; then the heads that moved most, ranked."""
     from diffract_report.views import head_moves
 
@@ -81,7 +82,8 @@ def _head_sections(session: Any, view_fields: Sequence[str]) -> list[str]:
         labels = sorted(heads, key=_head_number)
         steps = sorted({s for h in heads.values() for s in h})
         parts.append(_chart({"w": 1040, "h": int(min(900, 90 + 14 * len(labels))), "panels": [{
-            "title": f"{parent}: 1 - l_subspace_overlap with the previous checkpoint",
+            "title": f"{parent}: change (1 - min(l, r) subspace overlap) since the "
+                     "previous checkpoint",
             "xlabel": "step", "heat": {"rows": labels, "cols": [str(s) for s in steps],
                                        "axis": "step",
                                        "z": [_num([heads[h].get(s, np.nan) for s in steps])
@@ -94,7 +96,7 @@ def _head_sections(session: Any, view_fields: Sequence[str]) -> list[str]:
     if moves:
         parts.append("<h4>Heads that moved most between consecutive checkpoints</h4>"
                      "<div class=scroll>" + html_table(
-                         ["step", "from step", "head", "1 - l_subspace_overlap"],
+                         ["step", "from step", "head", "change (1 - min(l, r))"],
                          [[r["step"], r["from_step"], r["head"], r["change"]]
                           for r in moves[:50]], table_id="head-moves") + "</div>")
     return parts

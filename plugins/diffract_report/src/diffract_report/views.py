@@ -119,13 +119,23 @@ def head_grid(session: Any, model_id: str, field: str) -> tuple[list[str], list[
     return order, heads, matrix
 
 
+#: A head's change is read on both sides of its matrix: what it writes (the left
+#: singular subspace) and what it reads (the right one). See docs/alignment.md.
+SIDES = ("l_subspace_overlap", "r_subspace_overlap")
+
+
 def rank_heads(session: Any, pair: Sequence[str], fields: Sequence[str],
-               by: str = "l_subspace_overlap") -> list[dict[str, Any]]:
-    """The head views of a compared pair, most changed first: ranked by ``1 - by``
-    (the share of the head's top singular subspace that moved), with ``fields`` beside
-    it. Heads without ``by`` are left out."""
+               by: Sequence[str] | str = SIDES) -> list[dict[str, Any]]:
+    """The head views of a compared pair, most changed first: ranked by
+    ``change = 1 - min(by)``, the share of the head's top singular subspace that moved on
+    the side that moved most (by default its output side, ``l_subspace_overlap``, and its
+    input side, ``r_subspace_overlap``: a q/k/v head's own output space barely moves when
+    what it attends to does, an output projection's input space when what it writes
+    does), with ``fields`` beside it. A side not computed is left out of the minimum;
+    heads with neither are left out."""
     a, b = pair
-    wanted = list(dict.fromkeys([by, *fields]))
+    sides = [by] if isinstance(by, str) else list(by)
+    wanted = list(dict.fromkeys([*sides, *fields]))
     records = session.results.export_aggregates(*wanted, export_format="list")
     table: dict[str, dict[str, Any]] = {}
     for r in records:
@@ -133,15 +143,17 @@ def rank_heads(session: Any, pair: Sequence[str], fields: Sequence[str],
                 and _head(r["param"].rsplit("[", 1)[1].rstrip("]")) is not None \
                 and np.ndim(r["value"]) == 0:
             table.setdefault(r["param"], {})[r["field"]] = float(r["value"])
-    ranked = [{"head": name, "change": 1.0 - values[by], **values}
-              for name, values in table.items()
-              if by in values and math.isfinite(values[by])]
+    ranked = []
+    for name, values in table.items():
+        overlaps = [values[s] for s in sides if math.isfinite(values.get(s, math.nan))]
+        if overlaps:
+            ranked.append({"head": name, "change": 1.0 - min(overlaps), **values})
     return sorted(ranked, key=lambda r: -r["change"])
 
 
-def head_moves(session: Any, by: str = "l_subspace_overlap") -> list[dict[str, Any]]:
+def head_moves(session: Any, by: Sequence[str] | str = SIDES) -> list[dict[str, Any]]:
     """Over a tracked run: every head's change between each checkpoint and the one
-    before it (``1 - by``, as :func:`rank_heads` ranks a pair), with the later
+    before it (``1 - min(by)``, as :func:`rank_heads` ranks a pair), with the later
     checkpoint's step; the largest changes first. Pairs without ``by`` give nothing."""
     root = getattr(session, "session", session)
     ids = root.models.ordered(session.model_ids)
