@@ -29,7 +29,18 @@ from diffract_kernels_spectral.errors import FitError
 
 __all__ = ["ALL"]
 
-_MATRIX = [Restriction.min_ndim(2)]
+def _not_a_stack(info: Any) -> bool:
+    """Whether a parameter has a matrix view: a stack of matrices (a tensor of three or
+    more axes not typed conv: packed MoE experts ``[E, out, in]``, llama.cpp's
+    ``ffn_*_exps``) has none (as one matrix it would be ``W.reshape(E, -1)``, whose E
+    singular values describe nothing of its experts)."""
+    return len(info.shape) < 3 or info.ptype == "conv"
+
+
+_MATRIX = [Restriction.min_ndim(2), Restriction(
+    _not_a_stack, "a stack of matrices (packed experts [E, out, in]) has no spectrum of its "
+                  "own; each expert is analysed as a view: views=['experts'] (the command "
+                  "line's default for such tensors), whose summary the table shows")]
 _ONE_GPU_BATCH = threading.Lock()
 
 #: Decompositions and fits are PARALLEL: on an executor (a process pool, a Dask

@@ -293,6 +293,21 @@ def shell_words(text: str) -> str:
                                                                       "--views")
 
 
+def _add(session: Any, what: Any, model_id: str, views: dict[str, Any], **kwargs: Any) -> None:
+    """models.add; without --views, with the experts rule where it applies: a stack of
+    packed experts is analysed per expert by default (as one matrix it has no spectrum),
+    and a model with none is added whole (the rule then refuses it: split nothing)."""
+    from diffract.plugins import get_catalog
+
+    if views or "experts" not in get_catalog().views:
+        session.models.add(what, model_id=model_id, **views, **kwargs)
+        return
+    try:
+        session.models.add(what, model_id=model_id, views=["experts"], **kwargs)
+    except ModelSourceError:  # no stack the rule splits (or one it cannot): whole
+        session.models.add(what, model_id=model_id, **kwargs)
+
+
 def add_models(session: Any, inputs: Sequence[tuple[str, Any, str | None]], *,
                base: str | None = None, lora: bool = False, key: str | None = None,
                views: dict[str, Any] | None = None, step_from: str | None = None
@@ -316,9 +331,8 @@ def add_models(session: Any, inputs: Sequence[tuple[str, Any, str | None]], *,
             if lora:
                 session.models.add_lora(what, model_id)
             else:
-                session.models.add(what, model_id=model_id, base_model_id=base,
-                                   key=key if file is not None else None, step_from=step_from,
-                                   **(views or {}))
+                _add(session, what, model_id, views or {}, base_model_id=base,
+                     key=key if file is not None else None, step_from=step_from)
         except (InvalidArgumentError, ModelSourceError) as exc:  # in the shell's words
             raise UsageError(shell_words(str(exc))) from None
     return [m for m, _, _ in inputs]

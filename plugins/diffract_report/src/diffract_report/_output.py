@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from diffract.errors import printable
 from diffract_report._inputs import UsageError
@@ -104,23 +107,43 @@ def _marked(metric: str, value: Any, flagged: bool) -> Any:
         "pl_alpha", "alpha") else value
 
 
+#: What marks a stack's value (packed experts): the median over its views, and the note.
+STACK_MARK = "~"
+STACK_NOTE = ("~ the median over the tensor's experts (a stack of matrices has no spectrum "
+              "of its own; the table below gives each stack's range, --format csv every "
+              "expert)")
+
+
 def table_rows(session: Any, view: Any, model_id: str, metrics: Sequence[str],
                include_1d: bool) -> list[list[Any]]:
     """Rows of (parameter, shape, metric values) in the view, 1-D parameters only when
     asked; parameter views are summarised apart (see :func:`view_tables`). A pl_alpha
-    the powerlaw library's bound constrained carries BOUNDED_MARK."""
+    the powerlaw library's bound constrained carries BOUNDED_MARK; a stack of experts,
+    which has no value of its own, shows the median over its views with STACK_MARK."""
     values = view.results.export_metrics(*metrics)[model_id]
     params = {p.name: p for p in session.models.params(model_id)}
     flagged = bounded(view, model_id)
+    children: dict[str, list[str]] = {}
+    for p in params.values():
+        if p.parent is not None and len(params[p.parent].shape) >= 3:
+            children.setdefault(p.parent, []).append(p.name)
     rows = []
-    for name, row in values.items():
+    names = [n for n in params if n in values or n in children]  # a stack has no values
+    for name in names:
+        row = values.get(name, {})
         shape = params[name].shape if name in params else ()
         if (len(shape) < 2 and not include_1d) or (name in params and params[name].parent):
             continue
-        rows.append([name, "x".join(map(str, shape)), *(
-            "" if m == "warning" and not isinstance(row.get(m), str)
-            else _marked(m, row.get(m), name in flagged)
-            for m in metrics)])  # no warning applies: an empty cell, as WeightWatcher's
+        cells = ["" if m == "warning" and not isinstance(row.get(m), str)
+                 else _marked(m, row.get(m), name in flagged)
+                 for m in metrics]  # no warning applies: an empty cell, as WeightWatcher's
+        for i, m in enumerate(metrics):
+            if name in children and row.get(m) is None:
+                stack = [values.get(c, {}).get(m) for c in children[name]]
+                numbers = [v for v in stack if isinstance(v, (int, float)) and math.isfinite(v)]
+                cells[i] = (f"{format_value(float(np.median(numbers)))}{STACK_MARK}"
+                            if numbers else "")
+        rows.append([name, "x".join(map(str, shape)), *cells])
     return rows
 
 

@@ -29,6 +29,8 @@ from diffract_report._inputs import (
 from diffract_report._output import (
     BOUNDED_MARK,
     BOUNDED_NOTE,
+    STACK_MARK,
+    STACK_NOTE,
     ProgressBar,
     print_table,
     run_apply,
@@ -125,6 +127,8 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                 print_table(f"{model_id}: {len(rows)} layers", header, rows, console)
                 if any(str(v).endswith(BOUNDED_MARK) for row in rows for v in row[2:]):
                     say(BOUNDED_NOTE)
+                if any(str(v).endswith(STACK_MARK) for row in rows for v in row[2:]):
+                    say(STACK_NOTE)
                 view_tables(session, view, model_id, view_fields or metrics, console, say)
             for record in summaries:
                 if record["layers"]:  # alpha was asked for

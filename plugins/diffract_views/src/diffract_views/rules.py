@@ -369,7 +369,8 @@ def qkv(param: Any, config: Mapping[str, Any], options: Mapping[str, Any]) -> li
 
 
 def _expert_named(name: str) -> bool:
-    return re.search(r"expert", name, re.IGNORECASE) is not None
+    """Whether a name says experts (llama.cpp's packed ``ffn_*_exps`` too)."""
+    return re.search(r"expert|_exps\b", name, re.IGNORECASE) is not None
 
 
 #: Model types whose packed experts are stored ``[E, in, out]`` (transformers' Llama 4
