@@ -50,6 +50,9 @@ def test_a_preset_sets_its_kernels_and_results_follow(session, rng):
     ww = {"min_tail": 5, "alpha_max": None, "fit_method": "weightwatcher"}
     assert session.compute.configure_conventions("weightwatcher") == {
         "esd_scale": {"normalize": "none"},
+        "esd": {"conv": "weightwatcher"},
+        "esd_rand": {"replicas": "weightwatcher"},
+        "num_traps": {"bulk": "fitted"},
         "power_law_fit": ww,
         "pl_pvalue": {**ww, "xmin": "search"},
         "truncated_power_law_fit": {"min_tail": 5, "xmin": "pl_xmin", "fit_method": "auto"},
@@ -59,7 +62,8 @@ def test_a_preset_sets_its_kernels_and_results_follow(session, rng):
         "pl_fit_quality": {"min_tail": 5, "alpha_max": None}}
     assert session.compute.kernel_config("power_law_fit")["min_tail"] == 5
     assert session.compute.kernel_config("pl_pvalue")["min_tail"] == 5
-    assert [r["kernel"] for r in session.results.stale()] == ["power_law_fit"]
+    # the ESD too: its conv setting changed (no value of a 2-D matrix does)
+    assert [r["kernel"] for r in session.results.stale()] == ["esd", "power_law_fit"]
     session.compute.apply("pl_alpha", recompute="stale")
     with Session() as reference:
         reference.compute.configure_kernel("power_law_fit", min_tail=5)
@@ -392,3 +396,80 @@ def test_weightwatcher_small_sample_fit_matches_weightwatcher(tmp_path):
             assert mine[field] == pytest.approx(row[col], rel=1e-6, abs=1e-12), (name, col)
     assert np.isnan(ours["tiny.weight"]["pl_alpha"])
     assert "WeightWatcher 0.7.7 analyses no layer of fewer than 8" in notes["m/tiny.weight"]
+
+
+@pytest.mark.slow
+def test_weightwatcher_reads_a_convolution_per_kernel_position(tmp_path):
+    """A small CNN (a 3x3 conv of 128x64, a 1x1 conv, a linear layer): WeightWatcher 0.7.7
+    pools the eigenvalues of each kernel position's [out, in] matrix (576 for the 3x3),
+    each matrix scaled by sqrt(1/2); under the preset alpha, xmin, stable_rank, lambda_max
+    and log_norm equal its numbers (the reshape to one [out, in*kh*kw] matrix gave other
+    exponents and ranks); the default keeps the reshape."""
+    pytest.importorskip("weightwatcher")
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(64, 128, 3), torch.nn.ReLU(),
+                              torch.nn.Conv2d(128, 128, 1), torch.nn.Flatten(),
+                              torch.nn.Linear(128, 32))
+    with torch.no_grad():  # heavier tails than the initialisation's
+        for p in net.parameters():
+            if p.dim() > 1:
+                p.add_(torch.randn_like(p).pow(3) * 0.05)
+    save_file({k: v.detach().contiguous() for k, v in net.state_dict().items()},
+              str(tmp_path / "cnn.safetensors"))
+    cols = {"alpha": "pl_alpha", "xmin": "pl_xmin", "stable_rank": "stable_rank",
+            "lambda_max": "spectral_norm", "log_norm": "log_norm"}
+    theirs = _weightwatcher(str(tmp_path / "cnn.safetensors"), list(cols), layers=3)
+    rows = {}
+    for preset in ("weightwatcher", "csn"):
+        with Session() as s:
+            s.compute.configure_conventions(preset)
+            s.models.add(str(tmp_path / "cnn.safetensors"), model_id="m")
+            s.compute.apply(*cols.values(), errors="record")
+            rows[preset] = s.results.export_metrics(*cols.values())["m"]
+            s.registry.reset_configuration()
+    for name, row in theirs.items():
+        for col, field in cols.items():
+            assert rows["weightwatcher"][f"{name}.weight"][field] == pytest.approx(
+                row[col], rel=1e-6), (name, col)
+    reshaped = rows["csn"]["0.weight"]["stable_rank"]
+    w = net[0].weight.detach().double().numpy().reshape(128, -1)
+    s = np.linalg.svd(w, compute_uv=False) ** 2
+    assert reshaped == pytest.approx(s.sum() / s.max(), rel=1e-9)
+    assert abs(reshaped - theirs["0"]["stable_rank"]) > 1
+
+
+def test_num_traps_counts_outlier_entries_as_weightwatcher_counts_spikes(rng):
+    """num_traps (WeightWatcher 0.7.7's correlation traps): 0 for iid entries, one per
+    large outlier entry; on the same randomized ESD (5 pooled shuffles under the preset,
+    fewer than 100 eigenvalues) it is WeightWatcher's own mp_fit spike count."""
+    import contextlib
+    import io
+    import logging
+
+    plain = rng.standard_normal((200, 16))
+    trapped = plain.copy()
+    trapped[3, 2], trapped[150, 9] = 40.0, -35.0
+    with Session() as s:
+        s.compute.configure_conventions("weightwatcher")
+        s.models.add({"plain": plain, "trapped": trapped}, "m")
+        s.compute.apply("num_traps", "esd_rand")
+        rows = s.results.export_metrics("num_traps", "esd_rand", include_arrays=True)["m"]
+        s.registry.reset_configuration()
+    assert rows["plain"]["num_traps"] == 0 and rows["trapped"]["num_traps"] >= 2
+    assert len(rows["trapped"]["esd_rand"]) == 5 * 16  # WeightWatcher's 5 replicas
+    ww = pytest.importorskip("weightwatcher")
+    logging.disable(logging.WARNING)
+    try:
+        for name in ("plain", "trapped"):
+            evals = np.asarray(rows[name]["esd_rand"])
+            with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                spikes = ww.WeightWatcher().mp_fit(evals, 200, 16, 1, name, 0, 0, False,
+                                                   False, ".", "r", 0.5, True, evals,
+                                                   randomize=True)[0]
+            assert rows[name]["num_traps"] == spikes, name
+    finally:
+        logging.disable(logging.NOTSET)

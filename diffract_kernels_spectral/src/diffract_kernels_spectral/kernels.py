@@ -123,9 +123,19 @@ def _svd_batch(units: list[dict[str, Any]], **config: Any) -> list[Any]:
 
 
 def _esd_batch(
-    units: list[dict[str, Any]], *, precision: str = "float64", device: str = "auto"
+    units: list[dict[str, Any]], *, precision: str = "float64", device: str = "auto",
+    conv: str = "matrix",
 ) -> list[Any]:
-    out = _raw_esd_batch(units, precision, device)
+    positions = [i for i, u in enumerate(units)
+                 if conv == "weightwatcher" and np.ndim(u["tensor"]) == 4]
+    out = _raw_esd_batch([u for i, u in enumerate(units) if i not in positions], precision,
+                         device)
+    for i in positions:  # a convolution per kernel position: not one batched matrix
+        try:
+            out.insert(i, esd(units[i]["tensor"], 1.0, precision=precision, device="cpu",
+                              conv=conv))
+        except Exception as exc:  # noqa: BLE001 - in place, as invoke_batch wants
+            out.insert(i, exc)
     return [v if isinstance(v, BaseException) else _scaled(v, u["esd_scale"])
             for v, u in zip(out, units, strict=True)]
 
@@ -235,9 +245,16 @@ def esd(
     *,
     precision: Literal["float32", "float64"] = "float64",
     device: str = "auto",
+    conv: Literal["matrix", "weightwatcher"] = "matrix",
 ) -> np.ndarray:
     """Empirical spectral density ``lambda_i = c sigma_i^2``: eigenvalues of ``c W^T W``
     (``c = esd_scale``, 1 unless the conventions normalise), ascending ``[k]``.
+
+    A convolution ``[out, in, kh, kw]`` is the matrix ``[out, in kh kw]`` by default
+    (``conv="matrix"``); ``conv="weightwatcher"`` (its preset) reads it as WeightWatcher
+    0.7.7 does: the ``kh kw`` kernel-position matrices ``W[:, :, i, j]`` (``[out, in]``),
+    their eigenvalues pooled (``kh kw min(out, in)`` of them), each matrix scaled by
+    ``sqrt(1/2)`` as its ``conv2d_norm`` does (``lambda_i = c sigma_i^2 / 2``).
 
     Values only (no singular vectors). ``precision`` float64 (default: every field
     derived from the spectrum within 1e-6 relative of a float64 SVD's, its smallest
@@ -249,6 +266,11 @@ def esd(
     single-threaded LAPACK solver per core. "cpu" or a torch device ("cuda", "cuda:1")
     forces the choice.
     """
+    if conv == "weightwatcher" and np.ndim(tensor) == 4:
+        weights = np.asarray(linalg.host_array(tensor), dtype=np.float64)
+        pooled = [esd(weights[:, :, i, j], 0.5, precision=precision, device="cpu")
+                  for i in range(weights.shape[2]) for j in range(weights.shape[3])]
+        return _scaled(np.sort(np.concatenate(pooled)), esd_scale)
     where = linalg.resolve_device(device, tensor)
     if where != "cpu":
         values = linalg.esd_batched_torch([_finite_tensor(tensor)], precision, where)[0]

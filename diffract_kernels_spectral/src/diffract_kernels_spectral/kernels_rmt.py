@@ -54,14 +54,26 @@ def weights_rand(weights: np.ndarray, *, seed: Seed = 42) -> np.ndarray:
     return _permuted(_finite_matrix(weights), seed)
 
 
+#: WeightWatcher 0.7.7 pools the ESDs of 5 shuffles of a layer with fewer than this many
+#: eigenvalues (its random_eigenvalues: num_replicas = 5 when n_comp < 100).
+WW_FEW_EVALS, WW_REPLICAS = 100, 5
+
+
 @kernel(restrictions=_MATRIX, execution_protocol=PARALLEL)
 def esd_rand(tensor: Any, esd_scale: float, *, seed: Seed = 42,
              precision: Literal["float32", "float64"] = "float64",
-             device: str = "auto") -> np.ndarray:
+             device: str = "auto",
+             replicas: Literal["one", "weightwatcher"] = "one") -> np.ndarray:
     """ESD of ``W_rand`` (the permutation ``weights_rand`` makes for the same ``seed``),
     ``c sigma_i(W_rand)^2`` ascending, computed as ``esd`` is: ``device="auto"`` shuffles
     and decomposes on the GPU that holds the weights (the permutation is drawn by numpy,
-    so it is the same everywhere)."""
+    so it is the same everywhere). ``replicas="weightwatcher"`` (its preset) pools, as
+    WeightWatcher 0.7.7 does for a matrix of fewer than 100 eigenvalues, the ESDs of 5
+    shuffles (seeds ``seed`` to ``seed + 4``): ``5 k`` eigenvalues."""
+    if replicas == "weightwatcher" and min(_dims(np.shape(tensor))) < WW_FEW_EVALS:
+        pooled = [esd_rand(tensor, esd_scale, seed=seed + r, precision=precision,
+                           device=device) for r in range(WW_REPLICAS)]
+        return np.sort(np.concatenate(pooled))
     where = linalg.resolve_device(device, tensor)
     if where != "cpu":
         import torch

@@ -5,12 +5,12 @@ WeightWatcher 0.7.7's analyze(); notation as in :mod:`diffract_kernels_spectral.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 
 from diffract import FieldUndefined, Range, kernel
-from diffract_kernels_spectral.kernels import _MATRIX, _dims
+from diffract_kernels_spectral.kernels import _MATRIX, _dims, marchenko_pastur
 
 __all__ = ["ALL"]
 
@@ -113,6 +113,18 @@ def ERG_gap(detX_num: int, num_pl_spikes: int) -> int:  # noqa: N802 - WeightWat
     return int(detX_num - num_pl_spikes)
 
 
+@kernel(restrictions=_MATRIX)
+def num_traps(esd_rand: np.ndarray, shape: tuple[int, ...], *,
+              bulk: Literal["frobenius", "fitted"] = "frobenius") -> int:
+    """Correlation traps (WeightWatcher 0.7.7's ``num_traps``): the eigenvalues of the
+    randomized ESD (``esd_rand``: the entries shuffled, so only outlier entries, not
+    correlations, can stand out) beyond its Marchenko-Pastur bulk, counted as
+    ``num_spikes`` counts the ESD's (``marchenko_pastur``; ``bulk="fitted"``, set by the
+    weightwatcher preset, is WeightWatcher's ``mp_fit``). 0 for a matrix of iid entries;
+    each large outlier entry adds one."""
+    return int(marchenko_pastur(esd_rand, shape, bulk=bulk)[2])
+
+
 LAWS = ("power_law", "truncated_power_law", "exponential", "lognormal")
 
 
@@ -141,4 +153,4 @@ def best_fit(
 
 
 ALL: tuple[Any, ...] = (matrix_rank, rank_loss, weak_rank_loss, num_pl_spikes, rand_distance,
-                        ww_softrank, ww_maxdist, detx, ERG_gap, best_fit)
+                        ww_softrank, ww_maxdist, detx, ERG_gap, num_traps, best_fit)

@@ -23,8 +23,8 @@ def diffract_kernels() -> Iterator[KernelSpec]:
 
 
 def _preset(*, min_tail: int, alpha_max: float | None, normalize: str, pvalue_xmin: str,
-            alternatives_xmin: str, bulk: str = "frobenius",
-            fit_method: str = "auto") -> dict[str, dict[str, object]]:
+            alternatives_xmin: str, bulk: str = "frobenius", fit_method: str = "auto",
+            conv: str = "matrix", replicas: str = "one") -> dict[str, dict[str, object]]:
     """Every setting a preset's numbers depend on (the fit's method too: an earlier
     configure_kernel of it in the process changed a preset's numbers), so that switching
     presets leaves nothing behind."""
@@ -33,7 +33,10 @@ def _preset(*, min_tail: int, alpha_max: float | None, normalize: str, pvalue_xm
     alternatives = {"min_tail": min_tail, "xmin": alternatives_xmin, "fit_method": "auto"}
     return {
         "esd_scale": {"normalize": normalize},
+        "esd": {"conv": conv},
+        "esd_rand": {"replicas": replicas},
         "marchenko_pastur": {"bulk": bulk},
+        "num_traps": {"bulk": bulk},
         "power_law_fit": fitted,
         "pl_pvalue": {**fitted, "xmin": pvalue_xmin},
         "pl_alpha_ci": fitted,
@@ -57,9 +60,12 @@ def diffract_conventions() -> Iterator[Conventions]:
     yield Conventions(
         "weightwatcher",
         _preset(min_tail=5, alpha_max=None, normalize="none", pvalue_xmin="search",
-                alternatives_xmin="pl_xmin", bulk="fitted", fit_method="weightwatcher"),
+                alternatives_xmin="pl_xmin", bulk="fitted", fit_method="weightwatcher",
+                conv="weightwatcher", replicas="weightwatcher"),
         "WeightWatcher 0.7.7's analyze(): power-law tails down to 5 points, so small "
         "spectra get an alpha, below 20 eigenvalues its small-sample fit, no fit below 8, "
+        "a convolution read per kernel position (its eigenvalues pooled, halved), "
+        "num_traps from 5 pooled shuffles of a matrix of fewer than 100 eigenvalues, "
         "and the Marchenko-Pastur bulk is fitted as its mp_fit=True does (mp_softrank, "
         "num_spikes). On all-MiniLM-L6-v2 pl_alpha then equals WeightWatcher's on all 39 "
         "layers (max relative difference 4e-14); with the default tail floor it differs "
