@@ -9,6 +9,15 @@ parameter with its shape and dtype) and counts the bytes the process read
 bytes.
 
     python benchmarks/bench_formats.py [--dir /tmp/diffract-formats-bench] [--gib 2]
+
+``--quantized LAYERS`` instead writes a model of OLMo-2-1B's layer shapes (q, k, v, o
+2048x2048; gate, up 8192x2048; down 2048x8192; 16 layers is its size) twice, in bfloat16
+and as DeepSeek-V3's FP8 (float8 values, one scale per 128x128 block, the
+quantization_config beside), and analyses each (stable_rank: every weight read once, its
+ESD computed) in a fresh process, printing the wall time and the peak resident memory:
+dequantization on read must cost no more memory than reading bf16.
+
+    python benchmarks/bench_formats.py --quantized 4 [--dir ...]
 """
 
 from __future__ import annotations
@@ -110,11 +119,81 @@ def build(folder: Path, gib: float) -> dict[str, Path]:
     return paths
 
 
+QUANTIZED_PROBE = """
+import json, resource, sys, time, warnings
+start = time.perf_counter()
+from diffract import Session
+with warnings.catch_warnings(), Session(executor="sequential") as s:
+    warnings.simplefilter("ignore")
+    s.models.add(sys.argv[1], "m")
+    s.compute.apply("stable_rank")
+    n = len(s.results.export_metrics("stable_rank")["m"])
+print(json.dumps({"s": time.perf_counter() - start, "matrices": n,
+                  "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def build_quantized(folder: Path, layers: int) -> dict[str, Path]:
+    """The same OLMo-2-1B-shaped layers in bf16 and in FP8 with 128x128 block scales."""
+    import torch
+    from safetensors.torch import save_file
+
+    shapes = {"q_proj": (2048, 2048), "k_proj": (2048, 2048), "v_proj": (2048, 2048),
+              "o_proj": (2048, 2048), "gate_proj": (8192, 2048), "up_proj": (8192, 2048),
+              "down_proj": (2048, 8192)}
+    paths = {"bfloat16": folder / f"bf16-{layers}", "fp8 block 128x128": folder / f"fp8-{layers}"}
+    if all((p / "model.safetensors").exists() for p in paths.values()):
+        return paths
+    gen = torch.Generator().manual_seed(0)
+    bf16, fp8 = {}, {}
+    for i in range(layers):
+        for leaf, (rows, cols) in shapes.items():
+            name = f"model.layers.{i}.mlp.{leaf}.weight"
+            w = torch.randn(rows, cols, generator=gen) / cols ** 0.5
+            bf16[name] = w.to(torch.bfloat16)
+            tiles = w.reshape(rows // 128, 128, cols // 128, 128)
+            scale = tiles.abs().amax(dim=(1, 3)) / 448.0
+            fp8[name] = (tiles / scale[:, None, :, None]).reshape(rows, cols).to(
+                torch.float8_e4m3fn)
+            fp8[name + "_scale_inv"] = scale
+    for (kind, path), state in zip(paths.items(), (bf16, fp8), strict=True):
+        path.mkdir(parents=True, exist_ok=True)
+        save_file(state, str(path / "model.safetensors"))
+        config = {"model_type": "olmo2"}
+        if kind.startswith("fp8"):
+            config["quantization_config"] = {"quant_method": "fp8",
+                                             "weight_block_size": [128, 128]}
+        (path / "config.json").write_text(json.dumps(config))
+    return paths
+
+
+def quantized(folder: Path, layers: int) -> None:
+    header(f"dequantized on read: {layers} OLMo-2-1B-shaped layers, bf16 against FP8 "
+           "block-scaled (stable_rank of every matrix, fresh processes)", ["diffract-formats"])
+    rows, peaks = [], {}
+    for kind, path in build_quantized(folder, layers).items():
+        run = subprocess.run([sys.executable, "-c", QUANTIZED_PROBE, str(path)],
+                             capture_output=True, text=True, check=True)
+        r = json.loads(run.stdout.strip().splitlines()[-1])
+        peaks[kind] = r["peak_mib"]
+        size = (path / "model.safetensors").stat().st_size / 2**20
+        rows.append([kind, f"{size:.0f}", r["matrices"], f"{r['s']:.1f}",
+                     f"{r['peak_mib']:.0f}"])
+    table(["stored as", "MiB on disk", "matrices", "s (from process start)", "peak RSS MiB"],
+          rows)
+    print(f"# peak RSS fp8 / bf16: {peaks['fp8 block 128x128'] / peaks['bfloat16']:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", default="/tmp/diffract-formats-bench")
     parser.add_argument("--gib", type=float, default=2.0)
+    parser.add_argument("--quantized", type=int, metavar="LAYERS",
+                        help="compare bf16 and FP8 block-scaled checkpoints of LAYERS layers")
     args = parser.parse_args()
+    if args.quantized:
+        quantized(Path(args.dir), args.quantized)
+        return
     header("opening large checkpoints: listing reads metadata, not weights",
            ["diffract-formats", "gguf", "h5py", "onnx"])
     rows = []

@@ -327,8 +327,8 @@ MUTANTS = [
            ("tests/spectral/test_same_bits.py",), "a spectrum's bits do not depend on the path"),
     Mutant("esd-default-float32",
            SPECTRAL + "kernels.py",
-           '    precision: Literal["float32", "float64"] = "float64",\n    device: str = "auto",\n) -> np.ndarray:\n    """Empirical',
-           '    precision: Literal["float32", "float64"] = "float32",\n    device: str = "auto",\n) -> np.ndarray:\n    """Empirical',
+           '    precision: Literal["float32", "float64"] = "float64",\n    device: str = "auto",\n    conv:',
+           '    precision: Literal["float32", "float64"] = "float32",\n    device: str = "auto",\n    conv:',
            ("tests/spectral/test_precision.py",), "the default spectrum is accurate to 1e-6"),
     # -- issue 26 item 4: areas where a deliberate bug went unnoticed ----------------------
     Mutant("stale-aggregates-single-model-only", CORE + "compute/staleness.py",

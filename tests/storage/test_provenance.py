@@ -62,8 +62,9 @@ class TestStale:
                                  for p in ("w", "v"))
         reasons = {(r["kernel"], r["unit"]): r["reason"] for r in stale}
         assert reasons[("esd", "m/w")] == ("the configuration of 'esd' changed from "
-                                           '{"device": "auto", "precision": "float64"} to '
-                                           '{"device": "auto", "precision": "float32"}')
+                                           '{"conv": "matrix", "device": "auto", "precision": '
+                                           '"float64"} to {"conv": "matrix", "device": "auto", '
+                                           '"precision": "float32"}')
         assert reasons[("stable_rank", "m/w")].startswith("input 'esd' is stale: the configuration")
 
     def test_recompute_stale_recomputes_exactly_those_units(self, open_session, rng):

@@ -264,6 +264,20 @@ def sval_rel_change(weights_svals: tuple[np.ndarray, np.ndarray]) -> float:
     return float(np.linalg.norm(sb[:n] - sa[:n]) / norm)
 
 
+@kernel(apply_level=CROSS)
+def weights_rel_change(weights: tuple[np.ndarray, np.ndarray]) -> float:
+    """``||W_b - W_a||_F / ||W_a||_F``: how far model b's weights are from model a's,
+    relative to a's (the same shape; a quantized release against its base: the
+    quantization error, ``||W_q - W|| / ||W||``)."""
+    wa, wb = (np.asarray(x, dtype=np.float64) for x in weights)
+    if wa.shape != wb.shape:
+        raise FieldUndefined(f"the two weights differ in shape: {wa.shape} and {wb.shape}")
+    norm = float(np.linalg.norm(wa))
+    if not norm > 0:
+        raise FieldUndefined("model a's weights are all zero")
+    return float(np.linalg.norm(wb - wa) / norm)
+
+
 @kernel(apply_level=CROSS, hints=_HINTS)
 def intruder_dimensions(
     weights_lsvs: tuple[np.ndarray, np.ndarray],
@@ -289,5 +303,5 @@ ALL: tuple[Any, ...] = (
     l_overlap, r_overlap, l_agreement, r_agreement, max_l_agreement, max_r_agreement,
     avg_l_agreement, avg_r_agreement, avg_max_l_agreement, avg_max_r_agreement,
     avg_max_l_agreement_top, avg_max_r_agreement_top, l_subspace, r_subspace,
-    sval_rel_change, intruder_dimensions,
+    sval_rel_change, weights_rel_change, intruder_dimensions,
 )

@@ -136,6 +136,8 @@ class SafetensorsFile:
         self.data_start = 8 + length
         data_size = size - self.data_start
         self.entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
+        #: every tensor, whatever its dtype (quantized checkpoints read integer ones)
+        self.layout: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
         self.skipped: dict[str, str] = {}
         spans = []
         for name, entry in header.items():
@@ -161,6 +163,7 @@ class SafetensorsFile:
                 raise SafetensorsError(f"entry {name!r} ends at byte {end} of the data, but the "
                                        f"file holds {data_size} (truncated?)")
             spans.append((begin, end, name))
+            self.layout[name] = (dtype, shape, begin, end)
             if dtype in SKIPPED:
                 self.skipped[name] = f"{dtype} ({SKIPPED[dtype]})"
             else:
@@ -191,6 +194,22 @@ class SafetensorsFile:
             raise SafetensorsError(f"tensor {name!r}: read {got} of {buf.nbytes} bytes: the "
                                    "file is shorter than its header says")
         return buf
+
+    def raw(self, name: str) -> np.ndarray:
+        """Any byte-aligned tensor as numpy: integers as their type, floats as
+        :meth:`rows` gives them (half types and 8-bit floats as float32), an 8-bit
+        exponent scale (F8_E8M0) as its uint8 bit patterns."""
+        dtype, shape, begin, _ = self.layout[name]
+        if dtype in FLOAT_DTYPES:
+            return self.rows(name, 0, shape[0] if shape else 1)
+        kinds = {"U8": np.uint8, "F8_E8M0": np.uint8, "I8": np.int8, "BOOL": np.uint8,
+                 "I16": np.int16, "U16": np.uint16, "I32": np.int32, "U32": np.uint32,
+                 "I64": np.int64, "U64": np.uint64}
+        if dtype not in kinds:
+            raise SafetensorsError(f"tensor {name!r} is {dtype}, which is not read as numbers")
+        with open(self.path, "rb") as fh:
+            return self._read(name, np.dtype(kinds[dtype]), begin, math.prod(shape),
+                              fh).reshape(shape)
 
     def rows(self, name: str, start: int, stop: int, *, convert: bool = True) -> np.ndarray:
         """Rows ``start:stop`` of the leading axis (the whole tensor for a scalar).

@@ -15,9 +15,11 @@ from diffract.plugins import ModelFormat, hookimpl
 
 
 def _safetensors(path: str) -> Any:
+    from diffract_formats.quantized import wrap
     from diffract_formats.readers import SafetensorsReader
 
-    return SafetensorsReader(path)
+    reader = SafetensorsReader(path)
+    return wrap(reader, reader.tensor_files(), path)
 
 
 def _torch(path: str, key: str | None = None) -> Any:
@@ -33,9 +35,11 @@ def _npz(path: str) -> Any:
 
 
 def _huggingface(path: str, allow_outside: bool = False) -> Any:
+    from diffract_formats.quantized import wrap
     from diffract_formats.readers import HuggingFaceReader
 
-    return HuggingFaceReader(path, allow_outside)
+    reader = HuggingFaceReader(path, allow_outside)
+    return wrap(reader, reader.tensor_files(), path)
 
 
 def _gguf(path: str) -> Any:

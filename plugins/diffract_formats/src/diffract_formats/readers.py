@@ -96,6 +96,11 @@ class SafetensorsReader(ConfigBeside, CheckpointReader):
     def read_numpy(self, name: str, index: Any = None) -> np.ndarray:
         return self._rows(name, index, convert=True)
 
+    def tensor_files(self) -> dict[str, SafetensorsFile]:
+        """Every tensor (any dtype) -> the file holding it (a quantized checkpoint's
+        integer and scale tensors are read through it)."""
+        return dict.fromkeys(self._file.layout, self._file)
+
 
 class NpzReader(ConfigBeside, CheckpointReader):
     """A numpy ``.npz`` file (``allow_pickle=False``); shapes come from the members'
@@ -223,4 +228,20 @@ class HuggingFaceReader(CheckpointReader):
 
     def config(self) -> dict[str, Any]:
         return config_json(self._root)
+
+    def tensor_files(self) -> dict[str, Any]:
+        """Every tensor of the safetensors shards (any dtype) -> the SafetensorsFile
+        holding it; a quantized checkpoint stored as torch files is refused (its integer
+        tensors would be left out as no weights)."""
+        out: dict[str, Any] = {}
+        for reader, wanted in zip(self._readers, self._wanted, strict=True):
+            if isinstance(reader, SafetensorsReader):
+                out.update((n, reader._file) for n in reader._file.layout
+                           if wanted is None or n in wanted)
+            elif self.config().get("quantization_config"):
+                raise error(self._root, "a quantized checkpoint in torch files "
+                                        "(pytorch_model.bin): not read, its quantized "
+                                        "weights would be taken raw; convert it to "
+                                        "safetensors")
+        return out
 

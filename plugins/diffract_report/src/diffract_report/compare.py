@@ -34,7 +34,8 @@ from diffract_report._output import (
 from diffract_report.analyze import command_entry
 
 #: Pairwise fields shown by default: direction agreement, subspace overlap, spectrum change.
-DEFAULT_COMPARE = ("avg_max_l_agreement", "l_subspace_overlap", "sval_rel_change")
+DEFAULT_COMPARE = ("avg_max_l_agreement", "l_subspace_overlap", "sval_rel_change",
+                   "weights_rel_change")
 #: What views (heads) are ranked by: 1 - the overlap of their top singular subspaces, on
 #: the side (output, input) that moved most (diffract_report.views.rank_heads).
 RANK_BY = ("l_subspace_overlap", "r_subspace_overlap")

@@ -69,7 +69,9 @@ def summarize(
     reason), ``poor_fits`` and ``poor_reasons`` (layers whose ``pl_fit_quality`` is
     "poor", when stored, and their reasons grouped the same way), and ``conventions``:
     the presets in effect (``configure_conventions``), comma-separated, or ``"custom"``
-    when the configuration matches none.
+    when the configuration matches none; ``quantized``: how its quantized weights were
+    stored (``meta.quant`` -> count; float8 tensors read as their values without a
+    scale too).
 
     Works in a view (``session.filter(...)``) on the parameters in scope. Fields that
     are not stored give None, not an error.
@@ -125,8 +127,16 @@ def summarize(
                 poor_shown.setdefault(group, reason)
                 poor[group] += 1
         count = len(defined)
+        stored: Counter[str] = Counter()  # how quantized weights were stored (meta.quant)
+        for p in root.models.params(model_id):
+            how = p.meta_dict.get("quant") if p.parent is None else None
+            if how is None and p.parent is None and p.dtype.startswith("float8"):
+                how = f"{p.dtype} read as its values (no scale)"
+            if how is not None and how not in ("F16", "F32", "BF16"):
+                stored[str(how)] += 1
         out.append({
             "model_id": model_id,
+            "quantized": dict(stored.most_common()),
             "layers": len(alphas) + failed,
             "alpha_defined": count,
             "alpha_mean": float(defined.mean()) if count else math.nan,
@@ -167,6 +177,9 @@ def summary_lines(record: Mapping[str, Any]) -> list[str]:
     line = conventions_line(record.get("conventions", ""))
     if line:
         lines.append(f"  {line}")
+    if record.get("quantized"):
+        lines.append("  dequantized on read as its format defines (meta.quant): " + ", ".join(
+            f"{n} x {how}" for how, n in record["quantized"].items()))
     if record["undefined"] or record["failed"]:
         lines.append(f"  no alpha for {record['undefined'] + record['failed']} layer(s):")
         for reason, count in list(record["undefined_reasons"].items())[:5]:

@@ -1,0 +1,466 @@
+"""Quantized checkpoints, read as their formats dequantize them: never analysed raw.
+
+A checkpoint's ``config.json`` names its scheme (``quantization_config.quant_method``);
+each quantized weight is read, lazily as any tensor, from the tensors that store it (the
+values, their scales, zero points and indexes, which are not listed as parameters) and
+handed over as the float32 matrix the format defines:
+
+* ``fp8`` (DeepSeek-V3, Kimi K2, Qwen3-FP8): ``W = fp8(weight) * weight_scale_inv`` per
+  block of ``weight_block_size`` (rows x columns, the last blocks partial), or one scale
+  per tensor without a block size (transformers' ``finegrained_fp8``).
+* ``mxfp4`` (gpt-oss's experts): ``<name>_blocks`` packs two FP4 (e2m1) values a byte,
+  low nibble first, 32 a block; ``<name>_scales`` holds each block's shared exponent
+  ``2^(s - 127)``; the ``[..., rows, G * 32]`` result is turned ``[E, G * 32, rows]`` as
+  transformers' ``convert_moe_packed_tensors`` does.
+* ``gptq``: ``qweight`` ``[in * b / 32, out]`` (b-bit values, lowest bits first, along the
+  input), ``qzeros`` ``[groups, out * b / 32]`` likewise along the output (stored minus one
+  in the original ``gptq`` checkpoint format, as stored in ``gptq_v2``), ``scales``
+  ``[groups, out]``, ``g_idx`` ``[in]`` (act-order; else ``i // group_size``):
+  ``W[o, i] = scales[g, o] * (q[i, o] - zero[g, o])``, ``g = g_idx[i]``.
+* ``awq`` (GEMM layout): ``qweight`` ``[in, out / 8]`` and ``qzeros`` ``[groups, out / 8]``
+  packed 4-bit along the output in AWQ's order (eight values of an int32 are the outputs
+  0, 2, 4, 6, 1, 3, 5, 7), ``scales`` ``[groups, out]``:
+  ``W[o, i] = scales[i // g, o] * (q[i, o] - zero[i // g, o])``.
+* ``compressed-tensors`` (``float-quantized``, ``int-quantized``, ``naive-quantized``,
+  ``pack-quantized``): ``weight`` (or ``weight_packed``: int32 holding ``32 / b`` values,
+  lowest bits first, each stored plus ``2^(b - 1)``) with ``weight_scale`` per tensor,
+  output channel or input group and ``weight_zero_point`` where asymmetric:
+  ``W = (q - zero) * scale``.
+* ``bitsandbytes`` 8-bit (LLM.int8): ``W = weight * SCB[row] / 127``.
+
+Anything else that looks quantized is refused with the reason, naming the scheme and
+the tensor: an unknown ``quant_method``, a scheme not implemented (bitsandbytes' 4-bit
+NF4/FP4), a missing scale, scales whose shape the block size does not give, packed data
+whose size does not match its declared shape, quantization tensors without a
+``quantization_config``. A float8 tensor with no scale and no configuration is read as
+its values (``meta.quant`` says so). Each dequantized parameter records how it was
+stored in ``meta.quant`` (``float8_e4m3fn block 128x128``, ``int4 gptq g128``...), as a
+GGUF file's do; its dtype is what is read, float32. Dequantization happens per tensor, on
+read: no dequantized copy of the model is held.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from diffract.plugins import CheckpointReader, TensorEntry, to_slices
+from diffract_formats._common import error
+
+__all__ = ["QuantizedReader", "wrap"]
+
+Layout = Mapping[str, tuple[str, tuple[int, ...]]]  # name -> (safetensors dtype, shape)
+Read = Callable[[str], np.ndarray]
+
+#: FP4 (e2m1) values of the 16 nibbles (OCP MX: sign, 2 exponent bits, 1 mantissa bit).
+FP4_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                     -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float32)
+#: AWQ's packing order: the eight 4-bit values of an int32, lowest first, are the
+#: outputs 0, 2, 4, 6, 1, 3, 5, 7 of their group of eight.
+AWQ_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7])
+#: Suffixes of tensors that only a quantized checkpoint holds: refused without a config.
+AUX_SUFFIXES = (".weight_scale_inv", ".weight_scale", ".weight_zero_point", ".weight_packed",
+                ".qweight", ".qzeros", ".g_idx", "_blocks", ".SCB", ".weight.absmax",
+                ".weight.quant_map")
+
+
+@attrs.frozen
+class Quantized:
+    """One quantized parameter: its dequantized shape, how it was stored (``label``, the
+    parameter's ``meta.quant``), the tensors it is read from (the first holds its values)
+    and the function that dequantizes them."""
+
+    shape: tuple[int, ...]
+    label: str
+    parts: tuple[str, ...]
+    dequantize: Callable[[Read], np.ndarray] = attrs.field(eq=False, repr=False)
+
+
+def _refuse(where: str, scheme: str, problem: str) -> Exception:
+    return error(where, f"quantization {scheme!r}: {problem}; refused (a quantized tensor is "
+                        "never analysed raw)")
+
+
+def _check(cond: bool, where: str, scheme: str, problem: str) -> None:
+    if not cond:
+        raise _refuse(where, scheme, problem)
+
+
+# -- unpacking ----------------------------------------------------------------------------
+def unpack_bits(packed: np.ndarray, bits: int, axis: int) -> np.ndarray:
+    """Unsigned ``bits``-bit values packed into int32 along ``axis``, lowest bits first:
+    each int32 becomes ``32 / bits`` values in order, as uint8 (one byte a value: no
+    64-bit intermediate the size of the weight)."""
+    per = 32 // bits
+    words = np.moveaxis(np.ascontiguousarray(packed).view(np.uint32), axis, -1)
+    values = np.empty((*words.shape[:-1], words.shape[-1] * per), dtype=np.uint8)
+    for k in range(per):
+        values[..., k::per] = (words >> np.uint32(k * bits)) & np.uint32((1 << bits) - 1)
+    return np.moveaxis(values, -1, axis)
+
+
+# -- schemes ------------------------------------------------------------------------------
+def _fp8(layout: Layout, q: Mapping[str, Any], where: str, read: Read
+         ) -> dict[str, Quantized]:
+    block = q.get("weight_block_size")
+    _check(block is None or (isinstance(block, list) and len(block) == 2 and all(
+        isinstance(b, int) and b > 0 for b in block)), where, "fp8",
+        f"weight_block_size {block!r} is not two positive integers")
+    out = {}
+    for name, (dtype, shape) in layout.items():
+        if not dtype.startswith("F8_E") or dtype == "F8_E8M0" or not name.endswith(".weight"):
+            continue
+        scale = f"{name}_scale_inv" if f"{name}_scale_inv" in layout else f"{name}_scale"
+        _check(scale in layout, name, "fp8", "its weight_scale_inv (the block scales) is "
+                                             "missing")
+        got = layout[scale][1]
+        if block is None:
+            want: tuple[int, ...] = ()
+            _check(math.prod(got) == 1, scale, "fp8", f"a per-tensor scale of shape {got}")
+        else:
+            _check(len(shape) >= 2, name, "fp8", f"a block-scaled weight of shape {shape}")
+            want = (*shape[:-2], -(-shape[-2] // block[0]), -(-shape[-1] // block[1]))
+            _check(tuple(got) == want, scale, "fp8", f"scales of shape {tuple(got)}, where "
+                   f"blocks of {block[0]}x{block[1]} over {shape} give {want}")
+        kind = "float8_e4m3fn" if dtype == "F8_E4M3" else "float8_e5m2"
+        label = f"{kind} block {block[0]}x{block[1]}" if block else f"{kind} per tensor"
+        out[name] = Quantized(shape, label, (name, scale), _fp8_dequantize(name, scale, block))
+    return out
+
+
+def _fp8_dequantize(name: str, scale: str, block: list[int] | None) -> Callable[[Read], Any]:
+    def dequantize(read: Read) -> np.ndarray:
+        values = read(name).astype(np.float32, copy=False)  # one float32 copy, scaled in place
+        scales = read(scale).astype(np.float32)
+        if block is None:
+            values *= scales.reshape(())
+            return values
+        rows, cols = values.shape[-2:]
+        for i in range(scales.shape[-2]):  # a band of block rows at a time
+            band = values[..., i * block[0]:min(rows, (i + 1) * block[0]), :]
+            band *= np.repeat(scales[..., i, :], block[1], axis=-1)[..., None, :cols]
+        return values
+    return dequantize
+
+
+def _mxfp4(layout: Layout, q: Mapping[str, Any], where: str, read: Read
+           ) -> dict[str, Quantized]:
+    out = {}
+    for name, (dtype, shape) in layout.items():
+        if not name.endswith("_blocks"):
+            continue
+        base, scales = name[: -len("_blocks")], name[: -len("_blocks")] + "_scales"
+        _check(scales in layout, name, "mxfp4", "its _scales tensor is missing")
+        _check(dtype == "U8" and len(shape) >= 3 and shape[-1] == 16, name, "mxfp4",
+               f"blocks of {dtype} {shape}, not uint8 [..., G, 16]")
+        _check(tuple(layout[scales][1]) == shape[:-1], scales, "mxfp4",
+               f"scales of shape {layout[scales][1]} for blocks of {shape}")
+        rows = shape[:-2]
+        dequantized = (rows[0], shape[-2] * 32, *rows[1:]) if len(rows) > 1 else (
+            shape[-2] * 32, rows[0])
+        out[base] = Quantized(dequantized, "mxfp4 e2m1 block 32", (name, scales),
+                              _mxfp4_dequantize(name, scales))
+    return out
+
+
+def _mxfp4_dequantize(blocks: str, scales: str) -> Callable[[Read], Any]:
+    def dequantize(read: Read) -> np.ndarray:
+        packed, exps = read(blocks), read(scales).astype(np.int32) - 127
+        values = np.empty((*packed.shape[:-1], 32), dtype=np.float32)
+        values[..., 0::2] = FP4_E2M1[packed & 0x0F]
+        values[..., 1::2] = FP4_E2M1[packed >> 4]
+        values = np.ldexp(values, exps[..., None]).reshape(*packed.shape[:-2], -1)
+        return np.ascontiguousarray(np.swapaxes(values, -1, -2 if values.ndim > 2 else 0))
+    return dequantize
+
+
+def _bits(q: Mapping[str, Any], scheme: str, where: str) -> int:
+    bits = q.get("bits", q.get("w_bit", 4))
+    _check(bits in (2, 4, 8), where, scheme, f"{bits!r}-bit values (2, 4 and 8 are read)")
+    return int(bits)
+
+
+def _group(size: Any, scheme: str, where: str) -> int:
+    _check(isinstance(size, int) and not isinstance(size, bool) and (size > 0 or size == -1),
+           where, scheme, f"group_size {size!r} (a positive number of inputs, or -1)")
+    return int(size)
+
+
+def _gptq(layout: Layout, q: Mapping[str, Any], where: str, read: Read
+          ) -> dict[str, Quantized]:
+    bits = _bits(q, "gptq", where)
+    fmt = q.get("checkpoint_format", "gptq")
+    _check(fmt in ("gptq", "gptq_v2"), where, "gptq", f"checkpoint_format {fmt!r}")
+    group = _group(q.get("group_size", 128), "gptq", where)
+    out = {}
+    for name, (_, shape) in layout.items():
+        if not name.endswith(".qweight"):
+            continue
+        base = name[: -len(".qweight")]
+        parts = {k: f"{base}.{k}" for k in ("qzeros", "scales")}
+        for part in parts.values():
+            _check(part in layout and len(layout[part][1]) == 2, name, "gptq",
+                   f"{part} is missing or not a matrix")
+        _check(len(shape) == 2, name, "gptq", f"a qweight of shape {shape}")
+        groups, out_size = layout[parts["scales"]][1]
+        in_size = shape[0] * 32 // bits
+        _check(shape[1] == out_size and tuple(layout[parts["qzeros"]][1]) == (
+            groups, out_size * bits // 32), name, "gptq",
+            f"qweight {shape}, qzeros {layout[parts['qzeros']][1]} and scales "
+            f"{(groups, out_size)} do not fit {bits}-bit values")
+        index = f"{base}.g_idx" if f"{base}.g_idx" in layout else None
+        _check(index is None or tuple(layout[index][1]) == (in_size,), name, "gptq",
+               f"g_idx of shape {layout[index][1] if index else ()} for {in_size} inputs")
+        _check(index is not None or group == -1 or groups == -(-in_size // group), name,
+               "gptq", f"{groups} groups of scales for {in_size} inputs in groups of {group}")
+        label = f"int{bits} gptq g{group}" + (" act-order" if index else "")
+        out[f"{base}.weight"] = Quantized(
+            (out_size, in_size), label, (name, parts["qzeros"], parts["scales"],
+                                         *([index] if index else [])),
+            _gptq_dequantize(base, bits, group if group != -1 else in_size, index,
+                             fmt == "gptq"))
+    return out
+
+
+def _gptq_dequantize(base: str, bits: int, group: int, index: str | None,
+                     minus_one: bool) -> Callable[[Read], Any]:
+    def dequantize(read: Read) -> np.ndarray:
+        w = unpack_bits(read(f"{base}.qweight"), bits, 0).astype(np.float32)  # [in, out]
+        zeros = unpack_bits(read(f"{base}.qzeros"), bits, 1).astype(np.float32)  # [G, out]
+        scales = read(f"{base}.scales").astype(np.float32)
+        g = read(index).astype(np.int64) if index else np.arange(w.shape[0]) // group
+        w -= zeros[g] + np.float32(minus_one)
+        w *= scales[g]
+        return np.ascontiguousarray(w.T)
+    return dequantize
+
+
+def _awq(layout: Layout, q: Mapping[str, Any], where: str, read: Read
+         ) -> dict[str, Quantized]:
+    bits = _bits(q, "awq", where)
+    version = str(q.get("version", "gemm")).lower()
+    _check(bits == 4 and version == "gemm", where, "awq",
+           f"version {version!r} with {bits}-bit values (4-bit GEMM is read)")
+    group = _group(q.get("group_size", q.get("q_group_size", 128)), "awq", where)
+    _check(group != -1, where, "awq", "group_size -1")
+    out = {}
+    for name, (_, shape) in layout.items():
+        if not name.endswith(".qweight"):
+            continue
+        base = name[: -len(".qweight")]
+        zeros, scales = f"{base}.qzeros", f"{base}.scales"
+        for part in (zeros, scales):
+            _check(part in layout, name, "awq", f"{part} is missing")
+        _check(len(shape) == 2, name, "awq", f"a qweight of shape {shape}")
+        in_size, out_size = shape[0], shape[1] * 8
+        groups = -(-in_size // group)
+        _check(tuple(layout[scales][1]) == (groups, out_size) and tuple(layout[zeros][1]) == (
+            groups, shape[1]), name, "awq", f"qweight {shape}, qzeros {layout[zeros][1]} and "
+            f"scales {layout[scales][1]} do not fit {in_size}x{out_size} in groups of {group}")
+        out[f"{base}.weight"] = Quantized((out_size, in_size), f"int4 awq g{group}",
+                                          (name, zeros, scales),
+                                          _awq_dequantize(base, group))
+    return out
+
+
+def _awq_order(values: np.ndarray) -> np.ndarray:
+    """Values unpacked in storage order, put in output order (see AWQ_ORDER)."""
+    rows, cols = values.shape
+    order = np.empty(8, dtype=np.int64)
+    order[AWQ_ORDER] = np.arange(8)
+    return values.reshape(rows, cols // 8, 8)[:, :, order].reshape(rows, cols)
+
+
+def _awq_dequantize(base: str, group: int) -> Callable[[Read], Any]:
+    def dequantize(read: Read) -> np.ndarray:
+        w = _awq_order(unpack_bits(read(f"{base}.qweight"), 4, 1)).astype(np.float32)
+        zeros = _awq_order(unpack_bits(read(f"{base}.qzeros"), 4, 1)).astype(np.float32)
+        scales = read(f"{base}.scales").astype(np.float32)
+        g = np.arange(w.shape[0]) // group  # w: [in, out]
+        w -= zeros[g]
+        w *= scales[g]
+        return np.ascontiguousarray(w.T)
+    return dequantize
+
+
+def _compressed(layout: Layout, q: Mapping[str, Any], where: str, read: Read
+                ) -> dict[str, Quantized]:
+    fmt = q.get("format", "")
+    known = ("float-quantized", "int-quantized", "naive-quantized", "pack-quantized")
+    _check(fmt in known, where, "compressed-tensors",
+           f"format {fmt!r} ({', '.join(known)} are read)")
+    weights = [g.get("weights") or {} for g in (q.get("config_groups") or {}).values()]
+    bits = {int(w.get("num_bits", 8)) for w in weights} or {8}
+    out = {}
+    for name, (dtype, shape) in layout.items():
+        packed = name.endswith(".weight_packed")
+        if not (packed or (name.endswith(".weight") and f"{name}_scale" in layout)):
+            continue
+        base = name[: -len("_packed")] if packed else name
+        scale, zero = f"{base}_scale", f"{base}_zero_point"
+        _check(scale in layout, name, "compressed-tensors", f"{scale} is missing")
+        width = next(iter(bits)) if packed else 8
+        if packed:
+            _check(f"{base}_shape" in layout and len(bits) == 1 and width in (2, 4, 8),
+                   name, "compressed-tensors", "a packed weight needs its weight_shape and "
+                   "one bit width of 2, 4 or 8")
+            declared = tuple(int(v) for v in read(f"{base}_shape").reshape(-1))
+            _check(len(declared) == 2 and len(shape) == 2 and shape[0] == declared[0] and
+                   shape[1] == -(-declared[1] * width // 32), name, "compressed-tensors",
+                   f"packed data of shape {shape} for a declared {declared} of {width}-bit "
+                   "values")
+            shape = declared
+        kind = f"int{width}" if packed or dtype.startswith("I") else "float8"
+        label = f"{kind} compressed-tensors {fmt}"
+        out[base] = Quantized(shape, label, (name, scale, *([zero] if zero in layout else []),
+                                             *([f"{base}_shape"] if packed else [])),
+                              _compressed_dequantize(name, scale, zero in layout and zero,
+                                                     width if packed else 0, base))
+    return out
+
+
+def _compressed_dequantize(name: str, scale: str, zero: str | bool, bits: int,
+                           base: str) -> Callable[[Read], Any]:
+    def dequantize(read: Read) -> np.ndarray:
+        if bits:
+            rows, cols = (int(v) for v in read(f"{base}_shape").reshape(-1)[:2])
+            values = unpack_bits(read(name), bits, 1)[:, :cols].astype(np.float32)
+            values -= np.float32(1 << (bits - 1))
+            _check(values.shape == (rows, cols), name, "compressed-tensors",
+                   f"packed data for {values.shape}, declared {(rows, cols)}")
+        else:
+            values = read(name)
+        values = values.astype(np.float32)
+        if zero:
+            values = values - _broadcast(read(zero).astype(np.float32), values.shape)
+        return values * _broadcast(read(scale).astype(np.float32), values.shape)
+    return dequantize
+
+
+def _broadcast(scale: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A per-tensor ([1]), per-channel ([out, 1]) or per-group ([out, groups]) scale over
+    a matrix ``shape``."""
+    if scale.size == 1:
+        return scale.reshape(())
+    scale = scale.reshape(shape[0], -1)
+    return np.repeat(scale, -(-shape[1] // scale.shape[1]), axis=1)[:, : shape[1]]
+
+
+def _bitsandbytes(layout: Layout, q: Mapping[str, Any], where: str, read: Read
+                  ) -> dict[str, Quantized]:
+    four = q.get("load_in_4bit") or any(n.endswith(".weight.absmax") for n in layout)
+    _check(not four, where, "bitsandbytes", "4-bit NF4/FP4 weights are not read yet (8-bit "
+                                            "LLM.int8 checkpoints are)")
+    out = {}
+    for name in layout:
+        if not name.endswith(".SCB"):
+            continue
+        weight = name[: -len(".SCB")] + ".weight"
+        _check(weight in layout and layout[weight][0] == "I8", name, "bitsandbytes",
+               f"{weight} is not an int8 tensor")
+        out[weight] = Quantized(layout[weight][1], "int8 bitsandbytes LLM.int8",
+                                (weight, name), _int8_dequantize(weight, name))
+    return out
+
+
+def _int8_dequantize(weight: str, scb: str) -> Callable[[Read], Any]:
+    def dequantize(read: Read) -> np.ndarray:
+        return read(weight).astype(np.float32) * (read(scb).astype(np.float32)[:, None] / 127)
+    return dequantize
+
+
+SCHEMES: dict[str, Callable[[Layout, Mapping[str, Any], str, Read],
+                             dict[str, Quantized]]] = {
+    "fp8": _fp8, "mxfp4": _mxfp4, "gptq": _gptq, "awq": _awq,
+    "compressed-tensors": _compressed, "bitsandbytes": _bitsandbytes,
+}
+
+
+def plan(layout: Layout, config: Mapping[str, Any], where: str, read: Read
+         ) -> dict[str, Quantized]:
+    """The quantized parameters of a checkpoint (``layout``: every tensor's dtype and
+    shape; ``read`` reads a small one, a packed weight's declared shape), by its
+    ``quantization_config``; {} for a checkpoint that is not quantized.
+    A ModelSourceError for what cannot be read right (see the module docstring)."""
+    q = config.get("quantization_config") if isinstance(config, Mapping) else None
+    if q is None:
+        aux = sorted(n for n in layout if n.endswith(AUX_SUFFIXES))
+        if aux:
+            raise error(where, f"tensors such as {aux[:3]} store a quantized weight, but no "
+                               "config.json beside them has a quantization_config to say "
+                               "how: refused (a quantized tensor is never analysed raw); "
+                               "put the checkpoint's config.json beside it")
+        return {}
+    method = q.get("quant_method") if isinstance(q, Mapping) else None
+    if method not in SCHEMES:
+        raise error(where, f"quant_method {method!r} is not read (known: "
+                           f"{', '.join(SCHEMES)}): refused (a quantized tensor is never "
+                           "analysed raw)")
+    return SCHEMES[method](layout, q, where, read)
+
+
+class QuantizedReader(CheckpointReader):
+    """A reader whose quantized weights are read dequantized (see the module
+    docstring); every other tensor as the inner reader reads it."""
+
+    def __init__(self, inner: CheckpointReader, quantized: Mapping[str, Quantized],
+                 raw: Callable[[str], np.ndarray], file_of: Callable[[str], str]) -> None:
+        self._inner, self._quantized, self._raw = inner, dict(quantized), raw
+        self._hidden = {p for q in quantized.values() for p in q.parts}
+        self._file_of = file_of
+
+    @property
+    def files(self) -> list[str]:
+        return list(self._inner.files)
+
+    def entries(self) -> Iterator[TensorEntry]:
+        for entry in self._inner.entries():
+            if entry.name not in self._hidden and entry.name not in self._quantized:
+                yield entry
+        files = [str(f) for f in self.files]
+        for name, q in self._quantized.items():
+            at = self._file_of(q.parts[0])
+            yield TensorEntry(name, q.shape, "float32",
+                              file=files.index(at) if at in files else 0,
+                              meta={"quant": q.label})
+
+    def _dequantized(self, name: str, index: Any) -> np.ndarray:
+        values = self._quantized[name].dequantize(self._raw)
+        if tuple(values.shape) != self._quantized[name].shape:
+            raise error(self._file_of(self._quantized[name].parts[0]),
+                        f"tensor {name!r} dequantizes to {values.shape}, not its declared "
+                        f"{self._quantized[name].shape}: refused")
+        return values if index is None else np.ascontiguousarray(values[to_slices(index)])
+
+    def read(self, name: str, index: Any = None) -> Any:
+        if name in self._quantized:
+            return self._dequantized(name, index)
+        return self._inner.read(name, index)
+
+    def read_numpy(self, name: str, index: Any = None) -> np.ndarray:
+        if name in self._quantized:
+            return self._dequantized(name, index)
+        return self._inner.read_numpy(name, index)
+
+    def config(self) -> Mapping[str, Any]:
+        return self._inner.config()
+
+
+def wrap(reader: CheckpointReader, files: Mapping[str, Any], where: str) -> CheckpointReader:
+    """``reader`` as is, or a :class:`QuantizedReader` over it when its checkpoint is
+    quantized. ``files`` maps each tensor's name to the SafetensorsFile holding it."""
+    layout = {name: f.layout[name][:2] for name, f in files.items()}
+    config = reader.config() if any(
+        n.endswith(AUX_SUFFIXES) or layout[n][0].startswith(("F8", "I", "U"))
+        for n in layout) else {}
+    def read(name: str) -> np.ndarray:
+        return files[name].raw(name)
+
+    quantized = plan(layout, config, where, read)
+    if not quantized:
+        return reader
+    return QuantizedReader(reader, quantized, read, lambda name: str(files[name].path))

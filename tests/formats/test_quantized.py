@@ -1,0 +1,369 @@
+"""Quantized checkpoints read as their formats dequantize them (issue 63): each scheme's
+dequantized matrix equals the owning library's own dequantization where it runs here
+(transformers' FP8 and MXFP4, compressed-tensors), else the format's published definition
+written out in the test (GPTQ, AWQ, bitsandbytes' LLM.int8), bit for bit; the scale,
+zero-point and index tensors are no parameters; what cannot be read right is refused
+naming the scheme and the tensor, never read raw."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from safetensors.torch import save_file  # noqa: E402
+
+from diffract import Session  # noqa: E402
+from diffract.cli import main  # noqa: E402
+from diffract.errors import ModelSourceError  # noqa: E402
+
+
+def _checkpoint(folder: Path, tensors: dict, quantization: dict | None) -> Path:
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    config = {"model_type": "llama"}
+    if quantization is not None:
+        config["quantization_config"] = quantization
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _read(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+    with Session() as s:
+        s.models.add(folder, "m")
+        params = s.models.params("m")
+        return ({p.name: np.asarray(s.store.load_weights("m", p.name)) for p in params},
+                {p.name: dict(p.meta) for p in params})
+
+
+def _fp8_blocks(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w`` quantized as DeepSeek-V3 stores it: float8_e4m3fn values and one float32
+    weight_scale_inv per block (the last blocks partial)."""
+    rows, cols = w.shape[-2:]
+    nr, nc = -(-rows // block[0]), -(-cols // block[1])
+    padded = torch.zeros(*w.shape[:-2], nr * block[0], nc * block[1])
+    padded[..., :rows, :cols] = w
+    tiles = padded.unflatten(-1, (nc, block[1])).unflatten(-3, (nr, block[0]))
+    scale = tiles.abs().amax(dim=(-3, -1)).clamp(min=1e-12) / 448.0
+    q = (tiles / scale[..., :, None, :, None]).flatten(-2).flatten(-3, -2)
+    return q[..., :rows, :cols].to(torch.float8_e4m3fn), scale.float()
+
+
+class TestFp8:
+    @pytest.mark.parametrize("shape", [(256, 256), (200, 300), (3, 136, 260)],
+                             ids=["square", "partial-blocks", "experts"])
+    def test_equals_transformers_dequantization(self, tmp_path, shape):
+        from transformers.integrations.finegrained_fp8 import _dequantize_fp8_weight
+
+        w = torch.randn(*shape, generator=torch.Generator().manual_seed(0)) / 50
+        q, scale = _fp8_blocks(w, (128, 128))
+        folder = _checkpoint(tmp_path / "ck", {"l.weight": q, "l.weight_scale_inv": scale,
+                                               "l.bias": torch.ones(shape[-2])},
+                             {"quant_method": "fp8", "weight_block_size": [128, 128],
+                              "activation_scheme": "dynamic"})
+        values, meta = _read(folder)
+        assert sorted(values) == ["l.bias", "l.weight"]  # the scales are no parameter
+        want = _dequantize_fp8_weight(q, scale, [128, 128], torch.float32).numpy()
+        assert values["l.weight"].shape == shape
+        assert np.array_equal(values["l.weight"], want)
+        assert meta["l.weight"]["quant"] == "float8_e4m3fn block 128x128"
+
+    def test_the_issues_matrix_is_analysed_as_its_weights(self, tmp_path):
+        """A 256x256 matrix (Frobenius norm ~5.1) stored as float8 with 128x128 block
+        scales: analysed raw it gave frob_norm 2.6e+04; dequantized, the matrix's own
+        numbers within fp8's rounding."""
+        w = torch.randn(256, 256, generator=torch.Generator().manual_seed(1)) / 50
+        q, scale = _fp8_blocks(w, (128, 128))
+        folder = _checkpoint(tmp_path / "ck", {"l.weight": q, "l.weight_scale_inv": scale},
+                             {"quant_method": "fp8", "weight_block_size": [128, 128]})
+        with Session() as s:
+            s.models.add(folder, "m")
+            s.compute.apply("frob_norm", "stable_rank")
+            got = s.results.export_metrics("frob_norm", "stable_rank")["m"]["l.weight"]
+        sv = np.linalg.svd(w.double().numpy(), compute_uv=False)
+        assert got["frob_norm"] == pytest.approx(float(np.sqrt((sv ** 2).sum())), rel=2e-3)
+        assert got["stable_rank"] == pytest.approx(float((sv ** 2).sum() / sv[0] ** 2),
+                                                   rel=2e-2)
+
+    def test_a_plain_float8_tensor_is_read_as_its_values(self, tmp_path):
+        """No scale and no quantization_config: its values, as torch reads them."""
+        q = (torch.randn(16, 8) * 3).to(torch.float8_e4m3fn)
+        save_file({"w": q}, str(tmp_path / "p.safetensors"))
+        with Session() as s:
+            s.models.add(tmp_path / "p.safetensors", "m")
+            (p,) = s.models.params("m")
+            got = np.asarray(s.store.load_weights("m", "w"))
+        assert p.dtype == "float8_e4m3fn" and np.array_equal(got, q.float().numpy())
+
+
+class TestMxfp4:
+    def test_equals_transformers_convert_moe_packed_tensors(self, tmp_path):
+        from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+        rng = np.random.default_rng(0)
+        blocks = torch.tensor(rng.integers(0, 256, (2, 12, 3, 16)), dtype=torch.uint8)
+        scales = torch.tensor(rng.integers(118, 132, (2, 12, 3)), dtype=torch.uint8)
+        name = "model.layers.0.mlp.experts.gate_up_proj"
+        folder = _checkpoint(tmp_path / "ck", {f"{name}_blocks": blocks,
+                                               f"{name}_scales": scales},
+                             {"quant_method": "mxfp4"})
+        values, meta = _read(folder)
+        want = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32).numpy()
+        assert sorted(values) == [name] and values[name].shape == (2, 96, 12)
+        assert np.array_equal(values[name], want)
+        assert meta[name]["quant"] == "mxfp4 e2m1 block 32"
+
+
+def _pack(values: np.ndarray, bits: int, axis: int) -> np.ndarray:
+    """The inverse of unpacking: ``32 / bits`` values an int32 along ``axis``, lowest
+    bits first (written here independently of the reader)."""
+    per = 32 // bits
+    moved = np.moveaxis(values.astype(np.uint64), axis, -1)
+    moved = moved.reshape(*moved.shape[:-1], -1, per)
+    words = np.zeros(moved.shape[:-1], dtype=np.uint64)
+    for k in range(per):
+        words |= moved[..., k] << np.uint64(k * bits)
+    return np.moveaxis(words.astype(np.uint32).view(np.int32), -1, axis)
+
+
+class TestGptq:
+    """The GPTQ definition, written out: W[o, i] = scales[g, o] * (q[i, o] - zero[g, o])
+    with g = g_idx[i] (act-order) or i // group_size; the original checkpoint format
+    stores zero - 1."""
+
+    @pytest.mark.parametrize(("fmt", "act_order"), [("gptq", False), ("gptq", True),
+                                                    ("gptq_v2", False)])
+    def test_dequantizes_by_the_definition(self, tmp_path, fmt, act_order):
+        rng = np.random.default_rng(2)
+        n_in, n_out, group, bits = 96, 40, 32, 4
+        q = rng.integers(0, 16, (n_in, n_out))
+        zero = rng.integers(1, 16, (n_in // group, n_out))
+        scales = rng.uniform(0.01, 0.1, (n_in // group, n_out)).astype(np.float16)
+        g = rng.permutation(np.arange(n_in) // group) if act_order else np.arange(n_in) // group
+        stored = zero - 1 if fmt == "gptq" else zero
+        tensors = {"l.qweight": torch.tensor(_pack(q, bits, 0)),
+                   "l.qzeros": torch.tensor(_pack(stored, bits, 1)),
+                   "l.scales": torch.tensor(scales)}
+        if act_order:
+            tensors["l.g_idx"] = torch.tensor(g, dtype=torch.int32)
+        folder = _checkpoint(tmp_path / "ck", tensors, {
+            "quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": act_order,
+            "checkpoint_format": fmt})
+        values, meta = _read(folder)
+        want = np.empty((n_out, n_in), np.float32)
+        for i in range(n_in):
+            for o in range(n_out):
+                want[o, i] = np.float32(scales[g[i], o]) * np.float32(q[i, o] - zero[g[i], o])
+        assert sorted(values) == ["l.weight"]
+        np.testing.assert_array_equal(values["l.weight"], want)
+        assert meta["l.weight"]["quant"].startswith("int4 gptq g32")
+
+
+class TestAwq:
+    def test_dequantizes_by_the_definition(self, tmp_path):
+        """AWQ's GEMM layout, written out: the eight 4-bit values of an int32 (lowest
+        bits first) are the outputs 0, 2, 4, 6, 1, 3, 5, 7 of their group of eight."""
+        rng = np.random.default_rng(3)
+        n_in, n_out, group = 64, 32, 32
+        q = rng.integers(0, 16, (n_in, n_out))
+        zero = rng.integers(0, 16, (n_in // group, n_out))
+        scales = rng.uniform(0.01, 0.1, (n_in // group, n_out)).astype(np.float16)
+
+        def awq_pack(values):
+            order = [0, 2, 4, 6, 1, 3, 5, 7]
+            grouped = values.reshape(values.shape[0], -1, 8)[:, :, order]
+            words = np.zeros(grouped.shape[:2], dtype=np.uint64)
+            for k in range(8):
+                words |= grouped[:, :, k].astype(np.uint64) << np.uint64(4 * k)
+            return words.astype(np.uint32).view(np.int32)
+
+        folder = _checkpoint(tmp_path / "ck", {
+            "l.qweight": torch.tensor(awq_pack(q)), "l.qzeros": torch.tensor(awq_pack(zero)),
+            "l.scales": torch.tensor(scales)},
+            {"quant_method": "awq", "bits": 4, "group_size": group, "version": "gemm"})
+        values, meta = _read(folder)
+        g = np.arange(n_in) // group
+        want = ((q - zero[g]).astype(np.float32) * scales[g].astype(np.float32)).T
+        np.testing.assert_array_equal(values["l.weight"], want)
+        assert meta["l.weight"]["quant"] == "int4 awq g32"
+
+
+class TestCompressedTensors:
+    """Quantized and dequantized by the compressed-tensors library itself."""
+
+    @pytest.mark.parametrize(("fmt", "bits", "kind", "strategy", "symmetric"), [
+        ("pack-quantized", 4, "int", "group", False),
+        ("pack-quantized", 4, "int", "channel", True),
+        ("int-quantized", 8, "int", "channel", True),
+        ("float-quantized", 8, "float", "tensor", True),
+    ])
+    def test_equals_the_librarys_dequantization(self, tmp_path, fmt, bits, kind, strategy,
+                                                symmetric):
+        ct = pytest.importorskip("compressed_tensors")
+        from compressed_tensors.compressors import pack_to_int32
+        from compressed_tensors.quantization import QuantizationArgs
+        from compressed_tensors.quantization.lifecycle.forward import dequantize, quantize
+
+        torch.manual_seed(0)
+        w = torch.randn(48, 64) / 8
+        args = QuantizationArgs(num_bits=bits, type=kind, strategy=strategy,
+                                symmetric=symmetric, group_size=16 if strategy == "group" else None)
+        if strategy == "group":
+            tiles = w.reshape(48, 4, 16)
+            lo, hi = tiles.amin(-1), tiles.amax(-1)
+        elif strategy == "channel":
+            lo, hi = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+        else:
+            lo, hi = w.min().reshape(1), w.max().reshape(1)
+        top = 448.0 if kind == "float" else 2 ** (bits - 1) - 1
+        if symmetric:
+            scale, zero = torch.maximum(hi.abs(), lo.abs()) / top, torch.zeros_like(hi)
+        else:
+            scale = (hi - lo) / (2 ** bits - 1)
+            zero = torch.round(-lo / scale) - 2 ** (bits - 1)
+        q = quantize(w, scale, zero, args, dtype=torch.float8_e4m3fn if kind == "float"
+                     else torch.int8)
+        want = dequantize(q, scale, zero, args, dtype=torch.float32).numpy()
+        tensors = {"l.weight_scale": scale.float()}
+        if fmt == "pack-quantized":
+            tensors["l.weight_packed"] = pack_to_int32(q, bits)
+            tensors["l.weight_shape"] = torch.tensor([48, 64])
+        else:
+            tensors["l.weight"] = q
+        if not symmetric:
+            tensors["l.weight_zero_point"] = zero.to(torch.int8)
+        folder = _checkpoint(tmp_path / "ck", tensors, {
+            "quant_method": "compressed-tensors", "format": fmt,
+            "config_groups": {"group_0": {"weights": {"num_bits": bits, "type": kind,
+                                                      "strategy": strategy}}}})
+        values, meta = _read(folder)
+        assert sorted(values) == ["l.weight"], ct.__version__
+        np.testing.assert_array_equal(values["l.weight"], want)
+        assert fmt in meta["l.weight"]["quant"]
+
+
+class TestBitsandbytes:
+    def test_llm_int8_by_the_definition(self, tmp_path):
+        rng = np.random.default_rng(4)
+        q = rng.integers(-127, 128, (24, 16)).astype(np.int8)
+        scb = rng.uniform(0.5, 2.0, 24).astype(np.float32)
+        folder = _checkpoint(tmp_path / "ck", {"l.weight": torch.tensor(q),
+                                               "l.SCB": torch.tensor(scb)},
+                             {"quant_method": "bitsandbytes", "load_in_8bit": True})
+        values, _ = _read(folder)
+        np.testing.assert_array_equal(values["l.weight"],
+                                      q.astype(np.float32) * (scb[:, None] / 127))
+
+
+class TestRefused:
+    """What cannot be read right: one line naming the scheme and the tensor, exit 2 on
+    the command line, nothing analysed raw."""
+
+    def _fp8(self, tmp_path, scale_shape=(1, 1), config=None, **extra):
+        q = torch.randn(64, 64).to(torch.float8_e4m3fn)
+        tensors = {"l.weight": q, **extra}
+        if scale_shape is not None:
+            tensors["l.weight_scale_inv"] = torch.ones(*scale_shape)
+        return _checkpoint(tmp_path / "ck", tensors, config if config is not None else {
+            "quant_method": "fp8", "weight_block_size": [64, 64]})
+
+    @pytest.mark.parametrize(("build", "match"), [
+        (lambda self, t: self._fp8(t, config={"quant_method": "hqq"}),
+         r"quant_method 'hqq' is not read .*refused"),
+        (lambda self, t: self._fp8(t, scale_shape=None),
+         r"quantization 'fp8': its weight_scale_inv .* is missing; refused .*'l.weight'"),
+        (lambda self, t: self._fp8(t, scale_shape=(2, 1)),
+         r"quantization 'fp8': scales of shape \(2, 1\), where blocks of 64x64 over "
+         r"\(64, 64\) give \(1, 1\); refused"),
+        (lambda self, t: _checkpoint(t / "ck", {"l.qweight": torch.zeros(4, 8, dtype=torch.int32),
+                                                "l.qzeros": torch.zeros(1, 1, dtype=torch.int32),
+                                                "l.scales": torch.zeros(1, 8)}, None),
+         r"tensors such as \['l.qweight', 'l.qzeros'\] store a quantized weight, but no "
+         r"config.json .* has a quantization_config"),
+        (lambda self, t: _checkpoint(t / "ck", {"l.weight": torch.zeros(8, 1, dtype=torch.uint8),
+                                                "l.weight.absmax": torch.ones(1)},
+                                     {"quant_method": "bitsandbytes", "load_in_4bit": True}),
+         r"quantization 'bitsandbytes': 4-bit NF4/FP4 weights are not read yet"),
+    ], ids=["unknown-method", "missing-scale", "bad-scale-shape", "no-config", "bnb-4bit"])
+    def test_refused_with_the_reason(self, tmp_path, build, match):
+        folder = build(self, tmp_path)
+        with pytest.raises(ModelSourceError, match=match):
+            _read(folder)
+
+    def test_packed_data_not_matching_its_shape(self, tmp_path):
+        folder = _checkpoint(tmp_path / "ck", {
+            "l.weight_packed": torch.zeros(8, 2, dtype=torch.int32),
+            "l.weight_scale": torch.ones(8, 1), "l.weight_shape": torch.tensor([8, 40])},
+            {"quant_method": "compressed-tensors", "format": "pack-quantized",
+             "config_groups": {"g": {"weights": {"num_bits": 4}}}})
+        with pytest.raises(ModelSourceError, match=r"packed data of shape \(8, 2\) for a "
+                                                   r"declared \(8, 40\) of 4-bit values"):
+            _read(folder)
+
+    def test_the_command_line_says_it_in_one_line_with_exit_2(self, tmp_path, capsys):
+        folder = self._fp8(tmp_path, config={"quant_method": "hqq"})
+        assert main(["analyze", str(folder), "--metrics", "frob_norm"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "quant_method 'hqq'" in err and "Traceback" not in err
+
+
+def test_dequantization_holds_one_tensor_at_a_time(tmp_path):
+    """Reading every weight of a quantized model keeps at most a few dequantized tensors
+    alive (the budget of one read), not the model: peak traced memory stays near one
+    tensor's float32 bytes, well under the model's."""
+    import tracemalloc
+
+    tensors = {}
+    for i in range(8):
+        w = torch.randn(256, 512, generator=torch.Generator().manual_seed(i)) / 30
+        q, scale = _fp8_blocks(w, (128, 128))
+        tensors[f"l{i}.weight"], tensors[f"l{i}.weight_scale_inv"] = q, scale
+    folder = _checkpoint(tmp_path / "ck", tensors, {"quant_method": "fp8",
+                                                    "weight_block_size": [128, 128]})
+    one = 256 * 512 * 4
+    with Session() as s:
+        s.models.add(folder, "m")
+        tracemalloc.start()
+        try:
+            for i in range(8):
+                s.store.load_weights("m", f"l{i}.weight")
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak < 4 * one < 8 * one, peak
+    assert not math.isnan(peak)
+
+
+def test_compare_says_what_quantization_changed_per_layer(tmp_path, capsys):
+    """A model and its FP8 release: compare gives each layer's error ||W_q - W|| / ||W||
+    (weights_rel_change, a default field) from the dequantized weights, beside the
+    alignment fields: FP8's rounding (a few percent) on the layers it only quantized,
+    much more on the one whose values the release also changed, which ranks first."""
+    import csv
+
+    torch.manual_seed(0)
+    base = {f"layers.{i}.weight": torch.randn(256, 256) / 16 for i in range(3)}
+    quantized = {}
+    for name, w in base.items():
+        changed = w * torch.linspace(0.2, 5, 256) if name == "layers.1.weight" else w
+        quantized[name], quantized[name + "_scale_inv"] = _fp8_blocks(changed, (128, 128))
+    _checkpoint(tmp_path / "base", base, None)
+    _checkpoint(tmp_path / "fp8", quantized, {"quant_method": "fp8",
+                                              "weight_block_size": [128, 128]})
+    assert main(["compare", str(tmp_path / "base"), str(tmp_path / "fp8"), "--out",
+                 str(tmp_path / "out"), "--format", "csv", "--executor", "sequential"]) == 0
+    rows = {(r["field"], r["param"]): float(r["value"])
+            for r in csv.DictReader((tmp_path / "out" / "compare.csv").open())}
+    values, _ = _read(tmp_path / "fp8")
+    for name, w in base.items():
+        w = w.double().numpy()
+        want = np.linalg.norm(values[name] - w) / np.linalg.norm(w)
+        assert rows[("weights_rel_change", name)] == pytest.approx(want, rel=1e-9)
+    errors = {n: rows[("weights_rel_change", n)] for n in base}
+    assert max(errors, key=errors.get) == "layers.1.weight" and errors["layers.1.weight"] > 1
+    assert errors["layers.0.weight"] < 0.05 and errors["layers.2.weight"] < 0.05
+    assert ("l_subspace_overlap", "layers.0.weight") in rows
