@@ -259,6 +259,31 @@ class TestBitsandbytes:
                                       q.astype(np.float32) * (scb[:, None] / 127))
 
 
+class TestBitsandbytes4bit:
+    """Quantized and dequantized by bitsandbytes itself (its CPU path), as a Hugging Face
+    checkpoint stores it (the weight's codes, absmax, code book, nested statistics and
+    quant state beside it)."""
+
+    @pytest.mark.parametrize(("kind", "double"), [("nf4", True), ("nf4", False),
+                                                  ("fp4", True)])
+    def test_equals_the_librarys_dequantization(self, tmp_path, kind, double):
+        functional = pytest.importorskip("bitsandbytes.functional")
+        torch.manual_seed(0)
+        w = torch.randn(96, 80)
+        codes, state = functional.quantize_4bit(w, blocksize=64, quant_type=kind,
+                                                compress_statistics=double)
+        tensors = {"l.weight": codes}
+        tensors.update({f"l.weight.{k}": v for k, v in state.as_dict(packed=True).items()})
+        folder = _checkpoint(tmp_path / "ck", tensors, {
+            "quant_method": "bitsandbytes", "load_in_4bit": True,
+            "bnb_4bit_quant_type": kind, "bnb_4bit_use_double_quant": double})
+        values, meta = _read(folder)
+        assert sorted(values) == ["l.weight"]
+        want = functional.dequantize_4bit(codes, state).numpy()
+        np.testing.assert_array_equal(values["l.weight"], want)
+        assert meta["l.weight"]["quant"].startswith(f"{kind} bitsandbytes block 64")
+
+
 class TestRefused:
     """What cannot be read right: one line naming the scheme and the tensor, exit 2 on
     the command line, nothing analysed raw."""
@@ -284,11 +309,13 @@ class TestRefused:
                                                 "l.scales": torch.zeros(1, 8)}, None),
          r"tensors such as \['l.qweight', 'l.qzeros'\] store a quantized weight, but no "
          r"config.json .* has a quantization_config"),
-        (lambda self, t: _checkpoint(t / "ck", {"l.weight": torch.zeros(8, 1, dtype=torch.uint8),
-                                                "l.weight.absmax": torch.ones(1)},
-                                     {"quant_method": "bitsandbytes", "load_in_4bit": True}),
-         r"quantization 'bitsandbytes': 4-bit NF4/FP4 weights are not read yet"),
-    ], ids=["unknown-method", "missing-scale", "bad-scale-shape", "no-config", "bnb-4bit"])
+        (lambda self, t: _checkpoint(t / "ck", {
+            "l.weight": torch.zeros(8, 1, dtype=torch.uint8), "l.weight.absmax": torch.ones(1),
+            "l.weight.quant_state.bitsandbytes__nf4": torch.tensor(list(b"{"), dtype=torch.uint8)},
+            {"quant_method": "bitsandbytes", "load_in_4bit": True}),
+         r"quantization 'bitsandbytes': an unreadable quant state"),
+    ], ids=["unknown-method", "missing-scale", "bad-scale-shape", "no-config",
+            "bnb-4bit-state"])
     def test_refused_with_the_reason(self, tmp_path, build, match):
         folder = build(self, tmp_path)
         with pytest.raises(ModelSourceError, match=match):

@@ -26,17 +26,18 @@ handed over as the float32 matrix the format defines:
   lowest bits first, each stored plus ``2^(b - 1)``) with ``weight_scale`` per tensor,
   output channel or input group and ``weight_zero_point`` where asymmetric:
   ``W = (q - zero) * scale``.
-* ``bitsandbytes`` 8-bit (LLM.int8): ``W = weight * SCB[row] / 127``.
+* ``bitsandbytes``: 8-bit (LLM.int8), ``W = weight * SCB[row] / 127``; 4-bit NF4/FP4,
+  two codes a byte (high nibble first) looked up in the stored code book and scaled by
+  their block's absmax, itself decoded from 8-bit codes under double quantization.
 
 Anything else that looks quantized is refused with the reason, naming the scheme and
-the tensor: an unknown ``quant_method``, a scheme not implemented (bitsandbytes' 4-bit
-NF4/FP4), a missing scale, scales whose shape the block size does not give, packed data
-whose size does not match its declared shape, quantization tensors without a
-``quantization_config``. A float8 tensor with no scale and no configuration is read as
-its values (``meta.quant`` says so). Each dequantized parameter records how it was
-stored in ``meta.quant`` (``float8_e4m3fn block 128x128``, ``int4 gptq g128``...), as a
-GGUF file's do; its dtype is what is read, float32. Dequantization happens per tensor, on
-read: no dequantized copy of the model is held.
+the tensor: an unknown ``quant_method``, a missing scale, scales whose shape the block
+size does not give, packed data whose size does not match its declared shape,
+quantization tensors without a ``quantization_config``. A float8 tensor with no scale
+and no configuration is read as its values (the summary says so). Each dequantized
+parameter records how it was stored in ``meta.quant`` (``float8_e4m3fn block 128x128``,
+``int4 gptq g128``...), as a GGUF file's do; its dtype is what is read, float32.
+Dequantization happens per tensor, on read: no dequantized copy of the model is held.
 """
 
 from __future__ import annotations
@@ -352,19 +353,65 @@ def _broadcast(scale: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 def _bitsandbytes(layout: Layout, q: Mapping[str, Any], where: str, read: Read
                   ) -> dict[str, Quantized]:
-    four = q.get("load_in_4bit") or any(n.endswith(".weight.absmax") for n in layout)
-    _check(not four, where, "bitsandbytes", "4-bit NF4/FP4 weights are not read yet (8-bit "
-                                            "LLM.int8 checkpoints are)")
     out = {}
     for name in layout:
-        if not name.endswith(".SCB"):
-            continue
-        weight = name[: -len(".SCB")] + ".weight"
-        _check(weight in layout and layout[weight][0] == "I8", name, "bitsandbytes",
-               f"{weight} is not an int8 tensor")
-        out[weight] = Quantized(layout[weight][1], "int8 bitsandbytes LLM.int8",
-                                (weight, name), _int8_dequantize(weight, name))
+        if name.endswith(".SCB"):  # LLM.int8: int8 rows and their absmax
+            weight = name[: -len(".SCB")] + ".weight"
+            _check(weight in layout and layout[weight][0] == "I8", name, "bitsandbytes",
+                   f"{weight} is not an int8 tensor")
+            out[weight] = Quantized(layout[weight][1], "int8 bitsandbytes LLM.int8",
+                                    (weight, name), _int8_dequantize(weight, name))
+        for kind in ("nf4", "fp4"):
+            if name.endswith(f".quant_state.bitsandbytes__{kind}"):
+                weight = name[: -len(f".quant_state.bitsandbytes__{kind}")]
+                out[weight] = _four_bit(layout, weight, name, kind, read)
     return out
+
+
+def _four_bit(layout: Layout, weight: str, state: str, kind: str, read: Read) -> Quantized:
+    """A bitsandbytes 4-bit weight: its codes (two a byte, high nibble first), the code
+    book (``quant_map``) and one absmax per block, themselves 8-bit codes of a second
+    code book with one absmax per block of blocks and an offset under double
+    quantization (``nested_*``)."""
+    import json
+
+    try:
+        meta = json.loads(bytes(read(state).astype(np.uint8)).decode("utf-8"))
+        shape = tuple(int(d) for d in meta["shape"])
+        block = int(meta["blocksize"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise _refuse(state, "bitsandbytes", f"an unreadable quant state ({exc})") from None
+    parts = [weight, f"{weight}.absmax", f"{weight}.quant_map", state]
+    nested = f"{weight}.nested_absmax" in layout
+    if nested:
+        parts += [f"{weight}.nested_absmax", f"{weight}.nested_quant_map"]
+    for part in parts:
+        _check(part in layout, weight, "bitsandbytes", f"{part} is missing")
+    n = math.prod(shape)
+    blocks = -(-n // max(block, 1))
+    _check(block > 0 and math.prod(layout[weight][1]) * 2 >= n and math.prod(
+        layout[f"{weight}.absmax"][1]) == blocks and math.prod(
+        layout[f"{weight}.quant_map"][1]) == 16, weight, "bitsandbytes",
+        f"codes {layout[weight][1]}, absmax {layout[f'{weight}.absmax'][1]} and a code book "
+        f"of {math.prod(layout[f'{weight}.quant_map'][1])} do not hold {shape} in blocks of "
+        f"{block}")
+
+    def dequantize(read: Read) -> np.ndarray:
+        packed = read(weight).astype(np.uint8).reshape(-1)
+        codes = np.empty(packed.size * 2, dtype=np.uint8)
+        codes[0::2], codes[1::2] = packed >> 4, packed & 0x0F
+        absmax = read(f"{weight}.absmax")
+        if nested:
+            outer = np.repeat(read(f"{weight}.nested_absmax").astype(np.float32),
+                              int(meta["nested_blocksize"]))[: absmax.size]
+            absmax = read(f"{weight}.nested_quant_map").astype(np.float32)[absmax] * outer \
+                + np.float32(meta["nested_offset"])
+        book = read(f"{weight}.quant_map").astype(np.float32)
+        values = book[codes[:n]] * np.repeat(absmax.astype(np.float32), block)[:n]
+        return values.reshape(shape)
+
+    return Quantized(shape, f"{kind} bitsandbytes block {block}" + (
+        " double-quantized" if nested else ""), tuple(parts), dequantize)
 
 
 def _int8_dequantize(weight: str, scb: str) -> Callable[[Read], Any]:
