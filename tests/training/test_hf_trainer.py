@@ -135,3 +135,50 @@ def test_views_get_the_values_of_the_saved_checkpoints_heads(tmp_path):
         for field in VIEW_METRICS:
             got, expected = stored[head][field], want[head][field]
             assert got == expected or (np.isnan(got) and np.isnan(expected)), (head, field)
+
+
+def test_the_documented_form_reaches_tensorboard_in_the_trainers_event_file(tmp_path):
+    """Trainer(..., callbacks=[DiffractCallback(...)]) as transformers' docs pass
+    callbacks (no trainer given to it): the values reach report_to's TensorBoard, in the
+    one event file that holds the trainer's own scalars, at the analysed steps; the
+    final step (6, no cadence point) is analysed at the end of training and logged at 6
+    before the trainer's writer closes."""
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=48, intermediate_size=96,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=32)
+    torch.manual_seed(0)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=6, per_device_train_batch_size=4,
+        learning_rate=1e-2, save_strategy="no", logging_steps=2, report_to=["tensorboard"],
+        use_cpu=True, seed=0, disable_tqdm=True)
+    cb = DiffractCallback(every=4, metrics=METRICS, histograms=False)  # background, default
+    trainer = transformers.Trainer(model=transformers.LlamaForCausalLM(config), args=args,
+                                   train_dataset=_Tokens(), callbacks=[cb])
+    trainer.train()
+    files = list((tmp_path / "out" / "runs").rglob("events.out.tfevents.*"))
+    assert len(files) == 1, files
+    events = _events(tmp_path / "out" / "runs")
+    tag = f"train/diffract/stable_rank/{Q0}"
+    assert tag in events.Tags()["scalars"] and "train/loss" in events.Tags()["scalars"]
+    assert [e.step for e in events.Scalars(tag)] == [4, 6] and cb.monitor.analysed == [4, 6]
+    final = dict(cb.monitor.latest("stable_rank"))[Q0]
+    assert final[0] == 6 and events.Scalars(tag)[-1].value == np.float32(final[1])
+    with Session() as s:  # the final values are the final weights'
+        s.models.add({k: v.detach().clone() for k, v in trainer.model.named_parameters()},
+                     "final")
+        s.compute.apply("stable_rank")
+        assert s.results.export_metrics("stable_rank")["final"][Q0]["stable_rank"] == final[1]
+
+
+def test_without_a_handler_or_trainer_report_to_is_refused_at_the_start(tmp_path):
+    """A loop calling the events itself: the values could reach no tracker of report_to;
+    refused at on_train_begin with the form that works."""
+    from diffract.errors import InvalidArgumentError
+
+    cb = DiffractCallback(every=4, metrics=METRICS)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=["tensorboard"],
+                                          use_cpu=True)
+    with pytest.raises(InvalidArgumentError, match=r"add it with trainer.add_callback\("
+                                                   r"DiffractCallback\(trainer, \.\.\.\)\)"):
+        cb.on_train_begin(args, transformers.TrainerState(), transformers.TrainerControl())
+    cb.monitor.close()

@@ -14,7 +14,7 @@ from diffract import Session
 from diffract.errors import DiffractError, InvalidArgumentError, StorageError
 
 __all__ = ["FrozenSession", "check_arguments", "global_step", "head_geometry", "lock_store",
-           "monitor_options"]
+           "monitor_options", "unwrapped_names"]
 
 
 class _FrozenRegistry:
@@ -59,9 +59,31 @@ def _names(value: Any, what: str, *, empty: bool = True) -> str | None:
             f"{value!r}")
 
 
+#: Modules that wrap a model and put their own name in its parameters' names:
+#: torch.compile, FSDP (1), activation checkpointing; DDP's (and DataParallel's) ``module``
+#: at the front of a wrapped model's names.
+WRAPPERS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+DATA_PARALLEL = ("DistributedDataParallel", "DataParallel")
+
+
+def unwrapped_names(model: Any) -> dict[str, Any]:
+    """``model.named_parameters()`` under the names a checkpoint of the unwrapped model
+    carries: the wrappers' parts taken out wherever they sit in a name, and DDP's leading
+    ``module.`` (a monitor's store and ``diffract track`` of the run's checkpoints then
+    name one parameter one way)."""
+    strip = type(model).__name__ in DATA_PARALLEL
+    out = {}
+    for name, value in model.named_parameters():
+        parts = name.split(".")
+        if strip and parts[0] == "module":
+            parts = parts[1:]
+        out[".".join(p for p in parts if p not in WRAPPERS)] = value
+    return out
+
+
 def check_arguments(every: Any, metrics: Any, views: Any, view_options: Any,
                     view_metrics: Any, params: Any, store: Any, histograms: Any, prefix: Any,
-                    background: Any, copy_limit: Any) -> None:
+                    background: Any, copy_limit: Any, final: Any = True) -> None:
     """Every problem with a monitor's arguments, at once, as an InvalidArgumentError,
     before anything (a session, a store's folder) is made."""
     problems = [p for p in (_names(metrics, "metrics", empty=False),
@@ -80,7 +102,8 @@ def check_arguments(every: Any, metrics: Any, views: Any, view_options: Any,
         problems.append(f"store takes a folder's path (a str or Path without NUL), got "
                         f"{store!r}")
     problems += [f"{name} takes True or False, got {value!r}" for name, value in (
-        ("histograms", histograms), ("background", background)) if not isinstance(value, bool)]
+        ("histograms", histograms), ("background", background), ("final", final))
+        if not isinstance(value, bool)]
     if not isinstance(prefix, str) or not prefix:
         problems.append(f"prefix takes the logged names' first part (a str), got {prefix!r}")
     if copy_limit is not None and (isinstance(copy_limit, bool) or not isinstance(

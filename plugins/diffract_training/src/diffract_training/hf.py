@@ -1,13 +1,21 @@
-"""The monitor as a Hugging Face ``transformers.TrainerCallback``.
+"""The monitor as a Hugging Face ``transformers.TrainerCallback``, passed as the
+documentation passes callbacks:
 
-    trainer = Trainer(model=model, args=TrainingArguments(..., report_to="tensorboard"), ...)
-    trainer.add_callback(DiffractCallback(trainer, every=200, store="runs/a.diffract"))
+    trainer = Trainer(model=model, args=TrainingArguments(..., report_to="tensorboard"),
+                      callbacks=[DiffractCallback(every=200, store="runs/a.diffract")], ...)
     trainer.train()
 
-The values go out through the trainer's own callbacks' ``on_log`` (so every tracker of
-``report_to`` gets them), at the step that was analysed, not the step at which the
-analysis finished; ESD histograms go to the TensorBoard writer of the trainer's
-TensorBoard callback when there is one. Only rank 0 analyses and logs; the other ranks
+(``trainer.add_callback(DiffractCallback(...))`` works the same.) The values go out
+through the trainer's other callbacks' ``on_log`` (so every tracker of ``report_to`` gets
+them, TensorBoard in the trainer's own event file), at the step that was analysed, not
+the step at which the analysis finished; ESD histograms go to the TensorBoard writer of
+the trainer's TensorBoard callback when there is one. The callbacks are those of the
+trainer's callback handler, which calls this one's events: at the start of training it
+moves this callback to the front of the handler's list, so that at the end of training
+the final step's values reach the trackers before they close their files. Where no
+handler calls it (a loop that calls the events itself) it needs ``trainer=`` or
+``report_to`` empty, and says so at the start of training. Only rank 0 analyses and
+logs; the other ranks
 take part in gathering sharded (DTensor) parameters. A resumed run
 (``resume_from_checkpoint``) continues the same store: steps already analysed there are
 not analysed again. ``on_save=True`` also analyses the checkpoints the trainer writes.
@@ -24,7 +32,8 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from diffract_training._setup import monitor_options
-from diffract_training.monitor import Monitor, write_histograms
+from diffract_training._sinks import write_histograms
+from diffract_training.monitor import Monitor
 
 __all__ = ["DiffractCallback"]
 
@@ -32,12 +41,13 @@ __all__ = ["DiffractCallback"]
 class DiffractCallback(TrainerCallback):
     """A :class:`~diffract_training.Monitor` driven by the Trainer's events.
 
-    ``trainer``: the trainer whose callbacks receive the values (without one, only
-    ``log=`` gets them). Every other keyword is the monitor's (``every``, ``metrics``,
-    ``views``, ``params``, ``store``, ``log``, ``histograms``, ``prefix``), checked here,
-    before training; the model is checked when training begins. ``on_save=True`` also
-    analyses each checkpoint the trainer writes, from its files (with ``every=None``,
-    only those)."""
+    ``trainer``: optional; the callbacks that receive the values are the trainer's
+    (found from the handler that calls this callback's events). Every other keyword is
+    the monitor's (``every``, ``metrics``, ``views``, ``params``, ``store``, ``log``,
+    ``histograms``, ``prefix``, ``final``...), checked here, before training; the model
+    is checked when training begins. The final weights are analysed at the end of
+    training (``final=False`` turns it off). ``on_save=True`` also analyses each
+    checkpoint the trainer writes, from its files (with ``every=None``, only those)."""
 
     def __init__(self, trainer: Any = None, *, on_save: bool = False, **monitor: Any) -> None:
         self.trainer = trainer
@@ -47,6 +57,7 @@ class DiffractCallback(TrainerCallback):
         self._args: Any = None
         self._state: Any = None
         self._control: Any = None
+        self._callbacks: list[Any] = []  # the trainer's, which receive the values
 
     def _new_monitor(self) -> Monitor:
         monitor = Monitor(None, **self._options)  # log= takes one sink or a list
@@ -58,6 +69,21 @@ class DiffractCallback(TrainerCallback):
         self._args, self._state, self._control = args, state, control
         if self.monitor.closed:  # a second train(): the first closed its monitor
             self.monitor = self._new_monitor()
+        handler = _calling_handler()
+        if handler is not None:
+            self._callbacks = handler.callbacks
+            if self._callbacks and self._callbacks[0] is not self:  # our end first (moving
+                self._callbacks.remove(self)  # one back to the front leaves the handler's
+                self._callbacks.insert(0, self)  # running loop over the rest as it was)
+        elif self.trainer is not None:
+            self._callbacks = self.trainer.callback_handler.callbacks
+        elif [r for r in (args.report_to or []) if r != "none"]:
+            from diffract.errors import InvalidArgumentError
+
+            raise InvalidArgumentError(
+                "DiffractCallback was called by no Trainer's callback handler, so its values "
+                f"cannot reach report_to={args.report_to}: add it with "
+                "trainer.add_callback(DiffractCallback(trainer, ...)).")
         if model is not None:  # on every rank: the monitor knows which one writes
             self.monitor.attach(model)
 
@@ -83,12 +109,11 @@ class DiffractCallback(TrainerCallback):
                     monitor: Monitor) -> None:
         """The values to the trainer's other callbacks' ``on_log`` at ``step`` (not the
         console ones: hundreds of per-layer values), the ESDs to its TensorBoard writer."""
-        trainer = self.trainer
-        if trainer is None or self._state is None:
+        if not self._callbacks or self._state is None:
             return
         at = copy.copy(self._state)
         at.global_step = step
-        for callback in trainer.callback_handler.callbacks:
+        for callback in list(self._callbacks):
             if callback is self or isinstance(callback, (ProgressCallback, PrinterCallback)):
                 continue
             callback.on_log(self._args, at, self._control, logs=dict(values))
@@ -96,3 +121,19 @@ class DiffractCallback(TrainerCallback):
             if writer is not None:
                 write_histograms(writer, spectra, step, monitor)
                 writer.flush()
+
+
+def _calling_handler() -> Any:
+    """The transformers ``CallbackHandler`` whose ``call_event`` is calling this
+    callback's event (two frames up: the event, then the handler's loop), or None."""
+    import sys
+
+    from transformers.trainer_callback import CallbackHandler
+
+    frame = sys._getframe(2)
+    for _ in range(3):  # the handler's loop, or a wrapper just around it
+        owner = frame.f_locals.get("self") if frame is not None else None
+        if isinstance(owner, CallbackHandler):
+            return owner
+        frame = frame.f_back if frame is not None else None
+    return None

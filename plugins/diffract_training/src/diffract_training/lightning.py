@@ -21,7 +21,8 @@ except ImportError:  # the older package name
     from pytorch_lightning import Callback
 
 from diffract_training._setup import monitor_options
-from diffract_training.monitor import Monitor, write_histograms
+from diffract_training._sinks import write_histograms
+from diffract_training.monitor import Monitor
 
 __all__ = ["DiffractLightningCallback"]
 

@@ -33,8 +33,16 @@ from diffract.errors import (
     UnknownFieldError,
 )
 from diffract.plugins import contextual_name, one_openmp_thread
-from diffract_training._setup import FrozenSession, check_arguments, head_geometry, lock_store
+from diffract_training._setup import (
+    FrozenSession,
+    check_arguments,
+    head_geometry,
+    lock_store,
+    unwrapped_names,
+)
 from diffract_training._setup import global_step as _step
+from diffract_training._sinks import number as _number
+from diffract_training._sinks import sinks as _sinks
 from diffract_training._snapshot import Snapshot, blocks, nbytes, rank
 
 __all__ = ["DEFAULT_METRICS", "VIEW_METRICS", "Monitor", "tag"]
@@ -73,9 +81,13 @@ class Monitor:
     with ``add_scalar`` (a TensorBoard ``SummaryWriter``; with ``histograms`` its
     ``add_histogram`` also gets each parameter's ESD, as log10 of the nonzero
     eigenvalues), or a list of those. ``background=False`` analyses inside
-    :meth:`step` (the loop waits; no cadence point is skipped). Everything is checked
-    here, before training; a monitor built with ``model=None`` checks the model in
-    :meth:`attach`.
+    :meth:`step` (the loop waits; no cadence point is skipped). ``final`` (default): at
+    :meth:`close` the running analysis is finished and the last step given to
+    :meth:`step` is analysed if it was not (the final weights, the ones a user reads
+    first). Parameters are named as a checkpoint of the unwrapped model names them
+    (``torch.compile``'s ``_orig_mod.``, DDP's ``module.``, FSDP's and activation
+    checkpointing's wrappers taken out). Everything is checked here, before training; a
+    monitor built with ``model=None`` checks the model in :meth:`attach`.
     """
 
     def __init__(
@@ -94,9 +106,11 @@ class Monitor:
         prefix: str = "diffract",
         background: bool = True,
         copy_limit: float | None = 2**30,
+        final: bool = True,
     ) -> None:
         check_arguments(every, metrics, views, view_options, view_metrics, params, store,
-                        histograms, prefix, background, copy_limit)
+                        histograms, prefix, background, copy_limit, final)
+        self.final = final
         self.copy_limit = copy_limit
         self.every, self.prefix, self.histograms = every, prefix, histograms
         self._model_level: list[str] = []
@@ -142,7 +156,11 @@ class Monitor:
         self._wake = threading.Condition()
         self._job: tuple[int, Any] | None = None
         self._busy = self._stop = False
-        self._outbox: list[tuple[int, dict[str, float], dict[str, np.ndarray]]] = []
+        self._outbox: list[tuple[int, dict[str, float], dict[str, np.ndarray],
+                                 dict[str, dict[str, Any]]]] = []
+        self._latest: dict[str, dict[str, tuple[int, float]]] = {}
+        self._hooks: list[Callable[[int, dict[str, dict[str, float]]], None]] = []
+        self._last: int | None = None  # the last step given to step()
         self._told: set[tuple[str, str]] = set()
         self._box = threading.Lock()
         self.skipped: list[int] = []
@@ -224,7 +242,7 @@ class Monitor:
     def _named(self) -> Mapping[str, Any]:
         model = self._model
         if hasattr(model, "named_parameters"):
-            return dict(model.named_parameters())
+            return unwrapped_names(model)
         if isinstance(model, Mapping):
             return model
         raise InvalidArgumentError(
@@ -261,6 +279,8 @@ class Monitor:
         analysis (True); otherwise only hand finished results to the sinks."""
         global_step = _step(global_step)
         self._emit()
+        if not self.closed:
+            self._last = global_step
         if self.closed or self.every is None or global_step % self.every:
             return False
         if self._model is None:
@@ -269,6 +289,11 @@ class Monitor:
         if go and self._busy:
             go = False
             self._skip(global_step)
+        return self._take(global_step, go)
+
+    def _take(self, global_step: int, go: bool) -> bool:
+        """Snapshot the weights as step ``global_step`` and start its analysis (every rank
+        takes part in gathering sharded parameters; rank 0 decides)."""
         start = time.perf_counter()
         if self._sharded:  # every rank gathers, or none: rank 0 decides
             go = self._agree(go)
@@ -372,10 +397,20 @@ class Monitor:
         is left running. Safe to call twice."""
         if self.closed:
             return
-        self.closed = True
         try:
             self.wait()
+            last = self._last
+            due = self.final and self._model is not None and last is not None
+            if due and self._sharded:  # every rank gathers, or none: rank 0 decides
+                due = self._agree(last not in self._done)
+            if due and last not in self._done or due and self._sharded:  # the final weights
+                background, self.background = self.background, False
+                try:
+                    self._take(last, self.writer)
+                finally:
+                    self.background = background
         finally:
+            self.closed = True
             if self._worker is not None:
                 with self._wake:
                     self._stop = True
@@ -462,7 +497,7 @@ class Monitor:
             for report in reports:
                 for note in report.failures:
                     self._tell(note.param or model_id, note.reason)
-            values, spectra = self._collect(scoped, model_id, set(names))
+            values, spectra, table = self._collect(scoped, model_id, set(names))
             session.results.ingest_aggregates({contextual_name(DONE, [model_id]): global_step})
         except Exception as exc:  # noqa: BLE001 - an analysis never stops training
             self._tell("(step)", f"{type(exc).__name__}: {exc}")
@@ -473,7 +508,7 @@ class Monitor:
             if self._snap is snapshot:
                 self._snap = None
         with self._box:
-            self._outbox.append((global_step, values, spectra))
+            self._outbox.append((global_step, values, spectra, table))
             self.analysed.append(global_step)
 
     def _tell(self, where: str, reason: str) -> None:
@@ -488,12 +523,14 @@ class Monitor:
         are logged as histograms."""
         return ("esd",) if self.histograms else ()
 
-    def _collect(self, scoped: Any, model_id: str,
-                 parents: set[str]) -> tuple[dict[str, float], dict[str, Any]]:
+    def _collect(self, scoped: Any, model_id: str, parents: set[str]
+                 ) -> tuple[dict[str, float], dict[str, Any], dict[str, dict[str, float]]]:
+        """The logged scalars, the spectra, and field -> parameter -> number."""
         table = scoped.results.export_metrics(*self.metrics, *self.view_metrics,
                                               *self._arrays, include_arrays=True)[model_id]
         values: dict[str, float] = {}
         spectra: dict[str, np.ndarray] = {}
+        numbers: dict[str, dict[str, float]] = {}
         per_metric: dict[str, list[float]] = {}  # over the matrices, views left out
         warned = analysed = 0
         for param, row in table.items():
@@ -505,19 +542,42 @@ class Monitor:
                     warned += bool(value)
                 elif _number(value):
                     values[tag(self.prefix, field, param)] = float(value)
+                    numbers.setdefault(field, {})[param] = float(value)
                     if param in parents:
                         per_metric.setdefault(field, []).append(float(value))
-        for field, numbers in per_metric.items():
-            values[f"{self.prefix}/summary/{field}_mean"] = float(np.mean(numbers))
-            values[f"{self.prefix}/summary/{field}_max"] = max(numbers)
+        for field, seen in per_metric.items():
+            values[f"{self.prefix}/summary/{field}_mean"] = float(np.mean(seen))
+            values[f"{self.prefix}/summary/{field}_max"] = max(seen)
         if analysed:
             values[f"{self.prefix}/summary/warning_share"] = warned / analysed
-        return values, spectra
+        return values, spectra, numbers
+
+    def latest(self, field: str) -> dict[str, tuple[int, float]]:
+        """The latest analysed value of ``field`` (or an alias) per parameter, ``{name:
+        (step, value)}``, as handed out on the training thread; undefined ones left out."""
+        known = {m["field"]: m for m in self.session.compute.list_available_metrics(True)}
+        name = next((f for f, m in known.items() if field == f or field in m["aliases"]),
+                    field)
+        return dict(self._latest.get(name, {}))
+
+    def on_values(self, hook: Callable[[int, dict[str, dict[str, float]]], None]) -> None:
+        """Call ``hook(step, values)`` (``values``: field -> parameter -> number) on the
+        training thread whenever an analysed step's values are handed out; what a hook
+        raises is logged once. What acts on the values (a schedule) registers here."""
+        self._hooks.append(hook)
 
     def _emit(self) -> None:
         with self._box:
             ready, self._outbox = self._outbox, []
-        for global_step, values, spectra in ready:
+        for global_step, values, spectra, numbers in ready:
+            for field, row in numbers.items():
+                self._latest.setdefault(field, {}).update(
+                    (param, (global_step, value)) for param, value in row.items())
+            for hook in self._hooks:
+                try:
+                    hook(global_step, numbers)
+                except Exception as exc:  # noqa: BLE001 - logged, never raised into training
+                    self._tell("(hook)", f"{type(exc).__name__}: {exc}")
             for sink in self._sinks:
                 try:
                     sink(values, spectra, global_step, self)
@@ -538,49 +598,3 @@ def _matrices(session: Session, model_id: str, params: Sequence[str] | str | Non
     scoped = scoped.filter(param_names=params) if params is not None else scoped
     return [p.name for p in scoped.scope.params(session.store, model_id)
             if p.parent is None and len(p.shape) >= 2]
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float, np.number)) and not isinstance(value, bool) \
-        and math.isfinite(float(value))
-
-
-Sink = Callable[[dict[str, float], dict[str, Any], int, Monitor], None]
-
-
-def _sinks(log_to: Any) -> list[Sink]:
-    targets = log_to if isinstance(log_to, (list, tuple)) else [log_to] if log_to else []
-    out: list[Sink] = []
-    for target in targets:
-        if hasattr(target, "add_scalar"):
-            out.append(_writer_sink(target))
-        elif callable(target):
-            out.append(lambda values, spectra, step, mon, f=target: f(values, step))
-        else:
-            raise InvalidArgumentError(
-                f"log takes a callable log(values, step), a SummaryWriter (add_scalar) or a "
-                f"list of them, got a {type(target).__name__}.")
-    return out
-
-
-def _writer_sink(writer: Any) -> Sink:
-    def write(values: dict[str, float], spectra: dict[str, Any], step: int,
-              monitor: Monitor) -> None:
-        for name, value in values.items():
-            writer.add_scalar(name, value, global_step=step)
-        write_histograms(writer, spectra, step, monitor)
-        if hasattr(writer, "flush"):
-            writer.flush()
-    return write
-
-
-def write_histograms(writer: Any, spectra: dict[str, Any], step: int, monitor: Monitor) -> None:
-    """Each ESD as a histogram of log10 of its nonzero eigenvalues, to a writer with
-    ``add_histogram`` (a TensorBoard ``SummaryWriter``), when the monitor logs them."""
-    if not monitor.histograms or not hasattr(writer, "add_histogram"):
-        return
-    for param, esd in spectra.items():
-        positive = esd[esd > 0]
-        if positive.size:
-            writer.add_histogram(f"{monitor.prefix}/esd/{param}", np.log10(positive),
-                                 global_step=step)
