@@ -42,6 +42,13 @@ monitor's metrics in its own interpreter), and no monitor at all (the estimate's
 The prototype is a measurement, not the product: it copies the analysed weights whole.
 
     python benchmarks/bench_training.py --direct 2
+
+``--schedules PAIRS`` runs TempBalance, AlphaDecay and LayerwiseLR at their papers'
+cadences on a tiny Llama against the same run without (fresh processes, alternating) and
+prints the ratios; ``--held BUSY`` splits the loop's held time per analysed step into its
+parts at no extra load and with BUSY busy processes (``benchmarks/_training_more.py``).
+
+    python benchmarks/bench_training.py --schedules 2 --held 16
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+import _training_more  # noqa: E402
 from _common import header, table  # noqa: E402
 
 VOCAB, WIDTH, LAYERS, FF, BATCH, SEQ = 1024, 128, 4, 512, 16, 32
@@ -353,11 +361,36 @@ def main() -> None:
     parser.add_argument("--whole", type=int, default=2, metavar="PAIRS",
                         help="whole runs without and with the monitor in fresh processes, "
                         "alternating: PAIRS pairs a cadence (0: none; default 2)")
+    parser.add_argument("--schedules", type=int, metavar="PAIRS",
+                        help="TempBalance, AlphaDecay and LayerwiseLR at their papers' "
+                        "cadences on a tiny Llama, against the same run without, in fresh "
+                        "processes alternating: PAIRS pairs each")
+    parser.add_argument("--held", type=int, metavar="BUSY",
+                        help="the loop's held time per analysed step, split into its parts, "
+                        "at no extra load and with BUSY busy processes (cadence 50)")
     parser.add_argument("--child", choices=("none", "monitor"), help=argparse.SUPPRESS)
+    parser.add_argument("--child-schedule", help=argparse.SUPPRESS)
     args = parser.parse_args()
     configure(args.size, args.device)
     if args.child:
         child(args.child, args.cadences[0], args.steps)
+        return
+    if args.child_schedule:
+        print(json.dumps(_training_more.llama_run(args.child_schedule, args.steps)))
+        return
+    if args.schedules or args.held:
+        header("bench_training: what the schedules cost, and the loop's held time",
+               ["torch", "transformers", "diffract-core", "diffract-training"])
+        if args.schedules:
+            print(f"# tiny Llama {_training_more.LLAMA}, AdamW, batch 8 x 64, CPU; each "
+                  "schedule's set-up (its first analysis) is outside the loop's time")
+            table(*_training_more.schedules_table(args.schedules, __file__))
+        if args.held:
+            with tempfile.TemporaryDirectory(prefix="diffract-bench-held-") as tmp:
+                table(*_training_more.held(args.held, args.steps or 400, 50, train,
+                                           Path(tmp)))
+        if hasattr(os, "getloadavg"):
+            print("# load average at the end: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
         return
     import torch
 

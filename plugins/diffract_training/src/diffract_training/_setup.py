@@ -14,7 +14,7 @@ from diffract import Session
 from diffract.errors import DiffractError, InvalidArgumentError, StorageError
 
 __all__ = ["FrozenSession", "check_arguments", "global_step", "head_geometry", "lock_store",
-           "monitor_options", "unwrapped_names"]
+           "monitor_options", "unwrapped", "unwrapped_names"]
 
 
 class _FrozenRegistry:
@@ -48,6 +48,12 @@ class FrozenSession(Session):
     def freeze(self) -> None:
         self._frozen = _FrozenRegistry(super().registry)
 
+    def configure(self, kernel: str, **values: Any) -> None:
+        """Set ``kernel``'s configuration for this session alone (once frozen)."""
+        if self._frozen is None:
+            self.freeze()
+        self._frozen._config.setdefault(kernel, {}).update(values)
+
 
 def _names(value: Any, what: str, *, empty: bool = True) -> str | None:
     """Why ``value`` is not a name or a list of names (None where ``empty``), or None."""
@@ -71,14 +77,15 @@ def unwrapped_names(model: Any) -> dict[str, Any]:
     carries: the wrappers' parts taken out wherever they sit in a name, and DDP's leading
     ``module.`` (a monitor's store and ``diffract track`` of the run's checkpoints then
     name one parameter one way)."""
-    strip = type(model).__name__ in DATA_PARALLEL
-    out = {}
-    for name, value in model.named_parameters():
-        parts = name.split(".")
-        if strip and parts[0] == "module":
-            parts = parts[1:]
-        out[".".join(p for p in parts if p not in WRAPPERS)] = value
-    return out
+    return {unwrapped(name, model): value for name, value in model.named_parameters()}
+
+
+def unwrapped(name: str, model: Any) -> str:
+    """One name of ``model`` (a parameter's, a module's) as the unwrapped model names it."""
+    parts = name.split(".")
+    if type(model).__name__ in DATA_PARALLEL and parts[0] == "module":
+        parts = parts[1:]
+    return ".".join(p for p in parts if p not in WRAPPERS)
 
 
 def check_arguments(every: Any, metrics: Any, views: Any, view_options: Any,

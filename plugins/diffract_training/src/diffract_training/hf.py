@@ -24,6 +24,7 @@ not analysed again. ``on_save=True`` also analyses the checkpoints the trainer w
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from diffract_training._setup import monitor_options
 from diffract_training._sinks import write_histograms
 from diffract_training.monitor import Monitor
+from diffract_training.schedules import check_schedules
 
 __all__ = ["DiffractCallback"]
 
@@ -47,11 +49,16 @@ class DiffractCallback(TrainerCallback):
     ``histograms``, ``prefix``, ``final``...), checked here, before training; the model
     is checked when training begins. The final weights are analysed at the end of
     training (``final=False`` turns it off). ``on_save=True`` also analyses each
-    checkpoint the trainer writes, from its files (with ``every=None``, only those)."""
+    checkpoint the trainer writes, from its files (with ``every=None``, only those).
+    ``schedules``: :class:`~diffract_training.TempBalance` and the others, built without
+    model and optimizer; the trainer's are handed to them when training begins, and the
+    optimizer's groups given back when it ends."""
 
-    def __init__(self, trainer: Any = None, *, on_save: bool = False, **monitor: Any) -> None:
+    def __init__(self, trainer: Any = None, *, on_save: bool = False,
+                 schedules: Sequence[Any] = (), **monitor: Any) -> None:
         self.trainer = trainer
         self.on_save_analysis = on_save
+        self.schedules = check_schedules("DiffractCallback", schedules)
         self._options = monitor_options("DiffractCallback", monitor, Monitor)
         self.monitor = self._new_monitor()
         self._args: Any = None
@@ -86,10 +93,14 @@ class DiffractCallback(TrainerCallback):
                 "trainer.add_callback(DiffractCallback(trainer, ...)).")
         if model is not None:  # on every rank: the monitor knows which one writes
             self.monitor.attach(model)
+        for schedule in self.schedules:  # the trainer's optimizer exists by now
+            schedule.attach(model, kwargs.get("optimizer"), state.global_step)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._args, self._state, self._control = args, state, control
         self.monitor.step(state.global_step)
+        for schedule in self.schedules:
+            schedule.step(state.global_step)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """With ``on_save=True``: the checkpoint just written (``checkpoint-<step>`` in
@@ -103,7 +114,11 @@ class DiffractCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._args, self._state, self._control = args, state, control
-        self.monitor.close()
+        try:
+            self.monitor.close()
+        finally:
+            for schedule in self.schedules:
+                schedule.close()
 
     def _to_trainer(self, values: dict[str, float], spectra: dict[str, Any], step: int,
                     monitor: Monitor) -> None:

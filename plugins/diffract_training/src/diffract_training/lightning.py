@@ -13,6 +13,7 @@ not analysed again.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 try:
@@ -23,6 +24,7 @@ except ImportError:  # the older package name
 from diffract_training._setup import monitor_options
 from diffract_training._sinks import write_histograms
 from diffract_training.monitor import Monitor
+from diffract_training.schedules import check_schedules
 
 __all__ = ["DiffractLightningCallback"]
 
@@ -31,10 +33,13 @@ class DiffractLightningCallback(Callback):
     """A :class:`~diffract_training.Monitor` driven by Lightning's hooks; its keywords
     (``every``, ``metrics``, ``views``, ``params``, ``store``, ``log``, ``histograms``,
     ``prefix``, ``background``) are checked here, before training; the module when
-    training starts."""
+    training starts. ``schedules``: :class:`~diffract_training.TempBalance` and the
+    others, built without model and optimizer; the trainer's are handed to them when
+    training starts, and the optimizers' groups given back when it ends."""
 
-    def __init__(self, **monitor: Any) -> None:
+    def __init__(self, *, schedules: Sequence[Any] = (), **monitor: Any) -> None:
         super().__init__()
+        self.schedules = check_schedules("DiffractLightningCallback", schedules)
         self._options = monitor_options("DiffractLightningCallback", monitor, Monitor)
         self.monitor = self._new_monitor()
         self._trainer: Any = None
@@ -49,16 +54,27 @@ class DiffractLightningCallback(Callback):
         if self.monitor.closed:  # a second fit(): the first closed its monitor
             self.monitor = self._new_monitor()
         self.monitor.attach(pl_module)  # on every rank: the monitor knows which one writes
+        for schedule in self.schedules:
+            schedule.attach(pl_module, list(trainer.optimizers), trainer.global_step)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         self.monitor.step(trainer.global_step)
+        for schedule in self.schedules:
+            schedule.step(trainer.global_step)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self.monitor.close()
+        self._close()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self.monitor.close()
+        self._close()
+
+    def _close(self) -> None:
+        try:
+            self.monitor.close()
+        finally:
+            for schedule in self.schedules:
+                schedule.close()
 
     def _to_loggers(self, values: dict[str, float], spectra: dict[str, Any], step: int,
                     monitor: Monitor) -> None:

@@ -1,0 +1,403 @@
+"""The published alpha-driven schedules, on Diffract's engine: TempBalance (per-module
+learning rates), AlphaDecay (per-module weight decay) and layer-wise learning rates.
+
+All three read each module's heavy-tailedness as Hill's estimator on the top half of its
+spectrum (``pl_alpha_hill``, the authors' ``pl_fitting='median'``: with the eigenvalues
+ascending, ``i = floor(N / 2)``, ``alpha = 1 + (N - i) / sum_{j >= i} ln(lambda_j /
+lambda_i)``; the two agree whenever the spectrum has no zero eigenvalue, where theirs takes
+the log of 0) and map it linearly onto a range of multiples of the user's value (the
+authors' ``tb_linear_map``): over the analysed modules,
+
+    factor_m = low + (alpha_m - min alpha) / (max alpha - min alpha) * (high - low)
+
+so the module with the lightest tail (highest alpha) gets ``high`` and the heaviest
+``low``. A module's ``lr`` (or ``weight_decay``) is then its user group's current value
+times its factor: the user's value, and any scheduler that moves it, stay the scale.
+
+Each schedule owns a :class:`~diffract_training.Monitor` that computes the alphas in the
+background (so they equal ``diffract analyze`` of the same weights), analyses the weights
+training starts from when it is attached (the authors' first assignment), and hands new
+factors to the loop at the first :meth:`step` after an analysis finishes. Modules whose
+alpha is undefined keep their factor; with all alphas equal every module gets the middle
+of the range (the authors' ``np.interp`` would give all of them ``high``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from diffract.errors import InvalidArgumentError
+from diffract_training._groups import Split, torch_optimizer
+from diffract_training._setup import global_step, unwrapped
+from diffract_training.monitor import Monitor
+
+__all__ = ["AlphaDecay", "LayerwiseLR", "TempBalance", "check_schedules"]
+
+#: The estimator every schedule maps.
+METRIC = "pl_alpha_hill"
+
+
+class _Schedule:
+    """What the three schedules share; see the module's docstring."""
+
+    key: ClassVar[str] = "lr"
+    #: torch.nn module classes analysed (``Conv1D``: transformers' GPT-2 linear layer).
+    types: ClassVar[tuple[str, ...]] = ("Linear", "Conv2d", "Conv1D")
+    low_name: ClassVar[str] = "lr_min_ratio"
+    high_name: ClassVar[str] = "lr_max_ratio"
+
+    def __init__(self, model: Any, optimizer: Any, *, every: int, low: float, high: float,
+                 remove_first: bool, remove_last: bool, min_eigenvalues: int,
+                 batchnorm: bool, ramp: int = 0, pinned: Sequence[str] = (),
+                 store: Any = None, background: bool = True) -> None:
+        self._check(every, low, high, remove_first, remove_last, min_eigenvalues, batchnorm,
+                    ramp, pinned, background)
+        self.every, self.low, self.high, self.ramp = every, float(low), float(high), ramp
+        self.remove_first, self.remove_last = remove_first, remove_last
+        self.min_eigenvalues, self.batchnorm = min_eigenvalues, batchnorm
+        self._pinned = tuple(pinned)
+        self._store, self._background = store, background
+        self.monitor: Monitor | None = None
+        self._splits: list[Split] = []
+        self._hooks: list[Any] = []
+        self.modules: list[str] = []  # the modules whose values this schedule sets
+        self.analysed: list[str] = []  # the modules whose alphas set the range
+        #: module -> (step, alpha) of the latest analysis that defined it
+        self.alphas: dict[str, tuple[int, float]] = {}
+        self._from: dict[str, float] = {}
+        self._to: dict[str, float] = {}
+        self._since = self._now = 0
+        if model is not None or optimizer is not None:
+            if model is None or optimizer is None:
+                raise InvalidArgumentError(
+                    f"{type(self).__name__} takes a model and its optimizer together (or "
+                    "neither, for a callback's schedules=[...], which hands them over).")
+            self.attach(model, optimizer)
+
+    def _check(self, every: Any, low: Any, high: Any, remove_first: Any, remove_last: Any,
+               min_eigenvalues: Any, batchnorm: Any, ramp: Any, pinned: Any,
+               background: Any) -> None:
+        def whole(value: Any, least: int) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+        problems = []
+        if not whole(every, 1):
+            problems.append(f"every takes the steps between recomputations (a whole number "
+                            f"of at least 1), got {every!r}")
+        ratios = [(self.low_name, low), (self.high_name, high)]
+        for name, value in ratios:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    math.isfinite(value) and value >= 0):
+                problems.append(f"{name} takes a finite multiple of at least 0, got {value!r}")
+        if not problems and high < low:
+            problems.append(f"{self.high_name} ({high!r}) is below {self.low_name} ({low!r})")
+        if not whole(min_eigenvalues, 0):
+            problems.append(f"min_eigenvalues takes a whole number of at least 0, got "
+                            f"{min_eigenvalues!r}")
+        if not whole(ramp, 0):
+            problems.append(f"ramp takes a whole number of steps of at least 0, got {ramp!r}")
+        elif whole(every, 1) and ramp > every:
+            problems.append(f"ramp ({ramp}) is longer than every ({every}): the values would "
+                            "be recomputed before they reached the last ones")
+        problems += [f"{name} takes True or False, got {value!r}" for name, value in (
+            ("remove_first", remove_first), ("remove_last", remove_last),
+            ("batchnorm", batchnorm), ("background", background))
+            if not isinstance(value, bool)]
+        if isinstance(pinned, str) or not all(isinstance(p, str) and p for p in pinned):
+            problems.append(f"the pinned names take a list of non-empty names, got {pinned!r}")
+        if problems:
+            raise InvalidArgumentError(f"{type(self).__name__}: " + "; ".join(problems) + ".")
+
+    # -- set-up ------------------------------------------------------------------------
+    def attach(self, model: Any, optimizer: Any, step: int = 0) -> None:
+        """Schedule ``model``'s modules in ``optimizer`` (one torch optimizer, a wrapper of
+        one, or a list of them: Muon for the matrices and AdamW for the rest), starting
+        at ``step``: the groups are split, the weights analysed and the first factors set
+        before this returns. Every problem is an InvalidArgumentError, before training."""
+        import torch
+
+        if self.monitor is not None and not self.monitor.closed:
+            raise InvalidArgumentError(f"this {type(self).__name__} is attached already: "
+                                       "close() it first.")
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and \
+                torch.distributed.get_world_size() > 1:
+            raise InvalidArgumentError(
+                f"{type(self).__name__} does not run under torch.distributed yet: its alphas "
+                "are computed on rank 0 alone and every rank would need the same values at "
+                "the same step. Train on one process, or leave the schedule out.")
+        step = global_step(step)
+        if not hasattr(model, "named_modules"):
+            raise InvalidArgumentError(f"{type(self).__name__} schedules a torch module's "
+                                       f"modules, got a {type(model).__name__}.")
+        units, analysed, pinned = self._units(model)
+        chains = [torch_optimizer(o) for o in (
+            optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])]
+        optimizers = [chain[-1] for chain in chains]
+        self._splits = [Split(chain, self.key) for chain in chains]
+        try:
+            for split in self._splits:  # checked in every optimizer before any is split
+                for origin in split.holders([p for ps in units.values() for p in ps]):
+                    if self.key not in origin:
+                        raise InvalidArgumentError(
+                            f"{type(self).__name__} sets each module's {self.key!r}, which "
+                            f"the param groups of {type(split.optimizer).__name__} do not "
+                            "have: give it an optimizer that takes one.")
+            scheduled: list[str] = []
+            for split in self._splits:
+                scheduled += [m for m in split.split(units) if m not in scheduled]
+            if not scheduled:
+                raise InvalidArgumentError(
+                    f"{type(self).__name__}: the optimizer holds no parameter of the "
+                    f"{len(units)} scheduled modules ({', '.join(list(units)[:3])}...): pass "
+                    "the optimizer that trains them.")
+            self.modules, self.analysed = scheduled, analysed
+            self._pinned_modules = pinned
+            self.monitor = Monitor(model, every=self.every, metrics=(METRIC,),
+                                   params=[f"{m}.weight" for m in analysed], store=self._store,
+                                   histograms=False, background=self._background, final=False)
+        except BaseException:
+            self._undo()
+            raise
+        self.monitor.session.configure("esd", conv="weightwatcher")  # conv_norm 0.5, pooled
+        self.monitor.on_values(self._values)
+        self._hooks = [o.register_step_pre_hook(self._before_update) for o in optimizers]
+        self._now = self._since = step
+        self._from, self._to = {}, {}
+        if step not in self.monitor._done:  # the weights training starts from
+            self.monitor._last = step
+            self.monitor._take(step, self.monitor.writer)
+        self.monitor.wait()
+        self._apply()
+
+    def _units(self, model: Any) -> tuple[dict[str, list[Any]], list[str], list[str]]:
+        """The scheduled modules (name -> the parameters that take its value), the ones
+        analysed (in the model's order), and the pinned ones."""
+        import torch
+
+        found = [(unwrapped(name, model), m) for name, m in model.named_modules()
+                 if type(m).__name__ in self.types and isinstance(
+                     getattr(m, "weight", None), torch.Tensor) and m.weight.dim() >= 2]
+        pinned = [n for n, _ in found if any(p in n for p in self._pinned)]
+        candidates = list(found)
+        if self.remove_first:
+            candidates = candidates[1:]
+        if self.remove_last:
+            candidates = candidates[:-1]
+        analysed = [(n, m) for n, m in candidates if n not in pinned
+                    and _eigenvalues(m.weight) >= self.min_eigenvalues]
+        if len(analysed) < 2:
+            raise InvalidArgumentError(
+                f"{type(self).__name__} balances modules against each other, and "
+                f"{len(analysed)} of the model's {len(found)} "
+                f"{'/'.join(self.types[:2])} modules remain to be analysed (the first and "
+                f"last left out: {self.remove_first}/{self.remove_last}; at least "
+                f"{self.min_eigenvalues} eigenvalues: min_eigenvalues): lower "
+                "min_eigenvalues, keep the first or last, or pass a model with more.")
+        units: dict[str, list[Any]] = {}
+        seen: set[int] = set()
+        for name, module in [*analysed, *[(n, m) for n, m in found if n in pinned]]:
+            units[name] = [p for p in module.parameters(recurse=False) if id(p) not in seen]
+            seen.update(id(p) for p in units[name])
+        if self.batchnorm:  # TempBalance's BatchNorm follows the conv of its name
+            for name, module in model.named_modules():
+                twin = unwrapped(name, model).replace("bn", "conv")
+                if isinstance(module, torch.nn.BatchNorm2d) and twin in units:
+                    units[twin] += [p for p in module.parameters(recurse=False)
+                                    if id(p) not in seen]
+        return units, [n for n, _ in analysed], pinned
+
+    def _undo(self) -> None:
+        for split in self._splits:
+            split.restore()
+        self._splits = []
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    # -- the loop's side ---------------------------------------------------------------
+    def step(self, global_step_: int) -> None:
+        """Call once per optimizer step, after it: new factors from a finished analysis
+        are applied, and at a cadence point the weights are analysed."""
+        if self.monitor is None or self.monitor.closed:
+            raise InvalidArgumentError(f"this {type(self).__name__} has no model: pass "
+                                       "model and optimizer, or attach() them.")
+        self._now = global_step(global_step_)
+        self.monitor.step(self._now)
+        self._apply()
+
+    def _values(self, step: int, values: Mapping[str, Mapping[str, float]]) -> None:
+        """A finished analysis (on the training thread): its alphas mapped to factors."""
+        found = values.get(METRIC, {})
+        alphas = {m: found[f"{m}.weight"] for m in self.analysed
+                  if math.isfinite(found.get(f"{m}.weight", math.nan))}
+        self.alphas.update((m, (step, a)) for m, a in alphas.items())
+        targets = self.mapping(alphas)
+        if not targets:
+            return
+        self._from = self.factors
+        self._to = {**self._to, **targets,
+                    **dict.fromkeys(self._pinned_modules, self.high)}
+        self._since = self._now
+
+    def mapping(self, alphas: Mapping[str, float]) -> dict[str, float]:
+        """The factor of each module of ``alphas`` (the module docstring's equation, the
+        authors' ``tb_linear_map``); empty with fewer than two alphas."""
+        if len(alphas) < 2:
+            return {}
+        least, most = min(alphas.values()), max(alphas.values())
+        if most == least:
+            return dict.fromkeys(alphas, (self.low + self.high) / 2)
+        span = self.high - self.low
+        return {m: self.low + (a - least) / (most - least) * span for m, a in alphas.items()}
+
+    @property
+    def factors(self) -> dict[str, float]:
+        """Each scheduled module's factor now (1 until the first analysis; moving from
+        the last factors to the new ones over ``ramp`` steps)."""
+        share = 1.0 if self.ramp == 0 else min(1.0, (self._now - self._since) / self.ramp)
+        return {m: self._from.get(m, 1.0) + share * (self._to.get(m, self._from.get(m, 1.0))
+                                                     - self._from.get(m, 1.0))
+                for m in self.modules}
+
+    def _apply(self) -> None:
+        factors = self.factors
+        for split in self._splits:
+            split.apply(factors)
+
+    def _before_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._apply()  # the user's scheduler may have moved the base since step()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to carry on with the same factors."""
+        return {"from": dict(self._from), "to": dict(self._to), "since": self._since,
+                "now": self._now, "alphas": {m: list(v) for m, v in self.alphas.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._from, self._to = dict(state["from"]), dict(state["to"])
+        self._since, self._now = int(state["since"]), int(state["now"])
+        self.alphas = {m: (int(s), float(a)) for m, (s, a) in state["alphas"].items()}
+        self._apply()
+
+    def close(self) -> None:
+        """Stop analysing and give the optimizer its groups back as they were. Safe to
+        call twice; :meth:`attach` again starts over."""
+        try:
+            if self.monitor is not None:
+                self.monitor.close()
+        finally:
+            self._undo()
+
+    def __enter__(self) -> _Schedule:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def check_schedules(front_end: str, schedules: Any) -> list[Any]:
+    """A callback's ``schedules``: a list of TempBalance, AlphaDecay or LayerwiseLR built
+    without a model (the callback hands over the trainer's)."""
+    if isinstance(schedules, _Schedule) or not isinstance(schedules, (list, tuple)) or not all(
+            isinstance(s, _Schedule) for s in schedules):
+        raise InvalidArgumentError(
+            f"{front_end}: schedules takes a list of TempBalance, AlphaDecay or LayerwiseLR, "
+            f"got {schedules!r}.")
+    if any(s.monitor is not None for s in schedules):
+        raise InvalidArgumentError(
+            f"{front_end}: build its schedules without model and optimizer "
+            "(TempBalance(every=...)): it hands them the trainer's when training begins.")
+    return list(schedules)
+
+
+def _eigenvalues(weight: Any) -> int:
+    """How many eigenvalues the authors' ESD of ``weight`` has (a convolution's kernel
+    positions pooled)."""
+    shape = tuple(weight.shape)
+    return min(shape[:2]) * math.prod(shape[2:])
+
+
+class TempBalance(_Schedule):
+    """Per-module learning rates from alpha: TempBalance (Zhou et al., "Temperature
+    Balancing, Layer-wise Weight Analysis, and Neural Network Training", NeurIPS 2023;
+    code: YefanZhou/TempBalance, ``tempbalance.py``).
+
+    Every ``every`` steps (the paper: once an epoch, so give the steps of one) each
+    ``Linear`` and ``Conv2d`` module's learning rate becomes the user's times a factor in
+    ``[lr_min_ratio, lr_max_ratio]``, linear in its alpha (``get_layer_temps``,
+    ``tb_linear_map``: ``np.interp(alpha, [min, max], [0.5 lr, 1.5 lr])``); a higher alpha
+    (a less trained module) learns faster. As the authors: the first and last such
+    modules are left at the user's value (``remove_first_layer``/``remove_last_layer``),
+    and any with fewer than 50 eigenvalues (``eigs_thresh``); a module's bias takes its
+    weight's rate, a ``BatchNorm2d`` the rate of the conv its name names (``bn`` ->
+    ``conv``); convolutions' spectra are their kernel positions' pooled, scaled by 1/2
+    (``conv_norm``)."""
+
+    def __init__(self, model: Any = None, optimizer: Any = None, *, every: int,
+                 lr_min_ratio: float = 0.5, lr_max_ratio: float = 1.5,
+                 remove_first: bool = True, remove_last: bool = True,
+                 min_eigenvalues: int = 50, batchnorm: bool = True, store: Any = None,
+                 background: bool = True) -> None:
+        super().__init__(model, optimizer, every=every, low=lr_min_ratio, high=lr_max_ratio,
+                         remove_first=remove_first, remove_last=remove_last,
+                         min_eigenvalues=min_eigenvalues, batchnorm=batchnorm, store=store,
+                         background=background)
+
+
+class AlphaDecay(_Schedule):
+    """Per-module weight decay from alpha: AlphaDecay (He et al., 2025; code:
+    hed-ucas/AlphaDecay, ``LLaMa-pretraining/WeightDecayUnbalance.py``).
+
+    Every ``every`` steps (the paper's LLaMA runs: 500) each ``Linear`` module's weight
+    decay becomes the user's times a factor in ``[wd_min_ratio, wd_max_ratio]`` (the
+    LLaMA scripts' 0.6666 and 5), linear in its alpha (``alpha_positively_with_WD``,
+    ``tb_linear_map``): a heavy-tailed module (low alpha, one that has learned features)
+    is decayed less. The first and last modules are left at the user's value, and those
+    with fewer than 50 eigenvalues, as the authors; a group the user gave no decay (a
+    no-decay group of biases) keeps none."""
+
+    key = "weight_decay"
+    low_name, high_name = "wd_min_ratio", "wd_max_ratio"
+
+    def __init__(self, model: Any = None, optimizer: Any = None, *, every: int = 500,
+                 wd_min_ratio: float = 0.6666, wd_max_ratio: float = 5.0,
+                 remove_first: bool = True, remove_last: bool = True,
+                 min_eigenvalues: int = 50, batchnorm: bool = True, store: Any = None,
+                 background: bool = True) -> None:
+        super().__init__(model, optimizer, every=every, low=wd_min_ratio, high=wd_max_ratio,
+                         remove_first=remove_first, remove_last=remove_last,
+                         min_eigenvalues=min_eigenvalues, batchnorm=batchnorm, store=store,
+                         background=background)
+
+
+class LayerwiseLR(_Schedule):
+    """Layer-wise learning rates from alpha (LLR; "One LR Doesn't Fit All: Heavy-Tail
+    Guided Layerwise Learning Rates for LLMs", arXiv 2605.22297; code:
+    hed-ucas/Layer-wise-Learning-Rate, ``olmo/LRUnbalance.py``), tested there with AdamW
+    and Muon.
+
+    Every ``every`` steps (the README's runs: 100) each ``Linear``, ``Conv2d`` and
+    ``Embedding`` module's learning rate becomes the user's times a factor in
+    ``[lr_min_ratio, lr_max_ratio]`` (the README's 1 and 5), linear in its alpha
+    (``alpha_positively_with_lr``, ``tb_linear_map``), reached linearly over ``ramp``
+    steps (``linear_steps``, 50; the authors interpolate the rates themselves, which
+    differs from this by the base schedule's own change over those steps). Modules whose
+    names hold ``embed`` or ``head`` (``embed_name``/``head_name``) are not analysed and
+    take the top of the range, as the authors give them the largest alpha; the first and
+    last modules are kept (the configs' ``remove_first_layer: False``); modules with fewer
+    than 50 eigenvalues keep the user's value (``eigs_thresh``). With Muon for the
+    matrices and AdamW for the rest, pass both optimizers as a list."""
+
+    types = ("Linear", "Conv2d", "Conv1D", "Embedding")
+
+    def __init__(self, model: Any = None, optimizer: Any = None, *, every: int = 100,
+                 lr_min_ratio: float = 1.0, lr_max_ratio: float = 5.0, ramp: int = 50,
+                 embed_name: str = "embed", head_name: str = "head",
+                 remove_first: bool = False, remove_last: bool = False,
+                 min_eigenvalues: int = 50, store: Any = None,
+                 background: bool = True) -> None:
+        super().__init__(model, optimizer, every=every, low=lr_min_ratio, high=lr_max_ratio,
+                         remove_first=remove_first, remove_last=remove_last,
+                         min_eigenvalues=min_eigenvalues, batchnorm=False, ramp=ramp,
+                         pinned=[embed_name, head_name], store=store, background=background)
