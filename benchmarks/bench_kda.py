@@ -8,7 +8,10 @@ Correctness: tests/kernel_fun_gpu/test_kda.py (run with KERNEL_FUN_TEST_GPU=1 th
 Cases (bf16 q, k, v; fp32 g): the production shape of the issue, B=16, T=8192,
 H=HV=16, K=128, V=256, with the gate and the q/k norm computed in the op and with a
 precomputed gate; and smaller K=V=128 shapes at T 2048/4096/8192 (the shapes fla's op
-benchmarks sweep). For each: forward (no autograd) and forward+backward, timed with
+benchmarks sweep); and fla's own benchmark configuration (in-op gate, ``safe_gate=True``,
+``lower_bound=-5``), with the fla backend its dispatch picks printed per case (FlashKDA,
+when installed, takes calls without gradients: kernel-fun's gate then defers to it).
+For each: forward (no autograd) and forward+backward, timed with
 triton.testing.do_bench (median ms), and the ratio fla / ours (above 1: ours faster).
 
 Then one profiled forward+backward per implementation at the production shape: GPU time
@@ -37,6 +40,10 @@ CASES = [
       for t in (2048, 4096, 8192)],
 ]
 QUICK = [("small, gate+norm in op", dict(B=2, T=1024, H=4, HV=4, K=128, V=128), True)]
+#: fla's own benchmark registry runs chunk_kda with the in-op gate, safe_gate=True and
+#: lower_bound=-5: the configuration fla is tuned for, timed the same way for both.
+CASES.append(("fla's config: safe_gate, lower_bound=-5", dict(B=8, T=4096, H=16, HV=16, K=128,
+                                                              V=128), "fla"))
 
 
 def _inputs(B, T, H, HV, K, V, in_op, device="cuda", dtype=None):
@@ -56,6 +63,8 @@ def _inputs(B, T, H, HV, K, V, in_op, device="cuda", dtype=None):
         opts = {"use_qk_l2norm_in_kernel": True, "use_gate_in_kernel": True,
                 "A_log": rnd(HV, dtype=torch.float32) * 0.5,
                 "dt_bias": rnd(HV * K, dtype=torch.float32) * 0.5}
+        if in_op == "fla":
+            opts.update(safe_gate=True, lower_bound=-5.0)
     else:
         x["k"] = F.normalize(x["k"].float(), dim=-1).to(io)
         x["g"] = F.logsigmoid(rnd(B, T, HV, K, dtype=torch.float32) + 3.0)
@@ -76,7 +85,7 @@ def dry_run() -> None:
 
     from kernel_fun.kda import chunk_kda, is_supported
 
-    for label, _, in_op in CASES[:2]:  # the others differ from these by shape only
+    for label, _, in_op in [*CASES[:2], CASES[-1]]:  # the rest differ by shape only
         shape = dict(B=1, T=70, H=1, HV=2, K=16, V=16)
         x, opts, do = _inputs(**shape, in_op=in_op, device="cpu", dtype=torch.float32)
         args = [x[n] for n in ("q", "k", "v", "g", "beta")]
@@ -85,7 +94,33 @@ def dry_run() -> None:
         o, _ = chunk_kda(*args, **opts)
         grads = torch.autograd.grad(o, leaves, do)
         assert all(torch.isfinite(g).all() for g in grads), label
-        print(f"{label}: ok")
+        backend = fla_backend(shape, in_op, False, device="cpu", dtype=torch.float32)
+        print(f"{label}: ok (fla would dispatch to {backend})")
+
+
+def fla_backend(shape, in_op, grad: bool, **where) -> str:
+    """The backend fla's dispatch picks for this case (its first available, enabled backend
+    whose verifier accepts the call), or its Triton kernels."""
+    import contextlib
+
+    import torch
+
+    try:
+        from fla.backends import _load_operation_registry  # fla-core 0.6's registry
+
+        registry = _load_operation_registry("kda")
+    except (ImportError, AttributeError) as exc:
+        return f"unknown ({type(exc).__name__})"
+    x, opts, _ = _inputs(**shape, in_op=in_op, **where)
+    args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    with contextlib.nullcontext() if grad else torch.no_grad():
+        for backend in registry._get_sorted_backends():
+            if not (backend.is_available() and backend.is_enabled()):
+                continue
+            accepted, _ = backend.verify("chunk_kda", *args, **opts)
+            if accepted:
+                return backend.backend_type
+    return "triton (fla's own)"
 
 
 def _timings(kda, shape, in_op):
@@ -190,6 +225,8 @@ def main() -> None:
         del x, opts
         if not ok:
             print(f"# {label}: kernel-fun would fall back: {why}")
+        print(f"# {label}: fla dispatches to {fla_backend(shape, in_op, False)} (forward, no "
+              f"gradients), {fla_backend(shape, in_op, True)} (with gradients)")
         ours = _timings(chunk_kda, shape, in_op)
         theirs = _timings(fla_kda, shape, in_op)
         torch.cuda.empty_cache()

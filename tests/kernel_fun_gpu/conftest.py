@@ -25,11 +25,13 @@ def _stub_autotune_benchmark(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _fresh_support_state():
-    from kernel_fun import _support
+    from kernel_fun import _check, _support, _toolchain
 
-    _support.reset_for_tests()
+    for module in (_support, _toolchain, _check):
+        module.reset_for_tests()
     yield
-    _support.reset_for_tests()
+    for module in (_support, _toolchain, _check):
+        module.reset_for_tests()
 
 
 @pytest.fixture

@@ -179,6 +179,7 @@ class TestAgainstFlaNaive:
     def test_disable_recompute_keeps_the_states(self, monkeypatch):
         """disable_recompute=True: the forward keeps the chunk states, the backward runs
         no second forward scan, and the numbers are the same."""
+        monkeypatch.setenv("KERNEL_FUN_SELF_CHECK", "0")  # its probe launches them too
         scans = []
         real = _triton._launch
 
@@ -231,6 +232,7 @@ class TestAgainstFlaNaive:
         its own decay) fails these comparisons by far: measured ~0.19-0.27 relative
         error on every output and gradient, against tolerances of 5e-5 (interpreter) and
         5e-3 (GPU). The tests can fail."""
+        monkeypatch.setenv("KERNEL_FUN_SELF_CHECK", "0")  # it would send the call to fla
         real = _triton.gate_cumsum
 
         def one_step_off(g, a_log, dt_bias, lower_bound, gate):
@@ -575,4 +577,4 @@ def test_the_benchmark_script_runs():
     out = subprocess.run([sys.executable, str(script), "--dry-run"], capture_output=True,
                          text=True, env=dict(os.environ), timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count(": ok") == 2, out.stdout
+    assert out.stdout.count(": ok") == 3, out.stdout

@@ -1,7 +1,7 @@
 """causal_conv1d inside fla's backend mechanism: what kernel-fun registers against
 ``causal_conv1d_fwd`` and ``causal_conv1d_bwd``, with verifiers that are the same gate as
-:func:`kernel_fun.ops.cconv.is_supported` (fla's own autograd Function stays in place;
-calls a verifier rejects run fla's kernels)."""
+:func:`kernel_fun.ops.cconv.is_supported` followed by the self-check (fla's own autograd
+Function stays in place; calls a verifier rejects run fla's kernels)."""
 
 from __future__ import annotations
 
@@ -25,10 +25,19 @@ def _fwd(x, weight, bias=None, residual=None, initial_state=None, output_final_s
 def _fwd_verifier(x, weight, bias=None, residual=None, initial_state=None,
                   output_final_state=False, activation=None, cu_seqlens=None,
                   cu_seqlens_cpu=None, chunk_indices=None, chunk_size=64, layout_fallback=False):
-    from kernel_fun.ops.cconv.op import is_supported
+    return _gate(x, weight, bias, residual, initial_state, output_final_state, activation,
+                 cu_seqlens, cu_seqlens_cpu, chunk_indices, need_grad=None)
 
-    return is_supported(x, weight, bias, residual, initial_state, output_final_state,
-                        activation, "triton", cu_seqlens, cu_seqlens_cpu, chunk_indices)
+
+def _gate(x, weight, bias, residual, initial_state, output_final_state, activation,
+          cu_seqlens, cu_seqlens_cpu, chunk_indices, need_grad):
+    """The op's gate, then its self-check (the backward's kind: with gradients)."""
+    from kernel_fun.ops.cconv.op import is_supported, self_check
+
+    ok, reason = is_supported(x, weight, bias, residual, initial_state, output_final_state,
+                              activation, "triton", cu_seqlens, cu_seqlens_cpu, chunk_indices)
+    failed = self_check(x, weight, need_grad) if ok else None
+    return (False, failed) if failed is not None else (ok, reason)
 
 
 def _bwd(x, dy, dht, weight=None, bias=None, residual=None, initial_state=None,
@@ -48,8 +57,8 @@ def _bwd_verifier(x, dy, dht, weight=None, bias=None, residual=None, initial_sta
                   chunk_size=64, layout_fallback=False):
     if dht is not None:
         return False, "a final-state gradient is given: kernel-fun does not implement it."
-    return _fwd_verifier(x, weight, bias, residual, initial_state, False, activation,
-                         cu_seqlens, cu_seqlens_cpu, chunk_indices)
+    return _gate(x, weight, bias, residual, initial_state, False, activation, cu_seqlens,
+                 cu_seqlens_cpu, chunk_indices, need_grad=True)
 
 
 def backend_targets() -> list[tuple[Any, Any, Any]] | None:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from kernel_fun import _support
+from kernel_fun import _check, _support, _toolchain
 
 __all__ = ["causal_conv1d", "fla_probe", "is_supported", "warmup"]
 
@@ -96,6 +96,8 @@ def is_supported(
     if 0 in x.shape:
         return False, f"x has an empty dimension {tuple(x.shape)}."
     reason = _support.device_reason(x)
+    if reason is None:  # a toolchain known to compile wrong on this device
+        reason = _toolchain.refusal("causal_conv1d", _toolchain.current(x.device))
     if reason is not None:
         return False, reason
     if weight.device != x.device:
@@ -140,10 +142,13 @@ def causal_conv1d(
         cu_seqlens, cu_seqlens_cpu, chunk_indices, cp_context, **kwargs,
     )
     _support.log_versions()
-    if not ok:
+    if ok and self_check(x, weight) is not None:  # logged once by the check
+        ok = False
+    elif not ok:
         _support.log_once(
             ("fallback", reason), logging.WARNING, "kernel-fun causal_conv1d: %s", reason
         )
+    if not ok:
         return _fla_causal_conv1d()(
             x=x, weight=weight, bias=bias, residual=residual, initial_state=initial_state,
             output_final_state=output_final_state, activation=activation, backend=backend,
@@ -156,6 +161,45 @@ def causal_conv1d(
                       "kernel-fun causal_conv1d engaged: x %s %s (strides %s), weight %s %s",
                       tuple(x.shape), x.dtype, x.stride(), tuple(weight.shape), weight.dtype)
     return CausalConv1dSiLU.apply(x, weight), None
+
+
+#: fla's tolerances for a Triton op against its plain reference (RMS ratio), by dtype.
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def self_check(x: torch.Tensor, weight: torch.Tensor,
+               need_grad: bool | None = None) -> str | None:
+    """None when kernel-fun's kernels passed the self-check (:mod:`kernel_fun._check`)
+    for this kind of call (dtypes, width, gradients or not: by default, whether this call
+    needs them) on its device; else why not."""
+    if need_grad is None:
+        need_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    kind = (x.dtype, weight.dtype, weight.shape[1], min(x.shape[2], 256), need_grad)
+    return _check.verdict("causal_conv1d", kind, x.device,
+                          lambda: _probe(x, weight, kind[3], need_grad))
+
+
+def _probe(x: torch.Tensor, weight: torch.Tensor, D: int, need_grad: bool) -> str | None:
+    """Ours against the float32 reference on [2, 80, D] (a tail of time steps)."""
+    from kernel_fun.ops.cconv._triton import CausalConv1dSiLU
+    from kernel_fun.ops.cconv.reference import reference_causal_conv1d
+
+    gen = torch.Generator().manual_seed(0)
+    W = weight.shape[1]
+    px = torch.randn(2, 80, D, generator=gen).to(device=x.device, dtype=x.dtype)
+    pw = (torch.randn(D, W, generator=gen) / W**0.5).to(device=x.device, dtype=weight.dtype)
+    dy = torch.randn(2, 80, D, generator=gen).to(x.device)
+    ours: dict[str, torch.Tensor] = {}
+    reference: dict[str, torch.Tensor] = {}
+    with torch.inference_mode(False), torch.enable_grad() if need_grad else torch.no_grad():
+        for out, fn in ((ours, CausalConv1dSiLU.apply), (reference, reference_causal_conv1d)):
+            a, b = px.clone().requires_grad_(need_grad), pw.clone().requires_grad_(need_grad)
+            y = fn(a, b)
+            out["y"] = y.detach().float()
+            if need_grad:
+                (y.float() * dy).sum().backward()
+                out["dx"], out["dw"] = a.grad, b.grad
+    return _check.compare(reference, ours, {"*": TOLERANCE[x.dtype]})
 
 
 def fla_probe() -> list[str]:
@@ -191,6 +235,10 @@ def warmup(
         if not ok:
             raise RuntimeError(f"kernel-fun warm-up at D={d}: the call falls back to fla: {reason} "
                                "Set KERNEL_FUN_DEBUG=1 to log every decision.")
+        failed = self_check(x, w)
+        if failed is not None:
+            raise RuntimeError(f"kernel-fun warm-up at D={d}: the self-check against the "
+                               f"reference failed, so calls of this kind go to fla: {failed}")
         y, _ = causal_conv1d(x, w, activation="silu")
         y.sum().backward()
         key = _support.shape_key(x, w)

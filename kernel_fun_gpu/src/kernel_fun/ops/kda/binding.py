@@ -1,6 +1,7 @@
 """chunk_kda inside fla's backend mechanism: fla's ``chunk_kda`` is a dispatching entry
 point, so kernel-fun registers its own path against it with a verifier that is the same
-gate as :func:`kernel_fun.ops.kda.is_supported` (calls it rejects run fla's)."""
+gate as :func:`kernel_fun.ops.kda.is_supported` followed by the self-check (calls either
+rejects run fla's)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,17 @@ def _chunk_kda(*args: Any, **kwargs: Any) -> Any:
 
 
 def _verifier(*args: Any, **kwargs: Any) -> tuple[bool, str]:
-    from kernel_fun.ops.kda.op import is_supported
+    from kernel_fun.ops.kda.op import _SIGNATURE, is_supported, self_check
 
-    return is_supported(*args, **kwargs)
+    ok, reason = is_supported(*args, **kwargs)
+    if ok:  # and the self-check for this kind of call on this device
+        bound = _SIGNATURE.bind(*args, **kwargs)
+        bound.apply_defaults()
+        named = dict(bound.arguments)
+        failed = self_check(named, named.pop("kwargs"))
+        if failed is not None:
+            return False, failed
+    return ok, reason
 
 
 def backend_targets() -> list[tuple[Any, Any, Any]] | None:

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from kernel_fun import _support
+from kernel_fun import _check, _support, _toolchain
 
 __all__ = ["FLA_PARAMETERS", "chunk_kda", "fla_probe", "is_supported", "warmup"]
 
@@ -94,6 +94,7 @@ def is_supported(
     **kwargs: Any,
 ) -> tuple[bool, str]:
     """Whether kernel-fun runs this call itself: ``(True, "")`` or ``(False, reason)``."""
+    given = {n: value for n, value in locals().items() if n != "kwargs"}
     unknown = sorted(set(kwargs) - set(KNOWN_KWARGS))
     if unknown:
         return False, (f"unknown argument(s) {unknown}: fla may have grown a flag kernel-fun "
@@ -166,11 +167,17 @@ def is_supported(
                 return False, f"{name} must be a floating-point tensor of {numel} elements."
             extra.append((name, value))
     reason = _support.device_reason(q)
+    if reason is None:  # a toolchain known to compile wrong on this device
+        reason = _toolchain.refusal("chunk_kda", _toolchain.current(q.device))
     if reason is not None:
         return False, reason
     for name, value in tensors[1:] + tuple(extra):
         if value is not None and value.device != q.device:
             return False, f"{name} is on {value.device} but q on {q.device}."
+    faster = None if torch.is_grad_enabled() else fla_fast_path(given, kwargs)
+    if faster is not None:
+        return False, (f"fla would run this call with {faster}, faster than kernel-fun's "
+                       "Triton forward, so the call goes to fla.")
     if _support.is_capturing():  # last: it only speaks for a call otherwise accepted
         key = warm_key(q, v, g, initial_state, output_final_state, use_gate_in_kernel,
                        lower_bound, A_log, dt_bias, disable_recompute)
@@ -184,6 +191,25 @@ def is_supported(
                            "compile during capture, so this call goes to fla. Run one eager "
                            "step first (or kernel_fun.kda.warmup).")
     return True, ""
+
+
+def fla_fast_path(args: dict[str, Any], extra: dict[str, Any]) -> str | None:
+    """The fla backend fla would dispatch this call to instead of its Triton kernels when
+    that backend is faster than ours: FlashKDA (fla's fused CUTLASS forward, taken only
+    without gradients, when installed and not switched off with ``FLA_FLASH_KDA=0``);
+    None otherwise."""
+    try:
+        from fla.ops.kda.backends.flash_kda import FlashKDABackend
+    except ImportError:
+        return None
+    backend = FlashKDABackend()
+    if not (backend.is_available() and backend.is_enabled()):
+        return None
+    try:
+        ok, _ = backend.chunk_kda_verifier(**args, **extra)
+    except TypeError:  # an fla whose verifier takes other arguments: not taken for granted
+        return None
+    return "FlashKDA" if ok else None
 
 
 def warm_key(q, v, g, initial_state, output_final_state, use_gate, lower_bound, A_log,
@@ -203,6 +229,10 @@ _SIGNATURE = inspect.signature(is_supported)
 def run(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """kernel-fun's own path for a call :func:`is_supported` accepted (arguments as
     chunk_kda takes them: fla's backend dispatch passes them on as the caller gave them)."""
+    return _run(True, *args, **kwargs)
+
+
+def _run(say: bool, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     from kernel_fun.ops.kda._triton import ChunkKDA
 
     bound = _SIGNATURE.bind(*args, **kwargs)
@@ -214,10 +244,11 @@ def run(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     dt_bias = extra.get("dt_bias") if gate else None
     scale = q.shape[-1] ** -0.5 if a["scale"] is None else a["scale"]
     lower_bound = None if a["lower_bound"] is None else float(a["lower_bound"])
-    _support.log_once(("engaged", "chunk_kda"), logging.INFO,
-                      "kernel-fun chunk_kda engaged: q %s v %s %s, gate in op %s, l2norm %s",
-                      tuple(q.shape), tuple(v.shape), q.dtype, gate,
-                      a["use_qk_l2norm_in_kernel"])
+    if say:  # not the self-check's probe
+        _support.log_once(("engaged", "chunk_kda"), logging.INFO,
+                          "kernel-fun chunk_kda engaged: q %s v %s %s, gate in op %s, "
+                          "l2norm %s", tuple(q.shape), tuple(v.shape), q.dtype, gate,
+                          a["use_qk_l2norm_in_kernel"])
     return ChunkKDA.apply(
         q, a["k"], v, g, a["beta"], A_log, dt_bias, float(scale), a["initial_state"],
         bool(a["output_final_state"]), bool(a["use_qk_l2norm_in_kernel"]), bool(gate),
@@ -263,11 +294,96 @@ def chunk_kda(
     args = {name: value for name, value in locals().items() if name != "kwargs"}
     ok, reason = is_supported(**args, **kwargs)
     _support.log_versions()
+    if ok and self_check(args, kwargs) is not None:  # logged once by the check
+        return _fla_chunk_kda()(**args, **kwargs)
     if not ok:
         _support.log_once(("fallback", "chunk_kda", reason), logging.WARNING,
                           "kernel-fun chunk_kda: %s", reason)
         return _fla_chunk_kda()(**args, **kwargs)
     return run(**args, **kwargs)
+
+
+#: fla's tolerances for its chunked KDA against its naive recurrence (RMS ratio): the
+#: outputs, and every gradient, by dtype.
+TOLERANCE = {torch.float32: (1e-3, 2e-3), torch.float16: (5e-3, 2e-2),
+             torch.bfloat16: (5e-3, 2e-2)}
+#: The options that select different kernels (a kind of call is checked once).
+_KIND = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
+         "allow_neg_eigval", "output_final_state", "state_v_first", "disable_recompute")
+
+
+def self_check(args: dict[str, Any], extra: dict[str, Any]) -> str | None:
+    """None when kernel-fun's kernels passed the self-check (:mod:`kernel_fun._check`)
+    for this kind of call (dtypes, K, V, grouping, kernel options, gradients or not) on
+    its device; else why not."""
+    q, v, g = args["q"], args["v"], args["g"]
+    gate = bool(args["use_gate_in_kernel"])
+    leaves = [args[n] for n in ("q", "k", "v", "g", "beta", "initial_state")]
+    leaves += [extra.get(n) for n in ("A_log", "dt_bias")] if gate else []
+    need_grad = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in leaves)
+    kind = (q.dtype, g.dtype, args["beta"].dtype, q.shape[3], v.shape[3],
+            v.shape[2] > q.shape[2], args["initial_state"] is not None,
+            *(bool(args[n]) for n in _KIND), gate and args["lower_bound"] is not None,
+            gate and extra.get("A_log") is not None, gate and extra.get("dt_bias") is not None,
+            need_grad)
+    return _check.verdict("chunk_kda", kind, q.device,
+                          lambda: _probe(args, extra, kind, need_grad))
+
+
+def _probe(args: dict[str, Any], extra: dict[str, Any], kind: tuple,
+           need_grad: bool) -> str | None:
+    """Ours against the float32 step-by-step reference on [1, 80, H, K] (a chunk and a
+    tail), with the call's dtypes, K, V, grouping and options."""
+    from kernel_fun.ops.kda.reference import reference_chunk_kda
+
+    q = args["q"]
+    dtype, gdtype, bdtype, K, V, grouped, state = kind[:7]
+    device, HV, T = q.device, 2 if grouped else 1, 80
+    gen = torch.Generator().manual_seed(0)
+
+    def rnd(*shape: int, dt: torch.dtype = torch.float32, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=dt)
+
+    gate = bool(args["use_gate_in_kernel"])
+    k = torch.nn.functional.normalize(rnd(1, T, 1, K), dim=-1).to(dtype)
+    inputs = {"q": rnd(1, T, 1, K, dt=dtype), "k": k, "v": rnd(1, T, HV, V, dt=dtype),
+              "g": rnd(1, T, HV, K, dt=gdtype) if gate else torch.nn.functional.logsigmoid(
+                  rnd(1, T, HV, K) + 2.0).to(gdtype),
+              "beta": torch.rand(1, T, HV, generator=gen).to(device=device, dtype=bdtype)}
+    options = {n: args[n] for n in _KIND}
+    options["lower_bound"] = args["lower_bound"] if gate else None
+    if state:
+        h0 = rnd(1, HV, V, K, scale=0.5) if args["state_v_first"] else rnd(1, HV, K, V,
+                                                                           scale=0.5)
+        inputs["initial_state"] = h0
+    if gate:
+        for name, numel in (("A_log", HV), ("dt_bias", HV * K)):
+            if extra.get(name) is not None:
+                inputs[name] = rnd(numel, scale=0.5)
+    do = rnd(1, T, HV, V)
+    dht = rnd(1, HV, V, K) if args["state_v_first"] else rnd(1, HV, K, V)
+    ours: dict[str, torch.Tensor] = {}
+    reference: dict[str, torch.Tensor] = {}
+    with torch.inference_mode(False), torch.enable_grad() if need_grad else torch.no_grad():
+        for out, fn in ((ours, _run), (reference, reference_chunk_kda)):
+            leaves = {n: t.clone().requires_grad_(need_grad) for n, t in inputs.items()}
+            tensors = {n: leaves[n] for n in ("q", "k", "v", "g", "beta")}
+            named = {n: leaves[n] for n in ("initial_state", "A_log", "dt_bias") if n in leaves}
+            if fn is _run:
+                o, ht = _run(False, **tensors, **options, **named)
+            else:
+                plain = {n: value for n, value in options.items() if n != "disable_recompute"}
+                o, ht = reference_chunk_kda(**tensors, **plain, **named)
+            out["o"] = o.detach().float()
+            if ht is not None:
+                out["ht"] = ht.detach()
+            if need_grad:
+                loss = (o.float() * do).sum() + ((ht * dht).sum() if ht is not None else 0)
+                loss.backward()
+                out.update((f"d{n}", t.grad) for n, t in leaves.items())
+    first, grads = TOLERANCE[dtype]
+    return _check.compare(reference, ours, {"o": first, "ht": first, "*": grads})
 
 
 def fla_probe() -> list[str]:
@@ -317,6 +433,13 @@ def warmup(
         if not ok:
             raise RuntimeError(f"kernel-fun warm-up with {sorted(opts)}: the call falls back to "
                                f"fla: {reason} Set KERNEL_FUN_DEBUG=1 to log every decision.")
+        args = _SIGNATURE.bind(q, k, v, g, beta, **opts)
+        args.apply_defaults()
+        named = dict(args.arguments)
+        failed = self_check(named, named.pop("kwargs"))
+        if failed is not None:
+            raise RuntimeError(f"kernel-fun warm-up with {sorted(opts)}: the self-check against "
+                               f"the reference failed, so calls of this kind go to fla: {failed}")
         o, ht = chunk_kda(q, k, v, g, beta, **opts)
         o.float().sum().backward()
         key = warm_key(q, v, g, opts.get("initial_state"), opts.get("output_final_state", False),
