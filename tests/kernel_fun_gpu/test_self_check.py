@@ -24,6 +24,12 @@ from kernel_fun.ops.kda.op import chunk_kda  # noqa: E402
 from kernel_fun.ops.kda.reference import reference_chunk_kda  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _checks_on(monkeypatch):
+    monkeypatch.setenv("KERNEL_FUN_SELF_CHECK", "1")
+    monkeypatch.delenv("KERNEL_FUN_SELF_CHECK_CACHE", raising=False)
+
+
 def _conv_inputs(seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(2, 40, 32, generator=gen).requires_grad_()
