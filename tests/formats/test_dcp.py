@@ -266,7 +266,7 @@ class TestHostile:
 
 # -- two ranks ---------------------------------------------------------------------------
 _RANK = textwrap.dedent("""
-    import sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+    import os, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -289,7 +289,14 @@ _RANK = textwrap.dedent("""
         torch.save(whole, out + "/whole.pt")
     dcp.save({"model": model.state_dict(), "optim": opt.state_dict()},
              checkpoint_id=out + "/ck")
+    # Both ranks done before the group goes; then leave without the interpreter's
+    # teardown, where gloo's C++ threads sometimes abort a finished process
+    # ("terminate called without an active exception", seen in CI).
+    dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 """)
 
 

@@ -43,10 +43,11 @@ def _analysis(model) -> dict:
 @pytest.mark.parametrize("final", [True, False])
 def test_a_plain_loop_analyses_its_final_weights(final):
     """every=50 over 120 steps: 50, 100 and, at close(), 120 (the final weights, logged
-    at 120 with their own values); final=False: 50 and 100 only."""
+    at 120 with their own values); final=False: 50 and 100 only. Inline (background=False):
+    in the background a busy machine may still analyse 50 at step 100 and skip it."""
     model, logged = _net(), []
     monitor = Monitor(model, every=50, metrics=METRICS, final=final, histograms=False,
-                      log=lambda values, step: logged.append(step))
+                      background=False, log=lambda values, step: logged.append(step))
     _loop(model, monitor, 120)
     monitor.close()
     assert monitor.analysed == ([50, 100, 120] if final else [50, 100])

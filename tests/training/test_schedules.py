@@ -387,3 +387,25 @@ def test_alphadecay_in_lightning(tmp_path):
         assert decays == pytest.approx({m: 1e-3 * (0.6666 + (x - lo) / (hi - lo) * 4.3334)
                                         for m, x in (("net.1", a), ("net.2", b))}, rel=1e-12)
     assert len(trainer.optimizers[0].param_groups) == 1
+
+
+def test_two_schedules_on_one_optimizer_compose_and_close_in_reverse():
+    """TempBalance's learning rates and AlphaDecay's weight decay on one AdamW: the
+    second splits the first's groups, so a module gets both factors; closed last-first
+    the groups are the user's again."""
+    model = _llama()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD)
+    before = _layout(optimizer)
+    tb = TempBalance(model, optimizer, every=2, background=False)
+    ad = AlphaDecay(model, optimizer, every=2, background=False)
+    for step in range(1, 3):
+        _train_step(model, optimizer, step)
+        tb.step(step)
+        ad.step(step)
+    for m in set(tb.modules) & set(ad.modules):
+        group = _group_of(optimizer, model.get_submodule(m).weight)
+        assert group["lr"] == pytest.approx(LR * tb.factors[m], rel=1e-12)
+        assert group["weight_decay"] == pytest.approx(WD * ad.factors[m], rel=1e-12)
+    ad.close()
+    tb.close()
+    assert _layout(optimizer) == before

@@ -117,7 +117,7 @@ class DiffractCallback(TrainerCallback):
         try:
             self.monitor.close()
         finally:
-            for schedule in self.schedules:
+            for schedule in reversed(self.schedules):  # the last split first
                 schedule.close()
 
     def _to_trainer(self, values: dict[str, float], spectra: dict[str, Any], step: int,

@@ -73,7 +73,7 @@ class DiffractLightningCallback(Callback):
         try:
             self.monitor.close()
         finally:
-            for schedule in self.schedules:
+            for schedule in reversed(self.schedules):  # the last split first
                 schedule.close()
 
     def _to_loggers(self, values: dict[str, float], spectra: dict[str, Any], step: int,
