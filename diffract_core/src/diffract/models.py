@@ -102,8 +102,8 @@ class ModelsAPI:
         label: str | None = None,
         step_from: str | None = None,
     ) -> list[str]:
-        """Add a torch module, a state dict, a checkpoint file or a Hugging Face-style
-        checkpoint directory under ``model_id``.
+        """Add a torch module, a state dict (a ``config`` on it is the view rules', as a
+        module's), a checkpoint file or a Hugging Face-style directory under ``model_id``.
 
         Files and directories are read by the installed model formats (the first that
         recognises the path; ``format`` names one). ``views`` turns on view rules

@@ -322,8 +322,8 @@ def read_model(source: Any, model_id: str, format: str | None = None,
         kind = f"{type(source).__module__}.{type(source).__qualname__}"
         opened = _from_mapping(model_id, dict(source.named_parameters()), f"torch module {kind}",
                                module_types(source), _module_config(source))
-    elif isinstance(source, Mapping):
-        opened = _from_mapping(model_id, source, "state dict")
+    elif isinstance(source, Mapping):  # a ``config`` attribute: as a module's, for views
+        opened = _from_mapping(model_id, source, "state dict", None, _module_config(source))
     else:
         raise ModelSourceError(
             f"Model {model_id!r}: cannot read a {type(source).__module__}."

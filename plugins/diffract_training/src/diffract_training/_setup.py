@@ -13,7 +13,7 @@ from typing import Any
 from diffract import Session
 from diffract.errors import DiffractError, InvalidArgumentError, StorageError
 
-__all__ = ["FrozenSession", "check_arguments", "global_step", "head_geometry", "lock_store",
+__all__ = ["FrozenSession", "check_arguments", "global_step", "configured", "lock_store",
            "monitor_options", "unwrapped", "unwrapped_names"]
 
 
@@ -153,21 +153,27 @@ def global_step(value: Any) -> int:
     return step
 
 
-def head_geometry(model: Any, views: Sequence[str]) -> dict[str, Any] | None:
-    """The heads rule's geometry from a Hugging Face model's ``config`` (the monitor
-    hands the core a mapping of tensors, which has no config.json beside it)."""
-    config = getattr(model, "config", None)
-    if "heads" not in views or config is None:
-        return None
-    found = {}
-    for option, names in (("heads", ("num_attention_heads", "n_head")),
-                          ("kv_heads", ("num_key_value_heads", "num_kv_heads")),
-                          ("head_dim", ("head_dim",))):
-        value = next((getattr(config, n) for n in names
-                      if isinstance(getattr(config, n, None), int)), None)
-        if value:
-            found[option] = value
-    return found or None
+class Configured(dict):
+    """Tensors by name with the model's Hugging Face ``config`` on them: the core hands
+    it to the view rules as it does a module's, so the monitor's views are those
+    ``models.add`` gives the model's saved folder (its config.json)."""
+
+    config: Any = None
+
+
+def configured(tensors: Mapping[str, Any], model: Any) -> Mapping[str, Any]:
+    """``tensors`` carrying ``model``'s config (that of the module a wrapper holds: DDP's
+    ``module``, torch.compile's ``_orig_mod``, a checkpoint wrapper's), when it has one."""
+    for _ in range(8):  # wrappers nest a few deep at most
+        config = getattr(model, "config", None)
+        if callable(getattr(config, "to_dict", None)):
+            out = Configured(tensors)
+            out.config = config
+            return out
+        held = ("module",) * (type(model).__name__ in DATA_PARALLEL) + WRAPPERS
+        model = next((getattr(model, a) for a in held if getattr(model, a, None) is not None),
+                     None)
+    return tensors
 
 
 def lock_store(store: str | Path) -> Any:

@@ -36,7 +36,7 @@ from diffract.plugins import contextual_name, one_openmp_thread
 from diffract_training._setup import (
     FrozenSession,
     check_arguments,
-    head_geometry,
+    configured,
     lock_store,
     unwrapped_names,
 )
@@ -123,8 +123,7 @@ class Monitor:
         self._snap: Snapshot | None = None
         self._params = params
         self._views = [views] if isinstance(views, str) else list(views or [])  # one rule
-        self._given_view_options = dict(view_options) if view_options else None
-        self._view_options: dict[str, Any] | None = self._given_view_options
+        self._view_options = dict(view_options) if view_options else None
         self._sinks = _sinks(log)
         # apply()'s summary warnings in the worker say what _tell logs already (once per
         # parameter and reason): not in a training log. Diffract says a warning at the
@@ -200,7 +199,6 @@ class Monitor:
             self.session, self._done = FrozenSession(), set()
         self.session.freeze()  # the kernels' configuration of now, for the whole run
         self._model = model
-        self._view_options = self._given_view_options or head_geometry(model, self._views)
         self._names = self._analysed(self._params)
         named = self._named()
         self._sharded = [n for n in self._names if hasattr(named[n], "full_tensor")]
@@ -242,7 +240,7 @@ class Monitor:
     def _named(self) -> Mapping[str, Any]:
         model = self._model
         if hasattr(model, "named_parameters"):
-            return unwrapped_names(model)
+            return configured(unwrapped_names(model), model)
         if isinstance(model, Mapping):
             return model
         raise InvalidArgumentError(
@@ -458,7 +456,8 @@ class Monitor:
         session = self.session
         snapshot = source if isinstance(source, Snapshot) else Snapshot({}, {}, 0, {})
         try:
-            session.models.add(snapshot.aliases() if source is snapshot else source,
+            session.models.add(configured(snapshot.aliases(), self._model)
+                               if source is snapshot else source,
                                model_id, step=global_step, copy_weights=False,
                                views=self._views or None,
                                view_options=self._view_options)
