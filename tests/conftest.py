@@ -80,3 +80,40 @@ def tool():
         return module
 
     return load
+
+
+@pytest.fixture
+def example_pack(tmp_path_factory, monkeypatch):
+    """The example pack under examples/, discoverable by its entry point: as installed
+    by ``./dev test``, else put on the path here as a distribution (its ``.dist-info``
+    beside its sources), with the plugin manager rebuilt to find it, and restored after."""
+    import importlib
+    import importlib.metadata
+    import sys
+    from pathlib import Path
+
+    from diffract.plugins import set_plugin_manager
+
+    try:
+        importlib.metadata.distribution("diffract-example-pack")
+        yield
+        return
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    pack = Path(__file__).parents[1] / "examples" / "diffract-example-pack"
+    site = tmp_path_factory.mktemp("site")
+    info = site / "diffract_example_pack-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: diffract-example-pack\n"
+                                   "Version: 0.1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[diffract]\ndiffract-example-pack = diffract_example_pack.plugin\n")
+    monkeypatch.setattr(sys, "path", [str(site), str(pack / "src"), *sys.path])
+    importlib.invalidate_caches()
+    previous = set_plugin_manager(None)
+    try:
+        yield
+    finally:
+        set_plugin_manager(previous)
+        for name in [m for m in sys.modules if m.split(".")[0] == "diffract_example_pack"]:
+            del sys.modules[name]

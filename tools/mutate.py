@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ["diffract_core/src", "diffract_kernels_spectral/src", "kernel_fun_gpu/src",
            "diffract_kernels_alignment/src", *(f"plugins/{p}/src" for p in (
                "diffract_storage_local", "diffract_formats", "diffract_report", "diffract_views",
-               "diffract_executor_dask")), "."]
+               "diffract_executor_dask", "diffract_training")), "."]
 
 SPECTRAL = "diffract_kernels_spectral/src/diffract_kernels_spectral/"
 CORE = "diffract_core/src/diffract/core/"
@@ -42,6 +42,8 @@ CONV_TESTS = ["tests/kernel_fun_gpu/test_cconv.py"]
 CONV = "kernel_fun_gpu/src/kernel_fun/ops/cconv/_triton.py"
 KDA = "kernel_fun_gpu/src/kernel_fun/ops/kda/_triton.py"
 KDA_TESTS = ["tests/kernel_fun_gpu/test_kda.py::TestAgainstFlaNaive"]
+TRAINING = "plugins/diffract_training/src/diffract_training/"
+FORMATS = "plugins/diffract_formats/src/diffract_formats/"
 
 
 @dataclass(frozen=True)
@@ -451,6 +453,68 @@ MUTANTS = [
            "one term of the blockwise inverse's corner block"),
     Mutant("kda-lower-bound-dA", KDA, "            da = dy * slope * s\n",
            "            da = dy * slope\n", tuple(KDA_TESTS), "dA_log of the lower-bound gate"),
+    # -- issue 58: wrong steps, orders, means and identities in the last turns' code ----
+    Mutant("monitor-views-without-config", TRAINING + "_setup.py",
+           "            out.config = config\n", "            out.config = None\n",
+           ("tests/training/test_monitor_views.py",),
+           "the monitor's head views see no config (CodeGen's heads the wrong rows)"),
+    Mutant("trajectory-ptype-mean-keeps-nan", "diffract_core/src/diffract/trajectory.py",
+           "defined = [v for v in values if not math.isnan(v)]", "defined = list(values)",
+           ("tests/core/test_track.py::TestTrajectory",), "one undefined parameter turns its type's mean NaN"),
+    Mutant("schedule-block-cut-at-the-last-number", "diffract_kernels_spectral/src/"
+           "diffract_kernels_spectral/schedule.py", r'_BLOCK = re.compile(r"^(.*?\.\d+)(?:\.|$)")',
+           r'_BLOCK = re.compile(r"^(.*\.\d+)(?:\.|$)")', ("tests/spectral/test_estimators.py::TestSchedule",),
+           "AlphaPruning by block makes each expert a block"),
+    Mutant("steps-three-names-up", CORE + "steps.py",
+           "*(p.name for p in path.parents)][:4]", "*(p.name for p in path.parents)][:3]",
+           ("tests/core/test_steps.py",), "a step two folders above the weights' folder is lost"),
+    Mutant("onnx-bf16-tensor-not-turned", FORMATS + "onnx_reader.py",
+           "        bits = bits.T if self._turn[name] else bits\n", "",
+           ("tests/formats/test_more_formats.py",),
+           "an ONNX bfloat16 weight read through torch keeps ONNX's [in, out]"),
+    Mutant("identity-without-ctime", FORMATS + "_common.py",
+           "    return (stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns)",
+           "    return (stat.st_size, stat.st_mtime_ns, stat.st_ino)",
+           ("tests/formats/test_dcp.py",),
+           "a shard rewritten in place with its mtime restored is read as the old one"),
+    Mutant("dcp-chunk-dtype-cast", FORMATS + "dcp_reader.py",
+           "tuple(part.shape) != lengths \\\n                or part.dtype != dtype:",
+           "tuple(part.shape) != lengths:", ("tests/formats/test_dcp.py",),
+           "a chunk stored in another dtype than the metadata's is cast silently"),
+    Mutant("monitor-summary-averages-views", TRAINING + "monitor.py",
+           "                    if param in parents:\n", "                    if True:\n",
+           ("tests/training/test_monitor_numbers.py",), "head views averaged into a metric's whole-matrix mean"),
+    Mutant("monitor-view-metrics-undefined-on-heads", TRAINING + "monitor.py",
+           'VIEW_METRICS = ("pl_alpha_hill",', 'VIEW_METRICS = ("pl_alpha",',
+           ("tests/training/test_monitor_numbers.py",), "the default per-head values silently disappear"),
+    Mutant("monitor-resume-forgets-done-steps", TRAINING + "monitor.py",
+           '                done.add(int(record["step"]))\n', "                pass\n",
+           ("tests/training/test_monitor_numbers.py",), "a resumed run analyses again the steps in its store"),
+    Mutant("hf-logs-at-the-finishing-step", TRAINING + "hf.py",
+           "        at.global_step = step\n", "", ("tests/training/test_monitor_numbers.py",),
+           "background values logged at the step the analysis finished"),
+    Mutant("rank-local-before-global", TRAINING + "_snapshot.py",
+           'for key in ("RANK", "LOCAL_RANK"):', 'for key in ("LOCAL_RANK", "RANK"):',
+           ("tests/training/test_monitor_numbers.py",), "rank 0 of a second node writes the store"),
+    Mutant("monitor-early-rank-keeps-writing", TRAINING + "monitor.py",
+           "        if self.writer and rank() != 0:", "        if False:",
+           ("tests/training/test_distributed.py",),
+           "a monitor built before init_process_group logs on rank 1 too"),
+    Mutant("json-depth-off-by-one", CORE + "sources.py", "depth > MAX_JSON_DEPTH) else None",
+           "depth > MAX_JSON_DEPTH + 1) else None", ("tests/core/test_hostile_input.py",),
+           "a side file one level deeper than the limit is read"),
+    Mutant("json-depth-skips-lists", CORE + "sources.py",
+           "(node.values() if isinstance(node, dict) else node)",
+           "(node.values() if isinstance(node, dict) else ())", ("tests/core/test_hostile_input.py",),
+           "lists nested 150 deep pass the depth check"),
+    Mutant("deepspeed-padding-ignored", FORMATS + "deepspeed_reader.py",
+           "                offset += numel + int(pad)\n", "                offset += numel\n",
+           ("tests/formats/test_deepspeed.py",),
+           "parameters after an alignment padding read shifted"),
+    Mutant("views-patterns-anchored", "plugins/diffract_views/src/diffract_views/rules.py",
+           "if name_pattern(given[kind]).search(name):", "if name_pattern(given[kind]).match(name):",
+           ("tests/core/test_patterns.py",),
+           "given name patterns must match from a name's start"),
 ]
 
 

@@ -12,7 +12,7 @@ from diffract.cli import main
 
 
 class TestCli:
-    def test_plugins_lists_distributions_and_registrations(self, capsys):
+    def test_plugins_lists_distributions_and_registrations(self, capsys, example_pack):
         """`diffract plugins` shows each distribution, version and what it registers."""
         assert main(["plugins"]) == 0
         out = capsys.readouterr().out
@@ -20,7 +20,7 @@ class TestCli:
         assert "    kernels: frob_norm, numel, param_norm, total_numel" in out
         assert "diffract-example-pack 0.1.0 (entry point diffract-example-pack): loaded" in out
 
-    def test_kernels_verbose(self, capsys):
+    def test_kernels_verbose(self, capsys, example_pack):
         """`diffract kernels -v` shows level, inputs, outputs, configuration and formula."""
         assert main(["kernels", "-v"]) == 0
         out = capsys.readouterr().out

@@ -88,3 +88,23 @@ def test_printable_escapes_what_drives_a_terminal_and_keeps_the_rest():
     text = "a\x1b[2Jb\rc\x07d\x00e\u202ef\u2066g\x85h é 日本\n"
     assert printable(text) == "a\\x1b[2Jb\\rc\\x07d\\x00e\\u202ef\\u2066g\\x85h é 日本\\n"
     assert printable(text, keep="\n").endswith("日本\n")
+
+
+@pytest.mark.parametrize("kind", ["objects", "lists", "both"])
+def test_the_json_depth_limit_is_exact_and_lists_count(tmp_path, kind):
+    """A side file nested exactly MAX_JSON_DEPTH deep is read; one level more is refused,
+    naming the file, whether the levels are objects, lists or both."""
+    from diffract.core.sources import MAX_JSON_DEPTH, read_json_file
+
+    def nested(levels: int) -> str:
+        opens = [('{"a":' if kind == "objects" or (kind == "both" and i % 2) else "[")
+                 for i in range(levels)]
+        return "".join(opens) + "1" + "".join("}" if o.startswith("{") else "]"
+                                              for o in reversed(opens))
+
+    (tmp_path / "ok.json").write_text(nested(MAX_JSON_DEPTH))
+    (tmp_path / "deep.json").write_text(nested(MAX_JSON_DEPTH + 1))
+    assert read_json_file(tmp_path / "ok.json") == json.loads(nested(MAX_JSON_DEPTH))
+    with pytest.raises(ModelSourceError, match=rf"deep.json' nests values deeper than "
+                                               rf"{MAX_JSON_DEPTH} levels"):
+        read_json_file(tmp_path / "deep.json")

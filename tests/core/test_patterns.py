@@ -148,3 +148,24 @@ class TestRefused:
                                  view_options={"heads": 2, "patterns": {"q": bad}})
             assert s.models.model_ids == []
 
+
+
+def test_view_patterns_are_searched_anywhere_in_a_name():
+    """A model whose attention no default names (Meta's original wq/wk/wv/wo under
+    ``layers.N.attention``): patterns that name the module, not the whole path, find
+    its 2 layers x 4 weights x 4 heads = 32 head views (anchored at a name's start,
+    they found none and the model was refused)."""
+    pytest.importorskip("diffract_views")
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    weights = {f"layers.{i}.attention.w{k}.weight": rng.standard_normal((32, 32))
+               for i in range(2) for k in "qkvo"}
+    patterns = {k: rf"attention\.w{k}\.weight$" for k in "qkvo"}
+    with Session() as s:
+        s.models.add(weights, "m", views=["heads"],
+                     view_options={"heads": 4, "kv_heads": 4, "patterns": patterns})
+        views = [p for p in s.models.params("m") if p.parent is not None]
+        assert len(views) == 32
+        first = s.store.load_weights("m", "layers.1.attention.wk.weight[head=2]")
+    np.testing.assert_array_equal(first, weights["layers.1.attention.wk.weight"][16:24])

@@ -202,7 +202,7 @@ class TestEmbedding:
             session.compute.apply("hand_made")
             assert session.results.export_metrics()["m"]["w"]["hand_made"] == 8.0
 
-    def test_example_pack_is_installed_and_discovered(self):
+    def test_example_pack_is_installed_and_discovered(self, example_pack):
         """The example pack under examples/ is installed by the set-up and found by entry point."""
         record = next(r for r in get_plugin_manager().catalog().plugins if r.distribution == "diffract-example-pack")
         assert record.status == "loaded" and record.provides["kernels"] == ["row_norm_stats", "max_row_norm"]

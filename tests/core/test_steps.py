@@ -56,6 +56,18 @@ class TestModels:
             assert steps["d"] == {"step": 50, "label": "warm-up"} and steps["e"] == {}
             assert s.models.ordered() == ["d", "b", "c", "a", "e"]
 
+    def test_a_step_three_folders_up_is_found_and_four_up_is_not(self, tmp_path):
+        """The file's stem, then up to three folders above it: run/step-1000/hf/model/
+        weights.npz has step 1000 (the third folder up); one folder deeper, none (the
+        model id says nothing either)."""
+        for folder in ("run/step-1000/hf/model", "run/step-2000/a/hf/model"):
+            (tmp_path / folder).mkdir(parents=True)
+            np.savez(tmp_path / folder / "weights.npz", **self._model())
+        with Session() as s:
+            s.models.add(tmp_path / "run/step-1000/hf/model/weights.npz", "near")
+            s.models.add(tmp_path / "run/step-2000/a/hf/model/weights.npz", "far")
+            assert s.models.steps() == {"near": {"step": 1000}, "far": {}}
+
     def test_trainer_state_wins_over_a_name_that_says_another_step(self, tmp_path):
         """checkpoint-500/ whose trainer_state.json says global_step 1000 (a folder copied
         or renamed): the trainer's own record wins, in Python and in `diffract track`;

@@ -435,6 +435,23 @@ class TestTrajectory:
             sub = s.filter(model_ids=["checkpoint-3000", "checkpoint-1000"])
             assert list(sub.results.trajectory("stable_rank").index) == [1000, 3000]
 
+    def test_an_undefined_parameter_is_left_out_of_its_types_mean(self):
+        """by="ptype": the mean of the type's defined values; a parameter whose value is
+        undefined (NaN weights: stable_rank has no value) is left out, not a NaN mean."""
+        rng = np.random.default_rng(3)
+        weights = {f"layers.{i}.self_attn.q_proj.weight": rng.standard_normal((12, 8))
+                   for i in range(3)}
+        weights["layers.0.self_attn.q_proj.weight"][0, 0] = np.nan
+        with Session() as s:
+            s.models.add(weights, "m", step=5)
+            s.compute.apply("stable_rank", errors="record")
+            stored = s.results.export_metrics("stable_rank")["m"]
+            by_type = s.results.trajectory("stable_rank", by="ptype")
+        assert math.isnan(stored["layers.0.self_attn.q_proj.weight"]["stable_rank"])
+        defined = [stored[f"layers.{i}.self_attn.q_proj.weight"]["stable_rank"] for i in (1, 2)]
+        assert list(by_type.columns) == ["attention"]
+        assert by_type.loc[5, "attention"] == pytest.approx(np.mean(defined), rel=1e-12)
+
     def test_models_without_a_step_are_indexed_by_id(self):
         rng = np.random.default_rng(0)
         with Session() as s:

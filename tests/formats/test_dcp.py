@@ -141,6 +141,39 @@ class TestOneProcess:
             s.store.load_weights("m", "0.weight")
 
 
+    def test_a_shard_rewritten_in_place_with_its_times_restored_is_refused(self, tmp_path):
+        """Same size, same inode, the modification time put back: the change time still
+        tells the file from the one the reader opened (rewritten until the clock, whose
+        tick is coarse, has moved: an event, not a wait)."""
+        _trained(tmp_path / "ck")
+        reader = DcpReader(str(tmp_path / "ck"))
+        shard = next((tmp_path / "ck").glob("*.distcp"))
+        before = shard.stat()
+        data = bytearray(shard.read_bytes())
+        data[-1] ^= 0xFF
+        while shard.stat().st_ctime_ns == before.st_ctime_ns:
+            with open(shard, "r+b") as fh:
+                fh.write(data)
+            os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+        after = shard.stat()
+        assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
+            before.st_size, before.st_mtime_ns, before.st_ino)
+        with pytest.raises(ModelSourceError, match="the file changed since the checkpoint"):
+            reader.read("0.weight")
+
+    def test_a_chunk_of_another_dtype_than_the_metadatas_is_refused_not_cast(self, tmp_path):
+        """The metadata says bfloat16 where the shard holds float32 (the bytes are
+        enough for either): the read is refused, naming both, never cast."""
+        _trained(tmp_path / "ck")
+        metadata = _metadata(tmp_path / "ck")
+        metadata.state_dict_metadata["model.0.weight"].properties.dtype = torch.bfloat16
+        _write_metadata(tmp_path / "ck", metadata)
+        reader = DcpReader(str(tmp_path / "ck"))
+        with pytest.raises(ModelSourceError, match=r"holds a \(32, 24\) torch.float32 tensor, "
+                                                   r"the metadata says \(32, 24\) torch.bfloat16"):
+            reader.read("0.weight")
+
+
 # -- safety ------------------------------------------------------------------------------
 def _metadata(folder: Path):
     with open(folder / ".metadata", "rb") as fh:

@@ -26,6 +26,7 @@ from diffract_formats.deepspeed_reader import DeepSpeedReader  # noqa: E402
 _RANK = textwrap.dedent("""
     import os, sys
     rank, port, stage, out = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    aligned = sys.argv[5] == "aligned"
     os.environ.update(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                       RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_SIZE="2")
     import torch, deepspeed
@@ -48,7 +49,10 @@ _RANK = textwrap.dedent("""
 
     torch.manual_seed(0)
     model = Net()
-    config = {"train_batch_size": 4, "zero_optimization": {"stage": stage},
+    # parameter_alignment: each parameter starts on 16 bytes (a.bias, 15 floats, is
+    # followed by one of padding): the parameters after it lie one entry further on
+    config = {"train_batch_size": 4,
+              "zero_optimization": {"stage": stage, "parameter_alignment": aligned},
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}}}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                       config=config, dist_init_required=True)
@@ -67,24 +71,30 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module", params=[2, 3])
+@pytest.fixture(scope="module", params=["2", "3", "2-aligned"])
 def saved(request, tmp_path_factory) -> tuple[int, Path]:
-    """A ZeRO checkpoint folder (global_step1/, global_step2/, latest) of two ranks."""
-    stage = request.param
-    root = tmp_path_factory.mktemp(f"zero{stage}")
+    """A ZeRO checkpoint folder (global_step1/, global_step2/, latest) of two ranks; at
+    stage 2 also with each parameter aligned (alignment padding inside a group)."""
+    stage, aligned = int(request.param[0]), request.param.endswith("aligned")
+    root = tmp_path_factory.mktemp(f"zero{request.param}")
     script = root / "rank.py"
     script.write_text(_RANK)
     port = str(_free_port())
     extensions = root / "torch_extensions"  # where a JIT build would land: none may
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "TORCH_EXTENSIONS_DIR": str(extensions)}
     ranks = [subprocess.Popen([sys.executable, str(script), str(r), port, str(stage),
-                               str(root / "ck")], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for r in (0, 1)]
+                               str(root / "ck"), "aligned" if aligned else "plain"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env) for r in (0, 1)]
     for proc in ranks:
         out, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-3000:]
     built = sorted(p.name for p in extensions.rglob("*")) if extensions.exists() else []
     assert not built, f"writing the fixture compiled DeepSpeed's C++ ops: {built}"
+    if aligned:  # the padding lies inside the group, not only at its end
+        state = torch.load(next((root / "ck" / "global_step2").glob("*rank_0*optim*")),
+                           weights_only=False)["optimizer_state_dict"]  # our own file
+        assert any(any(pads[:-1]) for pads in state["param_alignment_paddings"])
     return stage, root / "ck"
 
 

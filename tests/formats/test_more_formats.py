@@ -133,6 +133,13 @@ class TestOnnx:
             "turned around: Gemm input B stores it [in, out]")
         assert infos["bf_b"].shape == (4, 6) and infos["bf_b"].dtype == "bfloat16"
         np.testing.assert_array_equal(arrays["bf_b"], bf.T)
+        import torch  # the tensor as stored (bfloat16, through torch) is turned alike
+
+        with Session() as s:
+            s.models.add(path, "m")
+            raw = s.store.load_tensor("m", "bf_b")
+        assert raw.dtype == torch.bfloat16 and tuple(raw.shape) == (4, 6)
+        np.testing.assert_array_equal(raw.float().numpy(), bf.T)
         assert infos["shared"].shape == (16, 16)
         np.testing.assert_array_equal(arrays["shared"], shared)
         assert infos["shared"].meta_dict["orientation"] == (

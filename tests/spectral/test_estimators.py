@@ -313,6 +313,32 @@ class TestSchedule:
             q, v = (blocks[f"model.layers.{b}.{k}.weight"] for k in ("q", "v"))
             assert q == v
 
+    def test_a_blocks_experts_are_one_block_with_the_blocks_mean_alpha(self, rng):
+        """by="block": a parameter's block is its path up to the first number, so the
+        experts of a layer (``layers.1.mlp.experts.3.w1``) share layer 1's ratio, which
+        comes from the mean alpha over the whole layer; different layers differ."""
+        from diffract_kernels_spectral.schedule import alphapruning, block_of
+
+        assert block_of("model.layers.1.mlp.experts.3.w1.weight") == "model.layers.1"
+        assert block_of("lm_head.weight") == "lm_head.weight"
+        model = {f"model.layers.{b}.mlp.experts.{e}.w1.weight":
+                 rng.standard_t(2 + 3 * b + e, (96, 64)) for b in range(2) for e in range(2)}
+        with Session() as s:
+            s.models.add(model, model_id="m")
+            s.compute.apply("pl_alpha_hill")
+            alpha = {n: r["pl_alpha_hill"] for n, r in
+                     s.results.export_metrics("pl_alpha_hill")["m"].items()}
+            got = sparsity_schedule(s, "alphapruning", 0.5, epsilon=0.3, by="block")
+        layer = {b: [n for n in model if f".layers.{b}." in n] for b in range(2)}
+        assert len({got[n] for n in layer[0]}) == len({got[n] for n in layer[1]}) == 1
+        mean = {f"model.layers.{b}": float(np.mean([alpha[n] for n in layer[b]]))
+                for b in range(2)}
+        sizes = {f"model.layers.{b}": sum(model[n].size for n in layer[b]) for b in range(2)}
+        want = alphapruning(mean, sizes, 0.5, epsilon=0.3)
+        for b in range(2):
+            assert got[layer[b][0]] == pytest.approx(want[f"model.layers.{b}"], rel=1e-12)
+        assert got[layer[0][0]] != pytest.approx(got[layer[1][0]])
+
     def test_bad_requests_say_what_to_do(self, rng):
         from diffract.errors import InvalidArgumentError
 

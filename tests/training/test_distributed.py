@@ -35,11 +35,18 @@ _RANK = textwrap.dedent("""
     from diffract_training import Monitor
 
     kind, rank, port, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    os.environ["RANK"] = str(rank)
+    logged = {{}}
+    if kind == "ddp-early":  # a callback built before the group, no launcher's RANK
+        os.environ.pop("RANK", None)
+        os.environ.pop("LOCAL_RANK", None)
+        early = Monitor(None, every=2, metrics={metrics!r}, background=False,
+                        log=lambda values, step: logged.setdefault(step, values))
+    else:
+        os.environ["RANK"] = str(rank)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank,
                             world_size=2)
     model = _net()
-    if kind == "ddp":
+    if kind.startswith("ddp"):
         wrapped = torch.nn.parallel.DistributedDataParallel(model)
         watched = model
     else:
@@ -50,10 +57,13 @@ _RANK = textwrap.dedent("""
             if isinstance(layer, torch.nn.Linear):
                 fully_shard(layer, mesh=mesh)
         wrapped = watched = fully_shard(model, mesh=mesh)
-    logged = {{}}
-    monitor = Monitor(watched, every=2, metrics={metrics!r}, store=out + "/run.diffract",
-                      log=lambda values, step: logged.setdefault(step, values),
-                      background=kind == "fsdp2-background")
+    if kind == "ddp-early":
+        monitor = early
+        monitor.attach(watched)
+    else:
+        monitor = Monitor(watched, every=2, metrics={metrics!r}, store=out + "/run.diffract",
+                          log=lambda values, step: logged.setdefault(step, values),
+                          background=kind == "fsdp2-background")
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(rank)
     for step in range(1, 5):
@@ -88,7 +98,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.parametrize("kind", ["ddp", "fsdp2", "fsdp2-background"])
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2", "fsdp2-background", "ddp-early"])
 def test_two_ranks_log_once_the_values_of_the_whole_weights(tmp_path, kind):
     script = tmp_path / "rank.py"
     script.write_text(_RANK.format(tests=str(Path(__file__).parents[1]), metrics=METRICS))
@@ -106,11 +116,13 @@ def test_two_ranks_log_once_the_values_of_the_whole_weights(tmp_path, kind):
     # alike (rank 0 decides), so neither waits in a gather the other never makes.
     steps = [int(k) for k in zero["logged"]]
     assert steps == [2, 4] or (kind == "fsdp2-background" and steps == [2])
-    want_sharded = ["0.weight", "2.weight", "4.weight"] if kind != "ddp" else []
+    want_sharded = ["0.weight", "2.weight", "4.weight"] if kind.startswith("fsdp") else []
     assert zero["sharded"] == one["sharded"] == want_sharded
-    with Session("local", path=str(tmp_path / "run.diffract")) as s:
-        stored = s.results.export_metrics(*METRICS)
-        assert sorted(s.models.steps()[m]["step"] for m in s.model_ids) == steps
+    stored = {}
+    if kind != "ddp-early":  # that one logs only (on rank 0 alone)
+        with Session("local", path=str(tmp_path / "run.diffract")) as s:
+            stored = s.results.export_metrics(*METRICS)
+            assert sorted(s.models.steps()[m]["step"] for m in s.model_ids) == steps
     for step in steps:
         with Session() as s:
             s.models.add(tmp_path / f"s{step}.safetensors", "ck")
@@ -119,7 +131,7 @@ def test_two_ranks_log_once_the_values_of_the_whole_weights(tmp_path, kind):
         assert set(want) == {"0.weight", "2.weight", "4.weight"}
         for param, row in want.items():
             for field in METRICS:
-                got = stored[f"step-{step}"][param][field]
+                got = stored[f"step-{step}"][param][field] if stored else row[field]
                 assert got == row[field] or (np.isnan(got) and np.isnan(row[field]))
                 if np.isfinite(row[field]):
                     assert zero["logged"][str(step)][f"diffract/{field}/{param}"] == row[field]

@@ -20,8 +20,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
-from diffract_training import Monitor  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
+
+from diffract_training import Monitor  # noqa: E402
 
 H, N = 32, 4  # hidden size, heads (the architecture tests' tiny shapes)
 

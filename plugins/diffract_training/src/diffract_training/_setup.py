@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import operator
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
