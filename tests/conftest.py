@@ -14,8 +14,17 @@ if os.environ.get("KERNEL_FUN_TEST_GPU") != "1":
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("KERNEL_FUN_INTERPRET", "1")
 
+import signal  # noqa: E402
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+# A suite started in the background by a shell (`cmd &`, nohup) inherits SIGINT ignored,
+# and so would every process a test starts (an ignored signal stays ignored across exec,
+# and Python then installs no KeyboardInterrupt): the Ctrl-C tests would test nothing.
+# A handled signal is reset to its default at exec: the children get a terminal's Ctrl-C.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from diffract.plugins import reset_registry  # noqa: E402
 
