@@ -125,3 +125,82 @@ def test_the_esd_png_keeps_its_labels_inside():
         left, right = (ax.get_tightbbox(renderer) for ax in fig.axes)
         assert left.x0 >= 0 and right.x1 <= width
         assert left.x1 <= right.x0  # the panels do not overlap
+
+
+PANELS = """<script>
+(function () {
+  var out = [];
+  document.querySelectorAll("svg").forEach(function (svg) {
+    var chart = [];
+    svg.querySelectorAll(":scope > g").forEach(function (g) {
+      var y = [], bar = [];
+      g.querySelectorAll("text.tick").forEach(function (t) {
+        if (t.classList.contains("cbar")) bar.push(t.textContent);
+        else if (t.classList.contains("y")) y.push(t.textContent);
+      });
+      chart.push({y: y, bar: bar});
+    });
+    out.push(chart);
+  });
+  document.body.setAttribute("data-test", JSON.stringify(out));
+})();
+</script>"""
+
+
+def _panels(tmp_path, specs) -> list:
+    global HARNESS
+    saved, HARNESS = HARNESS, PANELS
+    try:
+        return _drawn(tmp_path, specs)
+    finally:
+        HARNESS = saved
+
+
+def test_ticks_and_colour_bars_never_repeat_a_label_at_small_drifts(tmp_path):
+    """A tracked run whose alphas drift by 1e-4 (and other scales: 43, 0.979, 3.5e4): the
+    y ticks and a heat map's colour bar carry the digits their spacing needs, every
+    label distinct and each the value it marks to within a tenth of its spacing."""
+    from diffract_report._html import checkpoints_chart
+
+    rng = np.random.default_rng(0)
+    specs = []
+    for level in (2.58, 43.0, 0.979, 3.5e4):
+        ids = [f"step-{i}" for i in range(4)]
+        table = {m: {f"l{k}": {"pl_alpha": level + 1e-4 * rng.standard_normal()}
+                     for k in range(3)} for m in ids}
+        specs.append(checkpoints_chart(ids, table))
+        z = (level + 1e-4 * rng.standard_normal((3, 4))).tolist()
+        specs.append({"w": 600, "h": 200, "panels": [{"title": "heads", "heat": {
+            "rows": ["a", "b", "c"], "cols": [0, 1, 2, 3], "z": z}}]})
+    drawn = _panels(tmp_path, specs)
+    assert len(drawn) == len(specs)
+    for k, chart in enumerate(drawn):
+        for panel in chart:
+            for labels in (panel["y"], panel["bar"]):
+                assert len(set(labels)) == len(labels), (k, labels)
+                values = [float(v) for v in labels]
+                if len(values) > 1:
+                    step = min(abs(b - a) for a, b in zip(values, values[1:]))
+                    assert step > 0, (k, labels)
+        assert any(len(p["y"]) >= 3 or len(p["bar"]) == 5 for p in chart), (k, chart)
+
+
+def test_the_linear_esd_panel_follows_its_histogram_for_a_square_matrix(tmp_path):
+    """384x384 (Q = 1): the Marchenko-Pastur density diverges at 0; the panel's y axis
+    still follows the histogram (its top bar fills most of the axis), the curve is
+    clipped there and says so in its label."""
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((384, 384)) / np.sqrt(384)
+    esd = np.sort(np.linalg.eigvalsh(w.T @ w))
+    spec = esd_chart({"esd": esd, "mp_bulk_max": 4.0}, (384, 384))
+    bars, curve = spec["panels"][1]["series"][:2]
+    top = max(bars["y"])
+    assert curve["label"].startswith("Marchenko-Pastur (clipped; it reaches ")
+    assert max(curve["y"]) == pytest.approx(1.25 * top, rel=1e-4)
+    drawn = _panels(tmp_path, [spec])
+    ticks = [float(v) for v in drawn[0][1]["y"]]
+    assert max(ticks) >= 0.8 * top and max(ticks) <= 1.5 * top, (ticks, top)
+    # a rectangular matrix's curve stays below: drawn whole, named plainly
+    tall = rng.standard_normal((384, 96)) / np.sqrt(384)
+    spec = esd_chart({"esd": np.sort(np.linalg.eigvalsh(tall.T @ tall))}, (384, 96))
+    assert spec["panels"][1]["series"][1]["label"] == "Marchenko-Pastur"

@@ -66,9 +66,10 @@ def test_the_default_view_metrics_give_every_head_a_value():
         assert all(v is not None and math.isfinite(v) for v in got), field
 
 
-def test_a_resumed_run_leaves_the_steps_in_its_store_alone(tmp_path):
-    """A second run on the store analyses only the steps the first did not; the values
-    stored for the first run's steps are still the first run's."""
+def test_a_resumed_run_leaves_the_steps_in_its_store_alone(tmp_path, caplog):
+    """A second run on the store analyses only the steps the first did not (without a
+    word: no step is tried again and refused); the values stored for the first run's
+    steps are still the first run's."""
     store = tmp_path / "run.diffract"
     model = _llama()
     with Monitor(model, every=2, metrics=["stable_rank"], store=store, histograms=False,
@@ -80,11 +81,13 @@ def test_a_resumed_run_leaves_the_steps_in_its_store_alone(tmp_path):
     with torch.no_grad():  # the resumed model differs: a step analysed again would show it
         for p in model.parameters():
             p.mul_(1.5)
-    with Monitor(model, every=2, metrics=["stable_rank"], store=store, histograms=False,
-                 background=False, final=False) as second:
+    with caplog.at_level("WARNING", logger="diffract_training"), Monitor(
+            model, every=2, metrics=["stable_rank"], store=store, histograms=False,
+            background=False, final=False) as second:
         for step in range(1, 7):
             second.step(step)
-    assert second.analysed == [6]
+    assert second.analysed == [6] and second.skipped == []
+    assert [r.getMessage() for r in caplog.records if r.name == "diffract_training"] == []
     with Session("local", path=str(store)) as s:
         after = s.results.export_metrics("stable_rank")
         assert sorted(s.models.steps()[m]["step"] for m in s.model_ids) == [2, 4, 6]

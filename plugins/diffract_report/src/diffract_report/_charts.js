@@ -17,11 +17,28 @@
     return e;
   }
 
-  function fmt(v) {
+  function fmt(v, digits) {  /* ``digits`` significant ones (3 by default) */
+    var p = digits || 3, a = Math.abs(v);
     if (v === 0) return "0";
-    var a = Math.abs(v);
-    if (a >= 1e4 || a < 1e-3) return v.toExponential(0).replace("e+", "e");
-    return String(Number(v.toPrecision(3)));
+    if (a >= 1e4 || a < 1e-3) {
+      return v.toExponential(p - 1).replace(/\.?0+e/, "e").replace("e+", "e");
+    }
+    return String(Number(v.toPrecision(p)));
+  }
+
+  function labels(values) {  /* as many digits as the spacing needs, the same for all:
+    every label differs from the others and reads as its value to within its spacing */
+    var step = Infinity;
+    for (var i = 1; i < values.length; i++) {
+      var d = Math.abs(values[i] - values[i - 1]);
+      if (d > 0) step = Math.min(step, d);
+    }
+    for (var p = 3; p <= 16; p++) {
+      var out = values.map(function (v) { return fmt(v, p); });
+      if (new Set(out).size === out.length && values.every(function (v, k) {
+        return !isFinite(step) || Math.abs(Number(out[k]) - v) <= step * 1e-3; })) return out;
+    }
+    return values.map(String);
   }
 
   function linearTicks(lo, hi, count, whole) {
@@ -141,12 +158,13 @@
                   height: (y1 - y0) / 20 + 0.5, fill: colour(k / 19)}, g);
     }
     if (!isFinite(lo)) return;  /* nothing defined: the page says why, in words */
-    for (var t = 0; t <= 4; t++) {  /* the colour bar's scale: five values, ends included */
-      var value = lo + (hi - lo) * t / 4, y = y1 - (y1 - y0) * t / 4;
+    var values = [];  /* the colour bar's scale: five values, ends included */
+    for (var t = 0; t <= (hi === lo ? 0 : 4); t++) values.push(lo + (hi - lo) * t / 4);
+    labels(values).forEach(function (text, t) {
+      var y = y1 - (y1 - y0) * t / 4;
       el("line", {x1: x1 + 28, x2: x1 + 31, y1: y, y2: y, stroke: "#555"}, g);
-      el("text", {x: x1 + 33, y: y + 3, "class": "tick cbar"}, g, fmt(value));
-      if (hi === lo) break;
-    }
+      el("text", {x: x1 + 33, y: y + 3, "class": "tick cbar"}, g, text);
+    });
   }
 
   function occupied(p, X, Y, y0, y1, cats) {  /* pixels the data cover, every 6 or so */
@@ -205,10 +223,12 @@
     el("text", {x: (x0 + x1) / 2, y: top + 14, "text-anchor": "middle", "class": "ct"}, g,
        p.title || "");
     var yt = p.ylog ? logTicks(yd[0], yd[1]) : linearTicks(yd[0], yd[1], 5, p.ywhole);
-    yt.forEach(function (t) {
+    var ytext = labels(yt);
+    yt.forEach(function (t, i) {
       var y = Y(t);
       el("line", {x1: x0, x2: x1, y1: y, y2: y, "class": "grid"}, g);
-      el("text", {x: x0 - 5, y: y + 4, "text-anchor": "end", "class": "tick"}, g, fmt(t));
+      el("text", {x: x0 - 5, y: y + 4, "text-anchor": "end", "class": "tick y"}, g,
+         ytext[i]);
     });
     if (cats) {
       var every = Math.max(1, Math.ceil(cats.length / 40));
@@ -221,10 +241,11 @@
       });
     } else {
       var xt = p.xlog ? logTicks(xd[0], xd[1]) : linearTicks(xd[0], xd[1], 6, p.xwhole);
-      xt.forEach(function (t) {
+      var xtext = labels(xt);
+      xt.forEach(function (t, i) {
         var x = X(t);
         el("line", {x1: x, x2: x, y1: y0, y2: y1, "class": "grid"}, g);
-        el("text", {x: x, y: y0 + 15, "text-anchor": "middle", "class": "tick"}, g, fmt(t));
+        el("text", {x: x, y: y0 + 15, "text-anchor": "middle", "class": "tick"}, g, xtext[i]);
       });
     }
     el("rect", {x: x0, y: y1, width: x1 - x0, height: y0 - y1, "class": "frame"}, g);

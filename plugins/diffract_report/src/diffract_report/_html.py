@@ -36,7 +36,7 @@ from diffract_report.viz import (
     ESD_FIELDS,
     linear_range,
     linear_title,
-    mp_density,
+    mp_curve,
     short_names,
 )
 
@@ -166,15 +166,15 @@ def esd_chart(row: dict[str, Any], shape: Sequence[int] | None) -> dict[str, Any
     top, beyond = linear_range(esd, row.get("mp_bulk_max"))
     bins = np.linspace(lo, max(top, lo * (1 + 1e-9)), max(10, min(80, esd.size // 3)) + 1)
     counts, _ = np.histogram(esd[esd <= top], bins=bins)
+    density = counts / (esd.size * np.diff(bins))
     lin_series: list[dict[str, Any]] = [{
         "kind": "bars", "x0": _num(bins[:-1]), "x1": _num(bins[1:]), "color": BLUE,
-        "y": _num(counts / (esd.size * np.diff(bins))), "label": "ESD"}]
+        "y": _num(density), "label": "ESD"}]
     if shape is not None and len(shape) >= 2:
-        n, m = int(shape[0]), int(np.prod(shape[1:]))
         x = np.linspace(lo, top, 200)
-        lin_series.append({"kind": "line", "x": _num(x), "color": ORANGE,
-                           "y": _num(mp_density(x, float(esd.sum()), n, m)
-                                     * (min(n, m) / esd.size)), "label": "Marchenko-Pastur"})
+        y, label, _ = mp_curve(x, esd, shape, float(density.max()))
+        lin_series.append({"kind": "line", "x": _num(x), "color": ORANGE, "y": _num(y),
+                           "label": label})
         edge = row.get("mp_bulk_max")
         if edge is not None and math.isfinite(edge) and edge <= top:
             lin_series.append({"kind": "vline", "x": float(edge), "color": ORANGE,

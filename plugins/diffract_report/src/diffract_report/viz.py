@@ -88,6 +88,23 @@ def linear_range(esd: np.ndarray, edge: Any = None) -> tuple[float, int]:
     return top, int(np.count_nonzero(esd > top))
 
 
+def mp_curve(x: np.ndarray, esd: np.ndarray, shape: Sequence[int],
+             histogram_top: float) -> tuple[np.ndarray, str, float | None]:
+    """The Marchenko-Pastur density over ``x`` for the linear panel, its label, and the
+    height it is clipped at: the panel's y axis follows the histogram (a square matrix's
+    density diverges at 0 and would leave the histogram a flat line at the bottom), so a
+    curve above 1.25x the histogram's top is cut there and its label says how high it
+    goes."""
+    n, m = int(shape[0]), int(np.prod(shape[1:]))
+    y = mp_density(x, float(esd.sum()), n, m) * (min(n, m) / esd.size)
+    cap = 1.25 * histogram_top
+    peak = float(np.max(y)) if y.size else 0.0
+    if histogram_top > 0 and peak > cap:
+        return (np.minimum(y, cap), f"Marchenko-Pastur (clipped; it reaches {peak:.3g})",
+                cap)
+    return y, "Marchenko-Pastur", None
+
+
 def linear_title(esd: np.ndarray, top: float, beyond: int) -> str:
     return ("linear ESD" if not beyond else f"linear ESD, the bulk: {beyond} eigenvalue(s) "
             f"beyond {top:.3g}, up to {float(esd.max()):.3g}")
@@ -140,13 +157,15 @@ def _draw_esd(model_id: str, param: str, fits: dict[str, Any], shape: Any) -> An
     # linear: histogram and the Marchenko-Pastur bulk of a random matrix like it
     top, beyond = linear_range(esd, fits.get("mp_bulk_max"))
     counts, edges = np.histogram(esd[esd <= top], bins=max(10, min(80, esd.size // 3)))
-    lin_ax.stairs(counts / (esd.size * np.diff(edges)), edges, fill=True, color="tab:blue",
+    density = counts / (esd.size * np.diff(edges))
+    lin_ax.stairs(density, edges, fill=True, color="tab:blue",
                   alpha=0.6, label="ESD")  # one artist, not a patch per bin
     if shape is not None and len(shape) >= 2:
-        n, m = int(shape[0]), int(np.prod(shape[1:]))
         x = np.linspace(lo, top, 400)
-        lin_ax.plot(x, mp_density(x, float(esd.sum()), n, m) * (min(n, m) / esd.size),
-                    color="tab:orange", label="Marchenko-Pastur")
+        y, label, cap = mp_curve(x, esd, shape, float(density.max()))
+        lin_ax.plot(x, y, color="tab:orange", label=label)
+        if cap is not None:
+            lin_ax.set_ylim(0, cap * 1.05)
         edge = fits.get("mp_bulk_max")
         if edge is not None and math.isfinite(edge) and edge <= top:
             lin_ax.axvline(edge, color="tab:orange", ls="--", lw=1, label="bulk edge")
