@@ -6,6 +6,7 @@ eigenvalues showing its bulk and saying what lies beyond; the ESD PNG's labels i
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import re
 import shutil
@@ -180,7 +181,7 @@ def test_ticks_and_colour_bars_never_repeat_a_label_at_small_drifts(tmp_path):
                 assert len(set(labels)) == len(labels), (k, labels)
                 values = [float(v) for v in labels]
                 if len(values) > 1:
-                    step = min(abs(b - a) for a, b in zip(values, values[1:]))
+                    step = min(abs(b - a) for a, b in itertools.pairwise(values))
                     assert step > 0, (k, labels)
         assert any(len(p["y"]) >= 3 or len(p["bar"]) == 5 for p in chart), (k, chart)
 
