@@ -82,7 +82,7 @@ def test_analyze_splits_summarises_and_reports_views(pair, tmp_path):
     assert run.returncode == 0, run.stderr
     assert ("base: heads split 8 of 8 parameters into 24 views "
             "(model.layers.*.self_attn.k_proj.weight") in run.stdout
-    assert "base: median [min, max] over each parameter's views" in run.stdout
+    assert "base: median [min <view>, max <view>] over each parameter's views" in run.stdout
     dump = _cli("analyze", str(base), "--views", "heads", "--metrics", "stable_rank",
                 "--format", "json", cwd=tmp_path)
     records = {r["param"]: r for r in json.loads(dump.stdout)}
@@ -165,3 +165,30 @@ def test_a_head_whose_input_side_moved_ranks_first(input_rotated, tmp_path):
     assert float(rows[2]["change (1 - min(l, r))"]) > 0.2
     assert all(float(r["change (1 - min(l, r))"]) < 1e-9 for r in rows[3:])
     assert "r_subspace_overlap" in run.stdout and "change (1 - min(l, r))" in run.stdout
+
+
+def test_the_views_table_lists_what_was_asked_and_names_the_extremes(pair, tmp_path):
+    """--layers keeps the views of the layers it keeps (no row of `undefined` for the
+    others); each cell names the views at its min and max; --view-rows lists every view
+    with the values the JSON export holds."""
+    base, _ = pair
+    args = ("analyze", str(base), "--views", "heads", "--metrics", "stable_rank",
+            "--layers", r"layers\.0\.")
+    run = _cli(*args, "--view-rows", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    dump = _cli(*args, "--format", "json", cwd=tmp_path)
+    records = {r["param"]: r["stable_rank"] for r in json.loads(dump.stdout)}
+    views = {n: v for n, v in records.items() if "[" in n}
+    assert len(views) == 12 and all(".layers.0." in n for n in views)
+    out = run.stdout
+    summary = out[out.index("over each parameter's views"):out.index("every view")]
+    assert "layers.1" not in summary and "undefined" not in summary
+    q = "model.layers.0.self_attn.q_proj.weight"
+    heads = {n[len(q) + 1:-1]: v for n, v in views.items() if n.startswith(q)}
+    low, high = min(heads, key=heads.get), max(heads, key=heads.get)
+    row = next(line for line in summary.splitlines() if line.startswith(q))
+    assert re.search(rf"\[[0-9.]+ {low}, [0-9.]+ {high}\]", row), row
+    listed = out[out.index("every view"):]
+    for name, value in views.items():
+        line = next(x for x in listed.splitlines() if x.startswith(name + " "))
+        assert float(line.split()[-1]) == pytest.approx(value, rel=1e-3), line

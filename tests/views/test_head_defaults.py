@@ -86,7 +86,7 @@ def test_every_head_has_every_default_view_metric(tmp_path, build):
     assert all(r["pl_alpha"] == "" for r in views)  # the parents' fit is not asked of heads
     parents = [r for r in rows if "[" not in r["param"]]
     assert all(math.isfinite(float(r["stable_rank"])) for r in parents)
-    table = run.stdout.split("median [min, max] over each parameter's views", 1)[1]
+    table = run.stdout.split("median [min <view>, max <view>] over each parameter's views", 1)[1]
     assert "undefined" not in table.split("\n\n", 1)[0]
     assert all(f in table for f in VIEW_METRICS)
 

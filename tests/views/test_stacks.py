@@ -85,7 +85,7 @@ def test_analyze_splits_stacks_by_default_and_shows_their_median(mixtral, capsys
     assert value.endswith("~") and float(value[:-1]) == pytest.approx(
         float(np.median(down)), rel=1e-3)
     assert "~ the median over the tensor's experts" in out
-    assert "median [min, max] over each parameter's views" in out
+    assert "median [min <view>, max <view>] over each parameter's views" in out
 
 
 def test_without_views_a_stack_is_undefined_never_reshaped(mixtral):

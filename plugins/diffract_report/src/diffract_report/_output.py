@@ -148,11 +148,12 @@ def table_rows(session: Any, view: Any, model_id: str, metrics: Sequence[str],
 
 
 def view_tables(session: Any, view: Any, model_id: str, metrics: Sequence[str],
-                console: Any | None, say: Callable[[str], None]) -> None:
+                console: Any | None, say: Callable[[str], None], every: bool = False) -> None:
     """When the model has views: what each rule split, then per parameter with views
-    each scalar metric's median and range over its views (the export formats list every
-    view), and why the values left undefined are undefined (reasons grouped)."""
-    from diffract_report.views import split_lines, undefined_reasons, view_summary
+    each scalar metric's median and range over its views, the views at the ends named
+    (``every``: each view's row too; the export formats list every view), and why the
+    values left undefined are undefined (reasons grouped)."""
+    from diffract_report.views import split_lines, undefined_reasons, view_params, view_summary
 
     lines = split_lines(session, model_id)
     if not lines:
@@ -169,11 +170,17 @@ def view_tables(session: Any, view: Any, model_id: str, metrics: Sequence[str],
                if p.name in bounded(view, model_id)}
     for field in fields:
         for row, r in zip(rows, summaries[field], strict=True):
-            cell = (f"{format_value(r['median'])} [{format_value(r['min'])}, "
-                    f"{format_value(r['max'])}]" if r["defined"] else "undefined")
+            cell = (f"{format_value(r['median'])} [{format_value(r['min'])} {r['min_view']}, "
+                    f"{format_value(r['max'])} {r['max_view']}]" if r["defined"] else
+                    "undefined")
             row.append(_marked(field, cell, r["parameter"] in flagged))
-    print_table(f"{model_id}: median [min, max] over each parameter's views",
+    print_table(f"{model_id}: median [min <view>, max <view>] over each parameter's views",
                 ["parameter", "views", *fields], rows, console, keys=2)
+    if every:
+        table = view.results.export_metrics(*fields).get(model_id, {})
+        listed = [[p.name, *(table.get(p.name, {}).get(f) for f in fields)]
+                  for p in view_params(view, model_id) if p.parent is not None]
+        print_table(f"{model_id}: every view", ["view", *fields], listed, console, keys=1)
     if any(str(v).endswith(BOUNDED_MARK) for row in rows for v in row[2:]):
         say(BOUNDED_NOTE.replace("pl_alpha where", "pl_alpha of a parameter some of whose "
                                  "views are fits where"))

@@ -66,6 +66,10 @@ def configure_analyze(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule-file", metavar="PATH",
                    help="where the ratios go (default sparsity.json, sparsity-<model>.json "
                         "for several models; in --out when given)")
+    p.add_argument("--view-rows", action="store_true",
+                   help="with --views, list every view's values on the terminal too (by "
+                        "default each parameter's median and range, the views at its ends "
+                        "named)")
     add_session_arguments(p)
 
 
@@ -129,7 +133,8 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                     say(BOUNDED_NOTE)
                 if any(str(v).endswith(STACK_MARK) for row in rows for v in row[2:]):
                     say(STACK_NOTE)
-                view_tables(session, view, model_id, view_fields or metrics, console, say)
+                view_tables(session, view, model_id, view_fields or metrics, console, say,
+                            every=args.view_rows)
             for record in summaries:
                 if record["layers"]:  # alpha was asked for
                     say("")

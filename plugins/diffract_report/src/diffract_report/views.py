@@ -17,17 +17,22 @@ import numpy as np
 from diffract_report.summary import median
 
 __all__ = ["head_grid", "head_moves", "rank_heads", "split_lines", "undefined_reasons",
-           "view_summary"]
+           "view_params", "view_summary"]
 
 
-def _params(session: Any, model_id: str) -> list[Any]:
-    return getattr(session, "session", session).models.params(model_id)
+def view_params(session: Any, model_id: str) -> list[Any]:
+    """The parameters and views of ``model_id`` in ``session``'s scope (a filtered view's
+    own: ``--layers`` keeps the views of the layers it keeps, not the others')."""
+    root = getattr(session, "session", session)
+    scope = getattr(session, "scope", None)
+    return scope.params(root.store, model_id) if scope is not None else \
+        root.models.params(model_id)
 
 
 def split_lines(session: Any, model_id: str) -> list[str]:
     """One line per view rule: how many parameters it split, and their names with the
     layer numbers folded (``model.layers.*.self_attn.q_proj.weight``)."""
-    params = _params(session, model_id)
+    params = view_params(session, model_id)
     stored = [p for p in params if p.parent is None]
     by_rule: dict[str, dict[str, int]] = {}
     for p in params:
@@ -46,25 +51,28 @@ def split_lines(session: Any, model_id: str) -> list[str]:
 
 def view_summary(session: Any, model_id: str, field: str) -> list[dict[str, Any]]:
     """Per parameter with views: its number of views, how many hold a number in
-    ``field`` (``defined``), and its mean, median, min and max over them (NaN where none
-    does)."""
+    ``field`` (``defined``), its mean, median, min and max over them (NaN where none
+    does), and the labels of the views at the min and the max (``head=3``; the first
+    where several tie)."""
     rows = session.results.export_metrics(field).get(model_id, {})
-    groups: dict[str, list[float]] = {}
+    groups: dict[str, list[tuple[float, str]]] = {}
     counts: dict[str, int] = {}
-    for p in _params(session, model_id):
+    for p in view_params(session, model_id):
         if p.parent is None:
             continue
         value = rows.get(p.name, {}).get(field)
         groups.setdefault(p.parent, [])
         counts[p.parent] = counts.get(p.parent, 0) + 1
         if isinstance(value, (int, float, np.number)) and math.isfinite(value):
-            groups[p.parent].append(float(value))
+            groups[p.parent].append((float(value), p.name[len(p.parent) + 1:-1]))
     out = []
-    for parent, values in groups.items():
-        v = np.asarray(values)
-        stats = ((float(v.mean()), median(v), float(v.min()), float(v.max()))
-                 if v.size else (math.nan,) * 4)
-        out.append(dict(zip(("parameter", "views", "defined", "mean", "median", "min", "max"),
+    for parent, pairs in groups.items():
+        v = np.asarray([value for value, _ in pairs])
+        stats = ((float(v.mean()), median(v), float(v.min()), float(v.max()),
+                  pairs[int(np.argmin(v))][1], pairs[int(np.argmax(v))][1])
+                 if v.size else (math.nan,) * 4 + ("", ""))
+        out.append(dict(zip(("parameter", "views", "defined", "mean", "median", "min", "max",
+                             "min_view", "max_view"),
                             (parent, counts[parent], len(v), *stats), strict=True)))
     return out
 
@@ -77,7 +85,7 @@ def undefined_reasons(session: Any, model_id: str, field: str) -> list[tuple[int
     producer = root.registry.producer(field)
     if producer is None:
         return []
-    views = {f"{model_id}/{p.name}": p.name for p in _params(session, model_id)
+    views = {f"{model_id}/{p.name}": p.name for p in view_params(session, model_id)
              if p.parent is not None}
     counts: dict[str, int] = {}
     for note in session.results.export_notes():
@@ -101,7 +109,7 @@ def head_grid(session: Any, model_id: str, field: str) -> tuple[list[str], list[
     rows = session.results.export_metrics(field).get(model_id, {})
     cells: dict[tuple[str, int], float] = {}
     order: list[str] = []
-    for p in _params(session, model_id):
+    for p in view_params(session, model_id):
         label = p.meta_dict.get("view", "")
         head = _head(label)
         if p.parent is None or head is None:
