@@ -784,7 +784,10 @@ def test_fit_quality_is_shown_next_to_alpha_with_the_poor_fits_reasons(tmp_path)
     assert poor and f"poor power-law fits (pl_fit_quality) on {len(poor)} layer(s):" in run.stdout
     short = [part for reason in poor for part in reason.split("; ")
              if part.startswith("the tail has")]  # one group: they differ only in numbers
-    assert short and f"    {len(short)} x {short[0]}\n" in run.stdout
+    sizes = sorted({int(re.search(r"has (\d+) points", r).group(1)) for r in short})
+    assert len(sizes) > 1  # the group says the range of its tails, not the first one's
+    assert f"    {len(short)} x the tail has {sizes[0]}-{sizes[-1]} points, fewer than 50\n" \
+        in run.stdout
     html = (tmp_path / "r.html").read_text()
     assert f"Poor power-law fits (pl_fit_quality) on {len(poor)} layer(s)" in html
 
@@ -917,3 +920,16 @@ def test_a_folder_of_checkpoints_says_to_give_them_one_by_one_or_to_track_them(
     assert main(["analyze", str(other)]) == 2
     err = capsys.readouterr().err
     assert "a folder of" not in err and "not a checkpoint directory any installed" in err, err
+
+
+def test_grouped_reasons_show_the_range_of_what_varies():
+    from diffract_report.summary import grouped
+
+    got = grouped(["only 12 positive point(s), fewer than min_tail=50",
+                   "weights hold 3 NaN",
+                   "only 7 positive point(s), fewer than min_tail=50",
+                   "only 9.5 positive point(s), fewer than min_tail=50"])
+    assert got == {"only 7-12 positive point(s), fewer than min_tail=50": 3,
+                   "weights hold 3 NaN": 1}
+    assert list(got) == ["only 7-12 positive point(s), fewer than min_tail=50",
+                         "weights hold 3 NaN"]

@@ -8,6 +8,7 @@ reads results: run ``compute.apply`` first.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -37,19 +38,36 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
 def _reason_key(reason: str) -> str:
     """A reason without its numbers, so that 'weights hold 3 NaN' and 'weights hold 5
     NaN' count as one kind of trouble."""
-    out, digits = [], False
-    for ch in reason:
-        if ch.isdigit():
-            if not digits:
-                out.append("N")
-            digits = True
-        else:
-            digits = False
-            out.append(ch)
-    return "".join(out)
+    return _NUMBER.sub("N", reason)
+
+
+def grouped(reasons: Iterable[str]) -> dict[str, int]:
+    """Reasons grouped by their text without numbers, most frequent first, each group
+    shown with the range of each number that varies in it ('the tail has 24-49 points,
+    fewer than 50': not the first reason's 24 for all of them)."""
+    groups: dict[str, list[str]] = {}
+    for reason in reasons:
+        groups.setdefault(_reason_key(reason), []).append(reason)
+    return {_spread(members): len(members)
+            for members in sorted(groups.values(), key=lambda m: -len(m))}
+
+
+def _spread(members: Sequence[str]) -> str:
+    """The first reason with each of its numbers replaced by the group's range of it."""
+    columns = iter(zip(*(_NUMBER.findall(r) for r in members), strict=True))
+
+    def shown(_: re.Match[str]) -> str:
+        column = next(columns)
+        low, high = min(column, key=float), max(column, key=float)
+        return low if float(low) == float(high) else f"{low}-{high}"
+
+    return _NUMBER.sub(shown, members[0])
 
 
 def summarize(
@@ -65,8 +83,8 @@ def summarize(
     mean of ``weighted``, the share of layers with alpha below 2 (likely over-trained)
     and above 6 (likely under-trained), the layers where it is ``undefined`` (stored as
     NaN) or ``failed``, and their reasons grouped (``undefined_reasons``: reason ->
-    count; reasons that differ only in their numbers are one group, shown by its first
-    reason), ``poor_fits`` and ``poor_reasons`` (layers whose ``pl_fit_quality`` is
+    count; reasons that differ only in their numbers are one group, shown with the range
+    of each number), ``poor_fits`` and ``poor_reasons`` (layers whose ``pl_fit_quality`` is
     "poor", when stored, and their reasons grouped the same way), and ``conventions``:
     the presets in effect (``configure_conventions``), comma-separated, or ``"custom"``
     when the configuration matches none; ``quantized``: how its quantized weights were
@@ -103,8 +121,7 @@ def summarize(
         weights = [_number(r.get(weighted)) for r in rows.values() if weighted in r]
         weights_ok = [w for w in weights if w is not None and math.isfinite(w)]
         prefix = f"{model_id}/"
-        reasons: Counter[str] = Counter()
-        shown: dict[str, str] = {}  # group -> its first reason, numbers kept
+        reasons: list[str] = []
         failed = 0
         for n in notes:
             if (n["kernel"] != producer or not n["unit"].startswith(prefix)
@@ -112,20 +129,14 @@ def summarize(
                 continue
             if n["kind"] == "failed":
                 failed += 1
-            group = _reason_key(n["reason"])
-            shown.setdefault(group, n["reason"])
-            reasons[group] += 1
-        poor: Counter[str] = Counter()
-        poor_shown: dict[str, str] = {}
+            reasons.append(n["reason"])
+        poor: list[str] = []
         poor_layers = 0
         for r in rows.values():
             if r.get("pl_fit_quality") != "poor":
                 continue
             poor_layers += 1
-            for reason in str(r.get("pl_fit_quality_reason") or "").split("; "):
-                group = _reason_key(reason)
-                poor_shown.setdefault(group, reason)
-                poor[group] += 1
+            poor += str(r.get("pl_fit_quality_reason") or "").split("; ")
         count = len(defined)
         stored: Counter[str] = Counter()  # how quantized weights were stored (meta.quant)
         for p in root.models.params(model_id):
@@ -148,9 +159,9 @@ def summarize(
             else math.nan,
             "undefined": len(alphas) - count,  # stored as NaN, reasons recorded
             "failed": failed,
-            "undefined_reasons": {shown[g]: c for g, c in reasons.most_common()},
+            "undefined_reasons": grouped(reasons),
             "poor_fits": poor_layers,
-            "poor_reasons": {poor_shown[g]: c for g, c in poor.most_common()},
+            "poor_reasons": grouped(poor),
             "conventions": conventions,
         })
     return out

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from diffract_report.summary import median
+from diffract_report.summary import grouped, median
 
 __all__ = ["head_grid", "head_moves", "rank_heads", "split_lines", "undefined_reasons",
            "view_params", "view_summary"]
@@ -80,21 +80,20 @@ def view_summary(session: Any, model_id: str, field: str) -> list[dict[str, Any]
 def undefined_reasons(session: Any, model_id: str, field: str) -> list[tuple[int, str]]:
     """Why ``field`` is undefined or was skipped on views of ``model_id``: (count,
     reason) pairs, most frequent first, the reasons grouped by their text with each
-    view's own name taken out."""
+    view's own name taken out and the range of each number that varies shown."""
     root = getattr(session, "session", session)
     producer = root.registry.producer(field)
     if producer is None:
         return []
     views = {f"{model_id}/{p.name}": p.name for p in view_params(session, model_id)
              if p.parent is not None}
-    counts: dict[str, int] = {}
+    reasons = []
     for note in session.results.export_notes():
         name = views.get(note["unit"])
         if name is not None and note["kernel"] == producer.name \
                 and note["kind"] in ("undefined", "skipped"):
-            reason = note["reason"].replace(name, "<view>")
-            counts[reason] = counts.get(reason, 0) + 1
-    return sorted(((n, r) for r, n in counts.items()), key=lambda item: -item[0])
+            reasons.append(note["reason"].replace(name, "<view>"))
+    return [(n, r) for r, n in grouped(reasons).items()]
 
 
 def _head(label: str) -> int | None:
