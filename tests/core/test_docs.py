@@ -1,9 +1,11 @@
 """Every code block of README.md and docs/ runs (issue 33 item 6), in a folder holding the
 files the blocks name (small checkpoints with BERT's parameter names, a training run, an
-adapter, a training checkpoint with an EMA copy, ONNX and Flax files). A file's Python
-blocks run in order in one fresh interpreter, as a reader would paste them (a block that
-starts ``# package/module.py`` is that file: written, then imported); shell blocks run
-line by line with the installed ``diffract``. A block that must not run says so on
+adapter, a training checkpoint with an EMA copy, ONNX and Flax files). Each Python block
+runs alone in a fresh interpreter, as a reader would paste it, unless its first line says
+``# continues the block above`` (then after that one; a block that starts
+``# package/module.py`` is that file: written, then imported), and prints no traceback
+and no warning about a missing ``__main__`` guard; shell blocks run line by line with the
+installed ``diffract``. A block that must not run says so on
 the line before it, with the reason: ``<!-- docs-test: skip: REASON -->``; a block that
 continues one not shown names its setup: ``<!-- docs-test: setup: CODE -->``."""
 
@@ -170,9 +172,33 @@ def _cases() -> list:
     return out
 
 
+#: The first line of a Python block that continues the one before it (which then runs
+#: first, with whatever that one continues): ``# continues the block above``.
+CONTINUES = re.compile(r"# continues the block above\b")
+#: What a block may not print: a warning a reader would take for a problem.
+NOISE = ("if __name__", "Traceback")
+
+
+def _run_python(path: Path, line: int, program: list[str], folder: Path) -> list[str]:
+    """What went wrong running ``program`` (empty: nothing)."""
+    script = folder / "docs_block.py"  # a file, as a reader saves it (a pool's workers
+    script.write_text("\n".join(program))  # import it: the __main__ guard matters there)
+    run = subprocess.run([sys.executable, script.name], cwd=folder,
+                         env=_env(folder), capture_output=True, text=True, timeout=900)
+    if run.returncode != 0:
+        return [f"{path.name}:{line}, run as a reader runs it:\n{run.stdout[-1000:]}\n"
+                f"{run.stderr[-3000:]}"]
+    noise = [n for n in NOISE if n in run.stderr]
+    return [f"{path.name}:{line} prints {noise}:\n{run.stderr[-3000:]}"] if noise else []
+
+
 @pytest.mark.parametrize(("path", "found"), _cases())
 def test_the_blocks_run(path, found, folder):
-    python = []
+    """Each Python block runs alone, in a fresh interpreter, as a reader who pastes it
+    runs it, unless its first line says it continues the block above; shell blocks
+    line by line."""
+    chain: list[str] = []
+    problems: list[str] = []
     for line, lang, marker, setup, code in found:
         source = re.match(r"# ([\w/]+)\.py\n", code)
         if lang == "python" and source:  # a module of a package the text builds: write it
@@ -180,12 +206,14 @@ def test_the_blocks_run(path, found, folder):
             target.parent.mkdir(parents=True, exist_ok=True)
             (target.parent / "__init__.py").touch()
             target.write_text(code)
-            python.append(f"import {source.group(1).replace('/', '.')}  # {path.name}:{line}")
+            problems += _run_python(path, line, [f"import {source.group(1).replace('/', '.')}"],
+                                    folder)
             continue
         if lang == "python":
-            if marker == "setup":
-                python.append(f"# setup of the block at line {line}\n{setup}\n")
-            python.append(f"# {path.name}:{line}\n{code}")
+            here = ([f"# setup of the block at line {line}\n{setup}\n"]
+                    if marker == "setup" else []) + [f"# {path.name}:{line}\n{code}"]
+            chain = (chain if CONTINUES.match(code) else []) + here
+            problems += _run_python(path, line, chain, folder)
             continue
         for command in _shell_lines(code):
             if command.startswith("./dev "):
@@ -194,8 +222,5 @@ def test_the_blocks_run(path, found, folder):
                                  capture_output=True, text=True, timeout=900)
             assert run.returncode == 0, (f"{path.name}:{line}: {command}\n"
                                          f"{run.stdout[-2000:]}\n{run.stderr[-3000:]}")
-    if python:
-        run = subprocess.run([sys.executable, "-c", "\n".join(python)], cwd=folder,
-                             env=_env(folder), capture_output=True, text=True, timeout=900)
-        assert run.returncode == 0, (f"{path.name}'s Python blocks:\n{run.stdout[-2000:]}\n"
-                                     f"{run.stderr[-4000:]}")
+    assert not problems, "\n\n".join(problems)
+

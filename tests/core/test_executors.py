@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -348,6 +349,22 @@ class TestSpawnSafety:
             where = str(script) if how == "script" else "<stdin>"
             assert told[0].startswith(f"{where}:{line}: ExecutorWarning"), run.stderr
             assert "runner.py" not in run.stderr and "in_process" not in run.stderr
+
+    @pytest.mark.parametrize("start_up, told", [("1e-12", 1), (None, 0)])
+    def test_it_is_said_only_when_the_pool_would_have_paid(self, tmp_path, start_up, told):
+        """Left to decide, the runner says the guard is missing when the pool would have
+        paid for its start-up (a tiny one here), and says nothing when this small model
+        needs no pool (the default): the same values either way."""
+        side = tmp_path / "side.txt"
+        script = tmp_path / "unguarded.py"
+        setting = f'"pool_min_seconds": {start_up}, ' if start_up else ""
+        script.write_text(re.sub(r'"pool_min_seconds": 0,\s*', setting, UNGUARDED))
+        run = self._run(str(script), side=side)
+        assert run.returncode == 0, run.stderr
+        assert EXPECTED in run.stdout and "in workers False" in run.stdout
+        warned = [line for line in run.stderr.splitlines() if "ExecutorWarning" in line]
+        assert len(warned) == told, run.stderr
+        assert all("has no 'if __name__ == \"__main__\":' guard" in w for w in warned)
 
     def test_a_guarded_script_keeps_the_pool(self, tmp_path):
         """With the guard, the work goes to the worker processes, the top level runs once."""

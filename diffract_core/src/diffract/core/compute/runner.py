@@ -175,7 +175,7 @@ class Runner(Inputs):
         per_unit: float | None = None
         parallel = spec.execution_protocol is KernelExecutionProtocol.PARALLEL
         chunker = Chunker(step, self.store, self.cache.read_budget(), largest_first=parallel)
-        in_process = parallel and self._pool_unusable(spec)
+        in_process = parallel and self._pool_unusable(spec, self.pool_min_seconds <= 0)
         use_pool = (parallel and self.pool_min_seconds <= 0 and not self.executors.inline
                     and not in_process)
         # parallel and batched kernels: chunks that keep every worker busy
@@ -193,7 +193,7 @@ class Runner(Inputs):
         inflight: list[_Chunk] = []  # submitted to the executor, not yet committed
         chunks = 0
         # a batch that overlaps chunks here keeps these cores busy: local workers cannot win
-        undecided = parallel and not use_pool and not self.executors.inline and not in_process \
+        undecided = parallel and not use_pool and not self.executors.inline \
             and not (spec.overlap_batches and self.executors.spawns)
         ahead = ThreadPoolExecutor(PIPELINE + 1, "diffract-chunk") if (
             parallel and spec.overlap_batches and self.parallel_workers > 1) else None
@@ -214,9 +214,9 @@ class Runner(Inputs):
                 undecided = False
                 rest = sum(chunker.costs[done:])
                 if pool_pays(seconds * rest / max(sum(chunker.costs[done - units:done]), 1),
-                             cpu / max(seconds, 1e-9), self.parallel_workers,
-                             self.pool_min_seconds):
-                    use_pool = True
+                             cpu / max(seconds, 1e-9), self.parallel_workers, self.pool_min_seconds
+                             ) and not (in_process and self._pool_unusable(spec, True)):
+                    use_pool = True  # (a program that cannot use it says why, now it pays)
                     lazy = self.executors.reads_files
             size = max(smallest, int(self.chunk_seconds / max(per_unit, 1e-6)))
             if undecided:
@@ -269,11 +269,11 @@ class Runner(Inputs):
             if ahead is not None:  # a running batch cannot be stopped: it ends first
                 ahead.shutdown(cancel_futures=True)
 
-    def _pool_unusable(self, spec: KernelSpec) -> bool:
+    def _pool_unusable(self, spec: KernelSpec, tell: bool) -> bool:
         """Whether this program cannot use spawned workers for ``spec`` (then it runs here,
-        with the same values), said once per reason."""
+        with the same values), said once per reason when ``tell`` (the pool would pay)."""
         problem = spawn_problem(spec.function) if self.executors.spawns else None
-        if problem is not None and problem not in _TOLD:
+        if tell and problem is not None and problem not in _TOLD:
             _TOLD.add(problem)
             warn(ExecutorWarning(
                 f"PARALLEL kernels run in this process, not on the {self.executors.name!r} "
