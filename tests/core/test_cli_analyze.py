@@ -894,14 +894,14 @@ def test_a_folder_of_checkpoints_says_to_give_them_one_by_one_or_to_track_them(
 
     run = tmp_path / "my run"
     run.mkdir()
-    for step in (100, 200, 300, 400, 500):
+    for step in (50, 100, 150, 200, 1000):  # listed by step, as track orders them
         np.savez(run / f"step-{step}.npz", w=np.ones((4, 3)))
     (run / "notes.txt").write_text("not a checkpoint")
     for command in ("analyze", "compare"):
         assert main([command, str(run), str(run)]) == 2
         err = capsys.readouterr().err
-        assert (f"{run}: a folder of 5 checkpoint(s) (step-100.npz, step-200.npz, "
-                f"step-300.npz, ... step-500.npz), not one checkpoint.") in err, err
+        assert (f"{run}: a folder of 5 checkpoint(s) (step-50.npz, step-100.npz, "
+                f"step-150.npz, ... step-1000.npz), not one checkpoint.") in err, err
         assert f"'{run}'/* for all" in err and f"diffract track '{run}'" in err, err
 
     trainer = tmp_path / "out"

@@ -132,3 +132,21 @@ def test_the_command_line_takes_an_id(tmp_path, monkeypatch, capsys):
     assert "layers.0.q_proj.weight" in out and "tiny" in out
     assert main(["analyze", "org/missing", "--metrics", "stable_rank"]) != 0
     assert "hf download org/missing" in capsys.readouterr().err
+
+
+def test_a_short_commit_resolves_when_unique_and_is_refused_when_ambiguous(tmp_path,
+                                                                          monkeypatch):
+    """``org/name@bbbbbbb`` (git's 7 digits) reads that commit's snapshot; a prefix two
+    cached commits share is refused, naming both; one no commit has is not cached."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    want = _cache(tmp_path / "cache")
+    assert _same(_read("org/tiny@bbbbbbb"), want["v1"])
+    twin = tmp_path / "cache" / "models--org--tiny" / "snapshots" / ("b" * 39 + "c")
+    twin.mkdir()
+    with pytest.raises(ModelSourceError, match=r"revision 'bbbbbbb' is ambiguous .*: 2 "
+                                               rf"commits start with it \({'b' * 40}, "
+                                               rf"{'b' * 39}c\); give more digits"):
+        _read("org/tiny@bbbbbbb")
+    assert _same(_read("org/tiny@" + "b" * 40), want["v1"])
+    with pytest.raises(ModelSourceError, match=r"not in the local Hugging Face cache"):
+        _read("org/tiny@1234567")

@@ -154,7 +154,14 @@ def _refuse_a_folder_of_checkpoints(raw: str, folder: Path) -> None:
     """A folder given as one model that holds checkpoints (a run's ``step-*.pt``, a
     trainer's ``checkpoint-*/``) is refused with what to type instead; any other folder
     is left to the formats, whose message says what a checkpoint directory holds."""
-    inside = [p.name for p in checkpoints_inside(folder)]
+    from diffract.core.steps import parse_name
+
+    def by_step(name: str) -> tuple[bool, int, str]:  # as track orders them
+        found = parse_name(Path(name).stem)
+        step = found.get("step", found.get("epoch"))
+        return step is None, step or 0, name
+
+    inside = sorted((p.name for p in checkpoints_inside(folder)), key=by_step)
     if inside:
         shown = printable(", ".join(inside[:3]) + (f", ... {inside[-1]}" if len(inside) > 3
                                                    else ""))
