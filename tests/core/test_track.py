@@ -651,3 +651,22 @@ def test_track_and_compare_agree_on_every_field_name_they_share(tmp_path, capsys
     top = {p: v for (f, p), v in compared.items() if f == "avg_max_l_agreement_top"}
     every = {p: v for (f, p), v in compared.items() if f == "avg_max_l_agreement"}
     assert all(abs(top[p] - every[p]) > 1e-3 for p in top)  # two numbers, two names
+
+
+def test_views_asked_of_a_store_without_them_say_so(tmp_path, capsys):
+    """`track --store S --views heads` on a store whose checkpoints were added without
+    views says that a store's models keep the views they were added with (it said
+    nothing); with views in the store, no such line."""
+    _run(tmp_path / "run", (1000, 2000))
+    assert _track(str(tmp_path / "run"), "--store", str(tmp_path / "s"), "--metrics",
+                  "stable_rank") == 0
+    capsys.readouterr()
+    assert _track("--store", str(tmp_path / "s"), "--views", "heads") == 0
+    out = capsys.readouterr().out
+    assert (f"--views heads: the checkpoints in {tmp_path / 's'} were added without views"
+            in out), out
+    assert _track(str(tmp_path / "run"), "--store", str(tmp_path / "v"), "--views", "heads",
+                  "--view-option", "heads=5", "--view-option", "head_dim=8") == 0
+    capsys.readouterr()
+    assert _track("--store", str(tmp_path / "v"), "--views", "heads") == 0
+    assert "added without views" not in capsys.readouterr().out

@@ -532,6 +532,11 @@ def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
         apply_settings(session, args.settings, args.conventions)
         if not args.paths:
             metrics = _stored(session, metrics, bool(args.metrics), args.store)
+            if args.views and session.model_ids and not _views_of(session):
+                say(f"--views {printable(args.views)}: the checkpoints in "
+                    f"{printable(str(args.store))} were added without views, and a store's "
+                    "models keep the views they were added with: track the checkpoints into "
+                    "a new store with --views.")
         try:
             while True:
                 reports, unreadable = [], False
