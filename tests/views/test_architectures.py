@@ -389,3 +389,29 @@ def test_blooms_query_key_value_is_q_k_v_per_head():
     for part, rows in (("q", q), ("k", k), ("v", v)):
         for h in range(HEADS):
             np.testing.assert_array_equal(views[f"{name}[part={part},head={h}]"], rows[:, h].T)
+
+
+def test_falcon_7bs_hub_config_without_a_kv_head_count_is_multi_query(tmp_path):
+    """The Hub's Falcon-7B config.json says ``multi_query: true`` and no key-value head
+    count at all (transformers' own config now adds num_key_value_heads = 1; an old one
+    does not): the fused query_key_value still holds one k and one v head."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    fused = rng.standard_normal(((HEADS + 2) * DIM, HIDDEN)).astype(np.float32)
+    save_file({"transformer.h.0.self_attention.query_key_value.weight": fused},
+              str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "falcon", "multi_query": True, "new_decoder_architecture": False,
+        "n_head": HEADS, "hidden_size": HIDDEN}))
+    with Session() as s:
+        s.models.add(str(tmp_path), "m", views=["heads"])
+        views = {p.name: s.store.load_weights("m", p.name) for p in s.models.params("m")
+                 if p.parent is not None}
+    name = "transformer.h.0.self_attention.query_key_value.weight"
+    assert sorted(views) == sorted([f"{name}[part=q,head={h}]" for h in range(HEADS)]
+                                   + [f"{name}[part=k,head=0]", f"{name}[part=v,head=0]"])
+    np.testing.assert_array_equal(views[f"{name}[part=k,head=0]"],
+                                  fused[HEADS * DIM:(HEADS + 1) * DIM])
