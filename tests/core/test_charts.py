@@ -134,12 +134,16 @@ PANELS = """<script>
   document.querySelectorAll("svg").forEach(function (svg) {
     var chart = [];
     svg.querySelectorAll(":scope > g").forEach(function (g) {
-      var y = [], bar = [];
+      var y = [], bar = [], right = 0;
       g.querySelectorAll("text.tick").forEach(function (t) {
-        if (t.classList.contains("cbar")) bar.push(t.textContent);
-        else if (t.classList.contains("y")) y.push(t.textContent);
+        if (t.classList.contains("cbar")) {
+          bar.push(t.textContent);
+          var box = t.getBBox();
+          right = Math.max(right, box.x + box.width);
+        } else if (t.classList.contains("y")) y.push(t.textContent);
       });
-      chart.push({y: y, bar: bar});
+      chart.push({y: y, bar: bar, right: right,
+                  width: +svg.getAttribute("viewBox").split(" ")[2]});
     });
     out.push(chart);
   });
@@ -205,3 +209,15 @@ def test_the_linear_esd_panel_follows_its_histogram_for_a_square_matrix(tmp_path
     tall = rng.standard_normal((384, 96)) / np.sqrt(384)
     spec = esd_chart({"esd": np.sort(np.linalg.eigvalsh(tall.T @ tall))}, (384, 96))
     assert spec["panels"][1]["series"][1]["label"] == "Marchenko-Pastur"
+
+
+def test_a_single_pairs_heat_map_keeps_its_colour_bar_labels_inside(tmp_path):
+    """One pair (one column) of values that differ in the fifth digit: the colour bar's
+    labels, as long as their spacing needs, end inside the chart."""
+    z = [[0.99987], [0.99991], [0.99999], [0.99994]]
+    spec = {"w": 600, "h": 220, "panels": [{"title": "l_subspace_overlap per head", "heat": {
+        "rows": [f"model.layers.{i}.self_attn.q_proj.weight" for i in range(4)],
+        "cols": ["a -> b"], "z": z}}]}
+    panel = _panels(tmp_path, [spec])[0][0]
+    assert len(panel["bar"]) == 5 and len(set(panel["bar"])) == 5, panel
+    assert 0 < panel["right"] <= panel["width"], panel

@@ -192,3 +192,16 @@ def test_the_views_table_lists_what_was_asked_and_names_the_extremes(pair, tmp_p
     for name, value in views.items():
         line = next(x for x in listed.splitlines() if x.startswith(name + " "))
         assert float(line.split()[-1]) == pytest.approx(value, rel=1e-3), line
+
+
+def test_the_compare_report_has_no_empty_per_model_sections(pair, tmp_path):
+    """A comparison computes nothing per model: the report holds the comparison's
+    sections, not a heading per model over an empty Layers table or 'nothing to show'
+    lines (with views, too)."""
+    base, tuned = pair
+    run = _cli("compare", str(base), str(tuned), "--views", "heads", "--report",
+               str(tmp_path / "c.html"), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    text = (tmp_path / "c.html").read_text()
+    assert "<h3>Layers</h3>" not in text and "nothing to show" not in text
+    assert "id='model-0'" not in text and re.search(r"<h2[^>]*>l_subspace_overlap</h2>", text)

@@ -126,9 +126,15 @@
     var rows = p.heat.rows, cols = p.heat.cols, z = p.heat.z, lo = Infinity, hi = -Infinity;
     z.forEach(function (r) { r.forEach(function (v) {
       if (v !== null && isFinite(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); } }); });
-    var longest = 0;
+    var longest = 0, values = [];  /* the colour bar's scale: five values, ends included */
     rows.forEach(function (r) { longest = Math.max(longest, Math.min(r.length, 40)); });
-    var x0 = left + 10 + 5.6 * longest, x1 = left + width - 70, y0 = top + 24;
+    if (isFinite(lo)) {
+      for (var t = 0; t <= (hi === lo ? 0 : 4); t++) values.push(lo + (hi - lo) * t / 4);
+    }
+    var scaleText = labels(values), widest = 0;
+    scaleText.forEach(function (text) { widest = Math.max(widest, text.length); });
+    /* room on the right for the bar and its widest label (it was cut at the edge) */
+    var x0 = left + 10 + 5.6 * longest, x1 = left + width - 42 - 6.5 * widest, y0 = top + 24;
     var ch = Math.max(4, Math.min(18, (height - 60) / rows.length)), y1 = y0 + ch * rows.length;
     var cw = (x1 - x0) / cols.length, g = el("g", {}, svg);
     el("text", {x: (x0 + x1) / 2, y: top + 14, "text-anchor": "middle", "class": "ct"}, g,
@@ -158,9 +164,7 @@
                   height: (y1 - y0) / 20 + 0.5, fill: colour(k / 19)}, g);
     }
     if (!isFinite(lo)) return;  /* nothing defined: the page says why, in words */
-    var values = [];  /* the colour bar's scale: five values, ends included */
-    for (var t = 0; t <= (hi === lo ? 0 : 4); t++) values.push(lo + (hi - lo) * t / 4);
-    labels(values).forEach(function (text, t) {
+    scaleText.forEach(function (text, t) {
       var y = y1 - (y1 - y0) * t / 4;
       el("line", {x1: x1 + 28, x2: x1 + 31, y1: y, y2: y, stroke: "#555"}, g);
       el("text", {x: x1 + 33, y: y + 3, "class": "tick cbar"}, g, text);

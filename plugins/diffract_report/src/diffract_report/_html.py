@@ -339,6 +339,8 @@ def _model_section(session: Any, root: Any, model_id: str, number: int, table: d
     anchors = {name: f"esd-{number}-{i}" for i, name in enumerate(n for n in esd if esd[n])}
     rows_in = {name: row for name, row in table.get(model_id, {}).items()
                if name not in params or params[name].parent is None}
+    if not rows_in and not charts and not anchors and not record:
+        return []  # nothing per model was computed (a comparison's report): no section
     if plots and any(p.parent for p in params.values()):
         parts += _view_parts(session, model_id, fields, view_fields)
     rows = [[name, "x".join(map(str, params[name].shape)),
