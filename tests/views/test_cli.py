@@ -205,3 +205,27 @@ def test_the_compare_report_has_no_empty_per_model_sections(pair, tmp_path):
     text = (tmp_path / "c.html").read_text()
     assert "<h3>Layers</h3>" not in text and "nothing to show" not in text
     assert "id='model-0'" not in text and re.search(r"<h2[^>]*>l_subspace_overlap</h2>", text)
+
+
+def test_the_report_draws_the_esd_of_the_heads_at_the_ends(pair, tmp_path):
+    """With --views heads, the report draws the ESDs of the model's lowest and highest
+    head in the first view metric (pl_alpha_hill), named, and the views tables name the
+    head at each parameter's min and max."""
+    base, _ = pair
+    run = _cli("analyze", str(base), "--views", "heads", "--report", str(tmp_path / "r.html"),
+               cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    dump = _cli("analyze", str(base), "--views", "heads", "--format", "json", cwd=tmp_path)
+    alphas = {r["param"]: r["pl_alpha_hill"] for r in json.loads(dump.stdout)
+              if "[" in r["param"] and r["pl_alpha_hill"] is not None}
+    low, high = min(alphas, key=alphas.get), max(alphas, key=alphas.get)
+    text = html.unescape((tmp_path / "r.html").read_text())
+    assert "ESD of the views at the ends of pl_alpha_hill" in text
+    figures = re.findall(r"<figcaption>([^<]*)</figcaption><div class=chart data-chart='([^']*)'",
+                         (tmp_path / "r.html").read_text())
+    ends = {html.unescape(c).split(":")[0]: json.loads(html.unescape(spec))
+            for c, spec in figures if "of the model's views" in html.unescape(c)}
+    assert set(ends) == {low, high}
+    assert all(spec["panels"][0]["title"] == "log-log ESD" for spec in ends.values())
+    table = re.search(r'id="views-base-pl_alpha_hill">(.*?)</table>', text, re.S).group(1)
+    assert "min at" in table and "max at" in table and "head=" in table

@@ -398,14 +398,45 @@ def _view_parts(session: Any, model_id: str, fields: Sequence[str],
                 ["parameter", *map(str, range(count))],
                 [[parent, *(row.get(e) for e in range(count))] for parent, row in
                  experts.items()], table_id=f"experts-{model_id}-{field}") + "</div>")
+    parts += _extreme_views(session, model_id, shown)
     for field in scalar[:4] if view_fields else scalar[:2]:
         summary = view_summary(session, model_id, field)
         if summary:
+            keys = ("parameter", "views", "defined", "mean", "median", "min", "min_view", "max",
+                    "max_view")
             parts.append(f"<h4>{_esc(field)} over each parameter's views</h4><div class=scroll>"
                          + html_table(["parameter", "views", "defined", "mean", "median", "min",
-                                       "max"], [list(r.values()) for r in summary],
+                                       "min at", "max", "max at"],
+                                      [[r[k] for k in keys] for r in summary],
                                       table_id=f"views-{model_id}-{field}") + "</div>")
     return parts
+
+
+def _extreme_views(session: Any, model_id: str, fields: Sequence[str]) -> list[str]:
+    """The ESDs of the two views at the ends of the first of ``fields`` that has values
+    (the model's lowest and highest head), as the layers' are drawn; a line saying why
+    when their spectra were not stored."""
+    root = getattr(session, "session", session)
+    params = {p.name: p for p in root.models.params(model_id) if p.parent is not None}
+    for field in fields:
+        values = {n: float(r[field]) for n, r in
+                  session.results.export_metrics(field).get(model_id, {}).items()
+                  if n in params and isinstance(r.get(field), (int, float))
+                  and math.isfinite(r[field])}
+        if len(values) < 2:
+            continue
+        ends = (("lowest", min(values, key=values.get)), ("highest", max(values, key=values.get)))
+        rows = session.results.export_metrics("esd", "pl_alpha", "pl_xmin", "mp_bulk_max",
+                                              include_arrays=True).get(model_id, {})
+        charts = [_chart(spec, f"{name}: the {which} {field} of the model's views "
+                               f"({format_value(values[name])})")
+                  for which, name in ends
+                  if (spec := esd_chart(rows.get(name, {}), params[name].shape)) is not None]
+        if not charts:
+            return [f"<p class=nothing>The ESDs of the views at the ends of {_esc(field)} were "
+                    "not stored (the view metrics computed no spectrum).</p>"]
+        return [f"<h4>ESD of the views at the ends of {_esc(field)}</h4>", *charts]
+    return []
 
 
 def write_html(
