@@ -202,9 +202,14 @@
     if (p.heat) return heat(svg, p, left, top, width, height);
     var cats = p.cats, longest = 0;
     (cats || []).forEach(function (c) { longest = Math.max(longest, Math.min(c.length, 24)); });
-    var m = {l: 58, r: 12, t: 22, b: cats ? 26 + 5.8 * longest : 40};
+    var yd = extent(p, "y");
+    var yt = p.ylog ? logTicks(yd[0], yd[1]) : linearTicks(yd[0], yd[1], 5, p.ywhole);
+    var ytext = labels(yt), widest = 0;
+    ytext.forEach(function (text) { widest = Math.max(widest, text.length); });
+    /* the left margin makes room for the widest tick label beside the axis's own label */
+    var m = {l: Math.max(58, 28 + 6 * widest), r: 12, t: 22, b: cats ? 26 + 5.8 * longest : 40};
     var x0 = left + m.l, x1 = left + width - m.r, y0 = top + height - m.b, y1 = top + m.t;
-    var xd = cats ? [-0.5, cats.length - 0.5] : extent(p, "x"), yd = extent(p, "y");
+    var xd = cats ? [-0.5, cats.length - 0.5] : extent(p, "x");
     var X = scale(xd, [x0, x1], p.xlog && !cats), Y = scale(yd, [y0, y1], p.ylog);
     /* the legend: in the corner of the plot that holds no data, else above the plot */
     var legend = p.series.filter(function (s) { return s.label; }).map(function (s) {
@@ -226,8 +231,6 @@
     var g = el("g", {}, svg);
     el("text", {x: (x0 + x1) / 2, y: top + 14, "text-anchor": "middle", "class": "ct"}, g,
        p.title || "");
-    var yt = p.ylog ? logTicks(yd[0], yd[1]) : linearTicks(yd[0], yd[1], 5, p.ywhole);
-    var ytext = labels(yt);
     yt.forEach(function (t, i) {
       var y = Y(t);
       el("line", {x1: x0, x2: x1, y1: y, y2: y, "class": "grid"}, g);
