@@ -229,3 +229,19 @@ def test_the_report_draws_the_esd_of_the_heads_at_the_ends(pair, tmp_path):
     assert all(spec["panels"][0]["title"] == "log-log ESD" for spec in ends.values())
     table = re.search(r'id="views-base-pl_alpha_hill">(.*?)</table>', text, re.S).group(1)
     assert "min at" in table and "max at" in table and "head=" in table
+
+
+def test_a_terminal_keeps_the_brackets_of_titles_and_cells():
+    """On a terminal (rich), '[min <view>, max <view>]' in a title and '[head=0]' in a
+    name are text, not markup that rich would eat."""
+    from rich.console import Console
+
+    from diffract_report._output import print_table
+
+    console = Console(width=120, force_terminal=True, color_system=None, record=True)
+    print_table("m: median [min <view>, max <view>] over each parameter's views",
+                ["parameter", "views", "stable_rank"],
+                [["q.weight[head=0]", "4", "2.1 [1.0 head=3, 3.0 head=1]"]], console)
+    text = console.export_text()
+    assert "median [min <view>, max <view>] over" in text
+    assert "q.weight[head=0]" in text and "2.1 [1.0 head=3, 3.0 head=1]" in text
