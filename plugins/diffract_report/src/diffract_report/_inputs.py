@@ -76,8 +76,8 @@ def add_session_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", metavar="PATH",
                    help="a durable store (implies --profile local): an interrupted run "
                         "resumes where it stopped")
-    p.add_argument("--executor", help="executor name (sequential, threads, processes, "
-                                      "dask with its plugin)")
+    p.add_argument("--executor", help="executor name (sequential, threads, processes; "
+                                      "dask and ray with their plugins)")
     p.add_argument("--out", metavar="DIR", help="directory for the table and summary files")
     p.add_argument("--format", default="table", choices=("table", "csv", "json", "parquet"),
                    help="table (terminal) or a file format (written to --out, else printed)")

@@ -1,0 +1,151 @@
+"""PARALLEL kernels on Ray: the cluster this process is already connected to, a cluster
+by address, or a local one started on first use (and stopped at the session's end).
+
+:class:`RayExecutor` is a ``concurrent.futures.Executor``: ``submit`` sends the kernel
+(a top-level function of an importable module, pickled by reference; the workers must
+have it installed) and its inputs as one Ray task of one CPU, and returns the task's
+future; a task whose worker dies is run again by Ray (``max_retries``), and
+``shutdown(cancel_futures=True)`` cancels what is queued. A cluster Diffract starts has
+no dashboard and sends no usage report (``RAY_USAGE_STATS_ENABLED=0`` unless set), and
+its workers see this process's import path, as the ``processes`` executor's do. Ray
+gives each task of one CPU ``OMP_NUM_THREADS=1``: the workers do not oversubscribe the
+cores with BLAS threads.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["RayExecutor", "check_options"]
+
+_OPTIONS = ("address", "num_cpus", "read_files", "max_retries", "runtime_env")
+
+
+def check_options(config: Any, options: Mapping[str, Any]) -> list[str]:
+    """Problems with the ``ray`` executor's options."""
+    problems = []
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        problems.append(f"unknown option(s) {unknown}; it accepts {list(_OPTIONS)}")
+    address = options.get("address")
+    if address is not None and not isinstance(address, str):
+        problems.append(f"address must be a Ray address string ('auto', 'ray://host:10001', "
+                        f"'host:6379'), got {address!r}")
+    cpus = options.get("num_cpus", config.process_workers)
+    if not isinstance(cpus, int) or isinstance(cpus, bool) or cpus < 1:
+        problems.append(f"num_cpus must be an integer >= 1, got {cpus!r}")
+    for flag in ("read_files",):
+        if flag in options and not isinstance(options[flag], bool):
+            problems.append(f"{flag} must be true or false, got {options[flag]!r}")
+    retries = options.get("max_retries", 3)
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        problems.append(f"max_retries must be an integer >= 0, got {retries!r}")
+    env = options.get("runtime_env")
+    if env is not None and not isinstance(env, Mapping):
+        problems.append(f"runtime_env must be a table (Ray's runtime_env), got {env!r}")
+    return problems
+
+
+def _local(options: Mapping[str, Any]) -> bool:
+    """Whether the workers run on this machine: no address, and no cluster connected."""
+    if options.get("address") is not None:
+        return False
+    ray = sys.modules.get("ray")
+    return not (ray is not None and ray.is_initialized())
+
+
+def spawns(options: Mapping[str, Any]) -> bool:
+    """Ray's workers import the kernels' modules, never this program's ``__main__``:
+    no ``if __name__ == "__main__":`` guard is needed."""
+    return False
+
+
+def reads_files(options: Mapping[str, Any]) -> bool:
+    """Whether the workers can read the models' files (then they get references, not
+    data): a local cluster's can; a remote one's only when told so (``read_files=true``:
+    every worker mounts the checkpoints at the same path, or they lie in object
+    storage every worker reaches)."""
+    return bool(options.get("read_files", _local(options)))
+
+
+def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return fn(*args, **kwargs)
+
+
+_REMOTE: dict[str, Any] = {}
+_LOCK = threading.Lock()
+
+
+def _remote_call() -> Any:
+    import ray
+
+    with _LOCK:
+        if "call" not in _REMOTE:
+            _REMOTE["call"] = ray.remote(num_cpus=1)(_call)
+        return _REMOTE["call"]
+
+
+class RayExecutor(cf.Executor):
+    """A concurrent.futures executor over Ray tasks."""
+
+    def __init__(self, *, address: str | None = None, num_cpus: int = 2, max_retries: int = 3,
+                 runtime_env: Mapping[str, Any] | None = None) -> None:
+        import ray
+
+        self._started = False
+        if not ray.is_initialized():
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            env = dict(runtime_env or {})
+            if address is None:  # a local cluster: its workers import what this process can
+                paths = [p for p in sys.path if p and os.path.isdir(p)]
+                env.setdefault("env_vars", {})
+                env["env_vars"] = {"PYTHONPATH": os.pathsep.join(paths), **env["env_vars"]}
+            ray.init(address=address, num_cpus=num_cpus if address is None else None,
+                     include_dashboard=False, logging_level=logging.ERROR,
+                     log_to_driver=False, runtime_env=env or None)
+            self._started = True
+        self._retries = max_retries
+        self._pending: set[Any] = set()
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future:
+        ref = _remote_call().options(max_retries=self._retries).remote(fn, args, kwargs)
+        future = ref.future()
+        with self._lock:
+            self._pending.add(ref)
+        future.add_done_callback(lambda _: self._done(ref))
+        return future
+
+    def _done(self, ref: Any) -> None:
+        with self._lock:
+            self._pending.discard(ref)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        import ray
+
+        with self._lock:
+            pending = list(self._pending)
+        if cancel_futures:
+            for ref in pending:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref)
+        elif wait and pending:
+            with contextlib.suppress(Exception):
+                ray.wait(pending, num_returns=len(pending))
+        if self._started:
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+
+
+def ray_executor(config: Any, options: Mapping[str, Any]) -> RayExecutor:
+    return RayExecutor(address=options.get("address"),
+                       num_cpus=int(options.get("num_cpus", config.process_workers)),
+                       max_retries=int(options.get("max_retries", 3)),
+                       runtime_env=options.get("runtime_env"))
