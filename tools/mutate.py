@@ -453,6 +453,13 @@ MUTANTS = [
            "one term of the blockwise inverse's corner block"),
     Mutant("kda-lower-bound-dA", KDA, "            da = dy * slope * s\n",
            "            da = dy * slope\n", tuple(KDA_TESTS), "dA_log of the lower-bound gate"),
+    Mutant("fitter-shared-peaks-too-eager", SPECTRAL + "_search.py",
+           "kept.append(part[shared_gap - 1e-12 <= best[part]])",
+           "kept.append(part[shared_gap <= 0.98 * best[part]])", tuple(FITTER_TESTS),
+           "a relative tolerance: the shared-peak check drops near-ties within 2% of the best"),
+    Mutant("fitter-shared-peaks-outside-the-tail", SPECTRAL + "_search.py",
+           "                    s, e - 1)\n        fitted", "                    0, e - 1)\n        fitted",
+           tuple(FITTER_TESTS), "the shared-peak check reads gaps below a candidate's xmin"),
     # -- issue 58: wrong steps, orders, means and identities in the last turns' code ----
     Mutant("monitor-views-without-config", TRAINING + "_setup.py",
            "            out.config = config\n", "            out.config = None\n",

@@ -40,6 +40,10 @@ _FIRST_BUDGET = 64
 _UNBOUNDED = 1 << 30
 #: Data points on either side of a survivor's peak checked exactly after a bounds pass.
 _WINDOW = 32
+#: Distinct data points (the closest candidates' largest gaps) every survivor is held
+#: to before a bounds pass, and the points on either side of each it checks.
+_SHARED_PEAKS = 4
+_SHARED_WINDOW = 4
 #: Elements of one block of the dense pass (bounds its memory: 8 MiB per array).
 _DENSE_BLOCK = 1 << 20
 #: Blocks of candidates the dense pass takes at the least (see ``_dense_ks``).
@@ -183,16 +187,25 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
     best = np.full(len(xs), np.inf)
     fine = _EXACT_STRIDE
 
+    found_at = np.full(len(glob), -1, dtype=np.int32)  # an exact scan's largest gap
+
     def exact(idx: np.ndarray) -> None:
         if not len(idx):
             return
         out = np.empty(len(idx))
+        at = np.ascontiguousarray(peak[idx])  # in: where to look first; out: largest gap
         k.ks_exact(logx, first, np.ascontiguousarray(glob[idx]),
                    np.ascontiguousarray(ends[idx]), np.ascontiguousarray(alphas[idx]),
-                   fine, np.ascontiguousarray(best[cand_set[idx]]),
-                   np.ascontiguousarray(peak[idx]), out)
+                   fine, np.ascontiguousarray(best[cand_set[idx]]), at, out)
         dist[idx] = out
+        found_at[idx] = at
         np.minimum.at(best, cand_set[idx], out)
+
+    def shared(ids: np.ndarray) -> np.ndarray:
+        """``ids`` without the candidates that lose at the data points where the exact
+        scans of their set's closest candidates found their largest gaps."""
+        return _at_shared_peaks(ids, logx, first, glob, ends, alphas, best[cand_set],
+                                _peaks_by_set(dist, found_at, cand_set, len(xs)), cand_set)
 
     n_of = np.diff(offsets)
     stride = np.maximum(4, (np.sqrt(n_of) * _COARSE).astype(int))
@@ -293,6 +306,8 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
     # per replicate batch; the stride follows each set's n)
     budget = _FIRST_BUDGET
     while len(alive_all):
+        if budget == _UNBOUNDED:  # after the first pass (over every candidate: too many)
+            alive_all = shared(alive_all)
         counts = np.bincount(cand_set[alive_all], minlength=len(xs))
         refine = (counts > _REFINE_ABOVE) & (stride >= _MIN_BOUND_STRIDE)
         chosen = refine[cand_set[alive_all]]
@@ -315,6 +330,7 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
                                                alphas, peak, best[cand_set]), untouched])
         stride = np.where(refine, stride // _REFINE, stride)
     # 3. every survivor, exactly
+    alive_all = shared(alive_all)
     exact(alive_all)
     scanned += len(alive_all)
     winners = [_smallest_winner(orders[i], dist[cbase[i]:cbase[i + 1]])
@@ -339,6 +355,48 @@ def _near_peak(ids: np.ndarray, logx: np.ndarray, first: np.ndarray, starts: np.
         gap = np.abs(fitted - (first[j] - s) / (e - s)).max(axis=1)
         # ks_exact computes the same gaps in Taichi: allow for its rounding
         kept.append(part[gap - 1e-12 <= best[part]])
+    return np.concatenate(kept) if kept else ids
+
+
+def _peaks_by_set(dist: np.ndarray, found_at: np.ndarray, cand_set: np.ndarray,
+                  sets: int) -> np.ndarray:
+    """Per data set, the distinct data indices where the exact scans of its
+    ``_SHARED_PEAKS`` closest candidates (smallest distances) found their largest gaps
+    (-1 where there are fewer): ``[sets, _SHARED_PEAKS]``."""
+    out = np.full((sets, _SHARED_PEAKS), -1, dtype=np.int64)
+    scanned = np.flatnonzero(np.isfinite(dist) & (found_at >= 0))
+    order = scanned[np.lexsort((dist[scanned], cand_set[scanned]))]
+    bounds = np.searchsorted(cand_set[order], np.arange(sets + 1))
+    for i in range(sets):  # the closest first; a few more than kept, for repeats
+        mine = found_at[order[bounds[i]:min(bounds[i + 1], bounds[i] + 8 * _SHARED_PEAKS)]]
+        at = list(dict.fromkeys(mine.tolist()))[:_SHARED_PEAKS]
+        out[i, :len(at)] = at
+    return out
+
+
+def _at_shared_peaks(ids: np.ndarray, logx: np.ndarray, first: np.ndarray, starts: np.ndarray,
+                     ends: np.ndarray, alphas: np.ndarray, best: np.ndarray,
+                     peaks: np.ndarray, cand_set: np.ndarray) -> np.ndarray:
+    """The candidates of ``ids`` whose exact gaps at the data points next to their set's
+    shared peaks (``peaks``: the largest gaps of its closest candidates, which near-ties
+    share: when the best xmin lies at the bottom of a long power law, thousands of
+    candidates tie to 1e-5 and all peak at the same one or two points) do not exceed their
+    ``best``: a gap at any point bounds the distance from below, so the others cannot
+    win. One look there settles what a bounds pass over every tail would not."""
+    if not len(ids) or (peaks < 0).all():
+        return ids
+    window = np.arange(-_SHARED_WINDOW, _SHARED_WINDOW + 1)
+    kept, rows = [], _DENSE_BLOCK // (peaks.shape[1] * len(window))
+    for lo in range(0, len(ids), rows):
+        part = ids[lo:lo + rows]
+        s, e = starts[part].astype(np.int64)[:, None], ends[part].astype(np.int64)[:, None]
+        at = peaks[cand_set[part]]  # [part, K]; -1: none (looked at the tail's start)
+        j = np.clip((np.where(at >= 0, at, s)[:, :, None] + window).reshape(len(part), -1),
+                    s, e - 1)
+        fitted = -np.expm1((1.0 - alphas[part])[:, None] * (logx[j] - logx[s]))
+        shared_gap = np.abs(fitted - (first[j] - s) / (e - s)).max(axis=1)
+        # ks_exact computes the same gaps in Taichi: allow for its rounding
+        kept.append(part[shared_gap - 1e-12 <= best[part]])
     return np.concatenate(kept) if kept else ids
 
 

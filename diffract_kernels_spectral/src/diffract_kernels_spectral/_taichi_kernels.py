@@ -97,7 +97,8 @@ def ks_exact(
     stops: F64, hints: I32, out: F64,
 ):
     """Per candidate, the exact KS distance, or any value above ``stop_above`` as soon as
-    the distance is known to exceed it (such a candidate cannot win).
+    the distance is known to exceed it (such a candidate cannot win); ``hints[c]`` is
+    then the data index of the largest gap found (unchanged when none exceeded 0).
 
     First the points next to ``hints[c]`` (a data index: where a bounds pass saw the
     largest gap, or -1): a candidate that loses usually loses there. Pass one takes the
@@ -115,15 +116,20 @@ def ks_exact(
         l0 = logx[s]
         d = 0.0
         hint = hints[c]
+        at = hint
         if hint >= 0:
             for w in range(2 * _EXACT_NEAR + 1):
                 k = ti.min(ti.max(hint + w - _EXACT_NEAR, s), n - 1)
                 th, ah = _cdfs(logx, first, s, m, e, l0, k)
-                d = ti.max(d, ti.abs(th - ah))
+                if ti.abs(th - ah) > d:
+                    d = ti.abs(th - ah)
+                    at = k
         j = s
         while j < n and d <= stop_above:
             t, a = _cdfs(logx, first, s, m, e, l0, j)
-            d = ti.max(d, ti.abs(t - a))
+            if ti.abs(t - a) > d:
+                d = ti.abs(t - a)
+                at = j
             if j == n - 1 or d > stop_above:
                 break
             j = ti.min(j + stride, n - 1)
@@ -137,7 +143,9 @@ def ks_exact(
                     k = j + 1
                     while k < nj:
                         tk, ak = _cdfs(logx, first, s, m, e, l0, k)
-                        d = ti.max(d, ti.abs(tk - ak))
+                        if ti.abs(tk - ak) > d:
+                            d = ti.abs(tk - ak)
+                            at = k
                         k += 1
                 if d > stop_above:
                     break
@@ -145,3 +153,4 @@ def ks_exact(
                 prev_a = a
                 j = nj
         out[c] = d
+        hints[c] = at
