@@ -670,3 +670,22 @@ def test_views_asked_of_a_store_without_them_say_so(tmp_path, capsys):
     capsys.readouterr()
     assert _track("--store", str(tmp_path / "v"), "--views", "heads") == 0
     assert "added without views" not in capsys.readouterr().out
+
+
+def test_track_reads_at_most_one_checkpoint_at_a_time(tmp_path):
+    """The chunks in flight share the largest checkpoint's bytes (float32 and bfloat16
+    weights counted at their size), unless [cache] max_bytes sets the bound."""
+    from diffract_report.track import _one_checkpoint_in_memory
+
+    small = {"a": torch.ones(1024, 1024), "b": torch.ones(512, 1024, dtype=torch.bfloat16)}
+    large = {"a": torch.ones(2048, 4096)}
+    with Session() as s:
+        s.models.add(small, "small")
+        s.models.add(large, "large")
+        _one_checkpoint_in_memory(s, ["small", "large"])
+        assert s.cache.max_bytes == 2048 * 4096 * 4
+        assert s.cache.read_budget() <= 2048 * 4096 * 4 // 3
+    with Session(config={"cache": {"max_bytes": 1 << 30}}) as s:
+        s.models.add(small, "small")
+        _one_checkpoint_in_memory(s, ["small"])
+        assert s.cache.max_bytes == 1 << 30
