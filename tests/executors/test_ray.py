@@ -179,3 +179,39 @@ def test_an_interrupted_run_resumes_from_the_local_store(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "stored 24" in again.stdout
     assert log.read_text().count("x") - first == 24 - kept  # only the missing ones ran
+
+
+UNREACHABLE = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from diffract import KernelExecutionProtocol, Session
+    from diffract.errors import ExecutorError
+    from tests.resources.kernels import squared_sum
+
+    try:
+        with Session(executor="ray", executor_options={"address": sys.argv[1]},
+                     config={"parallel": {"pool_min_seconds": 0}}) as s:
+            s.compute.kernel(name="t_sq", execution_protocol=KernelExecutionProtocol.PARALLEL)(
+                squared_sum)
+            s.models.add({"w": np.ones((3, 3))}, model_id="m")
+            s.compute.apply("t_sq")
+    except ExecutorError as exc:
+        print("refused:", exc)
+""")
+
+
+@pytest.mark.parametrize(("address", "message"), [
+    ("127.0.0.1:1", "no Ray cluster answers at '127.0.0.1:1' (Connection refused): start one "
+                    "there (`ray start --head`)"),
+    ("head-without-port", "the Ray address 'head-without-port' is not host:port"),
+])
+def test_an_address_where_no_cluster_answers_is_one_line_at_once(tmp_path, address, message):
+    """Ray retries an unreachable address for minutes, a line every few seconds: the
+    session says in one line what to fix, at once (in a fresh process: none connected)."""
+    script = tmp_path / "unreachable.py"
+    script.write_text(UNREACHABLE)
+    run = subprocess.run([sys.executable, str(script), address], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.startswith("refused: ") and message in run.stdout, run.stdout
+    assert "Failed to connect" not in run.stderr

@@ -18,10 +18,13 @@ import concurrent.futures as cf
 import contextlib
 import logging
 import os
+import socket
 import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from diffract.errors import ExecutorError
 
 __all__ = ["RayExecutor", "check_options"]
 
@@ -75,6 +78,25 @@ def reads_files(options: Mapping[str, Any]) -> bool:
     return bool(options.get("read_files", _local(options)))
 
 
+def _reachable(address: str | None, timeout: float = 5.0) -> None:
+    """An ExecutorError at once when nothing listens at a ``host:port`` address (Ray
+    itself retries for minutes, printing a line every few seconds)."""
+    if address is None or address in ("auto", "local"):
+        return
+    where = address.removeprefix("ray://")
+    host, sep, port = where.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ExecutorError(f"the Ray address {address!r} is not host:port, ray://host:port "
+                            "or 'auto'; give one of those.")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ExecutorError(
+            f"no Ray cluster answers at {address!r} ({exc.strerror or type(exc).__name__}): "
+            "start one there (`ray start --head`), give its address, or leave address out "
+            "for a local Ray.") from None
+
+
 def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return fn(*args, **kwargs)
 
@@ -101,15 +123,23 @@ class RayExecutor(cf.Executor):
 
         self._started = False
         if not ray.is_initialized():
+            _reachable(address)
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             env = dict(runtime_env or {})
             if address is None:  # a local cluster: its workers import what this process can
                 paths = [p for p in sys.path if p and os.path.isdir(p)]
                 env.setdefault("env_vars", {})
                 env["env_vars"] = {"PYTHONPATH": os.pathsep.join(paths), **env["env_vars"]}
-            ray.init(address=address, num_cpus=num_cpus if address is None else None,
-                     include_dashboard=False, logging_level=logging.ERROR,
-                     log_to_driver=False, runtime_env=env or None)
+            try:
+                ray.init(address=address, num_cpus=num_cpus if address is None else None,
+                         include_dashboard=False, logging_level=logging.ERROR,
+                         log_to_driver=False, runtime_env=env or None)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise ExecutorError(
+                    f"Ray could not {'connect to ' + repr(address) if address else 'start'}"
+                    f": {str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}. "
+                    "Start a cluster there (`ray start --head`), give its address, or leave "
+                    "address out for a local Ray.") from None
             self._started = True
         self._retries = max_retries
         self._pending: set[Any] = set()
