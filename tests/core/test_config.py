@@ -55,5 +55,5 @@ class TestConfig:
         from diffract import Session
         from diffract.errors import UnknownExecutorError
 
-        with pytest.raises(UnknownExecutorError, match=r"Unknown executor 'dusk'.*Available executors: .*'processes', 'sequential', 'threads'"):
+        with pytest.raises(UnknownExecutorError, match=r"Unknown executor 'dusk'.*Available executors: .*'processes', (.*, )?'sequential', 'threads'"):
             Session(config={"parallel": {"executor": "dusk"}})

@@ -154,12 +154,9 @@ def _refuse_a_folder_of_checkpoints(raw: str, folder: Path) -> None:
     """A folder given as one model that holds checkpoints (a run's ``step-*.pt``, a
     trainer's ``checkpoint-*/``) is refused with what to type instead; any other folder
     is left to the formats, whose message says what a checkpoint directory holds."""
-    from diffract.core.steps import parse_name
-
-    def by_step(name: str) -> tuple[bool, int, str]:  # as track orders them
-        found = parse_name(Path(name).stem)
-        step = found.get("step", found.get("epoch"))
-        return step is None, step or 0, name
+    def by_step(name: str) -> tuple[bool, int, str]:  # the number in the name, as track
+        found = re.findall(r"\d+", Path(name).stem)  # orders step-50 before step-100
+        return not found, int(found[-1]) if found else 0, name
 
     inside = sorted((p.name for p in checkpoints_inside(folder)), key=by_step)
     if inside:
