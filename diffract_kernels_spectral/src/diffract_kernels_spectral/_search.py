@@ -346,11 +346,22 @@ def _near_peak(ids: np.ndarray, logx: np.ndarray, first: np.ndarray, starts: np.
     ``starts``, ``ends``, ``alphas``): a gap at any point bounds the distance from below,
     so the others cannot win. A survivor of a bounds pass usually loses there, for far
     less than a finer pass over its whole tail (or the exact scan's) costs."""
-    kept, rows = [], _DENSE_BLOCK // (2 * _WINDOW + 1)
+    window = np.arange(-_WINDOW, _WINDOW + 1)
+    return _held(ids, len(window), lambda part, s: peak[part][:, None] + window,
+                 logx, first, starts, ends, alphas, best)
+
+
+def _held(ids: np.ndarray, points: int, where: Any, logx: np.ndarray, first: np.ndarray,
+          starts: np.ndarray, ends: np.ndarray, alphas: np.ndarray,
+          best: np.ndarray) -> np.ndarray:
+    """The candidates of ``ids`` whose exact gaps at the ``points`` data indices
+    ``where(part, s)`` gives each (clipped into its tail; ``s``: the tails' starts as a
+    column) do not exceed their ``best``, in blocks of bounded memory."""
+    kept, rows = [], max(1, _DENSE_BLOCK // points)
     for lo in range(0, len(ids), rows):
         part = ids[lo:lo + rows]
         s, e = starts[part].astype(np.int64)[:, None], ends[part].astype(np.int64)[:, None]
-        j = np.clip(peak[part][:, None] + np.arange(-_WINDOW, _WINDOW + 1), s, e - 1)
+        j = np.clip(where(part, s), s, e - 1)
         fitted = -np.expm1((1.0 - alphas[part])[:, None] * (logx[j] - logx[s]))
         gap = np.abs(fitted - (first[j] - s) / (e - s)).max(axis=1)
         # ks_exact computes the same gaps in Taichi: allow for its rounding
@@ -386,18 +397,13 @@ def _at_shared_peaks(ids: np.ndarray, logx: np.ndarray, first: np.ndarray, start
     if not len(ids) or (peaks < 0).all():
         return ids
     window = np.arange(-_SHARED_WINDOW, _SHARED_WINDOW + 1)
-    kept, rows = [], _DENSE_BLOCK // (peaks.shape[1] * len(window))
-    for lo in range(0, len(ids), rows):
-        part = ids[lo:lo + rows]
-        s, e = starts[part].astype(np.int64)[:, None], ends[part].astype(np.int64)[:, None]
+
+    def around(part: np.ndarray, s: np.ndarray) -> np.ndarray:
         at = peaks[cand_set[part]]  # [part, K]; -1: none (looked at the tail's start)
-        j = np.clip((np.where(at >= 0, at, s)[:, :, None] + window).reshape(len(part), -1),
-                    s, e - 1)
-        fitted = -np.expm1((1.0 - alphas[part])[:, None] * (logx[j] - logx[s]))
-        shared_gap = np.abs(fitted - (first[j] - s) / (e - s)).max(axis=1)
-        # ks_exact computes the same gaps in Taichi: allow for its rounding
-        kept.append(part[shared_gap - 1e-12 <= best[part]])
-    return np.concatenate(kept) if kept else ids
+        return (np.where(at >= 0, at, s)[:, :, None] + window).reshape(len(part), -1)
+
+    return _held(ids, peaks.shape[1] * len(window), around, logx, first, starts, ends,
+                 alphas, best)
 
 
 def _spread(count: int) -> tuple[np.ndarray, np.ndarray]:
