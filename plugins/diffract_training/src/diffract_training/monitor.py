@@ -224,7 +224,7 @@ class Monitor:
     def _analysed(self, params: Sequence[str] | str | None) -> list[str]:
         probe = Session()
         try:
-            probe.models.add(self._named(), "probe", copy_weights=False,
+            probe.models.add(configured(self._named(), self._model), "probe", copy_weights=False,
                              views=self._views or None,
                              view_options=self._view_options)
             names = _matrices(probe, "probe", params)
@@ -240,7 +240,7 @@ class Monitor:
     def _named(self) -> Mapping[str, Any]:
         model = self._model
         if hasattr(model, "named_parameters"):
-            return configured(unwrapped_names(model), model)
+            return unwrapped_names(model)
         if isinstance(model, Mapping):
             return model
         raise InvalidArgumentError(
