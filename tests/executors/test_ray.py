@@ -19,6 +19,7 @@ import pytest
 
 from diffract import KernelExecutionProtocol, Session
 from diffract.errors import ExecutorError
+from tests.resources import executors
 from tests.resources import kernels as test_kernels
 
 ray = pytest.importorskip("ray")
@@ -40,21 +41,7 @@ def cluster():
         ray.shutdown()
 
 
-def _model(rng, n=10):
-    out = {f"p{i}": rng.standard_normal((8 + i, 6)) for i in range(n)}
-    out["victim"] = np.ones((7, 7))
-    return out
-
-
-def _run(session_kwargs, model, kernel, name, **config):
-    with Session(config={"parallel": {"pool_min_seconds": 0}}, **session_kwargs) as s:
-        s.compute.kernel(name=name, execution_protocol=PARALLEL)(kernel)
-        if config:
-            s.compute.configure_kernel(name, **config)
-        s.models.add(model, model_id="m")
-        report = s.compute.apply(name, errors="record")
-        rows = s.results.export_metrics(name)["m"]
-    return report, {p: r[name] for p, r in rows.items()}
+_model, _run = executors.model, executors.run
 
 
 class TestRay:
