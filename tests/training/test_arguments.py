@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 from diffract import Session  # noqa: E402
 from diffract.errors import InvalidArgumentError, StorageError  # noqa: E402
 from diffract_training import Monitor, _setup  # noqa: E402
+from tests.resources.lightning import module as lightning_module  # noqa: E402
 
 
 def _net() -> torch.nn.Module:
@@ -99,17 +100,6 @@ def test_a_lightning_callback_reused_for_a_second_fit_analyses_again():
     L = pytest.importorskip("lightning.pytorch")
     from diffract_training import DiffractLightningCallback
 
-    class Net(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = _net()
-
-        def training_step(self, batch, batch_idx):
-            return self.net(batch[0]).pow(2).mean()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.05)
-
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(
         torch.randn(64, 8, generator=torch.Generator().manual_seed(0))), batch_size=8)
     logged: list[int] = []
@@ -119,7 +109,7 @@ def test_a_lightning_callback_reused_for_a_second_fit_analyses_again():
         trainer = L.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False,
                             callbacks=[cb], enable_progress_bar=False,
                             enable_model_summary=False, enable_checkpointing=False)
-        trainer.fit(Net(), data)
+        trainer.fit(lightning_module(_net()), data)
     assert logged == [2, 4, 2, 4]
 
 

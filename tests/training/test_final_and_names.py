@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 from diffract import Session  # noqa: E402
 from diffract_training import Monitor  # noqa: E402
+from tests.resources.lightning import module as lightning_module  # noqa: E402
 
 METRICS = ["stable_rank"]
 
@@ -85,23 +86,12 @@ def test_lightning_analyses_the_final_step():
     L = pytest.importorskip("lightning.pytorch")
     from diffract_training import DiffractLightningCallback
 
-    class Net(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = _net()
-
-        def training_step(self, batch, batch_idx):
-            return self.net(batch[0]).pow(2).mean()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.05)
-
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(
         torch.randn(64, 40, generator=torch.Generator().manual_seed(0))), batch_size=8)
     logged = []
     cb = DiffractLightningCallback(every=4, metrics=METRICS, histograms=False,
                                    log=lambda values, step: logged.append(step))
-    net = Net()
+    net = lightning_module(_net())
     L.Trainer(max_steps=6, accelerator="cpu", devices=1, logger=False, callbacks=[cb],
               enable_progress_bar=False, enable_model_summary=False,
               enable_checkpointing=False).fit(net, data)
