@@ -673,18 +673,19 @@ def test_views_asked_of_a_store_without_them_say_so(tmp_path, capsys):
 
 
 def test_track_reads_at_most_one_checkpoint_at_a_time(tmp_path):
-    """The chunks in flight share the largest checkpoint's bytes (float32 and bfloat16
-    weights counted at their size), unless [cache] max_bytes sets the bound."""
+    """The chunks in flight share the largest checkpoint's bytes (counted as the chunker
+    counts a read: bfloat16 as the float32 it is read as), unless [cache] max_bytes sets
+    the bound."""
     from diffract_report.track import _one_checkpoint_in_memory
 
     small = {"a": torch.ones(1024, 1024), "b": torch.ones(512, 1024, dtype=torch.bfloat16)}
-    large = {"a": torch.ones(2048, 4096)}
+    large = {"a": torch.ones(2048, 2048), "b": torch.ones(2048, 2048, dtype=torch.bfloat16)}
     with Session() as s:
         s.models.add(small, "small")
         s.models.add(large, "large")
         _one_checkpoint_in_memory(s, ["small", "large"])
-        assert s.cache.max_bytes == 2048 * 4096 * 4
-        assert s.cache.read_budget() <= 2048 * 4096 * 4 // 3
+        assert s.cache.max_bytes == 2 * 2048 * 2048 * 4
+        assert s.cache.read_budget() <= 2 * 2048 * 2048 * 4 // 3
     with Session(config={"cache": {"max_bytes": 1 << 30}}) as s:
         s.models.add(small, "small")
         _one_checkpoint_in_memory(s, ["small"])

@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import glob
 import json
-import math
 import os
 import sys
 import time
@@ -353,20 +352,15 @@ def _alike(session: Any, ids: Sequence[str], say: Callable[[str], None]) -> list
 
 def _one_checkpoint_in_memory(session: Any, ids: Sequence[str]) -> None:
     """The chunks in flight read at most one checkpoint's weights together (the largest
-    one's bytes, shared by the three chunks the runner holds at once), unless
-    ``[cache] max_bytes`` sets the bound: left to the machine's free memory, a run of
-    small checkpoints was read whole (20 of 28 MiB peaked at 512 MiB)."""
-    import numpy as np
-
+    one's, counted as the chunker counts a read: at least float32 per element; shared by
+    the three chunks the runner holds at once), unless ``[cache] max_bytes`` sets the
+    bound: left to the machine's free memory, a run of small checkpoints was read whole
+    (20 of 28 MiB peaked at 512 MiB)."""
     if session.config.cache_max_bytes or not ids:
         return
-    largest = max(sum(math.prod(p.shape) * np.dtype(_NUMPY.get(p.dtype, p.dtype)).itemsize
-                      for p in session.models.params(m) if p.parent is None) for m in ids)
+    largest = max(sum(max(4, p.itemsize) * p.numel for p in session.models.params(m)
+                      if p.parent is None) for m in ids)
     session.cache.max_bytes = max(int(largest), 16 << 20)
-
-
-#: dtypes numpy does not name, by their size.
-_NUMPY = {"bfloat16": "float16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}
 
 
 def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: argparse.Namespace,
