@@ -426,8 +426,9 @@ def _extreme_views(session: Any, model_id: str, fields: Sequence[str]) -> list[s
         if len(values) < 2:
             continue
         ends = (("lowest", min(values, key=values.get)), ("highest", max(values, key=values.get)))
-        rows = session.results.export_metrics("esd", "pl_alpha", "pl_xmin", "mp_bulk_max",
-                                              include_arrays=True).get(model_id, {})
+        two = session.filter(param_ids=[f"{model_id}/{name}" for _, name in ends])
+        rows = two.results.export_metrics("esd", "pl_alpha", "pl_xmin", "mp_bulk_max",
+                                          include_arrays=True).get(model_id, {})
         charts = [_chart(spec, f"{name}: the {which} {field} of the model's views "
                                f"({format_value(values[name])})")
                   for which, name in ends
