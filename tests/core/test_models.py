@@ -19,7 +19,8 @@ class TestSources:
         """A module's parameters are recorded; bf16 weights arrive as float32 arrays."""
         model = torch.nn.Linear(4, 3).to(torch.bfloat16)
         names = session.models.add(model, model_id="m")
-        assert names == ["weight", "bias"]
+        assert names == ["weight", "bias"] and isinstance(names, list)
+        assert repr(names) == "<2 parameters: weight, bias>"  # a notebook shows one line
         infos = {p.name: p for p in session.models.params("m")}
         assert infos["weight"].shape == (3, 4) and infos["weight"].dtype == "bfloat16"
         session.compute.apply("frob_norm")

@@ -31,13 +31,15 @@ quiet = Session()
 quiet.models.add({"w": rng.standard_normal((50, 40))}, model_id="q")
 quiet.compute.apply("stable_rank", progress=False)
 print("quiet done")"""
+ADD = """s.models.add({f"h{i}.weight": rng.standard_normal((20, 10)) for i in range(40)},
+             model_id="many")"""
 
 
 @pytest.fixture(scope="module")
 def executed():
     book = nbformat.v4.new_notebook()
     book.cells = [nbformat.v4.new_code_cell(c) for c in (SETUP, APPLY, SUMMARY, QUIET,
-                                                         RESULTS)]
+                                                         RESULTS, ADD)]
     nbclient.NotebookClient(book, timeout=600, kernel_name="python3").execute()
     return book.cells
 
@@ -87,3 +89,11 @@ def test_no_stream_shows_a_line_of_diffracts_code(executed):
     for line in streams.splitlines():
         assert "site-packages/diffract" not in line and "/src/diffract" not in line, line
         assert not re.search(r"diffract\w*/.*\.py:\d+", line), line
+
+
+def test_a_cell_ending_with_models_add_shows_one_line_not_every_name(executed):
+    """Issue 59 item 7: the names ``models.add`` returns are a list (a notebook shows
+    its repr) that reads as a count and the first names, not 40 lines of names."""
+    (result,) = _outputs(executed[5], "execute_result")
+    assert result.data["text/plain"] == ("<40 parameters: h0.weight, h1.weight, h2.weight, "
+                                         "... (37 more)>")

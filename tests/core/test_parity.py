@@ -190,6 +190,11 @@ class TestModels:
             stored = sum(len(r) for r in s.results.export_metrics(include_arrays=True)["base"].values()) + 1
             assert s.results.erase(erase_all=True) == stored
             assert s.results.export_metrics() == {"base": {}} and s.results.export_aggregates() == {}
+            for wrong in ((), ("base",)):  # neither or both: one of the two is asked for
+                with pytest.raises(InvalidArgumentError, match="takes model ids or "
+                                   "erase_all=True: one of the two"):
+                    s.models.erase(*wrong, erase_all=bool(wrong))
+            assert s.model_ids == ["base"]
             s.models.erase(erase_all=True)
             assert s.model_ids == []
 

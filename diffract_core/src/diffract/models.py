@@ -21,7 +21,7 @@ from diffract.errors import (
 if TYPE_CHECKING:  # pragma: no cover
     from diffract.session import Session
 
-__all__ = ["ModelsAPI"]
+__all__ = ["ModelsAPI", "ParameterNames"]
 
 
 def _check_model_id(model_id: Any) -> None:
@@ -77,6 +77,14 @@ def _view_rules(views: Any, shared: Mapping[str, Any] | None = None
     return out
 
 
+class ParameterNames(list):
+    """The parameter names ``models.add`` returns: a list, shown in one line."""
+
+    def __repr__(self) -> str:
+        more = f", ... ({len(self) - 3} more)" if len(self) > 3 else ""
+        return f"<{len(self)} parameters: {', '.join(self[:3])}{more}>"
+
+
 class ModelsAPI:
     """``session.models``: add models and look at what is there."""
 
@@ -101,7 +109,7 @@ class ModelsAPI:
         epoch: float | None = None,
         label: str | None = None,
         step_from: str | None = None,
-    ) -> list[str]:
+    ) -> ParameterNames:
         """Add a torch module, a state dict (a ``config`` on it is the view rules', as a
         module's), a checkpoint file or a Hugging Face-style directory under ``model_id``.
 
@@ -156,7 +164,7 @@ class ModelsAPI:
                 step=step, tokens=tokens, epoch=epoch, label=label), step_from)
             store.add_model(model_id, opened.infos, opened.source, opened.load, opened.raw,
                             copy_weights=copy_weights)
-        return [i.name for i in opened.infos]
+        return ParameterNames(i.name for i in opened.infos)
 
     def _with_step(self, opened: Any, given: Any, model_id: str, record: dict[str, Any],
                    step_from: str | None) -> Any:
@@ -224,15 +232,12 @@ class ModelsAPI:
         *,
         scale: float | None = None,
         copy_weights: bool = True,
-    ) -> list[str]:
-        """Add the effective weight updates ``scale * B @ A`` of a LoRA adapter as a
-        model: one parameter ``<module>.weight`` per adapted module. ``adapter``: a PEFT
-        state dict, an ``adapter_model.safetensors``/``.bin`` file or the adapter's
-        directory. ``scale`` defaults to ``lora_alpha / r`` from the directory's
-        ``adapter_config.json`` (``lora_alpha / sqrt(r)`` with rsLoRA), else 1. Returns
-        the parameter names. The same as ``add(adapter, model_id, format="peft-lora")``
-        (diffract-formats' reader; a directory is recognised without naming it): files
-        are read again, not copied, by a durable profile."""
+    ) -> ParameterNames:
+        """Add a LoRA adapter's effective updates ``scale * B @ A`` as a model, one
+        parameter ``<module>.weight`` per adapted module: ``add(adapter, model_id,
+        format="peft-lora")`` (a PEFT state dict, adapter file or directory). ``scale``
+        defaults to ``adapter_config.json``'s ``lora_alpha / r`` (``/ sqrt(r)`` with
+        rsLoRA), else 1."""
         return self.add(adapter, model_id, copy_weights=copy_weights, format="peft-lora",
                         format_options=None if scale is None else {"scale": scale})
 
@@ -247,8 +252,7 @@ class ModelsAPI:
         return self._session.store.params(model_id)
 
     def list(self) -> list[dict[str, Any]]:
-        """One record per model: id, number of parameters and of their elements, the
-        parameter types present, and where its weights come from."""
+        """One record per model: id, parameters, elements, types, source and step."""
         store = self._session.store
         out = []
         for model_id in store.model_ids():
@@ -269,8 +273,7 @@ class ModelsAPI:
         return out
 
     def rename(self, old: str, new: str) -> None:
-        """Give model ``old`` the id ``new``: its parameters, fields, notes and every
-        aggregate that names it follow (contextual names are rewritten)."""
+        """Give model ``old`` the id ``new``; everything that names it follows."""
         session = self._session
         session._check_ids([old])
         _check_model_id(new)
@@ -286,13 +289,10 @@ class ModelsAPI:
         every aggregate that involves them (pairs included). Their files, if any, are
         not touched."""
         session = self._session
-        if erase_all:
-            if model_ids:
-                raise InvalidArgumentError("models.erase() takes model ids or erase_all=True, "
-                                           "not both.")
-            model_ids = tuple(session.store.model_ids())
-        elif not model_ids:
-            raise InvalidArgumentError("models.erase() needs model ids (or erase_all=True).")
+        if erase_all == bool(model_ids):
+            raise InvalidArgumentError("models.erase() takes model ids or erase_all=True: "
+                                       "one of the two.")
+        model_ids = tuple(session.store.model_ids()) if erase_all else model_ids
         session._check_ids(list(model_ids))
         with session._lock:
             for model_id in model_ids:
