@@ -166,9 +166,13 @@ MUTANTS = [
            "near = 1.05 * ti.abs(t - ti.cast(grid_first[g] - s, ti.f64) * inv_m)",
            tuple(FITTER_TESTS), "the gaps next to a hint, 5% too high, prune a winner"),
     Mutant("fitter-exact-hint-too-high", SPECTRAL + "_taichi_kernels.py",
-           "                if ti.abs(th - ah) > d:\n                    d = ti.abs(th - ah)\n",
-           "                if ti.abs(th - ah) > d:\n                    d = 1.05 * ti.abs(th - ah)\n",
+           "            if ti.abs(th - ah) > d:\n                d = ti.abs(th - ah)\n",
+           "            if ti.abs(th - ah) > d:\n                d = 1.05 * ti.abs(th - ah)\n",
            tuple(FITTER_TESTS), "the exact scan's first gaps, 5% too high, lose the winner"),
+    Mutant("fitter-threads-for-small-sets", SPECTRAL + "_search.py",
+           "threads = max(len(x) for x in xs) >= PARALLEL_FROM", "threads = True",
+           tuple(FITTER_TESTS), "small sets stay off Taichi's threads (a busy machine "
+           "delays every launch for a thread that has nothing to do)"),
     Mutant("fitter-drop-a-survivor", SPECTRAL + "_search.py",
            "alphas, peak, best[cand_set]), untouched])",
            "alphas, peak, best[cand_set]), untouched])[1:]",
@@ -194,9 +198,9 @@ MUTANTS = [
            ("tests/spectral/test_lapack.py",),
            "spectra too small to pay for threads fitted on them (slower; MiniLM's 384 points)"),
     Mutant("fitter-budget-drops", SPECTRAL + "_taichi_kernels.py",
-           "if lo > stop_above or left == 0:\n                    break",
-           "if left == 0:\n                    lo = stop_above + 1.0\n"
-           "                if lo > stop_above or left == 0:\n                    break",
+           "if lo > stop_above or left == 0:\n                break",
+           "if left == 0:\n                lo = stop_above + 1.0\n"
+           "            if lo > stop_above or left == 0:\n                break",
            tuple(FITTER_TESTS), "a candidate whose budget ran out is not beaten: it goes on"),
     Mutant("fitter-grid-of-the-first-set", SPECTRAL + "_search.py",
            "o, last, b, to = offsets[sets], counts[sets] - 1, base[sets], base[sets + 1]",

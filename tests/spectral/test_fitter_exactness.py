@@ -54,11 +54,15 @@ def bound_passes(monkeypatch):
     real = _taichi.kernels()
     calls = []
 
-    def ks_lower(*args):
-        calls.append(len(args[8]))
-        return real.ks_lower(*args)
+    def counted(kernel):
+        def ks_lower(*args):
+            calls.append(len(args[8]))
+            return kernel(*args)
+        return ks_lower
 
-    monkeypatch.setattr(_taichi, "kernels", lambda: SimpleNamespace(ks_lower=ks_lower, ks_exact=real.ks_exact))
+    monkeypatch.setattr(_taichi, "kernels", lambda: SimpleNamespace(
+        ks_lower=counted(real.ks_lower), ks_exact=real.ks_exact,
+        ks_lower_threads=counted(real.ks_lower_threads), ks_exact_threads=real.ks_exact_threads))
     return calls
 
 
@@ -68,12 +72,14 @@ def test_search_equals_the_exhaustive_scan_on_hundreds_of_data_sets(bound_passes
     """On every data set the fitter returns the exhaustive scan's minimum-KS candidate
     (the smallest xmin among exact ties), its alpha and D, and the candidate count an
     independent count gives. ``pruned``: the Taichi search on every set without the
-    shared-peak check (the sets exercise every branch of the bounds passes); ``shared``:
-    with it, as fits run; ``dense``: the numpy pass on the sets it takes."""
+    shared-peak check (the sets exercise every branch of the bounds passes), on Taichi's
+    threads; ``shared``: with it, as fits of sets this size run (in the calling thread);
+    ``dense``: the numpy pass on the sets it takes."""
     if path in ("pruned", "shared"):
         monkeypatch.setattr(fitting, "DENSE_MAX_POINTS", 0)
     if path == "pruned":
         monkeypatch.setattr(_search, "_SHARED_PEAKS", 0)
+        monkeypatch.setattr(_search, "PARALLEL_FROM", 0)
     else:
         monkeypatch.setattr(_taichi, "running", lambda: False)
     datasets = [(label, x) for label, x in _datasets()
@@ -157,7 +163,9 @@ def test_exact_ties_go_to_the_smallest_xmin(monkeypatch, n):
         lower[:] = 0.25
         where[:] = starts
 
-    monkeypatch.setattr(_taichi, "kernels", lambda: SimpleNamespace(ks_lower=ks_lower, ks_exact=ks_exact))
+    monkeypatch.setattr(_taichi, "kernels", lambda: SimpleNamespace(
+        ks_lower=ks_lower, ks_exact=ks_exact, ks_lower_threads=ks_lower,
+        ks_exact_threads=ks_exact))
     monkeypatch.setattr(fitting, "DENSE_MAX_POINTS", 0)
     x = pareto(np.random.default_rng(n), n, 2.5)
     fit = fit_power_law(x, fit_method="diffract")
@@ -187,15 +195,20 @@ def test_every_bound_is_sound_and_every_candidate_left_out_is_beaten(shared):
         seen["near"].extend(starts[np.setdiff1d(ids, kept)].tolist())
         return kept
 
+    # the check's path in the calling thread, the passes' path on Taichi's threads
+    real_lower = real.ks_lower if shared else real.ks_lower_threads
+    real_exact = real.ks_exact if shared else real.ks_exact_threads
+
     def ks_lower(*args):
-        real.ks_lower(*args)
+        real_lower(*args)
         seen["lower"].append((args[8].copy(), args[12].copy()))
 
     def ks_exact(logx, first, starts, ends, alphas, stride, stops, hints, out):
-        real.ks_exact(logx, first, starts, ends, alphas, stride, stops, hints, out)
+        real_exact(logx, first, starts, ends, alphas, stride, stops, hints, out)
         seen["exact"].append((starts.copy(), out.copy(), stops.copy()))
 
-    kernels = SimpleNamespace(ks_lower=ks_lower, ks_exact=ks_exact)
+    kernels = SimpleNamespace(ks_lower=ks_lower, ks_exact=ks_exact, ks_lower_threads=ks_lower,
+                              ks_exact_threads=ks_exact)
     rng = np.random.default_rng(20261201)
     sets = [pareto(rng, 6000, 2.3), pareto(rng, 15_000, 2.0),
             np.concatenate([rng.lognormal(0, 1, 4000), pareto(rng, 6000, 2.5, 3.0)]),
@@ -210,6 +223,7 @@ def test_every_bound_is_sound_and_every_candidate_left_out_is_beaten(shared):
             mp.setattr(_search, "_at_shared_peaks", at_shared_peaks)
             if not shared:
                 mp.setattr(_search, "_SHARED_PEAKS", 0)
+                mp.setattr(_search, "PARALLEL_FROM", 0)
             mp.setattr(_search, "_REFINE_ABOVE", 16)  # more passes on these small sets
             mp.setattr(fitting, "DENSE_MAX_POINTS", 0)
             fit = fit_power_law(x, fit_method="diffract", min_tail=MIN_TAIL)
@@ -236,3 +250,37 @@ def test_every_bound_is_sound_and_every_candidate_left_out_is_beaten(shared):
         assert left_out == [], f"{len(left_out)} candidate(s) neither scanned nor beaten"
     assert min(passes) >= 1 and max(passes) >= (2 if shared else 3)  # scouts, bounds passes
     assert max(near) > 0  # the checks next to the peaks dropped survivors
+
+
+def test_small_sets_run_in_the_calling_thread_and_large_ones_on_the_threads(monkeypatch):
+    """The kernels run on Taichi's threads only for a data set of ``PARALLEL_FROM``
+    points or more (below it the threads never paid and a busy machine delays every
+    launch, docs/spectral.md); both routes give the same fit, bit for bit."""
+    real = _taichi.kernels()
+    used = []
+
+    def named(name):
+        def kernel(*args):
+            used.append(name)
+            return getattr(real, name)(*args)
+        return kernel
+
+    monkeypatch.setattr(_taichi, "kernels", lambda: SimpleNamespace(**{
+        name: named(name) for name in ("ks_lower", "ks_exact", "ks_lower_threads",
+                                       "ks_exact_threads")}))
+    monkeypatch.setattr(fitting, "DENSE_MAX_POINTS", 0)
+    monkeypatch.setattr(_search, "PARALLEL_FROM", 5000)
+    fits = {}
+    for n in (4999, 5000):
+        x = pareto(np.random.default_rng(3), n, 2.3)
+        used.clear()
+        fit = fit_power_law(x, fit_method="diffract")
+        threads = {name.endswith("_threads") for name in used}
+        assert threads == {n >= 5000} and "ks_exact" in {u.removesuffix("_threads") for u in used}
+        monkeypatch.setattr(_search, "PARALLEL_FROM", n + 1 if n >= 5000 else 0)  # the other route
+        other = fit_power_law(x, fit_method="diffract")
+        monkeypatch.setattr(_search, "PARALLEL_FROM", 5000)
+        fits[n] = (fit, other)
+    for fit, other in fits.values():
+        assert (fit.xmin, fit.alpha, fit.ks_distance) == (other.xmin, other.alpha,
+                                                          other.ks_distance)

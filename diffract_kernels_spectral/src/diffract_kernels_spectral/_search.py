@@ -22,6 +22,12 @@ _PASS_SEEDS = 16
 _SCOUTS = 4096
 #: Offsets (in xmin order) from a set's best candidate scanned exactly after each pass.
 _NEAR_OFFSETS = np.r_[-(2 ** np.arange(12))[::-1], np.arange(-15, 16), 2 ** np.arange(12)]
+#: The kernels run on Taichi's threads only for a data set of at least this many points;
+#: below it they run in the calling thread. Measured (docs/spectral.md): below 10^5
+#: points the threads never paid (the passes are short and the fit waits at each
+#: launch for every thread to check in, which a busy machine delays), and a fit in a
+#: process pool's worker would take a second core from the other worker.
+PARALLEL_FROM = 2**18
 #: Grid of the exact scan's first pass (see ``ks_exact``).
 _EXACT_STRIDE = 16
 #: Grid of the first bounds pass, as a multiple of sqrt(n); later passes are 4x finer.
@@ -168,6 +174,9 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
     Returns (best index per set, candidates scanned exactly in all).
     """
     k = _taichi.kernels()
+    threads = max(len(x) for x in xs) >= PARALLEL_FROM
+    ks_lower, ks_exact = ((k.ks_lower_threads, k.ks_exact_threads) if threads else
+                          (k.ks_lower, k.ks_exact))
     offsets = np.cumsum([0] + [len(x) for x in xs])
     logx = np.log(np.concatenate(xs))
     first = np.concatenate([_first_index(x) + o
@@ -194,7 +203,7 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
             return
         out = np.empty(len(idx))
         at = np.ascontiguousarray(peak[idx])  # in: where to look first; out: largest gap
-        k.ks_exact(logx, first, np.ascontiguousarray(glob[idx]),
+        ks_exact(logx, first, np.ascontiguousarray(glob[idx]),
                    np.ascontiguousarray(ends[idx]), np.ascontiguousarray(alphas[idx]),
                    fine, np.ascontiguousarray(best[cand_set[idx]]), at, out)
         dist[idx] = out
@@ -229,7 +238,7 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
             peaks = peak[ids]
             hints = np.where(peaks >= 0, index(peaks), -1).astype(np.int32)
             lo, at = np.empty(len(ids)), np.empty(len(ids), dtype=np.int32)
-            k.ks_lower(logx, first, grid, logx[grid], first[grid], index(glob[ids]), grid_to,
+            ks_lower(logx, first, grid, logx[grid], first[grid], index(glob[ids]), grid_to,
                        hints, np.ascontiguousarray(glob[ids]),
                        np.ascontiguousarray(ends[ids]), np.ascontiguousarray(alphas[ids]),
                        np.ascontiguousarray(stop[part]), lo, at, budget)

@@ -5,7 +5,8 @@ runtime the host program already started is reused, never re-initialised. If tai
 missing or fails to start, :func:`kernels` raises :class:`FitUnavailableError` with the
 reason, every time, without retrying the import.
 
-Both kernels walk candidates in parallel. For candidate ``c`` with tail start index
+Both kernels walk the candidates (in the calling thread, or their ``_threads`` twins
+over Taichi's threads, for large data sets). For candidate ``c`` with tail start index
 ``s`` (in the sorted data), tail size ``m = n - s`` and exponent ``alpha``, the distance
 at sorted index ``j >= s`` is ``|T(x_j) - A(x_j)|`` with the fitted CDF
 ``T(x) = 1 - (x / x_s)^(1 - alpha)`` and the empirical CDF ``A(x_j) = (f_j - s) / m``,
@@ -79,10 +80,12 @@ def _warm_up(tk: Any) -> None:
     lower, out = np.zeros(1), np.zeros(1)
     grid = np.arange(3, dtype=np.int32)
     zero, three = np.zeros(1, dtype=np.int32), np.full(1, 3, dtype=np.int32)
-    tk.ks_lower(logx, first, grid, logx, grid, zero, three, zero, starts, ends, alphas,
-                stops, lower, zero.copy(), 3)
-    tk.ks_exact(logx, first, starts, ends, alphas, 1, stops, np.full(1, -1, dtype=np.int32),
-                out)
+    for ks_lower in (tk.ks_lower, tk.ks_lower_threads):
+        ks_lower(logx, first, grid, logx, grid, zero, three, zero, starts, ends, alphas,
+                 stops, lower, zero.copy(), 3)
+    for ks_exact in (tk.ks_exact, tk.ks_exact_threads):
+        ks_exact(logx, first, starts, ends, alphas, 1, stops, np.full(1, -1, dtype=np.int32),
+                 out)
 
 
 def kernels() -> SimpleNamespace:
@@ -101,7 +104,9 @@ def kernels() -> SimpleNamespace:
                 from diffract_kernels_spectral import _taichi_kernels as tk
 
                 _warm_up(tk)
-                _STATE["kernels"] = SimpleNamespace(ks_lower=tk.ks_lower, ks_exact=tk.ks_exact)
+                _STATE["kernels"] = SimpleNamespace(
+                    ks_lower=tk.ks_lower, ks_exact=tk.ks_exact,
+                    ks_lower_threads=tk.ks_lower_threads, ks_exact_threads=tk.ks_exact_threads)
             except ImportError as exc:
                 _STATE["error"] = (
                     f"taichi is not installed ({exc}). Install the extra: "
