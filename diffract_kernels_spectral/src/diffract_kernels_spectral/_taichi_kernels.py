@@ -3,9 +3,10 @@
 See :mod:`diffract_kernels_spectral._taichi` for what they compute. Each comes twice:
 ``ks_lower`` and ``ks_exact`` walk the candidates in the calling thread, the
 ``_threads`` twins spread them over Taichi's threads (the caller shuffles the candidate
-order so that the long tails spread); ``_search.PARALLEL_FROM`` says which runs. Several data sets (bootstrap replicates) go through one launch:
-they are concatenated, ``first`` holds global indices, and each candidate carries the
-end of its data set (``ends``) and its own threshold (``stops``).
+order so that the long tails spread); ``_search.PARALLEL_FROM`` says which runs.
+Several data sets (bootstrap replicates) go through one launch: they are concatenated,
+``first`` holds global indices, and each candidate carries the end of its data set
+(``ends``) and its own threshold (``stops``).
 """
 
 import taichi as ti
