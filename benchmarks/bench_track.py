@@ -25,6 +25,10 @@ by Pareto factors). Then, each in a fresh process with the default executor:
    (bench_llm.py's geometry, bf16, each the previous plus a small random walk): the
    store's size against the checkpoints' bytes and the track's peak RSS.
 
+7. ``--small-only``: 5, 10 and 20 checkpoints of seven 1024 x 1024 float32 matrices (28
+   MiB each) and the 20 without the alignment: the peak RSS against one checkpoint's
+   bytes (it must not grow with the run's length).
+
     python benchmarks/bench_track.py [--dir /tmp/diffract-track-gpt2] [--kill-of 6] [--llm 5]
 """
 
@@ -89,8 +93,8 @@ def build(folder: Path) -> list[Path]:
     return paths
 
 
-def track(paths: list[Path], store: Path, counts: Path, kill_after: float | None = None
-          ) -> dict:
+def track(paths: list[Path], store: Path, counts: Path, kill_after: float | None = None,
+          extra: list[str] | None = None) -> dict:
     """``diffract track`` in a fresh process; wall time and the decompositions counted."""
     counts.write_text("")
     env = dict(os.environ, DIFFRACT_BENCH_COUNTS=str(counts),
@@ -98,7 +102,7 @@ def track(paths: list[Path], store: Path, counts: Path, kill_after: float | None
                                            os.environ.get("PYTHONPATH", "")]))
     env.pop("DIFFRACT_STRICT_PLUGINS", None)
     command = ["/usr/bin/time", "-f", "peak-kib %M", sys.executable, "-m", "diffract.cli",
-               "track", *map(str, paths), "--store", str(store), "--quiet"]
+               "track", *map(str, paths), "--store", str(store), "--quiet", *(extra or [])]
     start = time.perf_counter()
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -268,6 +272,38 @@ def llm_run(root: Path, count: int, layers: int, vocab: int, counts: Path) -> No
           f"(target <= 1), the rest {(stored - kept) / 2**20:.0f} MiB")
 
 
+def small_run(root: Path, counts: Path) -> None:
+    """The peak of tracks of 5, 10 and 20 small checkpoints (and of 20 without the
+    alignment), each in a fresh process: what the command holds beyond one checkpoint."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    weights = {f"layer{i}.weight": (rng.standard_normal((1024, 1024))
+                                    * rng.pareto(2.0, 1024)[None, :]).astype(np.float32)
+               for i in range(7)}
+    paths = []
+    for step in range(1, 21):
+        path = root / "small" / f"step-{50 * step}"
+        if not (path / "model.safetensors").exists():
+            path.mkdir(parents=True, exist_ok=True)
+            save_file(weights, str(path / "model.safetensors"))
+        paths.append(path)
+        weights = {k: v + np.float32(0.01) * rng.standard_normal(v.shape, np.float32)
+                   for k, v in weights.items()}
+    one = size(paths[0]) / 2**20
+    rows = []
+    for n, against in ((5, None), (10, None), (20, None), (20, "none")):
+        store = root / "work" / f"small-{n}-{against}"
+        subprocess.run(["rm", "-rf", str(store)], check=True)
+        run = track(paths[:n], store, counts, extra=["--against", against] if against else [])
+        rows.append([f"{n} checkpoints" + (", --against none" if against else ""),
+                     f"{run['wall']:.1f}", f"{run['peak_mib']:.0f}",
+                     f"{(run['peak_mib']) / one:.1f}"])
+    table([f"track of {one:.0f} MiB checkpoints", "wall s", "peak RSS MiB",
+           "peak / one checkpoint"], rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", default="/tmp/diffract-track-gpt2")
@@ -280,6 +316,8 @@ def main() -> None:
     parser.add_argument("--llm-layers", type=int, default=16, help=argparse.SUPPRESS)
     parser.add_argument("--llm-vocab", type=int, default=100352, help=argparse.SUPPRESS)
     parser.add_argument("--llm-only", action="store_true", help="only the --llm run")
+    parser.add_argument("--small-only", action="store_true",
+                        help="only the peak of tracks of small checkpoints (5, 10, 20)")
     parser.add_argument("--read-back", metavar="STORE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.read_back:  # in a process of its own, so that its peak memory is its own
@@ -295,6 +333,9 @@ def main() -> None:
     counts = work / "counts.txt"
     if args.llm_only:
         llm_run(root, args.llm, args.llm_layers, args.llm_vocab, counts)
+        return
+    if args.small_only:
+        small_run(root, counts)
         return
     paths = build(root / "run")
     store = work / "store"

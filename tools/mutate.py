@@ -169,6 +169,12 @@ MUTANTS = [
            "            if ti.abs(th - ah) > d:\n                d = ti.abs(th - ah)\n",
            "            if ti.abs(th - ah) > d:\n                d = 1.05 * ti.abs(th - ah)\n",
            tuple(FITTER_TESTS), "the exact scan's first gaps, 5% too high, lose the winner"),
+    Mutant("track-threshold-only-in-the-environment",
+           "plugins/diffract_report/src/diffract_report/_allocator.py",
+           "if mallopt(_M_MMAP_THRESHOLD, THRESHOLD) != 1:", "if False:",
+           ("tests/core/test_track_memory.py",),
+           "the workers would inherit the threshold but the track's own process keeps "
+           "every freed buffer"),
     Mutant("fitter-threads-for-small-sets", SPECTRAL + "_search.py",
            "threads = max(len(x) for x in xs) >= PARALLEL_FROM", "threads = True",
            tuple(FITTER_TESTS), "small sets stay off Taichi's threads (a busy machine "

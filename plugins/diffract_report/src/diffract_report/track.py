@@ -540,6 +540,9 @@ def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
     view_fields = list(VIEW_METRICS) if args.views and not args.metrics else []
     if args.paths:
         checkpoints(args.paths)  # a path matching nothing is refused before a store is made
+    from diffract_report._allocator import return_freed_buffers
+
+    return_freed_buffers()  # freed SVD buffers leave the process (docs/storage.md)
     session = open_session(args)
     with session, _svd_setting_restored(session):
         check_metrics(session, [*metrics, *view_fields])
