@@ -204,8 +204,8 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
         out = np.empty(len(idx))
         at = np.ascontiguousarray(peak[idx])  # in: where to look first; out: largest gap
         ks_exact(logx, first, np.ascontiguousarray(glob[idx]),
-                   np.ascontiguousarray(ends[idx]), np.ascontiguousarray(alphas[idx]),
-                   fine, np.ascontiguousarray(best[cand_set[idx]]), at, out)
+                 np.ascontiguousarray(ends[idx]), np.ascontiguousarray(alphas[idx]),
+                 fine, np.ascontiguousarray(best[cand_set[idx]]), at, out)
         dist[idx] = out
         found_at[idx] = at
         np.minimum.at(best, cand_set[idx], out)
@@ -239,9 +239,9 @@ def _search_many(xs: list[np.ndarray], starts_list: list[np.ndarray]) -> tuple[l
             hints = np.where(peaks >= 0, index(peaks), -1).astype(np.int32)
             lo, at = np.empty(len(ids)), np.empty(len(ids), dtype=np.int32)
             ks_lower(logx, first, grid, logx[grid], first[grid], index(glob[ids]), grid_to,
-                       hints, np.ascontiguousarray(glob[ids]),
-                       np.ascontiguousarray(ends[ids]), np.ascontiguousarray(alphas[ids]),
-                       np.ascontiguousarray(stop[part]), lo, at, budget)
+                     hints, np.ascontiguousarray(glob[ids]),
+                     np.ascontiguousarray(ends[ids]), np.ascontiguousarray(alphas[ids]),
+                     np.ascontiguousarray(stop[part]), lo, at, budget)
             lower[part], where[part] = lo, at
         peak[sel] = where
         return lower
