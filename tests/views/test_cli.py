@@ -245,3 +245,20 @@ def test_a_terminal_keeps_the_brackets_of_titles_and_cells():
     text = console.export_text()
     assert "median [min <view>, max <view>] over" in text
     assert "q.weight[head=0]" in text and "2.1 [1.0 head=3, 3.0 head=1]" in text
+
+
+def test_the_views_table_asks_which_fits_were_bounded_once(pair, monkeypatch, capsys):
+    """Which pl_alpha fits the library's bound constrained is one export of every
+    parameter: the views table asks once, not once per parameter (it asked per parameter:
+    an OLMo-2-1B-shaped model's 1024 head views with --layers kept `analyze` busy for
+    minutes after the analysis itself had ended)."""
+    from diffract.cli import main
+    from diffract_report import _output
+
+    calls, real = [], _output.bounded
+    monkeypatch.setattr(_output, "bounded", lambda *a: calls.append(a) or real(*a))
+    base, _ = pair
+    assert main(["analyze", str(base), "--views", "heads", "--metrics", "pl_alpha",
+                 "--layers", r"layers\.0\.", "--executor", "sequential", "-q"]) == 0
+    assert "over each parameter's views" in capsys.readouterr().out
+    assert len(calls) == 2  # the parameters' table and the views table, once each

@@ -166,8 +166,8 @@ def view_tables(session: Any, view: Any, model_id: str, metrics: Sequence[str],
         return
     first = next(iter(summaries.values()))
     rows = [[r["parameter"], r["views"]] for r in first]
-    flagged = {p.parent for p in session.models.params(model_id)
-               if p.name in bounded(view, model_id)}
+    constrained = bounded(view, model_id)  # once: it exports every parameter's flag
+    flagged = {p.parent for p in session.models.params(model_id) if p.name in constrained}
     for field in fields:
         for row, r in zip(rows, summaries[field], strict=True):
             cell = (f"{format_value(r['median'])} [{format_value(r['min'])} {r['min_view']}, "
