@@ -171,7 +171,7 @@ MUTANTS = [
            tuple(FITTER_TESTS), "the exact scan's first gaps, 5% too high, lose the winner"),
     Mutant("track-threshold-only-in-the-environment",
            "plugins/diffract_report/src/diffract_report/_allocator.py",
-           "if mallopt(_M_MMAP_THRESHOLD, THRESHOLD) != 1:", "if False:",
+           "if libc.mallopt(_M_MMAP_THRESHOLD, THRESHOLD) != 1:", "if False:",
            ("tests/core/test_track_memory.py",),
            "the workers would inherit the threshold but the track's own process keeps "
            "every freed buffer"),

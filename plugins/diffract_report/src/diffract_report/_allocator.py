@@ -33,12 +33,11 @@ def return_freed_buffers() -> bool:
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
     try:
-        mallopt = ctypes.CDLL(None).mallopt
-        gnu = ctypes.CDLL(None).gnu_get_libc_version
-    except (OSError, AttributeError):  # not glibc (musl has no gnu_get_libc_version)
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018 - glibc's alone (musl has mallopt, not this)
+    except (OSError, AttributeError):
         return False
-    del gnu
-    if mallopt(_M_MMAP_THRESHOLD, THRESHOLD) != 1:
+    if libc.mallopt(_M_MMAP_THRESHOLD, THRESHOLD) != 1:
         return False
     os.environ["MALLOC_MMAP_THRESHOLD_"] = str(THRESHOLD)
     return True
