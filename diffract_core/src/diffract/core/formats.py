@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from diffract.core.sources import FileIdentity, ModelSource
+from diffract.core.sources import FileIdentity, ModelSource, url_format, url_scheme
 from diffract.core.tensors import readable, to_numpy
 from diffract.core.views import Index
 from diffract.errors import (
@@ -34,7 +34,7 @@ from diffract.errors import (
 )
 
 __all__ = ["CheckpointReader", "FORMATS_DISTRIBUTION", "TensorEntry", "find_format",
-           "open_object", "open_path", "reopen"]
+           "open_object", "open_path", "reopen", "url_format"]
 
 #: The distribution whose formats read the common checkpoint files.
 FORMATS_DISTRIBUTION = "diffract-formats"
@@ -166,13 +166,13 @@ class _Reading:
 
     def _open(self, name: str) -> CheckpointReader:
         if self.identities:  # none for an object in memory
-            self.identities[self.where.get(name, 0)].check(self.model_id)
+            self.identities[self.where.get(name, 0)].check(self.model_id, options=self.options)
         with self._lock:
             if self._reader is None:  # files holding no tensor (a config it reads): now
                 held = set(self.where.values()) or {0}
                 for i, identity in enumerate(self.identities):
                     if i not in held:
-                        identity.check(self.model_id)
+                        identity.check(self.model_id, options=self.options)
                 self._reader = _open(self.fmt, self.path, self.model_id, self.options)
             return self._reader
 
@@ -219,24 +219,30 @@ def _open(fmt: Any, target: Any, model_id: str, options: Mapping[str, Any]) -> C
     return reader
 
 
-def open_path(path: Path, model_id: str, format: str | None = None,
+def open_path(given: str | os.PathLike[str], model_id: str, format: str | None = None,
               options: Mapping[str, Any] | None = None,
               ) -> tuple[list[TensorEntry], ModelSource, Callable, Callable, Mapping[str, Any]]:
-    """Open a checkpoint file or directory (``options`` go to the format's reader and are
-    recorded): its floating-point tensors, the source record, the two loaders
-    (``load(name, index=None)`` numpy, ``raw`` as stored) and a function returning the
-    model's configuration (read only if a view rule asks: a broken ``config.json`` does
-    not stop a model read without views)."""
-    if not os.path.exists(path):  # a name a format knows (a Hugging Face id), as it finds it
+    """Open a checkpoint file or directory, or a URL a format reads in place (``options``
+    go to the format's reader and are recorded): its floating-point tensors, the source
+    record, the two loaders (``load(name, index=None)`` numpy, ``raw`` as stored) and a
+    function returning the model's configuration (read only if a view rule asks: a broken
+    ``config.json`` does not stop a model read without views)."""
+    url, path = url_scheme(given) and str(given), Path(given)
+    if url:
+        fmt = url_format(url, model_id, format)
+    elif not os.path.exists(path):  # a name a format knows (a Hugging Face id), as it finds it
         for f in sorted(_formats().values(), key=lambda f: -f.priority):
             found = f.locate is not None and _named(model_id, lambda f=f, n=str(path): f.locate(n))
             if found:
                 path = Path(found)
                 break
-    fmt = find_format(path, model_id, format)
+    if not url:
+        fmt = find_format(path, model_id, format)
     options = dict(options or {})
-    reader = _open(fmt, str(path), model_id, options)
-    files = [FileIdentity.of(f) for f in reader.files]
+    reader = _open(fmt, url or str(path), model_id, options)
+    files = _named(model_id, lambda: [FileIdentity.of(f, options) for f in reader.files])
+    kind = ("directory" if len(files) > 1 or files[0].path != url else "file") if url else (
+        "directory" if path.is_dir() else "file")
     kept, where = [], {}
     for entry in _named(model_id, lambda: list(reader.entries())):
         if entry.name in where:
@@ -246,12 +252,10 @@ def open_path(path: Path, model_id: str, format: str | None = None,
         if _is_float(entry.dtype):
             kept.append(entry)
     source = ModelSource(
-        kind="directory" if path.is_dir() else "file", format=fmt.name,
-        path=str(path.resolve()), files=tuple(files),
+        kind=kind, format=fmt.name, path=url or str(path.resolve()), files=tuple(files),
         weight_map=tuple((e.name, e.file) for e in kept) if len(files) > 1 else (),
-        description=f"{fmt.name} {'directory' if path.is_dir() else 'file'}",
-        format_options=tuple(sorted(options.items())))
-    reading = _Reading(fmt, str(path), files, dict(source.weight_map), model_id, options,
+        description=f"{fmt.name} {kind}", format_options=tuple(sorted(options.items())))
+    reading = _Reading(fmt, url or str(path), files, dict(source.weight_map), model_id, options,
                        reader)
     return kept, source, reading.load, reading.raw, lambda: _named(  # a reader's own
         model_id, reader.config)  # mapping: it may say where it was read (``source``)

@@ -21,7 +21,6 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -141,7 +140,7 @@ def _from_format(model_id: str, given: Any, format: str | None,
     from diffract.core.formats import open_object, open_path
 
     entries, source, load, raw, config = (
-        open_path(Path(given), model_id, format, options)
+        open_path(given, model_id, format, options)
         if isinstance(given, (str, os.PathLike)) else
         open_object(given, model_id, format or "", options))
     infos = [ParamInfo(model_id, e.name, e.shape, e.dtype, infer_type(e.name, e.shape),

@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from diffract.errors import ModelSourceError
+from diffract.errors import ModelSourceError, install_hint
 
 __all__ = ["FileIdentity", "ModelSource", "HEADER_BYTES", "MAX_SIDE_FILE", "inside",
-           "read_json_file"]
+           "read_json_file", "url_format", "url_scheme"]
 
 #: Bytes hashed at the start of a file (covers a safetensors header for typical models);
 #: a safetensors file's whole declared header is hashed when it is longer.
@@ -34,6 +35,40 @@ HEADER_BYTES = 1 << 16
 #: The most bytes read of a side file (config.json, trainer_state.json, a Keras archive's
 #: config) and its deepest nesting: real ones are kilobytes, a few levels deep.
 MAX_SIDE_FILE, MAX_JSON_DEPTH = 16 << 20, 100
+
+
+def url_scheme(path: Any) -> str | None:
+    """The scheme of a URL (``s3`` of ``s3://bucket/key``), or None for a local path."""
+    found = re.match(r"([a-z][a-z0-9+.-]*)://", str(path)) if isinstance(path, str) else None
+    return found.group(1) if found else None
+
+
+#: The distribution that reads checkpoints in object storage (s3://, gs://, hf://).
+OBJECTS_DISTRIBUTION = "diffract-sources-fsspec"
+
+
+def url_format(url: str, model_id: str | None, name: str | None = None) -> Any:
+    """The format that reads ``url`` in place (its scheme among the format's), the
+    highest-priority one, or the one named."""
+    from diffract.plugins._runtime import get_catalog
+
+    scheme, formats = url_scheme(url), get_catalog().formats.values()
+    found = sorted((f for f in formats if scheme in f.schemes and name in (None, f.name)),
+                   key=lambda f: -f.priority)
+    if not found:
+        raise ModelSourceError(
+            f"{f'Model {model_id!r}: ' if model_id else ''}no installed model format "
+            f"{f'named {name!r} ' if name else ''}reads {scheme}:// URLs in place"
+            f"{''.join(f'; {f.name} reads ' + ', '.join(f.schemes) for f in formats if f.schemes)}"
+            f". {install_hint(OBJECTS_DISTRIBUTION)} (S3, GCS and hf:// through fsspec).",
+            model_id=model_id)
+    return found[0]
+
+
+def _object_stat(url: str, options: Any) -> tuple[int, str]:
+    """(size, version tag) of an object now, from the format that reads its scheme (given
+    the model's format options: where the store is)."""
+    return url_format(url, None).stat(url, **dict(options))
 
 
 def _zip_errors() -> tuple[type[Exception], ...]:
@@ -124,26 +159,36 @@ class FileIdentity:
     #: what ``touch -r`` cannot restore (0: not recorded by an older store)
     inode: int = 0
     ctime_ns: int = 0
+    #: an object's ETag or generation (a URL's identity is its size and this tag)
+    etag: str = ""
 
     @classmethod
-    def of(cls, path: str | os.PathLike[str]) -> FileIdentity:
-        """The identity of ``path`` now (reads its header)."""
+    def of(cls, path: str | os.PathLike[str], options: Any = ()) -> FileIdentity:
+        """The identity of ``path`` now (reads its header; a URL's: asks its store)."""
+        if url_scheme(path):
+            size, tag = _object_stat(str(path), options)
+            return cls(str(path), size, 0, "", etag=tag)
         p = Path(path).resolve()
         st = p.stat()
         with p.open("rb") as fh:
             digest = _sha256(fh.read(_header_length(fh, st.st_size)))
         return cls(str(p), st.st_size, st.st_mtime_ns, digest, st.st_ino, st.st_ctime_ns)
 
-    def change(self, *, full: bool = False) -> str | None:
+    def change(self, *, full: bool = False, options: Any = ()) -> str | None:
         """What changed since the identity was taken (a phrase), or None.
 
         By default only size and modification time are compared (a ``stat``, cheap
         before every read); ``full`` also hashes the header again."""
         try:
+            if url_scheme(self.path):  # an object: its size and version tag
+                size, tag = _object_stat(self.path, options)
+                return (f"its size changed from {self.size} to {size} bytes" if size != self.size
+                        else None if tag == self.etag else
+                        f"it was rewritten (its version tag went from {self.etag} to {tag})")
             st = os.stat(self.path)
         except FileNotFoundError:
             return "it no longer exists"
-        except OSError as exc:
+        except (OSError, ModelSourceError) as exc:
             return f"it cannot be read ({exc})"
         if st.st_size != self.size:
             return f"its size changed from {self.size} to {st.st_size} bytes"
@@ -158,9 +203,9 @@ class FileIdentity:
             return "its header changed"
         return None
 
-    def check(self, model_id: str, *, full: bool = False) -> None:
+    def check(self, model_id: str, *, full: bool = False, options: Any = ()) -> None:
         """Raise :class:`ModelSourceError` when the file changed since it was added."""
-        change = self.change(full=full)
+        change = self.change(full=full, options=options)
         if change is not None:
             raise ModelSourceError(
                 f"Model {model_id!r}: file {self.path!r} changed since the model was added: "
@@ -222,7 +267,7 @@ class ModelSource:
         """``path: what changed`` for every file that differs from its identity."""
         out = []
         for identity in self.files:
-            change = identity.change(full=True)
+            change = identity.change(full=True, options=self.format_options)
             if change is not None:
                 out.append(f"{identity.path}: {change}")
         return out

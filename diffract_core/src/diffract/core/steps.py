@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from diffract.core.sources import url_scheme
+
 __all__ = ["PATTERNS", "Step", "order", "parse_name", "read_step"]
 
 #: Name patterns, searched in each name component: (kind, regex with one number group).
@@ -76,7 +78,7 @@ def read_step(source: Any, model_id: str, given: Mapping[str, Any],
     if isinstance(source, (str, Path)):
         path = Path(source)
         record.update(_from_path(path))
-        record.update(_trainer_state(path))
+        record.update({} if url_scheme(text) else _trainer_state(path))
     else:
         record.update(parse_name(model_id))
     if step_from is not None:

@@ -19,7 +19,14 @@ from diffract.core.executors import InlineExecutor, limit_threads, one_openmp_th
 from diffract.core.formats import CheckpointReader, TensorEntry
 from diffract.core.models import open_source as open_model_source
 from diffract.core.scope import name_pattern
-from diffract.core.sources import FileIdentity, ModelSource, inside, read_json_file
+from diffract.core.sources import (
+    FileIdentity,
+    ModelSource,
+    inside,
+    read_json_file,
+    url_format,
+    url_scheme,
+)
 from diffract.core.storage.base import (
     STORABLE_TYPES,
     Batch,
@@ -77,5 +84,5 @@ __all__ = [
     "StorageProfile", "get_catalog", "get_plugin_manager", "get_registry", "hookimpl",
     "hookspec", "inside", "kernel", "limit_threads", "make_plugin_manager", "name_pattern",
     "one_openmp_thread", "open_model_source", "read_json_file", "read_rows", "reset_registry",
-    "set_plugin_manager", "sliced_shape", "to_slices", "view_name",
+    "set_plugin_manager", "sliced_shape", "to_slices", "url_format", "url_scheme", "view_name",
 ]

@@ -135,7 +135,10 @@ class ModelFormat:
     None, and raises ModelSourceError, saying how to fetch it, for one it knows of but
     cannot find. With ``objects``, ``open`` also takes what ``models.add(obj,
     format=name)`` was given in memory (a state dict); that model is in memory (a durable
-    profile copies its weights)."""
+    profile copies its weights). With ``schemes`` (``("s3", "gs")``) it reads URLs of
+    them in place: ``stat(url, **options)`` gives an object's (size, version tag), what
+    its identity records, and ``glob(pattern, **options)`` the checkpoints a URL pattern
+    matches (``options``: the format's, as ``open`` takes them)."""
 
     name: str
     open: Callable[[str], Any] = attrs.field(eq=False, hash=False, repr=_summary)
@@ -150,6 +153,11 @@ class ModelFormat:
     priority: int = 0
     provider: str = "unknown"
     objects: bool = False
+    schemes: tuple[str, ...] = attrs.field(default=(), converter=lambda v: tuple(v))
+    stat: Callable[..., tuple[int, str]] | None = attrs.field(
+        default=None, eq=False, hash=False, repr=False)
+    glob: Callable[..., list[str]] | None = attrs.field(
+        default=None, eq=False, hash=False, repr=False)
 
     def recognises(self, path: str | os.PathLike[str]) -> bool:
         """Whether this format reads ``path`` (a file by suffix or magic bytes, a
@@ -167,7 +175,8 @@ class ModelFormat:
 
     def describe(self) -> str:
         """``name (.a, .b, magic, directories)``: what it recognises, for messages."""
-        kinds = [*self.suffixes, *(f"magic {m!r}" for m in self.magic)]
+        kinds = [*self.suffixes, *(f"magic {m!r}" for m in self.magic),
+                 *(f"{s}://" for s in self.schemes)]
         if self.layout is not None:
             kinds.append("directories")
         return f"{self.name} ({', '.join(kinds)})" if kinds else self.name

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FLOAT_DTYPES", "ITEMSIZE", "SafetensorsError", "SafetensorsFile"]
+__all__ = ["FLOAT_DTYPES", "ITEMSIZE", "LocalFiles", "SafetensorsError", "SafetensorsFile"]
 
 #: safetensors dtype -> (name, bytes per element) for the floating-point dtypes read.
 FLOAT_DTYPES = {"F16": ("float16", 2), "BF16": ("bfloat16", 2), "F32": ("float32", 4),
@@ -35,6 +35,16 @@ SKIPPED = {"C64": "complex", "F8_E8M0": "a scale format (exponent only)",
 #: The largest header accepted (the reference library's limit is 100 MB).
 MAX_HEADER = 100_000_000
 _BLOCK = 1 << 22  # elements converted at a time (16 MiB of float32)
+
+
+class LocalFiles:
+    """Plain files, as the readers see them: a file's size and a binary handle on it."""
+
+    size = staticmethod(os.path.getsize)
+
+    @staticmethod
+    def open(path: str) -> Any:
+        return open(path, "rb")  # noqa: SIM115 - the caller closes it
 
 
 class SafetensorsError(ValueError):
@@ -128,10 +138,12 @@ class SafetensorsFile:
     known dtype, a shape of non-negative integers and offsets that cover the data exactly
     (no overlap, no gap, nothing after the last tensor)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], files: Any = None) -> None:
         self.path = os.fspath(path)
-        size = os.path.getsize(self.path)
-        with open(self.path, "rb") as fh:
+        #: where the bytes are: plain files, or an object store (``size``, ``open``)
+        self.files = files or LocalFiles
+        size = self.files.size(self.path)
+        with self.files.open(self.path) as fh:
             header, length = _header(fh, size)
         self.data_start = 8 + length
         data_size = size - self.data_start
@@ -207,7 +219,7 @@ class SafetensorsFile:
                  "I64": np.int64, "U64": np.uint64}
         if dtype not in kinds:
             raise SafetensorsError(f"tensor {name!r} is {dtype}, which is not read as numbers")
-        with open(self.path, "rb") as fh:
+        with self.files.open(self.path) as fh:
             return self._read(name, np.dtype(kinds[dtype]), begin, math.prod(shape),
                               fh).reshape(shape)
 
@@ -224,7 +236,7 @@ class SafetensorsFile:
         item = ITEMSIZE[dtype]
         offset, count = begin + start * per_row * item, (stop - start) * per_row
         out_shape = (stop - start, *shape[1:]) if shape else ()
-        with open(self.path, "rb") as fh:
+        with self.files.open(self.path) as fh:
             if dtype in _FP8:  # as torch reads them: float32 values
                 bits = self._read(name, np.dtype(np.uint8), offset, count, fh)
                 return _FP8[dtype][bits].reshape(out_shape)

@@ -35,6 +35,7 @@ import numpy as np
 from diffract.errors import ModelSourceError
 from diffract.plugins import CheckpointReader, TensorEntry, inside, to_slices
 from diffract_formats._common import config_json, error, file_identity, library
+from diffract_formats._safetensors import LocalFiles
 
 __all__ = ["DcpReader", "dcp_folder", "dcp_layout"]
 
@@ -113,18 +114,19 @@ class _MetadataUnpickler(pickle._Unpickler):  # the Python one: a length read is
                                 "which DCP metadata never does: refused")
 
 
-def read_metadata(path: Path) -> Any:
-    """The ``Metadata`` of ``path`` (a ``.metadata`` file), unpickled safely."""
+def read_metadata(path: Any, files: Any = LocalFiles) -> Any:
+    """The ``Metadata`` of ``path`` (a ``.metadata`` file, on ``files``: plain files or an
+    object store), unpickled safely."""
     library("torch", path, "reading a torch.distributed.checkpoint needs torch: pip install "
                            "torch")
     import torch.distributed.checkpoint.filesystem  # noqa: F401 - the classes resolved
     import torch.distributed.checkpoint.metadata as meta
 
-    size = path.stat().st_size
+    size = files.size(path)
     if size > MAX_METADATA:
         raise error(path, f"the metadata is {size} bytes, over {MAX_METADATA}: not a DCP "
                           "checkpoint's")
-    with open(path, "rb") as fh:
+    with files.open(path) as fh:
         data = fh.read(MAX_METADATA + 1)
     try:
         found = _MetadataUnpickler(data, path).load()
@@ -174,7 +176,9 @@ class DcpReader(CheckpointReader):
                               "torch.distributed.checkpoint folder")
         self._root = folder
         self._metadata_path = self._root / METADATA
-        metadata = read_metadata(self._metadata_path)
+        self._indexed(read_metadata(self._metadata_path), prefix)
+
+    def _indexed(self, metadata: Any, prefix: str | None) -> None:
         try:
             self._index(metadata, prefix)
         except ModelSourceError:
@@ -229,9 +233,7 @@ class DcpReader(CheckpointReader):
                 file = files.get(info.relative_path) or self._inside(info.relative_path, key)
                 files[info.relative_path] = file
                 if file not in sizes:
-                    stat = file.stat()
-                    sizes[file] = stat.st_size
-                    self._stats[file] = file_identity(stat)
+                    sizes[file], self._stats[file] = self._measure(file)
                 start, length = int(info.offset), int(info.length)
                 if not isinstance(info.offset, int) or not isinstance(info.length, int):
                     raise TypeError(f"tensor {key!r}: a chunk's place is not in bytes")
@@ -253,6 +255,7 @@ class DcpReader(CheckpointReader):
                                                  f"shape {shape} ({problem})")
             self._tensors[key[len(self._prefix):]] = (entry, chunks)
         self._files = [str(self._metadata_path), *sorted(map(str, sizes))]
+        self._sizes = sizes
         #: each tensor's first chunk's file (the core checks its identity before a read;
         #: the reader checks every file it reads against what it saw when opened)
         self._file_of = {name: self._files.index(str(chunks[0][2])) if chunks else 0
@@ -271,6 +274,26 @@ class DcpReader(CheckpointReader):
             raise error(self._metadata_path, f"tensor {key!r} is stored in {relative!r}, "
                                              "which is not a file of the checkpoint's folder")
         return file
+
+    @staticmethod
+    def _measure(file: Any) -> tuple[int, Any]:
+        """A file's size and what tells it from another (compared before each read)."""
+        stat = os.stat(file)
+        return stat.st_size, file_identity(stat)
+
+    def _bytes(self, name: str, file: Any, start: int, length: int) -> bytearray:
+        """``length`` bytes of ``file`` from ``start``, the file checked unchanged."""
+        buf = bytearray(length)
+        with open(file, "rb") as fh:
+            if file_identity(os.fstat(fh.fileno())) != self._stats[file]:
+                raise error(file, f"tensor {name!r}: the file changed since the checkpoint "
+                                  "was opened (saved over?); add the model again")
+            fh.seek(start)
+            got = fh.readinto(buf)
+        if got != length:
+            raise error(file, f"tensor {name!r}: read {got or 0} of {length} bytes: the "
+                              "file is shorter than when it was opened; add the model again")
+        return buf
 
     @property
     def files(self) -> list[str]:
@@ -313,21 +336,12 @@ class DcpReader(CheckpointReader):
                       for axis, e in enumerate(to_slices(_resolved(shape, index))))
         return out[local]
 
-    def _item(self, name: str, file: Path, start: int, length: int,
+    def _item(self, name: str, file: Any, start: int, length: int,
               lengths: tuple[int, ...], dtype: Any) -> Any:
         """One stored chunk: ``length`` bytes from ``start``, decoded as a tensor."""
         import torch
 
-        buf = bytearray(length)
-        with open(file, "rb") as fh:
-            if file_identity(os.fstat(fh.fileno())) != self._stats[file]:
-                raise error(file, f"tensor {name!r}: the file changed since the checkpoint "
-                                  "was opened (saved over?); add the model again")
-            fh.seek(start)
-            got = fh.readinto(buf)
-        if got != length:
-            raise error(file, f"tensor {name!r}: read {got or 0} of {length} bytes: the "
-                              "file is shorter than when it was opened; add the model again")
+        buf = self._bytes(name, file, start, length)
         try:
             if bytes(buf[:2]) == b"PK":  # torch.save's zip format (DCP's default)
                 part = torch.load(io.BytesIO(buf), map_location="cpu", weights_only=True)

@@ -44,9 +44,9 @@ HF_MARKERS = ("model.safetensors.index.json", "model.safetensors",
 class SafetensorsReader(ConfigBeside, CheckpointReader):
     """A ``.safetensors`` file, read with plain file reads (see ``_safetensors``)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, files: Any = None) -> None:
         try:
-            self._file = SafetensorsFile(path)
+            self._file = SafetensorsFile(path, files)
         except (OSError, SafetensorsError) as exc:  # a truncated or lying header
             raise error(path, f"not a readable safetensors file: {exc}. The file is "
                                "truncated or its header is corrupt; export it again") from None
@@ -172,9 +172,12 @@ class HuggingFaceReader(CheckpointReader):
         self._where: dict[str, int] = {}
 
     @staticmethod
-    def _index(path: Path) -> dict[str, list[str] | None]:
+    def _index(path: Any, load: Any = read_json_file,
+               present: Any = None) -> dict[str, list[str] | None]:
+        """The shards a shard index (``load(path)``: its JSON) names, with their tensors;
+        each must be ``present`` (a file beside the index, by default)."""
         try:
-            weight_map = read_json_file(path)["weight_map"]
+            weight_map = load(path)["weight_map"]
         except (ValueError, KeyError, TypeError) as exc:
             raise error(path, f"unreadable shard index ({type(exc).__name__}: "
                                f"{str(exc)[:200]}); it must be JSON with a 'weight_map'"
@@ -186,9 +189,10 @@ class HuggingFaceReader(CheckpointReader):
         shards: dict[str, list[str] | None] = {}
         for name, shard in weight_map.items():
             shards.setdefault(shard, []).append(name)  # type: ignore[union-attr]
-        missing = sorted(s for s in shards if not (path.parent / s).is_file())
+        present = present or (lambda shard: (path.parent / shard).is_file())
+        missing = sorted(s for s in shards if not present(s))
         if missing:
-            raise error(path.parent, f"the shard index lists {len(missing)} missing "
+            raise error(path, f"the shard index lists {len(missing)} missing "
                                       f"shard(s): {missing[:5]}; download them or fix the index")
         return shards
 

@@ -106,6 +106,13 @@ def add_session_arguments(p: argparse.ArgumentParser) -> None:
                         "file): analyse its updates scale * B @ A")
     p.add_argument("--include-1d", action="store_true",
                    help="show 1-D parameters (biases, norms) in the table")
+    p.add_argument("--storage-option", dest="storage_options", action="append", default=[],
+                   metavar="KEY=VALUE",
+                   help="an option of the object store's file system for s3://, gs://, hf:// "
+                        "paths (diffract-sources-fsspec; repeatable: endpoint_url=URL, "
+                        "anon=true, client_kwargs.region_name=eu-west-1; VALUE is JSON or a "
+                        "bare word). Credentials come from where the store's library reads "
+                        "them (the environment, its config files)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
@@ -169,18 +176,71 @@ def _refuse_a_folder_of_checkpoints(raw: str, folder: Path) -> None:
             f"run's steps: diffract track {quoted}")
 
 
+def storage_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--storage-option KEY=VALUE as a mapping (dotted keys nest: ``client_kwargs.x=1``)."""
+    out: dict[str, Any] = {}
+    for text in getattr(args, "storage_options", None) or ():
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip() or any(not k for k in key.strip().split(".")):
+            raise UsageError(f"--storage-option {printable(text)!r}: expected KEY=VALUE "
+                             "(endpoint_url=http://127.0.0.1:9000, anon=true).")
+        *outer, last = key.strip().split(".")
+        node = out
+        for part in outer:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise UsageError(f"--storage-option {printable(text)!r}: {part!r} is given "
+                                 "a value and options both.")
+        node[last] = parse_setting(f"x.{last}={value}")[2]
+    return out
+
+
+def url_options(what: Any, storage: dict[str, Any]) -> dict[str, Any]:
+    """models.add's format options for a URL given --storage-option (else none)."""
+    from diffract.plugins import url_scheme
+
+    return {"format_options": {"storage_options": storage}} if storage and url_scheme(
+        what) else {}
+
+
+def object_checkpoints(pattern: str, storage: dict[str, Any]) -> list[str]:
+    """The checkpoints a URL pattern names, from the format that reads its scheme."""
+    from diffract.errors import ModelSourceError
+    from diffract.plugins import url_format
+
+    try:
+        fmt = url_format(pattern, None)
+        found = fmt.glob(pattern, **({"storage_options": storage} if storage else {}))
+    except ModelSourceError as exc:
+        raise UsageError(str(exc)) from None
+    if not found:
+        raise UsageError(f"{printable(pattern)}: matches no checkpoint in object storage (no "
+                         "safetensors object or folder, no DCP folder there).")
+    return found
+
+
 def model_inputs(paths: Sequence[str]) -> list[tuple[str, Any, str | None]]:
     """(model_id, what to add, file path or None) per PATH; ids from file names."""
+    from diffract.plugins import url_scheme
+
     out: list[tuple[str, Any, str | None]] = []
     taken: set[str] = set()
     for raw in paths:
         path = Path(raw)  # os.path's tests: False for a name too long for the file system
-        if os.path.isdir(raw) and not is_checkpoint(path):
+        if not url_scheme(raw) and os.path.isdir(raw) and not is_checkpoint(path):
             _refuse_a_folder_of_checkpoints(raw, path)
-        if os.path.exists(raw):
+        what: Any
+        file: str | None
+        if url_scheme(raw):  # read in place by the format of its scheme
+            what = file = raw.rstrip("/")
+            parts = what.split("://", 1)[1].split("/")
+            stem = parts[-1].removesuffix(".safetensors")
+            if stem == "model" and len(parts) > 2:
+                stem = parts[-2]
+        elif os.path.exists(raw):
             stem = path.name if path.is_dir() else path.stem
-            what: Any = str(path.resolve())
-            file: str | None = what
+            what = str(path.resolve())
+            file = what
             if stem in ("model", "pytorch_model") and path.parent.name:
                 stem = path.resolve().parent.name  # model.safetensors: use its folder
         elif _FACTORY.match(raw):
@@ -314,8 +374,8 @@ def _add(session: Any, what: Any, model_id: str, views: dict[str, Any], **kwargs
 
 def add_models(session: Any, inputs: Sequence[tuple[str, Any, str | None]], *,
                base: str | None = None, lora: bool = False, key: str | None = None,
-               views: dict[str, Any] | None = None, step_from: str | None = None
-               ) -> list[str]:
+               views: dict[str, Any] | None = None, step_from: str | None = None,
+               storage: dict[str, Any] | None = None) -> list[str]:
     """Add each model (a delta against model ``base``, or LoRA updates), or reuse it when
     a durable store already holds it from the same file (a resumed run)."""
     held = {r["model_id"]: r for r in session.models.list()}
@@ -336,7 +396,8 @@ def add_models(session: Any, inputs: Sequence[tuple[str, Any, str | None]], *,
                 session.models.add_lora(what, model_id)
             else:
                 _add(session, what, model_id, views or {}, base_model_id=base,
-                     key=key if file is not None else None, step_from=step_from)
+                     key=key if file is not None else None, step_from=step_from,
+                     **url_options(what, storage or {}))
         except (InvalidArgumentError, ModelSourceError) as exc:  # in the shell's words
             raise UsageError(shell_words(str(exc))) from None
     return [m for m, _, _ in inputs]
@@ -354,9 +415,10 @@ def add_inputs(session: Any, inputs: Sequence[tuple[str, Any, str | None]],
         ((base, base_what, base_file),) = model_inputs([args.base])
         base = f"{base}.base"
         add_models(session, [(base, base_what, base_file)], key=args.key,
-                   views=view_arguments(args))
+                   views=view_arguments(args), storage=storage_options(args))
     added = add_models(session, inputs, base=base, lora=args.lora, key=args.key,
-                       views=view_arguments(args), step_from=args.step_from)
+                       views=view_arguments(args), step_from=args.step_from,
+                       storage=storage_options(args))
     return session.models.ordered(added)  # by training step where there is one
 
 

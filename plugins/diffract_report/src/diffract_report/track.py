@@ -38,9 +38,12 @@ from diffract_report._inputs import (
     checkpoints_inside,
     is_checkpoint,
     model_inputs,
+    object_checkpoints,
     open_session,
     parents_only,
     shell_words,
+    storage_options,
+    url_options,
     view_arguments,
 )
 from diffract_report._output import ProgressBar, outcomes_reported_by_us, tell_failures
@@ -85,10 +88,16 @@ def configure_track(p: argparse.ArgumentParser) -> None:
     p.set_defaults(profile="local")
 
 
-def checkpoints(patterns: Sequence[str]) -> list[str]:
-    """The checkpoint paths: each pattern a glob, a checkpoint, or a folder of them."""
+def checkpoints(patterns: Sequence[str], storage: dict[str, Any] | None = None) -> list[str]:
+    """The checkpoint paths: each pattern a glob, a checkpoint, or a folder of them (a URL
+    pattern: the same, in object storage; ``storage``: --storage-option's)."""
+    from diffract.plugins import url_scheme
+
     out: list[str] = []
     for pattern in patterns:
+        if url_scheme(pattern):
+            out += object_checkpoints(pattern, storage or {})
+            continue
         matches = sorted(glob.glob(pattern)) if any(c in pattern for c in "*?[") else (
             [pattern] if os.path.exists(pattern) else [])  # a name too long: False
         if not matches:
@@ -169,13 +178,15 @@ def _add_new(session: Any, paths: Sequence[str], args: argparse.Namespace,
         if model_id in held:
             changed = session.store.source(model_id).changed_files()
             if changed:
-                raise UsageError(f"checkpoint {model_id!r} changed on disk since it was "
+                where = "in object storage" if "://" in str(what) else "on disk"
+                raise UsageError(f"checkpoint {model_id!r} changed {where} since it was "
                                  f"tracked: {'; '.join(changed)}. Track it under another "
                                  "name, or start another --store.")
             continue
         try:
             session.models.add(what, model_id=model_id, key=args.key,
-                               step_from=args.step_from, **view_arguments(args))
+                               step_from=args.step_from, **view_arguments(args),
+                               **url_options(what, storage_options(args)))
         except ModelSourceError as exc:
             print(f"diffract track: checkpoint {model_id!r} left out: {shell_words(str(exc))}",
                   file=sys.stderr)
@@ -370,7 +381,7 @@ def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: arg
     views together, then ``metrics`` on the parameters alone, when given); returns the
     apply reports and the checkpoints that could not be read."""
     try:
-        found = checkpoints(paths)
+        found = checkpoints(paths, storage_options(args))
     except UsageError as exc:  # the run's folder moved away while watched: wait for it
         if args.watch is None or not session.model_ids:
             raise
@@ -539,7 +550,8 @@ def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
                if m.strip()]
     view_fields = list(VIEW_METRICS) if args.views and not args.metrics else []
     if args.paths:
-        checkpoints(args.paths)  # a path matching nothing is refused before a store is made
+        # a path matching nothing is refused before a store is made
+        checkpoints(args.paths, storage_options(args))
     from diffract_report._allocator import return_freed_buffers
 
     return_freed_buffers()  # freed SVD buffers leave the process (docs/storage.md)

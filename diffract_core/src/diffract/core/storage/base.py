@@ -19,12 +19,14 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
-from diffract.core.sources import ModelSource
+if TYPE_CHECKING:  # a record the stores hold: sources' lookups need the catalog
+    from diffract.core.sources import ModelSource
+
 
 __all__ = [
     "Batch",

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
-from diffract.core.sources import ModelSource
+if TYPE_CHECKING:  # a record the stores hold: sources' lookups need the catalog
+    from diffract.core.sources import ModelSource
+
 from diffract.core.storage.base import (
     Batch,
     Note,

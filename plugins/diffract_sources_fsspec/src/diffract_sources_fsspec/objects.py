@@ -1,0 +1,373 @@
+"""Checkpoints in object storage, read in place by byte ranges through fsspec.
+
+A URL names a ``.safetensors`` object, a Hugging Face-style folder (a shard index with
+its shards, or one ``model.safetensors``) or a torch.distributed.checkpoint folder (a
+``.metadata`` with its ``.distcp`` objects; OLMo-core's ``model_and_optim/`` inside).
+The readers are diffract-formats' own, with every rule they hold on local files: a
+safetensors header is read first (two ranged reads) and checked against the object's
+size, then each tensor's byte range once when it is analysed; a DCP ``.metadata`` is
+read first, unpickled only as DCP's metadata classes, then only the chunks a tensor
+spans. Nothing is read outside the URL's prefix (a shard index or a ``.metadata`` that
+names ``../other`` is refused), nothing is written to disk, no torch pickle is read.
+
+An object's identity is its size and version tag (S3's ETag, GCS's generation, the
+Hub's blob id): the core compares them before each read, and ``diffract track``
+refuses a checkpoint rewritten since it was tracked. Where the store is and who may
+read it come from the places its library reads (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``~/.aws``, ``GOOGLE_APPLICATION_CREDENTIALS``, ``HF_TOKEN``...)
+and from ``storage_options`` (recorded with the model, so no credential is taken there).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from diffract.errors import ModelSourceError
+from diffract.plugins import CheckpointReader, read_json_file
+from diffract_formats._common import Config, error
+from diffract_formats.dcp_reader import INNER, METADATA, DcpReader, read_metadata
+from diffract_formats.quantized import wrap
+from diffract_formats.readers import HuggingFaceReader, SafetensorsReader
+
+__all__ = ["ObjectFiles", "checkpoint_urls", "open_url", "stat"]
+
+#: The URL schemes read in place, and the package (and this distribution's extra) each needs.
+PACKAGES = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"),
+           "gcs": ("gcsfs", "gcs"), "hf": ("huggingface_hub", "hf"), "az": ("adlfs", None),
+           "abfs": ("adlfs", None)}
+#: Option names that hold a credential: refused, since options are recorded with the model.
+SECRET = re.compile(r"key|secret|token|password|credential|session", re.IGNORECASE)
+#: The Hugging Face folder's files, in the order looked for (torch pickles are not read).
+FOLDER_MARKERS = ("model.safetensors.index.json", "model.safetensors")
+PICKLES = ("pytorch_model.bin.index.json", "pytorch_model.bin")
+#: What the "inside" refusal of a shard index or a DCP metadata says to do.
+OUTSIDE_HINT = "copy the object under the checkpoint's prefix"
+
+
+def split(url: str) -> tuple[str, str]:
+    """(scheme, path without it and without a trailing slash)."""
+    scheme, _, rest = url.partition("://")
+    return scheme, rest.rstrip("/")
+
+
+def _credentials_hint(scheme: str) -> str:
+    return {"s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws/"
+                  "credentials; --storage-option anon=true for a public bucket",
+            "gs": "GOOGLE_APPLICATION_CREDENTIALS or gcloud auth application-default login",
+            "hf": "HF_TOKEN or huggingface-cli login"}.get(scheme.rstrip("as"), "where "
+                                                          "fsspec's filesystem reads them")
+
+
+def _said(url: str, exc: BaseException) -> ModelSourceError:
+    """What went wrong at the object store, in one line saying what to fix."""
+    scheme, what = split(url)[0], f"{type(exc).__name__}: {str(exc)[:160]}"
+    if isinstance(exc, ModelSourceError):
+        return exc
+    if isinstance(exc, FileNotFoundError):
+        return error(url, f"no such object, prefix or bucket ({what}); check the URL")
+    if isinstance(exc, PermissionError) or "Credential" in type(exc).__name__:
+        return error(url, f"the object store refused access ({what}): give credentials "
+                          f"where its library reads them ({_credentials_hint(scheme)})")
+    return error(url, f"cannot reach the object store ({what}): check the endpoint "
+                      "(AWS_ENDPOINT_URL, or --storage-option endpoint_url=URL), the "
+                      "network and the URL")
+
+
+def _checked_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    options = dict(options or {})
+    secret = sorted(k for k in options if SECRET.search(str(k)))
+    if secret:
+        raise ModelSourceError(
+            f"storage option(s) {secret} hold credentials, which Diffract would record "
+            "with the model in its store: give them where the store's library reads them "
+            "(the environment, its config files)", model_id=None)
+    return options
+
+
+class ObjectFiles:
+    """One object store as diffract-formats' readers see files: an object's size, a
+    binary handle whose reads are ranged GETs (no read-ahead: what is read is what a
+    reader asks for), and the "inside the prefix" rule."""
+
+    def __init__(self, scheme: str, options: Mapping[str, Any] | None = None) -> None:
+        import fsspec
+
+        self.scheme = scheme
+        try:
+            fsspec.get_filesystem_class(scheme)
+        except (ImportError, ValueError):
+            package, extra = PACKAGES.get(scheme, (None, None))
+            raise ModelSourceError(
+                f"reading {scheme}:// needs {package or 'an fsspec implementation of it'}: "
+                + (f"pip install 'diffract-sources-fsspec[{extra}]'" if extra else
+                   f"pip install {package}"), model_id=None) from None
+        self.fs = fsspec.filesystem(scheme, **_checked_options(options))
+
+    @classmethod
+    def of(cls, url: str, options: Mapping[str, Any] | None = None) -> ObjectFiles:
+        return cls(split(url)[0], options)
+
+    def call(self, url: str, what: Any) -> Any:
+        """``what()``, its failure said as a ModelSourceError naming ``url``."""
+        try:
+            return what()
+        except Exception as exc:  # noqa: BLE001 - every store's errors, said in one line
+            raise _said(url, exc) from None
+
+    def info(self, url: str) -> dict[str, Any]:
+        path = split(url)[1]
+        self.fs.invalidate_cache(path)  # now, not as a listing saw it
+        return self.call(url, lambda: self.fs.info(path))
+
+    def stat(self, url: str) -> tuple[int, str]:
+        """(size, version tag) of the object now."""
+        info = self.info(url)
+        if info.get("type") == "directory":
+            raise error(url, "a prefix, not an object")
+        return int(info["size"]), _tag(info)
+
+    def size(self, url: str) -> int:
+        return self.stat(url)[0]
+
+    def open(self, url: str) -> Ranged:
+        return Ranged(self, url, self.size(url))
+
+    def cat(self, url: str, start: int, stop: int) -> bytes:
+        """Bytes ``start:stop`` of the object (one ranged GET)."""
+        if stop <= start:
+            return b""
+        path = split(url)[1]
+        return self.call(url, lambda: self.fs.cat_file(path, start=start, end=stop))
+
+    def names(self, url: str) -> set[str]:
+        """The names directly under the prefix ``url`` (one listing)."""
+        path = split(url)[1]
+        try:
+            found = self.fs.ls(path, detail=False, refresh=True)
+        except FileNotFoundError:
+            return set()
+        except Exception as exc:  # noqa: BLE001
+            raise _said(url, exc) from None
+        return {posixpath.basename(str(p).rstrip("/")) for p in found}
+
+    def inside(self, root: str, name: Any) -> str:
+        """The URL of ``name`` under the prefix ``root``, when it lies there."""
+        base = split(root)[1]
+        if not isinstance(name, str) or not name or "://" in name or name.startswith("/"):
+            raise error(root, f"{name!r} names no object under the checkpoint's prefix: "
+                              f"refused; {OUTSIDE_HINT}")
+        target = posixpath.normpath(posixpath.join(base, name))
+        if not target.startswith(base + "/"):
+            raise error(root, f"{name!r} resolves to {self.scheme}://{target}, outside the "
+                              f"checkpoint's prefix {self.scheme}://{base}: Diffract reads "
+                              f"only the checkpoint's own objects; {OUTSIDE_HINT}")
+        return f"{self.scheme}://{target}"
+
+    def json(self, url: str) -> Any:
+        return read_json_file(self.open(url), url)
+
+    def config(self, folder: str) -> dict[str, Any]:
+        """``config.json`` under ``folder``, or {} when there is none."""
+        if "config.json" not in self.names(folder):
+            return {}
+        url = self.inside(folder, "config.json")
+        data = self.json(url)
+        if not isinstance(data, dict):
+            raise error(url, "config.json holds no JSON object; fix it, or give the geometry "
+                             "as view options")
+        return Config(data, url)
+
+
+def _tag(info: Mapping[str, Any]) -> str:
+    """The version tag an object store reports: what changes when the object is written."""
+    for key in ("generation", "ETag", "etag", "VersionId", "blob_id", "md5Hash"):
+        if info.get(key):
+            return str(info[key]).strip('"')
+    lfs = info.get("lfs")
+    if isinstance(lfs, Mapping) and lfs.get("sha256"):
+        return str(lfs["sha256"])
+    return str(info.get("LastModified") or info.get("mtime") or info.get("created") or "")
+
+
+class Ranged:
+    """A read-only handle on an object: each ``read``/``readinto`` is one ranged GET of
+    exactly the bytes asked for (up to the object's end)."""
+
+    def __init__(self, files: ObjectFiles, url: str, size: int) -> None:
+        self._files, self._url, self._size, self._at = files, url, size, 0
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._at = offset if whence == 0 else (self._at + offset if whence == 1
+                                               else self._size + offset)
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
+
+    def read(self, n: int = -1) -> bytes:
+        stop = self._size if n is None or n < 0 else min(self._size, self._at + n)
+        data = self._files.cat(self._url, self._at, stop)
+        self._at += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Ranged:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+class ObjectSafetensorsReader(SafetensorsReader):
+    """A ``.safetensors`` object; its configuration is the ``config.json`` beside it."""
+
+    def __init__(self, url: str, files: ObjectFiles) -> None:
+        self._objects = files
+        super().__init__(url, files)
+
+    def config(self) -> dict[str, Any]:
+        return self._objects.config(self._file.path.rsplit("/", 1)[0])
+
+
+class ObjectFolderReader(HuggingFaceReader):
+    """A Hugging Face-style folder in object storage (safetensors shards only)."""
+
+    def __init__(self, url: str, files: ObjectFiles, names: set[str]) -> None:
+        self._root, self._objects = url, files
+        shards: dict[str, list[str] | None] = {"model.safetensors": None}
+        if FOLDER_MARKERS[0] in names:
+            shards = self._index(files.inside(url, FOLDER_MARKERS[0]), files.json,
+                                 lambda s: s in names or _exists(files, files.inside(url, s)))
+        self._readers = [ObjectSafetensorsReader(files.inside(url, s), files) for s in shards]
+        self._wanted = [set(n) if n is not None else None for n in shards.values()]
+        self._where: dict[str, int] = {}
+
+    def config(self) -> dict[str, Any]:
+        return self._objects.config(self._root)
+
+
+def _exists(files: ObjectFiles, url: str) -> bool:
+    try:
+        files.stat(url)
+    except ModelSourceError:
+        return False
+    return True
+
+
+class ObjectDcpReader(DcpReader):
+    """A torch.distributed.checkpoint folder in object storage: the local reader's
+    metadata rules and chunk checks, each chunk one ranged GET."""
+
+    def __init__(self, url: str, files: ObjectFiles, names: set[str],
+                 prefix: str | None = None) -> None:
+        self._objects, self._checkpoint = files, url
+        self._root = url if METADATA in names else files.inside(url, INNER[0])
+        self._metadata_path = files.inside(self._root, METADATA)
+        self._indexed(read_metadata(self._metadata_path, files), prefix)
+
+    def _inside(self, relative: Any, key: str) -> Any:
+        try:
+            url = self._objects.inside(self._root, relative)
+        except ModelSourceError as exc:
+            raise error(self._metadata_path, f"tensor {key!r}: {exc}") from None
+        if not _exists(self._objects, url):
+            raise error(self._metadata_path, f"tensor {key!r} is stored in {relative!r}, "
+                                             "which is not an object under the checkpoint's "
+                                             "prefix")
+        return url
+
+    def _measure(self, file: Any) -> tuple[int, Any]:
+        stat = self._objects.stat(file)
+        return stat[0], stat
+
+    def _bytes(self, name: str, file: Any, start: int, length: int) -> Any:
+        if self._objects.stat(file) != self._stats[file]:
+            raise error(file, f"tensor {name!r}: the object changed since the checkpoint was "
+                              "opened (written over?); add the model again")
+        data = self._objects.cat(file, start, start + length)
+        if len(data) != length:
+            raise error(file, f"tensor {name!r}: read {len(data)} of {length} bytes: the "
+                              "object is shorter than when it was opened; add the model again")
+        return data
+
+    def config(self) -> dict[str, Any]:
+        return self._objects.config(self._root) or (
+            self._objects.config(self._checkpoint) if self._root != self._checkpoint else {})
+
+
+def _kind(files: ObjectFiles, url: str, names: set[str] | None = None) -> str | None:
+    """``safetensors``, ``folder``, ``dcp`` or ``pickles`` for a checkpoint at ``url``."""
+    if split(url)[1].endswith(".safetensors"):
+        return "safetensors"
+    names = files.names(url) if names is None else names
+    if any(m in names for m in FOLDER_MARKERS):
+        return "folder"
+    if METADATA in names or (INNER[0] in names and METADATA in files.names(
+            files.inside(url, INNER[0]))):
+        return "dcp"
+    return "pickles" if any(m in names for m in PICKLES) else None
+
+
+def open_url(url: str, storage_options: Mapping[str, Any] | None = None,
+             prefix: str | None = None) -> CheckpointReader:
+    """The reader of the checkpoint at ``url`` (``prefix``: a DCP checkpoint's, as the
+    local reader takes it)."""
+    url = url.rstrip("/")
+    files = ObjectFiles.of(url, storage_options)
+    names = set() if url.endswith(".safetensors") else files.names(url)
+    kind = _kind(files, url, names)
+    if kind == "safetensors":
+        reader: Any = ObjectSafetensorsReader(url, files)
+        return wrap(reader, reader.tensor_files(), url)
+    if kind == "folder":
+        reader = ObjectFolderReader(url, files, names)
+        return wrap(reader, reader.tensor_files(), url)
+    if kind == "dcp":
+        return ObjectDcpReader(url, files, names, prefix)
+    if kind == "pickles":
+        raise error(url, "a folder of torch pickle files (pytorch_model.bin): not read from "
+                         "object storage (unpickling needs the whole file); save the weights "
+                         "as safetensors, or copy the folder and read it locally")
+    if not names:
+        files.stat(url)  # says what is wrong: no such object, bucket, or no access
+    raise error(url, "no checkpoint here: give a .safetensors object, a folder holding "
+                     "model.safetensors or model.safetensors.index.json with its shards, or "
+                     "a torch.distributed.checkpoint folder (.metadata)")
+
+
+def stat(url: str, storage_options: Mapping[str, Any] | None = None,
+         **_format_options: Any) -> tuple[int, str]:
+    """(size, version tag) of the object at ``url`` now."""
+    return ObjectFiles.of(url, storage_options).stat(url)
+
+
+def checkpoint_urls(pattern: str, storage_options: Mapping[str, Any] | None = None,
+                    **_format_options: Any) -> list[str]:
+    """The checkpoints a URL pattern names: a glob's matches (``*``, ``?``, ``[...]``), a
+    checkpoint, or the checkpoints directly under a prefix; sorted by name."""
+    files = ObjectFiles.of(pattern, storage_options)
+    scheme, path = split(pattern)
+    if any(c in path for c in "*?["):
+        matches = sorted(files.call(pattern, lambda: files.fs.glob(path)))
+        found = [f"{scheme}://{str(m).rstrip('/')}" for m in matches]
+    else:
+        found = [f"{scheme}://{path}"]
+    out = []
+    for url in found:
+        if _kind(files, url) in ("safetensors", "folder", "dcp"):
+            out.append(url)
+        elif not url.endswith(".safetensors"):
+            out += [files.inside(url, n) for n in sorted(files.names(url))
+                    if _kind(files, files.inside(url, n)) in ("safetensors", "folder", "dcp")]
+    return out

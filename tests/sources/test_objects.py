@@ -1,0 +1,217 @@
+"""Checkpoints read in place from a real S3-compatible server on 127.0.0.1 (moto's,
+started by conftest.py): values bit for bit as the same files read from disk, bytes moved
+against what the analysed tensors and headers take, the safety rules of local files,
+and an object rewritten after it was added refused."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from diffract import Session
+from diffract.errors import ModelSourceError
+
+torch = pytest.importorskip("torch")
+
+
+def _weights(seed: int, n: int = 4, shape=(96, 64)) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {f"layers.{i}.mlp.weight": rng.standard_normal(shape).astype(np.float32)
+            for i in range(n)}
+
+
+def _folder(root: Path, seed: int, *, shards: int = 2, bf16: bool = False) -> Path:
+    """A Hugging Face-style folder: ``shards`` safetensors shards, their index, config."""
+    root.mkdir(parents=True, exist_ok=True)
+    weights = _weights(seed)
+    if bf16:
+        weights = {k: torch.from_numpy(v).to(torch.bfloat16) for k, v in weights.items()}
+    names = sorted(weights)
+    weight_map = {}
+    for s in range(shards):
+        part = {n: weights[n] for n in names[s::shards]}
+        shard = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        if bf16:
+            from safetensors.torch import save_file as save_torch
+
+            save_torch(part, str(root / shard))
+        else:
+            save_file(part, str(root / shard))
+        weight_map.update(dict.fromkeys(part, shard))
+    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (root / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    return root
+
+
+def _header_bytes(path: Path) -> int:
+    with open(path, "rb") as fh:
+        return 8 + int.from_bytes(fh.read(8), "little")
+
+
+def _values(session: Session, model_id: str) -> dict[str, np.ndarray]:
+    return {p.name: session.store.load_weights(model_id, p.name)
+            for p in session.models.params(model_id)}
+
+
+def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, name
+        assert np.array_equal(a[name].view(np.uint8), b[name].view(np.uint8)), name
+
+
+class TestSafetensors:
+    def test_a_file_reads_as_from_disk_moving_only_its_header_and_the_tensors_read(
+            self, s3, tmp_path):
+        local = tmp_path / "m.safetensors"
+        save_file(_weights(0, n=6), str(local))
+        url = s3.put_tree(local, "single/m.safetensors")
+        with Session() as disk, Session() as remote:
+            disk.models.add(str(local), model_id="m")
+            s3.counting.reset()
+            remote.models.add(url, model_id="m")
+            assert s3.bytes_sent() == _header_bytes(local)  # the header, nothing else
+            wanted = ["layers.1.mlp.weight", "layers.4.mlp.weight"]
+            for name in wanted:
+                assert np.array_equal(remote.store.load_weights("m", name),
+                                      disk.store.load_weights("m", name))
+            tensors = sum(disk.store.load_weights("m", n).nbytes for n in wanted)
+            assert s3.bytes_sent() <= 1.05 * (tensors + _header_bytes(local))
+            _same(_values(remote, "m"), _values(disk, "m"))
+            assert remote.models.list()[0]["source"] == url
+
+    def test_a_sharded_bf16_folder_with_its_config_and_views(self, s3, tmp_path):
+        local = _folder(tmp_path / "step-100", 1, bf16=True)
+        url = s3.put_tree(local, "hf/step-100")
+        with Session() as disk, Session() as remote:
+            disk.models.add(str(local), model_id="m")
+            remote.models.add(url + "/", model_id="m")
+            _same(_values(remote, "m"), _values(disk, "m"))
+            assert remote.models.steps()["m"] == {"step": 100}
+            source = remote.store.source("m")
+            assert source.kind == "directory" and len(source.files) == 2
+            assert all(f.path.startswith("s3://runs/hf/step-100/") and f.etag
+                       for f in source.files)
+
+    def test_view_rules_read_the_config_json_beside_the_weights(self, s3, tmp_path):
+        local = tmp_path / "attn"
+        local.mkdir()
+        rng = np.random.default_rng(3)
+        save_file({f"model.layers.0.self_attn.{p}_proj.weight":
+                   rng.standard_normal((64, 64)).astype(np.float32) for p in "qkvo"},
+                  str(local / "model.safetensors"))
+        (local / "config.json").write_text(json.dumps(
+            {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4}))
+        url = s3.put_tree(local, "views/attn")
+        with Session() as disk, Session() as remote:
+            on_disk = disk.models.add(str(local), model_id="m", views=["heads"])
+            in_s3 = remote.models.add(url, model_id="m", views=["heads"])
+            assert list(in_s3) == list(on_disk) and len(in_s3) > 4
+            _same(_values(remote, "m"), _values(disk, "m"))
+
+    def test_a_durable_store_reopens_it_and_checks_the_objects(self, s3, tmp_path):
+        local = _folder(tmp_path / "ckpt", 2)
+        url = s3.put_tree(local, "durable/ckpt")
+        store = tmp_path / "a.diffract"
+        with Session(profile="local", path=str(store)) as first:
+            first.models.add(url, model_id="m")
+            expected = _values(first, "m")
+        with Session(profile="local", path=str(store)) as again:
+            _same(_values(again, "m"), expected)
+            assert again.store.source("m").changed_files() == []
+            s3.client.put_object(Bucket="runs", Key="durable/ckpt/model-00001-of-00002."
+                                 "safetensors", Body=b"rewritten")
+            changed = again.store.source("m").changed_files()
+            assert len(changed) == 1 and "model-00001-of-00002" in changed[0]
+            with pytest.raises(ModelSourceError, match="changed since the model was added"):
+                _values(again, "m")
+
+
+class TestDcp:
+    def test_a_dcp_folder_reads_only_its_metadata_then_the_chunks_read(self, s3, tmp_path):
+        import torch.distributed.checkpoint as dcp
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(48, 64), torch.nn.Linear(64, 32))
+        opt = torch.optim.AdamW(model.parameters())
+        model(torch.randn(2, 48)).sum().backward()
+        opt.step()
+        folder = tmp_path / "step-7"
+        with warnings.catch_warnings():  # one process, no process group
+            warnings.simplefilter("ignore")
+            dcp.save({"model": model.state_dict(), "optim": opt.state_dict()},
+                     checkpoint_id=str(folder))
+        url = s3.put_tree(folder, "dcp/step-7")
+        with Session() as disk, Session() as remote:
+            disk.models.add(str(folder), model_id="m")
+            s3.counting.reset()
+            remote.models.add(url, model_id="m")
+            metadata = (folder / ".metadata").stat().st_size
+            assert s3.bytes_sent() == metadata
+            weight = remote.store.load_weights("m", "1.weight")
+            assert np.array_equal(weight, disk.store.load_weights("m", "1.weight"))
+            # the chunk as stored (torch.save's zip around 64x32 float32) and no more
+            assert s3.bytes_sent() - metadata <= 1.05 * weight.nbytes + 4096
+            _same(_values(remote, "m"), _values(disk, "m"))
+
+
+class TestRefused:
+    def test_a_header_declaring_2_to_the_60_bytes_is_refused_as_on_disk(self, s3, tmp_path):
+        bad = tmp_path / "bad.safetensors"
+        bad.write_bytes((1 << 60).to_bytes(8, "little") + b"{}")
+        url = s3.put_tree(bad, "hostile/bad.safetensors")
+        with Session() as session:
+            with pytest.raises(ModelSourceError) as local:
+                session.models.add(str(bad), model_id="a")
+            with pytest.raises(ModelSourceError) as remote:
+                session.models.add(url, model_id="b")
+        said = "the header declares 1152921504606846976 bytes, over the 100 MB"
+        assert said in str(local.value) and said in str(remote.value)
+        assert s3.bytes_sent() <= 16  # its length field: nothing it declares is fetched
+
+    @pytest.mark.parametrize("shard", ["../other/model.safetensors",
+                                       "../ckpt-evil/model.safetensors", "/etc/passwd",
+                                       "s3://runs/other/model.safetensors"])
+    def test_a_shard_index_naming_an_object_outside_the_prefix(self, s3, tmp_path, shard):
+        local = _folder(tmp_path / "ckpt", 3, shards=1)
+        s3.put_tree(local / "model-00001-of-00001.safetensors",
+                    "other/model.safetensors")
+        s3.put_tree(local / "model-00001-of-00001.safetensors",
+                    "ckpt-evil/model.safetensors")
+        index = json.loads((local / "model.safetensors.index.json").read_text())
+        index["weight_map"] = dict.fromkeys(index["weight_map"], shard)
+        (local / "model.safetensors.index.json").write_text(json.dumps(index))
+        url = s3.put_tree(local, "ckpt")
+        s3.counting.reset()
+        with Session() as session, pytest.raises(ModelSourceError,
+                                                  match="outside the checkpoint's prefix|names "
+                                                        "no object under"):
+            session.models.add(url, model_id="m")
+        assert not [r for r in s3.counting.requests if "other" in r[1] or "evil" in r[1]]
+
+    def test_an_object_rewritten_after_it_was_added_is_refused_on_read(self, s3, tmp_path):
+        local = tmp_path / "m.safetensors"
+        save_file(_weights(4), str(local))
+        url = s3.put_tree(local, "rewritten/m.safetensors")
+        with Session() as session:
+            session.models.add(url, model_id="m")
+            save_file(_weights(5), str(local))  # the same size, other values
+            s3.put_tree(local, "rewritten/m.safetensors")
+            with pytest.raises(ModelSourceError, match=r"rewritten \(its version tag went"):
+                session.store.load_weights("m", "layers.0.mlp.weight")
+
+    def test_a_credential_as_a_storage_option_is_refused(self, s3, tmp_path):
+        with Session() as session, pytest.raises(ModelSourceError, match="hold credentials"):
+            session.models.add("s3://runs/x/m.safetensors", model_id="m", format_options={
+                "storage_options": {"secret": "s3cr3t"}})
+
+    def test_a_scheme_no_plugin_reads_says_what_to_install(self):
+        with Session() as session, pytest.raises(ModelSourceError,
+                                                  match="no installed model format reads "
+                                                        "ftp:// URLs"):
+            session.models.add("ftp://host/m.safetensors", model_id="m")

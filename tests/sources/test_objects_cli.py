@@ -1,0 +1,122 @@
+"""``diffract analyze`` and ``diffract track`` on s3:// URLs, against the loopback S3
+server of conftest.py: a run tracked from an S3 glob as from its files on disk, a new
+checkpoint added alone, a rewritten one refused, and each kind of bad input one line and
+exit 2 with no store left claiming a checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from diffract import Session
+from diffract.cli import main
+
+METRICS = "alpha,stable_rank"
+
+
+def _checkpoint(path: Path, step: int) -> Path:
+    rng = np.random.default_rng(step)
+    path.mkdir(parents=True)
+    save_file({f"layers.{i}.weight": (rng.standard_normal((96, 64)) * (1 + step / 500)
+                                      ).astype(np.float32) for i in range(3)},
+              str(path / "model.safetensors"))
+    return path
+
+
+def _run(s3, tmp_path: Path, prefix: str, steps) -> Path:
+    local = tmp_path / prefix
+    for step in steps:
+        s3.put_tree(_checkpoint(local / f"step-{step}", step), f"{prefix}/step-{step}")
+    return local
+
+
+def _trajectory(store: Path) -> dict[str, dict[str, float]]:
+    with Session(profile="local", path=str(store)) as session:
+        return {m: {p: r["stable_rank"] for p, r in
+                    session.results.export_metrics("stable_rank")[m].items()}
+                for m in session.models.ordered()}
+
+
+def test_track_from_an_s3_glob_as_from_disk_then_a_new_and_a_rewritten_checkpoint(
+        s3, tmp_path, capsys):
+    local = _run(s3, tmp_path, "cli-run", (100, 200, 300))
+    from_s3, from_disk = tmp_path / "s3.diffract", tmp_path / "disk.diffract"
+    assert main(["track", "s3://runs/cli-run/step-*", "--store", str(from_s3), "--metrics",
+                 METRICS, "-q"]) == 0
+    assert main(["track", str(local / "step-*"), "--store", str(from_disk), "--metrics",
+                 METRICS, "-q"]) == 0
+    assert "added 3 checkpoint(s): step-100, step-200, step-300" in capsys.readouterr().out
+    assert _trajectory(from_s3) == _trajectory(from_disk)
+
+    s3.put_tree(_checkpoint(local / "step-400", 400), "cli-run/step-400")
+    assert main(["track", "s3://runs/cli-run/step-*", "--store", str(from_s3), "--metrics",
+                 METRICS, "-q"]) == 0
+    assert "added 1 checkpoint(s): step-400" in capsys.readouterr().out
+
+    save_file({"layers.0.weight": np.zeros((96, 64), np.float32)},
+              str(tmp_path / "other.safetensors"))
+    s3.put_tree(tmp_path / "other.safetensors", "cli-run/step-200/model.safetensors")
+    assert main(["track", "s3://runs/cli-run/step-*", "--store", str(from_s3), "--metrics",
+                 METRICS, "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint 'step-200' changed in object storage since it was tracked" in err
+    assert "s3://runs/cli-run/step-200/model.safetensors: it" in err
+
+
+def test_analyze_a_folder_with_the_endpoint_as_a_storage_option(s3, tmp_path):
+    _run(s3, tmp_path, "opt-run", (5,))
+    import socket
+
+    with socket.socket() as sock:  # the environment names a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        env = {**os.environ, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{sock.getsockname()[1]}"}
+    done = subprocess.run([sys.executable, "-m", "diffract.cli", "analyze",
+                           "s3://runs/opt-run/step-5/", "--format", "json", "--metrics",
+                           "stable_rank", "-q", "--storage-option", f"endpoint_url={s3.endpoint}"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert {r["param"] for r in rows} == {f"layers.{i}.weight" for i in range(3)}
+
+
+@pytest.mark.parametrize("case", ["glob matches nothing", "no such bucket",
+                                  "unreachable endpoint", "no credentials"])
+def test_bad_input_is_one_line_exit_2_and_no_store(s3, tmp_path, case):
+    _run(s3, tmp_path, "bad-run", (1,))
+    env = dict(os.environ)
+    pattern = "s3://runs/bad-run/step-*"
+    if case == "glob matches nothing":
+        pattern = "s3://runs/bad-run/ckpt-*"
+    elif case == "no such bucket":
+        pattern = "s3://no-such-bucket/run/step-*"
+    elif case == "unreachable endpoint":
+        import socket
+
+        with socket.socket() as sock:  # a port nothing listens on
+            sock.bind(("127.0.0.1", 0))
+            env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    else:
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            env.pop(key, None)
+        env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+                   AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_EC2_METADATA_DISABLED="true")
+    store = tmp_path / "run.diffract"
+    done = subprocess.run([sys.executable, "-m", "diffract.cli", "track", pattern, "--store",
+                           str(store), "--metrics", METRICS, "-q"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("diffract track: error: "), done.stderr
+    said = {"glob matches nothing": "matches no checkpoint in object storage",
+            "no such bucket": "no such object, prefix or bucket",
+            "unreachable endpoint": "cannot reach the object store",
+            "no credentials": "give credentials where its library reads them"}[case]
+    assert said in lines[0]
+    assert not store.exists()
