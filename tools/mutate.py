@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ["diffract_core/src", "diffract_kernels_spectral/src", "kernel_fun_gpu/src",
            "diffract_kernels_alignment/src", *(f"plugins/{p}/src" for p in (
                "diffract_storage_local", "diffract_formats", "diffract_report", "diffract_views",
-               "diffract_executor_dask", "diffract_training")), "."]
+               "diffract_executor_dask", "diffract_executor_ray", "diffract_training",
+               "diffract_sources_fsspec")), "."]
 
 SPECTRAL = "diffract_kernels_spectral/src/diffract_kernels_spectral/"
 CORE = "diffract_core/src/diffract/core/"
@@ -81,8 +82,10 @@ MUTANTS = [
            ("tests/views/test_rules.py",),
            "experts without expert_layout read [E, in, out] as if they were [E, out, in]"),
     Mutant("steps-name-over-trainer-state", "diffract_core/src/diffract/core/steps.py",
-           "        record.update(_from_path(path))\n        record.update(_trainer_state(path))",
-           "        record.update(_trainer_state(path))\n        record.update(_from_path(path))",
+           "        record.update(_from_path(path))\n        record.update({} if url_scheme(text) "
+           "else _trainer_state(path))",
+           "        record.update({} if url_scheme(text) else _trainer_state(path))\n"
+           "        record.update(_from_path(path))",
            ("tests/core/test_steps.py",), "a folder's name overrides its trainer_state.json"),
     Mutant("onnx-any-use-turns", "plugins/diffract_formats/src/diffract_formats/onnx_reader.py",
            "turn = len(init.dims) == 2 and said == {True}",
@@ -131,7 +134,8 @@ MUTANTS = [
            "if False:", ("tests/core/test_friction.py",), "apply(['a', 'b']) is refused"),
     Mutant("folder-of-checkpoints-not-caught",
            "plugins/diffract_report/src/diffract_report/_inputs.py",
-           "if os.path.isdir(raw) and not is_checkpoint(path):", "if False:",
+           "if not url_scheme(raw) and os.path.isdir(raw) and not is_checkpoint(path):",
+           "if False:",
            ("tests/core/test_cli_analyze.py",),
            "analyze runs/ answers with the formats' list, not with what to type"),
     Mutant("filter-label-is-a-class", "diffract_core/src/diffract/core/scope.py",
@@ -169,6 +173,21 @@ MUTANTS = [
            "            if ti.abs(th - ah) > d:\n                d = ti.abs(th - ah)\n",
            "            if ti.abs(th - ah) > d:\n                d = 1.05 * ti.abs(th - ah)\n",
            tuple(FITTER_TESTS), "the exact scan's first gaps, 5% too high, lose the winner"),
+    Mutant("objects-outside-the-prefix-read",
+           "plugins/diffract_sources_fsspec/src/diffract_sources_fsspec/objects.py",
+           'if not target.startswith(base + "/"):', "if False:",
+           ("tests/sources/test_objects.py",),
+           "a shard index naming ../other/x.safetensors reads an object outside the prefix"),
+    Mutant("objects-version-tag-ignored", "diffract_core/src/diffract/core/sources.py",
+           "else None if tag == self.etag else", "else None if True else",
+           ("tests/sources/test_objects.py",),
+           "an object rewritten with the same size is read as the one added"),
+    Mutant("objects-read-to-the-end",
+           "plugins/diffract_sources_fsspec/src/diffract_sources_fsspec/objects.py",
+           "stop = self._size if n is None or n < 0 else min(self._size, self._at + n)",
+           "stop = self._size",
+           ("tests/sources/test_objects.py",),
+           "each read fetches the rest of the object: a tensor's read moves the checkpoint"),
     Mutant("track-threshold-only-in-the-environment",
            "plugins/diffract_report/src/diffract_report/_allocator.py",
            "if libc.mallopt(_M_MMAP_THRESHOLD, THRESHOLD) != 1:", "if False:",

@@ -239,8 +239,8 @@ check = sources.FileIdentity.check
 done = []
 
 
-def check_then_truncate(self, model_id, *, full=False):
-    check(self, model_id, full=full)  # the file is as it was added ...
+def check_then_truncate(self, model_id, **how):
+    check(self, model_id, **how)  # the file is as it was added ...
     if not done:  # ... and is cut short before the read, as a training job saving over it
         done.append(1)
         with open(path, "r+b") as fh:

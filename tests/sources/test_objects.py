@@ -73,15 +73,15 @@ class TestSafetensors:
         url = s3.put_tree(local, "single/m.safetensors")
         with Session() as disk, Session() as remote:
             disk.models.add(str(local), model_id="m")
-            s3.counting.reset()
+            s3.reset()
             remote.models.add(url, model_id="m")
-            assert s3.bytes_sent() == _header_bytes(local)  # the header, nothing else
+            assert s3.object_bytes == _header_bytes(local)  # the header, nothing else
             wanted = ["layers.1.mlp.weight", "layers.4.mlp.weight"]
             for name in wanted:
                 assert np.array_equal(remote.store.load_weights("m", name),
                                       disk.store.load_weights("m", name))
             tensors = sum(disk.store.load_weights("m", n).nbytes for n in wanted)
-            assert s3.bytes_sent() <= 1.05 * (tensors + _header_bytes(local))
+            assert s3.object_bytes <= 1.05 * (tensors + _header_bytes(local))
             _same(_values(remote, "m"), _values(disk, "m"))
             assert remote.models.list()[0]["source"] == url
 
@@ -149,14 +149,14 @@ class TestDcp:
         url = s3.put_tree(folder, "dcp/step-7")
         with Session() as disk, Session() as remote:
             disk.models.add(str(folder), model_id="m")
-            s3.counting.reset()
+            s3.reset()
             remote.models.add(url, model_id="m")
             metadata = (folder / ".metadata").stat().st_size
-            assert s3.bytes_sent() == metadata
+            assert s3.object_bytes == metadata
             weight = remote.store.load_weights("m", "1.weight")
             assert np.array_equal(weight, disk.store.load_weights("m", "1.weight"))
             # the chunk as stored (torch.save's zip around 64x32 float32) and no more
-            assert s3.bytes_sent() - metadata <= 1.05 * weight.nbytes + 4096
+            assert s3.object_bytes - metadata <= 1.05 * weight.nbytes + 4096
             _same(_values(remote, "m"), _values(disk, "m"))
 
 
@@ -172,7 +172,7 @@ class TestRefused:
                 session.models.add(url, model_id="b")
         said = "the header declares 1152921504606846976 bytes, over the 100 MB"
         assert said in str(local.value) and said in str(remote.value)
-        assert s3.bytes_sent() <= 16  # its length field: nothing it declares is fetched
+        assert s3.object_bytes <= 16  # its length field: nothing it declares is fetched
 
     @pytest.mark.parametrize("shard", ["../other/model.safetensors",
                                        "../ckpt-evil/model.safetensors", "/etc/passwd",
@@ -187,12 +187,12 @@ class TestRefused:
         index["weight_map"] = dict.fromkeys(index["weight_map"], shard)
         (local / "model.safetensors.index.json").write_text(json.dumps(index))
         url = s3.put_tree(local, "ckpt")
-        s3.counting.reset()
+        s3.reset()
         with Session() as session, pytest.raises(ModelSourceError,
                                                   match="outside the checkpoint's prefix|names "
                                                         "no object under"):
             session.models.add(url, model_id="m")
-        assert not [r for r in s3.counting.requests if "other" in r[1] or "evil" in r[1]]
+        assert not [r for r in s3.requests if "other" in r[1] or "evil" in r[1]]
 
     def test_an_object_rewritten_after_it_was_added_is_refused_on_read(self, s3, tmp_path):
         local = tmp_path / "m.safetensors"
@@ -215,3 +215,40 @@ class TestRefused:
                                                   match="no installed model format reads "
                                                         "ftp:// URLs"):
             session.models.add("ftp://host/m.safetensors", model_id="m")
+
+
+class TestOtherStores:
+    """The readers over another fsspec file system than S3's (fsspec's in-memory one: no
+    server), and the version tag of each store's object records."""
+
+    def test_a_folder_and_a_dcp_in_fsspecs_memory_file_system(self, tmp_path):
+        import fsspec
+
+        from diffract_sources_fsspec.objects import open_url
+
+        memory = fsspec.filesystem("memory")
+        local = _folder(tmp_path / "ckpt", 6)
+        for f in local.iterdir():
+            memory.pipe_file(f"/mem-run/ckpt/{f.name}", f.read_bytes())
+        reader = open_url("memory://mem-run/ckpt")
+        with Session() as disk:
+            disk.models.add(str(local), model_id="m")
+            for entry in reader.entries():
+                assert np.array_equal(reader.read_numpy(entry.name),
+                                      disk.store.load_weights("m", entry.name))
+        assert reader.config()["hidden_size"] == 64
+        memory.rm("/mem-run", recursive=True)
+
+    @pytest.mark.parametrize(("info", "tag"), [
+        ({"name": "b/k", "size": 3, "ETag": '"9a0364b9e99bb480dd25e1f0284c8555"'},
+         "9a0364b9e99bb480dd25e1f0284c8555"),                         # S3
+        ({"name": "b/k", "size": 3, "generation": "1733356800123456", "etag": "CJ+Bx"},
+         "1733356800123456"),                                         # GCS: the generation
+        ({"name": "org/m/model.safetensors", "size": 3, "blob_id": "e69de29b",
+          "lfs": {"sha256": "0" * 64}}, "e69de29b"),                  # the Hub
+        ({"name": "x", "size": 3, "lfs": {"sha256": "ab" * 32}}, "ab" * 32),
+    ])
+    def test_the_version_tag_of_each_store(self, info, tag):
+        from diffract_sources_fsspec.objects import _tag
+
+        assert _tag(info) == tag

@@ -58,10 +58,8 @@ def url_format(url: str, model_id: str | None, name: str | None = None) -> Any:
     if not found:
         raise ModelSourceError(
             f"{f'Model {model_id!r}: ' if model_id else ''}no installed model format "
-            f"{f'named {name!r} ' if name else ''}reads {scheme}:// URLs in place"
-            f"{''.join(f'; {f.name} reads ' + ', '.join(f.schemes) for f in formats if f.schemes)}"
-            f". {install_hint(OBJECTS_DISTRIBUTION)} (S3, GCS and hf:// through fsspec).",
-            model_id=model_id)
+            f"{f'named {name!r} ' if name else ''}reads {scheme}:// URLs in place (s3://, "
+            f"gs://, hf://...: {install_hint(OBJECTS_DISTRIBUTION)}).", model_id=model_id)
     return found[0]
 
 

@@ -105,6 +105,9 @@ class ObjectFiles:
                 + (f"pip install 'diffract-sources-fsspec[{extra}]'" if extra else
                    f"pip install {package}"), model_id=None) from None
         self.fs = fsspec.filesystem(scheme, **_checked_options(options))
+        #: sizes seen: a handle needs its object's end (the core checks the object's size
+        #: and tag before each read, so a handle opened later need not ask again)
+        self._sizes: dict[str, int] = {}
 
     @classmethod
     def of(cls, url: str, options: Mapping[str, Any] | None = None) -> ObjectFiles:
@@ -127,13 +130,14 @@ class ObjectFiles:
         info = self.info(url)
         if info.get("type") == "directory":
             raise error(url, "a prefix, not an object")
+        self._sizes[url] = int(info["size"])
         return int(info["size"]), _tag(info)
 
     def size(self, url: str) -> int:
         return self.stat(url)[0]
 
     def open(self, url: str) -> Ranged:
-        return Ranged(self, url, self.size(url))
+        return Ranged(self, url, self._sizes.get(url) or self.size(url))
 
     def cat(self, url: str, start: int, stop: int) -> bytes:
         """Bytes ``start:stop`` of the object (one ranged GET)."""
