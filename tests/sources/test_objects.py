@@ -221,9 +221,8 @@ class TestOtherStores:
     """The readers over another fsspec file system than S3's (fsspec's in-memory one: no
     server), and the version tag of each store's object records."""
 
-    def test_a_folder_and_a_dcp_in_fsspecs_memory_file_system(self, tmp_path):
+    def test_a_folder_in_fsspecs_memory_file_system(self, tmp_path):
         import fsspec
-
         from diffract_sources_fsspec.objects import open_url
 
         memory = fsspec.filesystem("memory")
