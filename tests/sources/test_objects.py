@@ -223,6 +223,7 @@ class TestOtherStores:
 
     def test_a_folder_in_fsspecs_memory_file_system(self, tmp_path):
         import fsspec
+
         from diffract_sources_fsspec.objects import open_url
 
         memory = fsspec.filesystem("memory")
