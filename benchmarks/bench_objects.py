@@ -12,7 +12,12 @@ this process, on this machine: the times say what reading through S3 costs here
 (requests, HTTP, a copy per read), not what a remote store's bandwidth would.
 
     python benchmarks/bench_objects.py [--checkpoints 5] [--repeats 1]
-        [--executors ray,default] [--size 1024]
+        [--executors ray,default] [--size 1024] [--against previous,first|none]
+
+With the alignment (the default), track reads each tensor twice: once for its spectrum
+(the eigenvalues of W^T W) and once for its singular vectors (an SVD), in two steps of
+the run; from a local disk the second read comes from the page cache, from object
+storage it is fetched again (2.0x the checkpoints' bytes; 1.0x with --against none).
 """
 
 from __future__ import annotations
@@ -52,9 +57,10 @@ def _checkpoints(root: Path, n: int, size: int) -> list[Path]:
     return out
 
 
-def _track(pattern: str, store: Path, executor: str) -> float:
+def _track(pattern: str, store: Path, executor: str, against: str) -> float:
     argv = [sys.executable, "-m", "diffract.cli", "track", pattern, "--store", str(store),
-            "-q", *([] if executor == "default" else ["--executor", executor])]
+            "-q", "--against", against,
+            *([] if executor == "default" else ["--executor", executor])]
     start = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
     took = time.perf_counter() - start
@@ -69,6 +75,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--executors", default="ray,default")
+    parser.add_argument("--against", default="previous,first",
+                        help="track's --against (none: the metrics alone, no SVD)")
     args = parser.parse_args()
     header("diffract track: five checkpoints from a loopback S3 server against disk",
            ["diffract-core", "diffract-sources-fsspec", "s3fs", "moto", "ray"])
@@ -81,7 +89,8 @@ def main() -> None:
         for folder in folders:
             s3.put_tree(folder, f"run/{folder.name}")
         print(f"{len(folders)} checkpoints, {total / 2**20:.0f} MiB in all; server at "
-              f"{s3.endpoint}; load {os.getloadavg()[0]:.2f} at the start")
+              f"{s3.endpoint}; --against {args.against}; load {os.getloadavg()[0]:.2f} at "
+              "the start")
         rows = []
         for executor in args.executors.split(","):
             times: dict[str, list[float]] = {"disk": [], "s3": []}
@@ -93,7 +102,7 @@ def main() -> None:
                     s3.reset()
                     pattern = (str(root / "step-*") if where == "disk"
                                else "s3://runs/run/step-*")
-                    times[where].append(_track(pattern, store, executor))
+                    times[where].append(_track(pattern, store, executor, args.against))
                     if where == "s3":
                         moved, listed = s3.object_bytes, s3.listing_bytes
             disk, obj = statistics.median(times["disk"]), statistics.median(times["s3"])
