@@ -252,3 +252,35 @@ class TestOtherStores:
         from diffract_sources_fsspec.objects import _tag
 
         assert _tag(info) == tag
+
+
+@pytest.mark.parametrize("executor", ["sequential", "processes"])
+def test_views_are_sliced_from_their_parent_read_once(s3, tmp_path, monkeypatch, executor):
+    """A parameter's views run right after it (units by family, largest family first),
+    while it is among the recent parents kept: from object storage, a model analysed with
+    its views moves its bytes once, however many parents it has (the views' units used
+    to run after every parent, which had left the recent ones by then, so each view
+    fetched its slice again: 1.64x on OLMo-2-1B with --views heads). In the pool, a
+    parameter's views go in its task."""
+    import diffract.core.models as models
+
+    local = tmp_path / "attn"
+    local.mkdir()
+    rng = np.random.default_rng(7)
+    save_file({f"model.layers.{i}.self_attn.{p}_proj.weight":
+               rng.standard_normal((128, 128)).astype(np.float32)
+               for i in range(4) for p in "qkvo"}, str(local / "model.safetensors"))
+    (local / "config.json").write_text(json.dumps(
+        {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4}))
+    url = s3.put_tree(local, "views/family")
+    monkeypatch.setattr(models, "RECENT_BYTES", 2 * 128 * 128 * 4)  # two parents kept
+    # (the pool's workers keep 256 MiB, but used to get a parent and its views in tasks
+    # of their own: each worker that ran a view fetched its slice)
+    with Session(executor=executor, config={"parallel": {"pool_min_seconds": 0}}) as session:
+        session.models.add(url, model_id="m", views=["heads"])
+        s3.reset()
+        session.compute.apply("esd")
+        assert len(session.results.export_metrics("esd")["m"]) > 16
+    size = (local / "model.safetensors").stat().st_size
+    opened = 1 if executor == "sequential" else 2  # each pool worker reads the header
+    assert s3.object_bytes <= size + (opened - 1) * _header_bytes(local / "model.safetensors")

@@ -17,7 +17,9 @@ class Chunker:
     weight matrices make small chunks, scalars large ones) and by units. ``take(max_units)``
     returns the next chunk: at least one unit, at most ``max_units``, and no more input
     bytes than ``budget`` (beyond its first unit). ``largest_first`` takes the units by
-    decreasing bytes (workers then end together, not waiting on a large last one);
+    decreasing bytes of their family (a parameter, then its views, which slice it while
+    it is kept: :func:`diffract.core.models._viewed`), so that workers end together, not
+    waiting on a large last one;
     ``costs[i]`` is the estimated input bytes of ``units[i]``."""
 
     def __init__(self, step: Step, store: Store, budget: int,
@@ -35,10 +37,15 @@ class Chunker:
             if f not in SOURCE_FIELDS
         }
         costed = [(self._cost(u), u) for u in step.units]
-        if largest_first:
-            costed.sort(key=lambda pair: pair[0], reverse=True)
+        if largest_first:  # by family, the largest first: a view right after its parent,
+            own = {u.param: c for c, u in costed}  # which it then slices, not reads again
+            costed.sort(key=lambda pair: own.get(self._parent(pair[1]), pair[0]), reverse=True)
         self.costs = [cost for cost, _ in costed]
         self.units = tuple(unit for _, unit in costed)
+
+    def _parent(self, unit: Unit) -> str | None:
+        info = self._infos[unit.models[0]].get(unit.param) if unit.param else None
+        return info.parent if info is not None else None
 
     def _cost(self, unit: Unit) -> int:
         total = 0
@@ -64,15 +71,18 @@ class Chunker:
 
     def take(self, max_units: int = MAX_UNITS_PER_CHUNK, spread: int = 1) -> tuple[Unit, ...]:
         """The next chunk; for ``spread`` workers, grown past ``max_units`` until its bytes
-        are ``spread`` times its first unit's (that unit does not run alone)."""
+        are ``spread`` times its first unit's (that unit does not run alone). The views of a
+        parameter taken join it (they slice it where it is read)."""
         start = end = self.position
-        used = 0
+        used, taken = 0, set()
         limit = min(max(1, max_units), MAX_UNITS_PER_CHUNK)
         while end < len(self.units) and end - start < MAX_UNITS_PER_CHUNK:
             cost = self.costs[end]
-            if end > start and (used + cost > self.budget or end - start >= limit
-                                and used >= spread * self.costs[start]):
+            sliced = self._parent(self.units[end]) in taken  # a view of a parent taken
+            if end > start and not sliced and (used + cost > self.budget or end - start >= limit
+                                               and used >= spread * self.costs[start]):
                 break
+            taken.add(self.units[end].param)
             used += cost
             end += 1
         self.position = end

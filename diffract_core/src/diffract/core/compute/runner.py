@@ -331,20 +331,28 @@ class Runner(Inputs):
 
     def _submit(self, state: StepState, runnable: list[tuple[Unit, Any]],
                 indices: Iterable[int], group: int = 1) -> dict[tuple[int, ...], Future]:
-        """One task per ``group`` consecutive units (one per unit when ``group`` is 1)."""
+        """One task per ``group`` consecutive units (one per unit when ``group`` is 1), a
+        parameter's views in its task (they slice it where it is read, not read it again)."""
         spec, config, handle = state.spec, state.config, self.executors
         # every worker up (SIGINT ignored, the kernel imported) first: a unit timeout
         # measures units, not workers starting
         handle.warm((spec.function.__module__,))
-        order = list(indices)
-        tasks = [tuple(order[k:k + group]) for k in range(0, len(order), group)]
+        tasks: list[list[int]] = []
+        for i in indices:
+            unit = runnable[i][0]
+            info = state.params.get(unit.models[0], {}).get(unit.param or "")
+            if tasks and (len(tasks[-1]) < group or info is not None and info.parent is not None
+                          and info.parent in {runnable[j][0].param for j in tasks[-1]}):
+                tasks[-1].append(i)
+            else:
+                tasks.append([i])
         return {
             idx: (handle.get().submit(timed, invoke, spec.function, runnable[idx[0]][1],
                                       config)
                   if len(idx) == 1 else
                   handle.get().submit(timed, invoke_group, spec.function,
                                       [runnable[i][1] for i in idx], config))
-            for idx in tasks
+            for idx in map(tuple, tasks)
         }
 
     def _wait(self, futures: dict[tuple[int, ...], Future], outcomes: list[Any],
