@@ -66,19 +66,26 @@ def _said(url: str, exc: BaseException) -> ModelSourceError:
     scheme, what = split(url)[0], f"{type(exc).__name__}: {str(exc)[:160]}"
     if isinstance(exc, ModelSourceError):
         return exc
-    if isinstance(exc, FileNotFoundError):
+    if isinstance(exc, FileNotFoundError) or "NotFound" in type(exc).__name__:
         return error(url, f"no such object, prefix or bucket ({what}); check the URL")
     if isinstance(exc, PermissionError) or "Credential" in type(exc).__name__:
         return error(url, f"the object store refused access ({what}): give credentials "
                           f"where its library reads them ({_credentials_hint(scheme)})")
+    endpoint = {"s3": "AWS_ENDPOINT_URL, or --storage-option endpoint_url=URL",
+                "hf": "HF_ENDPOINT, or --storage-option endpoint=URL"}.get(
+        scheme.rstrip("a"), "--storage-option")
     return error(url, f"cannot reach the object store ({what}): check the endpoint "
-                      "(AWS_ENDPOINT_URL, or --storage-option endpoint_url=URL), the "
-                      "network and the URL")
+                      f"({endpoint}), the network and the URL")
+
+
+#: Values of a credential-named option that name a way to authenticate, not a secret.
+MODES = {"anon", "google_default", "cloud", "cache", "browser"}
 
 
 def _checked_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     options = dict(options or {})
-    secret = sorted(k for k in options if SECRET.search(str(k)))
+    secret = sorted(k for k, v in options.items() if SECRET.search(str(k)) and not (
+        v is None or isinstance(v, bool) or v in MODES))
     if secret:
         raise ModelSourceError(
             f"storage option(s) {secret} hold credentials, which Diffract would record "
@@ -144,7 +151,16 @@ class ObjectFiles:
         if stop <= start:
             return b""
         path = split(url)[1]
-        return self.call(url, lambda: self.fs.cat_file(path, start=start, end=stop))
+
+        def fetch() -> bytes:
+            if hasattr(self.fs, "_cat_file"):  # an async file system (s3fs, gcsfs): one GET
+                return self.fs.cat_file(path, start=start, end=stop)
+            # others read through a file, which reads ahead unless told not to
+            with self.fs.open(path, "rb", cache_type="none", block_size=stop - start) as fh:
+                fh.seek(start)
+                return fh.read(stop - start)
+
+        return self.call(url, fetch)
 
     def names(self, url: str) -> set[str]:
         """The names directly under the prefix ``url`` (one listing)."""
