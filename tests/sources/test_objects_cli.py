@@ -120,3 +120,22 @@ def test_bad_input_is_one_line_exit_2_and_no_store(s3, tmp_path, case):
             "no credentials": "give credentials where its library reads them"}[case]
     assert said in lines[0]
     assert not store.exists()
+
+
+def test_storage_options_nest_parse_values_and_refuse_what_is_malformed():
+    import argparse
+
+    from diffract_report._inputs import UsageError, storage_options
+
+    def parsed(*given):
+        return storage_options(argparse.Namespace(storage_options=list(given)))
+
+    assert parsed("endpoint_url=http://h:9000", "anon=true", "client_kwargs.region_name=eu",
+                  "client_kwargs.verify=false", "max_concurrency=4") == {
+        "endpoint_url": "http://h:9000", "anon": True, "max_concurrency": 4,
+        "client_kwargs": {"region_name": "eu", "verify": False}}
+    for bad in ("endpoint_url", "=x", "a..b=1"):
+        with pytest.raises(UsageError, match="expected KEY=VALUE"):
+            parsed(bad)
+    with pytest.raises(UsageError, match="'a' is given a value and options both"):
+        parsed("a=1", "a.b=2")
