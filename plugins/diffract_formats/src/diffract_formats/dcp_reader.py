@@ -255,7 +255,6 @@ class DcpReader(CheckpointReader):
                                                  f"shape {shape} ({problem})")
             self._tensors[key[len(self._prefix):]] = (entry, chunks)
         self._files = [str(self._metadata_path), *sorted(map(str, sizes))]
-        self._sizes = sizes
         #: each tensor's first chunk's file (the core checks its identity before a read;
         #: the reader checks every file it reads against what it saw when opened)
         self._file_of = {name: self._files.index(str(chunks[0][2])) if chunks else 0
