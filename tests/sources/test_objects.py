@@ -211,6 +211,15 @@ class TestRefused:
             session.models.add("s3://runs/x/m.safetensors", model_id="m", format_options={
                 "storage_options": {"secret": "s3cr3t"}})
 
+    def test_an_option_the_file_system_does_not_take_is_said_as_such(self, s3, tmp_path):
+        save_file(_weights(11), str(tmp_path / "m.safetensors"))
+        url = s3.put_tree(tmp_path / "m.safetensors", "options/m.safetensors")
+        with Session() as session, pytest.raises(ModelSourceError,
+                                                  match="s3:// file system refuses its "
+                                                        "storage options"):
+            session.models.add(url, model_id="m", format_options={
+                "storage_options": {"bogus_option": 1}})
+
     def test_a_scheme_no_plugin_reads_says_what_to_install(self):
         with Session() as session, pytest.raises(ModelSourceError,
                                                   match="no installed model format reads "

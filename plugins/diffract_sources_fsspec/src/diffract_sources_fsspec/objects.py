@@ -53,12 +53,17 @@ def split(url: str) -> tuple[str, str]:
     return scheme, rest.rstrip("/")
 
 
+#: Schemes that name the same store as another.
+_ALIASES = {"s3a": "s3", "gcs": "gs"}
+
+
 def _credentials_hint(scheme: str) -> str:
     return {"s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws/"
                   "credentials; --storage-option anon=true for a public bucket",
             "gs": "GOOGLE_APPLICATION_CREDENTIALS or gcloud auth application-default login",
-            "hf": "HF_TOKEN or huggingface-cli login"}.get(scheme.rstrip("as"), "where "
-                                                          "fsspec's filesystem reads them")
+            "hf": "HF_TOKEN or huggingface-cli login"}.get(_ALIASES.get(scheme, scheme),
+                                                          "where its fsspec file system "
+                                                          "reads them")
 
 
 def _said(url: str, exc: BaseException) -> ModelSourceError:
@@ -68,12 +73,15 @@ def _said(url: str, exc: BaseException) -> ModelSourceError:
         return exc
     if isinstance(exc, FileNotFoundError) or "NotFound" in type(exc).__name__:
         return error(url, f"no such object, prefix or bucket ({what}); check the URL")
+    if isinstance(exc, TypeError):  # s3fs hands its options to its client when it connects
+        return error(url, f"the {scheme}:// file system refuses its storage options ({what}); "
+                          "see its documentation for the options it takes")
     if isinstance(exc, PermissionError) or "Credential" in type(exc).__name__:
         return error(url, f"the object store refused access ({what}): give credentials "
                           f"where its library reads them ({_credentials_hint(scheme)})")
     endpoint = {"s3": "AWS_ENDPOINT_URL, or --storage-option endpoint_url=URL",
                 "hf": "HF_ENDPOINT, or --storage-option endpoint=URL"}.get(
-        scheme.rstrip("a"), "--storage-option")
+        _ALIASES.get(scheme, scheme), "--storage-option")
     return error(url, f"cannot reach the object store ({what}): check the endpoint "
                       f"({endpoint}), the network and the URL")
 
@@ -111,7 +119,13 @@ class ObjectFiles:
                 f"reading {scheme}:// needs {package or 'an fsspec implementation of it'}: "
                 + (f"pip install 'diffract-sources-fsspec[{extra}]'" if extra else
                    f"pip install {package}"), model_id=None) from None
-        self.fs = fsspec.filesystem(scheme, **_checked_options(options))
+        try:
+            self.fs = fsspec.filesystem(scheme, **_checked_options(options))
+        except (TypeError, ValueError) as exc:
+            raise ModelSourceError(f"the {scheme}:// file system refuses its storage options "
+                                   f"({type(exc).__name__}: {str(exc)[:160]}); see its "
+                                   "documentation for the options it takes",
+                                   model_id=None) from None
         #: sizes seen: a handle needs its object's end (the core checks the object's size
         #: and tag before each read, so a handle opened later need not ask again)
         self._sizes: dict[str, int] = {}
