@@ -169,6 +169,7 @@ def _add_new(session: Any, paths: Sequence[str], args: argparse.Namespace,
     one step; returns the ids added and those that could not be read (each said on
     stderr with the reason: the others are tracked)."""
     from diffract.errors import DuplicateModelError, ModelSourceError
+    from diffract.plugins import url_scheme
 
     held = {r["model_id"]: r for r in session.models.list()}
     new, unreadable = [], []
@@ -178,7 +179,7 @@ def _add_new(session: Any, paths: Sequence[str], args: argparse.Namespace,
         if model_id in held:
             changed = session.store.source(model_id).changed_files()
             if changed:
-                where = "in object storage" if "://" in str(what) else "on disk"
+                where = "in object storage" if url_scheme(what) else "on disk"
                 raise UsageError(f"checkpoint {model_id!r} changed {where} since it was "
                                  f"tracked: {'; '.join(changed)}. Track it under another "
                                  "name, or start another --store.")

@@ -112,8 +112,10 @@ class LoopbackS3:
 
     @property
     def requests(self) -> list[tuple[str, str, str | None]]:
-        with self._counting.lock if self._counting else threading.Lock():
-            return list(self._counting.requests) if self._counting else []
+        if self._counting is None:
+            return []
+        with self._counting.lock:
+            return list(self._counting.requests)
 
     def reset(self) -> None:
         """Counts from zero."""

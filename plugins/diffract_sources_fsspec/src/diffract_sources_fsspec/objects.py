@@ -203,9 +203,10 @@ class ObjectFiles:
     def json(self, url: str) -> Any:
         return read_json_file(self.open(url), url)
 
-    def config(self, folder: str) -> dict[str, Any]:
-        """``config.json`` under ``folder``, or {} when there is none."""
-        if "config.json" not in self.names(folder):
+    def config(self, folder: str, names: set[str] | None = None) -> dict[str, Any]:
+        """``config.json`` under ``folder`` (``names``: the folder's, when listed already),
+        or {} when there is none."""
+        if "config.json" not in (self.names(folder) if names is None else names):
             return {}
         url = self.inside(folder, "config.json")
         data = self.json(url)
@@ -278,7 +279,7 @@ class ObjectFolderReader(HuggingFaceReader):
     """A Hugging Face-style folder in object storage (safetensors shards only)."""
 
     def __init__(self, url: str, files: ObjectFiles, names: set[str]) -> None:
-        self._root, self._objects = url, files
+        self._root, self._objects, self._names = url, files, names
         shards: dict[str, list[str] | None] = {"model.safetensors": None}
         if FOLDER_MARKERS[0] in names:
             shards = self._index(files.inside(url, FOLDER_MARKERS[0]), files.json,
@@ -288,7 +289,7 @@ class ObjectFolderReader(HuggingFaceReader):
         self._where: dict[str, int] = {}
 
     def config(self) -> dict[str, Any]:
-        return self._objects.config(self._root)
+        return self._objects.config(self._root, self._names)
 
 
 def _exists(files: ObjectFiles, url: str) -> bool:
@@ -306,6 +307,7 @@ class ObjectDcpReader(DcpReader):
     def __init__(self, url: str, files: ObjectFiles, names: set[str],
                  prefix: str | None = None) -> None:
         self._objects, self._checkpoint = files, url
+        self._seen: dict[str, tuple[int, str]] = {}  # each file's stat, asked once at open
         self._root = url if METADATA in names else files.inside(url, INNER[0])
         self._metadata_path = files.inside(self._root, METADATA)
         self._indexed(read_metadata(self._metadata_path, files), prefix)
@@ -315,14 +317,16 @@ class ObjectDcpReader(DcpReader):
             url = self._objects.inside(self._root, relative)
         except ModelSourceError as exc:
             raise error(self._metadata_path, f"tensor {key!r}: {exc}") from None
-        if not _exists(self._objects, url):
+        try:
+            self._seen[url] = self._objects.stat(url)
+        except ModelSourceError:
             raise error(self._metadata_path, f"tensor {key!r} is stored in {relative!r}, "
                                              "which is not an object under the checkpoint's "
-                                             "prefix")
+                                             "prefix") from None
         return url
 
     def _measure(self, file: Any) -> tuple[int, Any]:
-        stat = self._objects.stat(file)
+        stat = self._seen.pop(file, None) or self._objects.stat(file)
         return stat[0], stat
 
     def _bytes(self, name: str, file: Any, start: int, length: int) -> Any:
