@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 
+import attrs
 import numpy as np
 import pytest
 
@@ -443,3 +444,67 @@ class TestOverlappingBatches:
     def test_a_batch_not_marked_thread_safe_runs_alone(self):
         seen, rows = self._apply(False, first_waits=0.5)
         assert seen == [False] and len(rows) == 6
+
+
+class TestSharedReads:
+    """Independent PARALLEL kernels that read the same weights run on one read of each
+    unit (runner.read_together), each with its own values, notes and restrictions."""
+
+    @pytest.mark.parametrize("executor", ["sequential", "threads"])
+    def test_each_parameter_is_read_once_for_the_kernels_that_read_it(self, arrays, executor):
+        parallel = KernelExecutionProtocol.PARALLEL
+        with Session(config={"parallel": {"executor": executor, "pool_min_seconds": 0}}) as s:
+            s.compute.kernel(name="t_sq", execution_protocol=parallel)(test_kernels.squared_sum)
+            s.compute.kernel(name="t_max", execution_protocol=parallel,
+                             restrictions=[Restriction.min_ndim(2)])(test_kernels.fails_on_bias)
+            s.compute.kernel(name="t_fail", execution_protocol=parallel)(
+                test_kernels.fails_on_bias)
+            s.models.add(arrays, model_id="m")
+            reads, real = [], s.store.load_weights
+            s.store.load_weights = lambda model_id, name: reads.append(name) or real(model_id,
+                                                                                    name)
+            report = s.compute.apply("t_sq", "t_max", "t_fail", errors="record")
+            rows = s.results.export_metrics()["m"]
+            notes = {(n["kernel"], n["unit"]): n["kind"] for n in s.results.export_notes()}
+        assert sorted(reads) == sorted(arrays)  # once each, for the three kernels
+        assert report.computed == {"t_sq": 4, "t_max": 3, "t_fail": 3}
+        for name, w in arrays.items():
+            assert rows[name]["t_sq"] == pytest.approx(np.sum(w ** 2))
+            if w.ndim > 1:
+                assert rows[name]["t_max"] == rows[name]["t_fail"] == np.abs(w).max()
+        assert "t_max" not in rows["layer1.bias"] and "t_fail" not in rows["layer1.bias"]
+        assert notes == {("t_max", "m/layer1.bias"): "skipped",
+                         ("t_fail", "m/layer1.bias"): "failed"}
+
+    def test_what_runs_together(self, session):
+        """A kernel joins an earlier one when both are PARALLEL on parameters, read the
+        same weights of some of the same units, and it needs nothing produced from the
+        earlier one's step to its own (its inputs would not be there yet)."""
+        from diffract.core.compute.runner import read_together
+
+        parallel = KernelExecutionProtocol.PARALLEL
+        for name in ("t_a", "t_b"):
+            session.compute.kernel(name=name, execution_protocol=parallel)(
+                test_kernels.squared_sum)
+        session.compute.kernel(name="t_seq")(test_kernels.squared_sum)
+        base = session.registry.get("t_a")
+        specs = {"t_after": attrs.evolve(base, name="t_after", produce_fields=("t_after",),
+                                         inputs=(("weights", "weights"), ("t_b", "t_b"))),
+                 "t_shape": attrs.evolve(base, name="t_shape", produce_fields=("t_shape",),
+                                         inputs=(("shape", "shape"),))}
+
+        def step(name, *params):
+            spec = specs.get(name) or session.registry.get(name)
+            return Step(spec, tuple(Unit(("m",), p) for p in params))
+
+        a, b, seq, after = step("t_a", "x", "y"), step("t_b", "y"), step("t_seq", "x"), \
+            step("t_after", "x")
+        assert read_together([a, seq, b, after]) == [(a, (b,)), (seq, ()), (after, ())]
+        assert read_together([b, after, a]) == [(b, (a,)), (after, ())]
+        elsewhere = step("t_b", "z")  # no unit in common: nothing to share
+        assert read_together([a, elsewhere]) == [(a, ()), (elsewhere, ())]
+        shape = step("t_shape", "x")  # reads no weights
+        assert read_together([shape, a]) == [(shape, ()), (a, ())]
+        # t_after reads t_b: not with t_a when t_b runs between them
+        assert read_together([a, b, after]) == [(a, (b,)), (after, ())]
+        assert read_together([b, a, after]) == [(b, (a,)), (after, ())]

@@ -89,8 +89,7 @@ class TestGroupedTasks:
         tasks = []
         original = runner.invoke_group
         monkeypatch.setattr(runner, "invoke_group",
-                            lambda fn, inputs, config: tasks.append(len(inputs))
-                            or original(fn, inputs, config))
+                            lambda calls: tasks.append(len(calls)) or original(calls))
         model = {f"p{i}": np.full((3, 3), float(i)) for i in range(60)}
         with Session(config={"parallel": {"executor": "threads", "pool_min_seconds": 0}},
                      executor_options={"max_workers": 2}) as s:

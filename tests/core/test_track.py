@@ -288,14 +288,14 @@ class TestStoreSize:
 
         _run(tmp_path / "run", range(1000, 6000, 1000))
         held = []
-        real = track_module._prune
+        real = track_module.prune
 
         def prune(session, ids, *args, **kwargs):
             real(session, ids, *args, **kwargs)
             held.append(sum("weights_lsvs" in session.store.fields(m)
                             for m in session.models.ordered()))
 
-        monkeypatch.setattr(track_module, "_prune", prune)
+        monkeypatch.setattr(track_module, "prune", prune)
         assert _track(str(tmp_path / "run"), "--store", str(tmp_path / "s"), "--metrics",
                       "stable_rank") == 0
         assert held == [2, 2, 2, 2]  # once per new checkpoint after the first
@@ -321,13 +321,13 @@ class TestStoreSize:
                 return _real(*args, **kwargs)
 
             monkeypatch.setattr(module, "find_stale", counted)
-        real_prune = track_module._prune
+        real_prune = track_module.prune
 
         def prune(*args, **kwargs):
             calls["prune"] += 1
             return real_prune(*args, **kwargs)
 
-        monkeypatch.setattr(track_module, "_prune", prune)
+        monkeypatch.setattr(track_module, "prune", prune)
         assert _track(str(tmp_path / "run"), "--store", store, "--metrics", "stable_rank") == 0
         assert calls == {"stale": 1, "prune": 1}
 

@@ -296,6 +296,30 @@ def test_views_are_sliced_from_their_parent_read_once(s3, tmp_path, monkeypatch,
     assert s3.object_bytes <= size + (opened - 1) * _header_bytes(local / "model.safetensors")
 
 
+@pytest.mark.parametrize("executor", ["sequential", "threads", "processes"])
+def test_kernels_that_read_the_same_weights_share_one_read(s3, tmp_path, executor):
+    """Two kernels of one apply that read the same weights (the esd and the svd, which
+    ``diffract track`` asks together) run on one read of each parameter: in this process
+    the unit's inputs are read once for both, in the pool both run in the unit's task
+    and its worker reads it once (either way each was fetched twice before: 2.00x)."""
+    local = tmp_path / "two.safetensors"
+    save_file(_weights(11, n=6, shape=(128, 96)), str(local))
+    url = s3.put_tree(local, "fused/two.safetensors")
+    with Session(executor=executor, config={"parallel": {"pool_min_seconds": 0}}) as session:
+        session.models.add(url, model_id="m")
+        s3.reset()
+        report = session.compute.apply("esd", "weights_svals")
+        assert report.computed["esd"] == report.computed["svd"] == 6
+        esd = session.results.export_metrics("esd")["m"]
+        svals = session.results.export_metrics("weights_svals")["m"]
+    for name, row in esd.items():  # each kernel's own values, from the one read
+        assert np.allclose(np.sort(np.asarray(svals[name]["weights_svals"]) ** 2),
+                           np.asarray(row["esd"]), rtol=1e-9, atol=1e-9)
+    opened = 1 if executor != "processes" else 2  # each pool worker reads the header
+    size = local.stat().st_size
+    assert s3.object_bytes <= size + (opened - 1) * _header_bytes(local)
+
+
 class TestHub:
     """``hf://org/name`` through huggingface_hub's own HfFileSystem, against a Hub on the
     loopback address (tests/sources/fake_hub.py: a revision, trees, paths-info, files by

@@ -70,6 +70,52 @@ def test_track_from_an_s3_glob_as_from_disk_then_a_new_and_a_rewritten_checkpoin
     assert "s3://runs/cli-run/step-200/model.safetensors: it" in err
 
 
+def test_track_with_its_alignment_fetches_each_tensor_once(s3, tmp_path):
+    """The metrics read the weights (the esd) and the alignment reads them again (the
+    svd): run in one step, one read serves both, so from object storage every byte of
+    every checkpoint is fetched once (it was fetched twice: 2.00x)."""
+    local = _run(s3, tmp_path, "once-run", (100, 200, 300))
+    s3.reset()
+    store = tmp_path / "once.diffract"
+    assert main(["track", "s3://runs/once-run/step-*", "--store", str(store), "-q"]) == 0
+    whole = sum((local / f"step-{s}" / "model.safetensors").stat().st_size
+                for s in (100, 200, 300))  # its header and every tensor
+    assert whole <= s3.object_bytes <= 1.05 * whole
+    with Session(profile="local", path=str(store)) as session:
+        pairs = {r["models"] for r in session.results.export_aggregates(
+            "l_subspace_overlap", export_format="list")}
+        # the alignment (against the previous and the first) was computed from that read
+        assert pairs == {"step-100,step-200", "step-200,step-300", "step-100,step-300"}
+
+
+def test_track_with_heads_fetches_each_tensor_once(s3, tmp_path, monkeypatch):
+    """With --views heads the heads' fields, their parents' and both sides of each head's
+    change come from one read of each projection too (the parents kept for their views
+    limited to one: a small run's would all be kept, a large one's not)."""
+    monkeypatch.setattr("diffract.core.models.RECENT_BYTES", 64 * 64 * 4)
+    local = tmp_path / "heads-run"
+    for step in (10, 20, 30):
+        folder = local / f"step-{step}"
+        folder.mkdir(parents=True)
+        rng = np.random.default_rng(step)
+        save_file({f"model.layers.0.self_attn.{p}_proj.weight":
+                   rng.standard_normal((64, 64)).astype(np.float32) for p in "qkvo"},
+                  str(folder / "model.safetensors"))
+        (folder / "config.json").write_text(json.dumps(
+            {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4}))
+        s3.put_tree(folder, f"heads-run/step-{step}")
+    s3.reset()
+    store = tmp_path / "heads.diffract"
+    assert main(["track", "s3://runs/heads-run/step-*", "--store", str(store), "--views",
+                 "heads", "-q"]) == 0
+    whole = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
+    assert whole <= s3.object_bytes <= 1.05 * whole
+    with Session(profile="local", path=str(store)) as session:
+        moved = session.results.export_aggregates("r_subspace_overlap", export_format="list")
+        assert len(moved) == 3 * 4 * 4  # three pairs, four projections of four heads
+        assert session.results.export_metrics("pl_alpha_hill")["step-30"]
+
+
 def test_analyze_a_folder_with_the_endpoint_as_a_storage_option(s3, tmp_path):
     _run(s3, tmp_path, "opt-run", (5,))
     import socket

@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
-import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +46,13 @@ from diffract_report._inputs import (
     view_arguments,
 )
 from diffract_report._output import ProgressBar, outcomes_reported_by_us, tell_failures
+from diffract_report._vectors import (
+    SVD_GROUP,
+    prune,
+    svd_setting_restored,
+    svd_settings,
+    views_of,
+)
 from diffract_report.sudden import sudden
 
 __all__ = ["categorical", "changes", "checkpoints", "configure_track", "sudden",
@@ -388,10 +394,10 @@ def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: arg
             raise
         say(f"{exc} Watching for it again in {args.watch:g} s.")
         found = []
-    _, unreadable = _add_new(session, found, args, say)
+    added, unreadable = _add_new(session, found, args, say)
     ids = _alike(session, session.models.ordered(), say)
     _one_checkpoint_in_memory(session, ids)
-    _svd_settings(session, ids, args.settings)
+    svd_settings(session, ids, args.settings)
     interactive = sys.stderr.isatty() and not args.quiet
     against = {a.strip() for a in args.against.split(",") if a.strip()} - {"none"}
     fields = _alignment_fields(session) if against else []
@@ -406,113 +412,49 @@ def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: arg
     # walk reads every stamp of the store, per apply: a round's cost grew with the run)
     mode = "stale" if stale else "presence"
     keep = {*metrics, *view_fields}
+    heads = views_of(session) if "r_subspace_overlap" in known else []
+    pairs = _pairs(ids, against) if fields else []
+    # A new checkpoint's singular vectors, which its pairs read, are computed with its
+    # first fields (the views' when it has views whose heads are compared): the runner
+    # reads each weight once for both (read_together; from object storage a second read
+    # is a second fetch). One checkpoint at a time, its pairs and the pruning after it.
+    svd = list(SVD_GROUP) if fields and set(SVD_GROUP) <= known else []
+    fresh = [m for m in ids if m in set(added)] if svd and (heads or not view_fields) else []
+    reports: list[Any] = []
+    pruned = ""  # the checkpoint the round's last pruning was after
     with ProgressBar(interactive) as bar, outcomes_reported_by_us():
-        reports = [session.compute.apply(*view_fields, errors="record", progress=bar,
-                                         recompute=mode)] if view_fields else []
-        parents = parents_only(session, session, session.model_ids) if view_fields \
-            else session
-        reports.append(parents.compute.apply(*metrics, errors="record", progress=bar,
-                                             recompute=mode))
-        pairs = _pairs(ids, against) if fields else []
-        # checkpoint by checkpoint, pruning after each that computed something: the store
-        # never holds more than the reference's, the previous and the current vectors
-        pruned = False
-        heads = _views_of(session) if "r_subspace_overlap" in known else []
-        for later in dict.fromkeys(b for _, b in pairs):
+        def apply(view: Any, *asked: str) -> None:
+            reports.append(view.compute.apply(*asked, errors="record", progress=bar,
+                                              recompute=mode))
+
+        def align(later: str) -> None:
+            """The pairs ending at ``later``; the vectors they read pruned after them: the
+            store never holds more than the reference's, the previous and the current."""
+            nonlocal pruned
             now = [p for p in pairs if p[1] == later]
             done = [*session.compute.apply_pairs(*fields, pairs=now, errors="record",
                                                  recompute=mode).values(),
                     *(session.filter(param_names=heads).compute.apply_pairs(
                         "r_subspace_overlap", pairs=now, errors="record",
                         recompute=mode).values() if heads else ())]
-            reports += done
-            pruned = not args.keep_vectors and any(sum(r.computed.values()) for r in done)
-            if pruned:
-                _prune(session, ids[:ids.index(later) + 1], keep, first="first" in against)
-        if pairs and not args.keep_vectors and not pruned:  # what a killed round left
-            _prune(session, ids, keep, first="first" in against)
+            reports.extend(done)
+            if not args.keep_vectors and any(sum(r.computed.values()) for r in done):
+                prune(session, ids[:ids.index(later) + 1], keep, first="first" in against)
+                pruned = later
+
+        for model_id in fresh:
+            apply(session.filter(model_ids=[model_id]), *(view_fields or metrics), *svd)
+            align(model_id)
+        if view_fields:
+            apply(session, *view_fields)
+        parents = parents_only(session, session, session.model_ids) if view_fields \
+            else session
+        apply(parents, *metrics)
+        for later in dict.fromkeys(b for _, b in pairs):  # those of checkpoints tracked
+            align(later)
+        if pairs and not args.keep_vectors and pruned != pairs[-1][1]:  # a killed round's
+            prune(session, ids, keep, first="first" in against)
     return reports, unreadable
-
-
-#: What the alignment fields were computed from and no later round reads: the pairwise
-#: overlap matrices (k x k per layer and pair), every checkpoint's right singular vectors
-#: but those of head views (whose change is read on both sides: r_subspace_overlap), and
-#: the left ones of every checkpoint but the first (the reference) and the latest (the
-#: next one's predecessor).
-_PAIRWISE_INTERMEDIATES = ("l_overlap",)
-_SVD_GROUP = ("weights_lsvs", "weights_svals", "weights_rsvs")
-
-
-def _prune(session: Any, ids: Sequence[str], asked: set[str], first: bool = True) -> None:
-    """Erase what the later rounds do not need (see _PAIRWISE_INTERMEDIATES), so that a
-    checkpoint grows the store by its scalars and spectra, not by its singular vectors;
-    the alignment values are those of the same vectors kept (they are computed before
-    this). A field the user asked for stays; the first checkpoint's vectors stay only
-    when the run is aligned with it (``first``)."""
-    known = set(session.compute.list_available_metrics())
-    pairwise = [f for f in _PAIRWISE_INTERMEDIATES if f in known and f not in asked]
-    if pairwise:
-        session.results.erase(*pairwise)
-    if not set(_SVD_GROUP) <= known or asked & set(_SVD_GROUP):
-        return
-    kept = list(dict.fromkeys([*ids[:1 if first else 0], *ids[-1:]]))
-    gone = [m for m in ids if m not in kept]
-    if gone:  # the whole group: a unit is recomputed only when all of it is absent
-        session.filter(model_ids=gone).results.erase(*_SVD_GROUP)
-    whole = sorted({p.name for m in kept for p in session.models.params(m)} - set(
-        _views_of(session)))
-    if kept and whole:  # a head's right vectors stay: its input side is compared
-        session.filter(model_ids=kept, param_names=whole).results.erase("weights_rsvs")
-
-
-def _views_of(session: Any) -> list[str]:
-    """The names of the views (heads...) of the run's checkpoints."""
-    return sorted({p.name for m in session.model_ids for p in session.models.params(m)
-                   if p.parent is not None})
-
-
-@contextlib.contextmanager
-def _svd_setting_restored(session: Any) -> Iterator[None]:
-    """The svd kernel's settings as they were once the track ends (kernel configuration
-    is process-wide; :func:`_svd_settings` sets them for the run)."""
-    if "svd" not in session.compute.list_available_kernels():
-        yield
-        return
-    config = session.compute.kernel_config("svd")
-    before = {k: config[k] for k in TRACK_SVD}
-    try:
-        yield
-    finally:
-        session.compute.configure_kernel("svd", **before)
-
-
-#: What a tracked run keeps of the vectors it stores for its next checkpoints (the svd
-#: kernel's settings): those of the top tenth of the directions, what its alignment fields
-#: read (the top-tenth subspace overlap, the agreements among those directions), in
-#: float32 (half the bytes; the fields move by 1e-9). A bfloat16 OLMo-2-1B checkpoint's
-#: float32 vectors take 1.7x its bytes; their top tenth 0.17x.
-TRACK_SVD = {"vectors": "float32", "vector_share": 0.1}
-
-
-def _svd_settings(session: Any, ids: Sequence[str], settings: Sequence[str]) -> None:
-    """The svd settings of the run (TRACK_SVD), except that a store which holds vectors
-    already keeps the settings they were computed with (a run tracked before goes on as
-    it was: nothing stale, no reference recomputed from a checkpoint that may be gone),
-    and ``--set svd.<option>=...`` wins over both."""
-    if not ids or "svd" not in session.compute.list_available_kernels():
-        return
-    given = {t.split("=", 1)[0].strip() for t in settings}
-    chosen = dict(TRACK_SVD)
-    for model_id in ids:
-        stamps = session.store.stamps(model_id, "weights_lsvs")
-        if stamps:
-            stored = json.loads(next(iter(stamps.values())).provenance.config)
-            defaults = session.registry.get("svd").config_defaults
-            chosen = {k: stored.get(k, defaults[k]) for k in TRACK_SVD}
-            break
-    chosen = {k: v for k, v in chosen.items() if f"svd.{k}" not in given}
-    if chosen:
-        session.compute.configure_kernel("svd", **chosen)
 
 
 def _stored(session: Any, metrics: Sequence[str], given: bool, store: str) -> list[str]:
@@ -557,12 +499,12 @@ def track(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
 
     return_freed_buffers()  # freed SVD buffers leave the process (docs/storage.md)
     session = open_session(args)
-    with session, _svd_setting_restored(session):
+    with session, svd_setting_restored(session):
         check_metrics(session, [*metrics, *view_fields])
         apply_settings(session, args.settings, args.conventions)
         if not args.paths:
             metrics = _stored(session, metrics, bool(args.metrics), args.store)
-            if args.views and session.model_ids and not _views_of(session):
+            if args.views and session.model_ids and not views_of(session):
                 say(f"--views {printable(args.views)}: the checkpoints in "
                     f"{printable(str(args.store))} were added without views, and a store's "
                     "models keep the views they were added with: track the checkpoints into "

@@ -54,7 +54,7 @@ def on_gpu(inputs: Mapping[str, Any]) -> bool:
 NoteKey = tuple[str, tuple[str, ...], "str | None"]
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)
 class StepState:
     """What the runner knows while one step runs (built once when the step starts)."""
 
@@ -68,6 +68,7 @@ class StepState:
     #: model -> its source, for the models whose weights are files (workers read them)
     file_sources: Mapping[str, ModelSource]
     position: tuple[int, int]
+    units: frozenset[Unit]  #: the units this kernel runs (a step may run several kernels)
 
 
 def _whole(state: StepState, model_id: str) -> list[str]:
@@ -83,17 +84,19 @@ class Inputs:
     threads: ThreadPoolExecutor
 
     def _read(self, state: StepState, field: str, model_id: str, param: str | None,
-              lazy: bool = False) -> Any:
+              lazy: bool = False, read: dict[Any, Any] | None = None) -> Any:
         store = self.store
         if field == "shape":
             return state.params[model_id][param].shape
         if lazy and field in ("weights", "tensor") and model_id in state.file_sources:
             return WeightsRef(state.file_sources[model_id], model_id, param, field == "tensor")
         if field in SOURCE_FIELDS:
+            read, key = {} if read is None else read, (field, model_id, param)
             try:
-                if field == "tensor":
-                    return store.load_tensor(model_id, param)
-                return store.load_weights(model_id, param)
+                if key not in read:  # (else read for another kernel of the unit)
+                    read[key] = (store.load_tensor if field == "tensor" else
+                                 store.load_weights)(model_id, param)
+                return read[key]
             except WeightsUnavailableError as exc:
                 raise SkippedInput(str(exc)) from None
             except Exception as exc:  # noqa: BLE001 - that unit fails, with the reason
@@ -112,15 +115,18 @@ class Inputs:
         at = param if level is KernelApplyLevel.PARAMETER else None
         raise MissingInput(field, (model_id,), at)
 
-    def _gather(self, state: StepState, unit: Unit, lazy: bool = False) -> dict[str, Any]:
-        """The keyword arguments of one kernel call (raises MissingInput/UnreadableInput)."""
+    def _gather(self, state: StepState, unit: Unit, lazy: bool = False,
+                read: dict[Any, Any] | None = None) -> dict[str, Any]:
+        """The keyword arguments of one kernel call (raises MissingInput/UnreadableInput);
+        ``read``: the weights read for the unit's other kernels (read once for them all)."""
         spec = state.spec
         inputs: dict[str, Any] = {}
         for arg, field in spec.inputs:
             plevel = state.producers.get(field, ("", KernelApplyLevel.PARAMETER))[1]
             if spec.apply_level is KernelApplyLevel.PARAMETER:
                 try:
-                    inputs[arg] = self._read(state, field, unit.models[0], unit.param, lazy)
+                    inputs[arg] = self._read(state, field, unit.models[0], unit.param, lazy,
+                                             read)
                 except MissingInput:
                     if field not in spec.optional_inputs:
                         raise
@@ -147,29 +153,39 @@ class Inputs:
                                     for m in unit.models)
         return inputs
 
-    def _gather_one(self, state: StepState, unit: Unit, lazy: bool = False) -> Any:
+    def _gather_one(self, state: StepState, unit: Unit, lazy: bool = False,
+                    read: dict[Any, Any] | None = None) -> Any:
+        if unit not in state.units:
+            return None  # not a unit of this kernel (another of the step's has it)
         try:
-            return self._gather(state, unit, lazy)
+            return self._gather(state, unit, lazy, read)
         except (MissingInput, UnreadableInput, BlockedInput, SkippedInput) as exc:
             return exc
         except Exception as exc:  # noqa: BLE001 - a store that fails on one unit
             return UnreadableInput(f"cannot read the inputs of {unit.label}: {describe(exc)}")
 
-    def _prefetch(self, state: StepState, chunk: Sequence[Unit],
+    def _gather_all(self, states: Sequence[StepState], unit: Unit, lazy: bool) -> list[Any]:
+        """Each kernel's inputs for ``unit``, its weights read once for them all."""
+        read: dict[Any, Any] = {}
+        return [self._gather_one(state, unit, lazy, read) for state in states]
+
+    def _prefetch(self, states: Sequence[StepState], chunk: Sequence[Unit],
                   lazy: bool = False) -> list[Future[Any]]:
-        """Start reading a chunk's inputs on the thread pool: one task per unit. With
-        ``lazy``, weights of file-backed models stay references for the workers to read.
+        """Start reading a chunk's inputs on the thread pool: one task per unit (its
+        kernels' inputs, see :meth:`_gather_all`; the first kernel reads weights when one
+        does). With ``lazy``, weights of file-backed models stay references for the
+        workers to read.
 
         Tasks never wait on other tasks of the pool (a task that did could hold every
         worker while the tasks it waits for sit in the queue). Stored fields of an
         in-memory store are read here at once: a thread task per unit would cost more
         than the read (about 40 us a unit, 1000 units in ``diffract analyze`` of MiniLM)."""
-        if self.store.durable or SOURCE_FIELDS.intersection(state.spec.require_fields):
-            return [self.threads.submit(self._gather_one, state, unit, lazy) for unit in chunk]
+        if self.store.durable or SOURCE_FIELDS.intersection(states[0].spec.require_fields):
+            return [self.threads.submit(self._gather_all, states, unit, lazy) for unit in chunk]
         done = []
         for unit in chunk:
             done.append(Future())
-            done[-1].set_result(self._gather_one(state, unit, lazy))
+            done[-1].set_result(self._gather_all(states, unit, lazy))
         return done
 
     @staticmethod

@@ -43,7 +43,8 @@ from diffract.core.sources import ModelSource
 from diffract.core.storage.base import Batch, Note, Provenance, Store, contextual_name
 from diffract.errors import ExecutorWarning, KernelOutputError, warn
 
-__all__ = ["Runner"]
+__all__ = ["Runner", "read_together"]
+PARALLEL, PARAMETER = KernelExecutionProtocol.PARALLEL, KernelApplyLevel.PARAMETER
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,31 @@ def pool_pays(left: float, cores: float, workers: int, start_up: float) -> bool:
     return workers > 1 and left * (1.0 - min(max(cores, 1.0), workers) / workers) >= start_up
 
 
+def read_together(steps: Sequence[Step]) -> list[tuple[Step, tuple[Step, ...]]]:
+    """Each step with the later ones that run on its reads (its riders): PARALLEL
+    kernels of parameters that read the same weights of some of the same units and
+    need nothing the steps from it to them produce (the esd and the svd of ``diffract
+    track``: from object storage every read is a fetch)."""
+    out, taken = [], set()
+    for i, step in enumerate(steps):
+        if i in taken:
+            continue
+        kind = (step.kernel.execution_protocol, step.kernel.apply_level,
+                step.kernel.overlap_batches)
+        made, riders, reads = set(), [], {"weights", "tensor"} & set(step.kernel.require_fields)
+        for j, other in enumerate(steps[i:], start=i):
+            needs = set(other.kernel.require_fields)
+            if j > i and j not in taken and kind[:2] == (PARALLEL, PARAMETER) and kind == (
+                    other.kernel.execution_protocol, other.kernel.apply_level,
+                    other.kernel.overlap_batches) and reads & needs and not made & needs \
+                    and set(step.units) & set(other.units):
+                riders.append(other)
+                taken.add(j)
+            made.update(other.kernel.produce_fields)
+        out.append((step, tuple(riders)))
+    return out
+
+
 @attrs.define
 class _Chunk:
     """One chunk between preparing and committing: its units, the batch being filled,
@@ -72,7 +98,8 @@ class _Chunk:
 
     units: Sequence[Unit]
     batch: Batch
-    runnable: list[tuple[Unit, Any]] = attrs.field(factory=list)
+    #: (unit, its inputs, the kernel's state): a unit's kernels one after the other
+    runnable: list[tuple[Unit, Any, StepState]] = attrs.field(factory=list)
     #: unit indices (one task: several units when they are short) -> the task's future
     futures: dict[tuple[int, ...], Future] | None = None
     here: Future | None = None  #: its outcomes when it runs in this process, pipelined
@@ -126,8 +153,9 @@ class Runner(Inputs):
         report = ApplyReport(requested=plan.requested)
         if plan.pending:
             self.store.check_writable()  # before anything is computed
-        for number, step in enumerate(plan.steps, start=1):
-            self._run_step(step, (number, len(plan.steps)), report)
+        together = read_together(plan.steps)
+        for number, (step, riders) in enumerate(together, start=1):
+            self._run_step(step, (number, len(together)), report, riders)
         return report
 
     def _state(self, step: Step, position: tuple[int, int]) -> StepState:
@@ -147,7 +175,8 @@ class Runner(Inputs):
             producers=producers,
             notes=notes,
             file_sources=self._file_sources(models),
-            position=position)
+            position=position,
+            units=frozenset(step.units))
 
     def _file_sources(self, models: Iterable[str]) -> dict[str, ModelSource]:
         out = {}
@@ -160,22 +189,26 @@ class Runner(Inputs):
                 out[model_id] = source
         return out
 
-    def _run_step(self, step: Step, position: tuple[int, int], report: ApplyReport) -> None:
-        spec = step.kernel
-        if step.skipped:
-            batch = Batch(
-                notes=[Note(spec.name, u.models, u.param, "skipped", r) for u, r in step.skipped]
-            )
-            self.store.commit(batch)
-            report.notes.extend(batch.notes)
+    def _run_step(self, step: Step, position: tuple[int, int], report: ApplyReport,
+                  riders: Sequence[Step] = ()) -> None:
+        """Run a step; with ``riders`` (see :func:`read_together`), their kernels too, on
+        the same reads: each unit's weights read once for every kernel that runs it."""
+        spec, steps = step.kernel, (step, *riders)
+        skipped = [Note(e.kernel.name, u.models, u.param, "skipped", r)
+                   for e in steps for u, r in e.skipped]
+        if skipped:
+            self.store.commit(Batch(notes=skipped))
+            report.notes.extend(skipped)
         if not step.units:
             return
-        state = self._state(step, position)
-        report.computed.setdefault(spec.name, 0)
+        states = [self._state(each, position) for each in steps]
+        report.computed.update({e.kernel.name: report.computed.get(e.kernel.name, 0)
+                                for e in steps})
+        step = attrs.evolve(step, units=tuple(dict.fromkeys(u for e in steps for u in e.units)))
         per_unit: float | None = None
-        parallel = spec.execution_protocol is KernelExecutionProtocol.PARALLEL
+        parallel = spec.execution_protocol is PARALLEL
         chunker = Chunker(step, self.store, self.cache.read_budget(), largest_first=parallel)
-        in_process = parallel and self._pool_unusable(spec, self.pool_min_seconds <= 0)
+        in_process = parallel and self._pool_unusable(states, self.pool_min_seconds <= 0)
         use_pool = (parallel and self.pool_min_seconds <= 0 and not self.executors.inline
                     and not in_process)
         # parallel and batched kernels: chunks that keep every worker busy
@@ -187,7 +220,7 @@ class Runner(Inputs):
         spread = self.parallel_workers if parallel else 1
         current = chunker.take(size, spread)
         lazy = use_pool and self.executors.reads_files  # workers read the files themselves
-        pending = self._prefetch(state, current, lazy)
+        pending = self._prefetch(states, current, lazy)
         done = failed = 0
         begun = last = time.perf_counter()
         inflight: list[_Chunk] = []  # submitted to the executor, not yet committed
@@ -215,7 +248,7 @@ class Runner(Inputs):
                 rest = sum(chunker.costs[done:])
                 if pool_pays(seconds * rest / max(sum(chunker.costs[done - units:done]), 1),
                              cpu / max(seconds, 1e-9), self.parallel_workers, self.pool_min_seconds
-                             ) and not (in_process and self._pool_unusable(spec, True)):
+                             ) and not (in_process and self._pool_unusable(states, True)):
                     use_pool = True  # (a program that cannot use it says why, now it pays)
                     lazy = self.executors.reads_files
             size = max(smallest, int(self.chunk_seconds / max(per_unit, 1e-6)))
@@ -234,7 +267,7 @@ class Runner(Inputs):
         def finish_oldest() -> None:
             nonlocal last
             oldest = inflight.pop(0)
-            failures = self._finish_chunk(state, oldest, report)
+            failures = self._finish_chunk(oldest, report)
             now = time.perf_counter()
             finished(oldest.units, now - last, failures, oldest.busy)
             last = now
@@ -243,20 +276,20 @@ class Runner(Inputs):
             while current:
                 inputs = [f.result() for f in pending]
                 following = chunker.take(size, spread)
-                pending = self._prefetch(state, following, lazy) if following else []
+                pending = self._prefetch(states, following, lazy) if following else []
                 if use_pool or (ahead is not None and not undecided):
                     # Pipelined (PIPELINE deep): the workers never idle at a chunk's end.
-                    chunk = self._prepare(state, current, inputs)
+                    chunk = self._prepare(states, current, inputs)
                     if use_pool:  # groups small enough for two tasks per worker
                         chunk.group = max(1, min(group, len(chunk.runnable)
                                                  // (2 * self.parallel_workers)))
-                    self._submit_chunk(state, chunk, None if use_pool else ahead)
+                    self._submit_chunk(chunk, None if use_pool else ahead)
                     inflight.append(chunk)
                     if len(inflight) > PIPELINE:
                         finish_oldest()
                 else:
                     started, cpu = time.perf_counter(), time.process_time()
-                    failures = self._run_chunk(state, current, inputs, report)
+                    failures = self._run_chunk(states, current, inputs, report)
                     last = time.perf_counter()
                     finished(current, last - started, failures,
                              cpu=time.process_time() - cpu)
@@ -269,10 +302,12 @@ class Runner(Inputs):
             if ahead is not None:  # a running batch cannot be stopped: it ends first
                 ahead.shutdown(cancel_futures=True)
 
-    def _pool_unusable(self, spec: KernelSpec, tell: bool) -> bool:
-        """Whether this program cannot use spawned workers for ``spec`` (then it runs here,
-        with the same values), said once per reason when ``tell`` (the pool would pay)."""
-        problem = spawn_problem(spec.function) if self.executors.spawns else None
+    def _pool_unusable(self, states: Sequence[StepState], tell: bool) -> bool:
+        """Whether this program cannot use spawned workers for these kernels (then they run
+        here, with the same values), said once per reason when ``tell`` (the pool would
+        pay)."""
+        problem = next(filter(None, (spawn_problem(s.spec.function) for s in states)),
+                       None) if self.executors.spawns else None
         if tell and problem is not None and problem not in _TOLD:
             _TOLD.add(problem)
             warn(ExecutorWarning(
@@ -280,29 +315,34 @@ class Runner(Inputs):
                 f"executor's worker processes: {problem}. The values are the same."))
         return problem is not None
 
-    def _in_process(self, state: StepState, runnable: list[tuple[Unit, Any]]) -> list[Any]:
-        """Outcomes of units run here: the kernel's batch path when it has one."""
-        spec, config = state.spec, state.config
-        if spec.batch is not None and len(runnable) > 1:
+    def _in_process(self, runnable: list[tuple[Unit, Any, StepState]]) -> list[Any]:
+        """Outcomes of units run here: kernel by kernel, its batch path when it has one."""
+        outcomes: list[Any] = [None] * len(runnable)
+        for state in dict.fromkeys(s for _, _, s in runnable):
+            spec, config = state.spec, state.config
+            mine = [i for i, (_, _, s) in enumerate(runnable) if s is state]
+            got = [runnable[i][1] for i in mine]
             try:
-                units = [resolve(got) for _, got in runnable]
+                units = [resolve(g) for g in got] if spec.batch and len(got) > 1 else None
             except RefError:  # read them one by one: each unit fails alone
-                return [invoke(spec.function, got, config) for _, got in runnable]
-            return invoke_batch(spec, units, config)
-        return [invoke(spec.function, got, config) for _, got in runnable]
+                units = None
+            done = invoke_batch(spec, units, config) if units is not None else [
+                invoke(spec.function, g, config) for g in got]
+            for i, outcome in zip(mine, done, strict=True):
+                outcomes[i] = outcome
+        return outcomes
 
-    def _submit_chunk(self, state: StepState, chunk: _Chunk,
-                      here: ThreadPoolExecutor | None = None) -> None:
+    def _submit_chunk(self, chunk: _Chunk, here: ThreadPoolExecutor | None = None) -> None:
         """Send a chunk's units to the executor, or its batch to ``here`` (a thread of this
         process), unless their inputs live on a GPU: those run when the chunk finishes."""
-        if not chunk.runnable or any(on_gpu(got) for _, got in chunk.runnable):
+        if not chunk.runnable or any(on_gpu(got) for _, got, _ in chunk.runnable):
             return
         if here is not None:
-            chunk.here = here.submit(self._in_process, state, chunk.runnable)
+            chunk.here = here.submit(self._in_process, chunk.runnable)
             return
-        chunk.futures = self._submit(state, chunk.runnable, range(len(chunk.runnable)), chunk.group)
+        chunk.futures = self._submit(chunk.runnable, range(len(chunk.runnable)), chunk.group)
 
-    def _finish_chunk(self, state: StepState, chunk: _Chunk, report: ApplyReport) -> int:
+    def _finish_chunk(self, chunk: _Chunk, report: ApplyReport) -> int:
         """Collect a chunk's outcomes and commit it; returns its failures.
 
         A worker that dies (killed, out of memory) breaks a process pool: the pool is
@@ -314,46 +354,43 @@ class Runner(Inputs):
         if chunk.here is not None:
             outcomes = chunk.here.result()
         elif chunk.futures is None:
-            outcomes = self._in_process(state, chunk.runnable)
+            outcomes = self._in_process(chunk.runnable)
         else:
             outcomes = [None] * len(chunk.runnable)
             lost = self._wait(chunk.futures, outcomes, chunk)
             if lost:
                 log.warning("%s: a worker died or a task ran over unit_timeout; running %d "
                             "unit(s) again, one at a time, on a new executor",
-                            state.spec.name, len(lost))
+                            chunk.runnable[0][2].spec.name, len(lost))
             for i in lost:
-                if self._wait(self._submit(state, chunk.runnable, [i]), outcomes):
+                if self._wait(self._submit(chunk.runnable, [i]), outcomes):
                     outcomes[i] = ("error", "its worker process died while running it, twice "
                                             "(killed, or out of memory?); the executor was "
                                             "replaced each time")
-        return self._complete(state, chunk, outcomes, report)
+        return self._complete(chunk, outcomes, report)
 
-    def _submit(self, state: StepState, runnable: list[tuple[Unit, Any]],
+    def _submit(self, runnable: list[tuple[Unit, Any, StepState]],
                 indices: Iterable[int], group: int = 1) -> dict[tuple[int, ...], Future]:
         """One task per ``group`` consecutive units (one per unit when ``group`` is 1), a
-        parameter's views in its task (they slice it where it is read, not read it again)."""
-        spec, config, handle = state.spec, state.config, self.executors
+        unit's kernels and a parameter's views in its task (they share its read, or slice
+        it where it is read: not read it again)."""
+        handle = self.executors
         # every worker up (SIGINT ignored, the kernel imported) first: a unit timeout
         # measures units, not workers starting
-        handle.warm((spec.function.__module__,))
+        handle.warm(tuple(dict.fromkeys(s.spec.function.__module__ for _, _, s in runnable)))
         tasks: list[list[int]] = []
         for i in indices:
-            unit = runnable[i][0]
+            unit, _, state = runnable[i]
             info = state.params.get(unit.models[0], {}).get(unit.param or "")
-            if tasks and (len(tasks[-1]) < group or info is not None and info.parent is not None
-                          and info.parent in {runnable[j][0].param for j in tasks[-1]}):
+            held = {runnable[j][0].param for j in tasks[-1]} - {None} if tasks else set()
+            if tasks and (len(tasks[-1]) < group or runnable[tasks[-1][-1]][0] == unit
+                          or info is not None and info.parent in held):
                 tasks[-1].append(i)
             else:
                 tasks.append([i])
-        return {
-            idx: (handle.get().submit(timed, invoke, spec.function, runnable[idx[0]][1],
-                                      config)
-                  if len(idx) == 1 else
-                  handle.get().submit(timed, invoke_group, spec.function,
-                                      [runnable[i][1] for i in idx], config))
-            for idx in map(tuple, tasks)
-        }
+        return {idx: handle.get().submit(timed, invoke_group, [
+            (runnable[i][2].spec.function, runnable[i][1], runnable[i][2].config) for i in idx])
+            for idx in map(tuple, tasks)}
 
     def _wait(self, futures: dict[tuple[int, ...], Future], outcomes: list[Any],
               chunk: _Chunk | None = None) -> list[int]:
@@ -375,7 +412,7 @@ class Runner(Inputs):
                     got, seconds = fut.result(timeout=timeout)
                     if chunk is not None:
                         chunk.busy += seconds
-                    for i, outcome in zip(idx, got if len(idx) > 1 else [got], strict=True):
+                    for i, outcome in zip(idx, got, strict=True):
                         outcomes[i] = outcome
                 except FuturesTimeout:
                     if len(idx) > 1:  # which of them is stuck: run them again one by one
@@ -400,42 +437,47 @@ class Runner(Inputs):
         return lost
 
     def _run_chunk(
-        self, state: StepState, chunk: Sequence[Unit], inputs: Sequence[Any],
+        self, states: Sequence[StepState], chunk: Sequence[Unit], inputs: Sequence[Any],
         report: ApplyReport,
     ) -> int:
         """Run one chunk here and commit it; returns how many of its units failed."""
-        prepared = self._prepare(state, chunk, inputs)
-        return self._complete(state, prepared, self._in_process(state, prepared.runnable),
-                              report)
+        prepared = self._prepare(states, chunk, inputs)
+        return self._complete(prepared, self._in_process(prepared.runnable), report)
 
-    def _prepare(self, state: StepState, chunk: Sequence[Unit], inputs: Sequence[Any]) -> _Chunk:
-        """Sort a chunk's units: notes for those that cannot run, the rest runnable."""
-        spec = state.spec
-        provenance = Provenance.of(spec.name, spec.provider, state.config)
-        prepared = _Chunk(chunk, Batch(provenance={f: provenance for f in spec.produce_fields}))
-        for unit, got in zip(chunk, inputs, strict=True):
-            if isinstance(got, MissingInput):
-                prepared.note(spec, unit, *self._why_missing(state, got))
-            elif isinstance(got, SkippedInput):
-                prepared.note(spec, unit, "skipped", str(got))
-            elif isinstance(got, (UnreadableInput, BlockedInput)):
-                prepared.note(spec, unit, "failed", str(got))
-            elif not spec.undefined_inputs and (
-                    inherited := self._inherited_undefined(state, unit)) is not None:
-                self._undefined(prepared, spec, unit, inherited)
-            else:
-                prepared.runnable.append((unit, got))
+    def _prepare(self, states: Sequence[StepState], chunk: Sequence[Unit],
+                 inputs: Sequence[Any]) -> _Chunk:
+        """Sort a chunk's units: notes for those that cannot run, the rest runnable (each
+        unit with the inputs of each of its kernels, see :meth:`_gather_all`)."""
+        prepared = _Chunk(chunk, Batch(provenance={
+            f: Provenance.of(s.spec.name, s.spec.provider, s.config)
+            for s in states for f in s.spec.produce_fields}))
+        for unit, gathered in zip(chunk, inputs, strict=True):
+            for state, got in zip(states, gathered, strict=True):
+                spec = state.spec
+                if got is None:
+                    continue  # not a unit of this kernel
+                if isinstance(got, MissingInput):
+                    prepared.note(spec, unit, *self._why_missing(state, got))
+                elif isinstance(got, SkippedInput):
+                    prepared.note(spec, unit, "skipped", str(got))
+                elif isinstance(got, (UnreadableInput, BlockedInput)):
+                    prepared.note(spec, unit, "failed", str(got))
+                elif not spec.undefined_inputs and (
+                        inherited := self._inherited_undefined(state, unit)) is not None:
+                    self._undefined(prepared, spec, unit, inherited)
+                else:
+                    prepared.runnable.append((unit, got, state))
         return prepared
 
     def _undefined(self, chunk: _Chunk, spec: KernelSpec, unit: Unit, reason: str) -> None:
         self._write(chunk.batch, spec, unit, {f: math.nan for f in spec.produce_fields})
         chunk.note(spec, unit, "undefined", reason)
 
-    def _complete(self, state: StepState, chunk: _Chunk, outcomes: Sequence[Any],
-                  report: ApplyReport) -> int:
+    def _complete(self, chunk: _Chunk, outcomes: Sequence[Any], report: ApplyReport) -> int:
         """Store a chunk's outcomes in one commit; returns how many units failed."""
-        spec, batch = state.spec, chunk.batch
-        for (unit, _), (status, payload) in zip(chunk.runnable, outcomes, strict=True):
+        batch = chunk.batch
+        for (unit, _, state), (status, payload) in zip(chunk.runnable, outcomes, strict=True):
+            spec = state.spec
             if status == "undefined":
                 self._undefined(chunk, spec, unit, payload)
                 continue

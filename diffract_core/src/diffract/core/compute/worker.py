@@ -58,14 +58,17 @@ class WeightsRef:
 _OPENED: dict[tuple[ModelSource, str], tuple[Callable[[str], Any], Callable[[str], Any]]] = {}
 
 
-def resolve(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """Inputs with every :class:`WeightsRef` read (in the process that runs the kernel)."""
-    out = {}
+def resolve(inputs: Mapping[str, Any], read: dict[WeightsRef, Any] | None = None
+            ) -> dict[str, Any]:
+    """Inputs with every :class:`WeightsRef` read (in the process that runs the kernel);
+    ``read`` holds what was read already (kernels of one unit share their parameter)."""
+    out, read = {}, {} if read is None else read
     for arg, value in inputs.items():
         if isinstance(value, WeightsRef):
-            value = _load_ref(arg, value)
+            value = _load_ref(arg, value, read)
         elif isinstance(value, tuple) and any(isinstance(v, WeightsRef) for v in value):
-            value = tuple(_load_ref(arg, v) if isinstance(v, WeightsRef) else v for v in value)
+            value = tuple(_load_ref(arg, v, read) if isinstance(v, WeightsRef) else v
+                          for v in value)
         out[arg] = value
     return out
 
@@ -74,19 +77,22 @@ class RefError(Exception):
     pass
 
 
-def _load_ref(arg: str, ref: WeightsRef) -> Any:
+def _load_ref(arg: str, ref: WeightsRef, read: dict[WeightsRef, Any]) -> Any:
     try:
-        return ref.load()
+        if ref not in read:
+            read[ref] = ref.load()
+        return read[ref]
     except Exception as exc:  # noqa: BLE001 - the unit fails with the reason
         field = "tensor" if ref.raw else "weights"
         raise RefError(f"cannot read input {field!r} of {ref.model_id}/{ref.param}: "
                         f"{type(exc).__name__}: {exc}") from None
 
 
-def invoke(fn: Callable[..., Any], inputs: Mapping[str, Any], config: Mapping[str, Any]):
+def invoke(fn: Callable[..., Any], inputs: Mapping[str, Any], config: Mapping[str, Any],
+           read: dict[WeightsRef, Any] | None = None):
     """Call a kernel; never raises (runs in worker processes too)."""
     try:
-        return ("ok", fn(**resolve(inputs), **config))
+        return ("ok", fn(**resolve(inputs, read), **config))
     except RefError as exc:
         return ("error", str(exc))
     except FieldUndefined as exc:
@@ -95,11 +101,21 @@ def invoke(fn: Callable[..., Any], inputs: Mapping[str, Any], config: Mapping[st
         return ("error", describe(exc))
 
 
-def invoke_group(fn: Callable[..., Any], inputs: Sequence[Mapping[str, Any]],
-                  config: Mapping[str, Any]) -> list[Any]:
-    """:func:`invoke` over several units in one executor task (short units: one task
-    each would cost more in the executor than in the kernel)."""
-    return [invoke(fn, got, config) for got in inputs]
+Call = tuple[Callable[..., Any], Mapping[str, Any], Mapping[str, Any]]
+
+
+def invoke_group(calls: Sequence[Call]) -> list[Any]:
+    """:func:`invoke` over several (kernel, inputs, configuration) in one executor task:
+    short units (one task each would cost more in the executor than in the kernel), and
+    the kernels of one unit run together, whose parameter is read once for all of them
+    (kept while the next call reads it too)."""
+    read: dict[WeightsRef, Any] = {}
+    outcomes = []
+    for fn, got, config in calls:
+        read = {ref: read[ref] for ref in got.values() if isinstance(ref, WeightsRef)
+                and ref in read}
+        outcomes.append(invoke(fn, got, config, read))
+    return outcomes
 
 
 def timed(call: Callable[..., Any], *args: Any) -> tuple[Any, float]:
