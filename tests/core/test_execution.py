@@ -463,11 +463,14 @@ class TestSharedReads:
             reads, real = [], s.store.load_weights
             s.store.load_weights = lambda model_id, name: reads.append(name) or real(model_id,
                                                                                     name)
-            report = s.compute.apply("t_sq", "t_max", "t_fail", errors="record")
+            events = []
+            report = s.compute.apply("t_sq", "t_max", "t_fail", errors="record",
+                                     progress=events.append)
             rows = s.results.export_metrics()["m"]
             notes = {(n["kernel"], n["unit"]): n["kind"] for n in s.results.export_notes()}
         assert sorted(reads) == sorted(arrays)  # once each, for the three kernels
         assert report.computed == {"t_sq": 4, "t_max": 3, "t_fail": 3}
+        assert {(e.kernel, e.total, e.steps) for e in events} == {("t_sq+t_max+t_fail", 4, 1)}
         for name, w in arrays.items():
             assert rows[name]["t_sq"] == pytest.approx(np.sum(w ** 2))
             if w.ndim > 1:

@@ -261,8 +261,8 @@ class Runner(Inputs):
             group = max(1, min(GROUP_MAX, int(GROUP_SECONDS / max(unit_seconds, 1e-6))))
             if self.progress is not None:
                 rate = done / max(time.perf_counter() - begun, 1e-9)
-                self.progress(Progress(spec.name, done, len(step.units), *position, failed=failed,
-                                       rate=rate))
+                self.progress(Progress("+".join(e.kernel.name for e in steps), done,
+                                       len(step.units), *position, failed=failed, rate=rate))
 
         def finish_oldest() -> None:
             nonlocal last
