@@ -111,3 +111,15 @@ class TestWorkerSettings:
         with start_local_cluster(1) as c, distributed.Client(c) as client:
             ((trim, _),) = client.run(_worker_settings).values()
         assert trim is None and os.environ.get("MALLOC_TRIM_THRESHOLD_") == before
+
+
+def test_what_the_workers_read_themselves():
+    """A LocalCluster reads every checkpoint itself; a cluster by address those in
+    object storage ("urls"), this machine's files only with read_files=true;
+    read_files=false ships everything (tests/sources/test_objects.py runs both)."""
+    from diffract_executor_dask.executor import reads_files
+
+    assert reads_files({}) is True
+    assert reads_files({"address": "tcp://head:8786"}) == "urls"
+    assert reads_files({"address": "tcp://head:8786", "read_files": True}) is True
+    assert reads_files({"read_files": False}) is False

@@ -202,3 +202,13 @@ def test_an_address_where_no_cluster_answers_is_one_line_at_once(tmp_path, addre
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.startswith("refused: ") and message in run.stdout, run.stdout
     assert "Failed to connect" not in run.stderr
+
+
+def test_what_the_workers_read_themselves():
+    """A cluster by address reads checkpoints in object storage itself ("urls"), this
+    machine's files only with read_files=true; read_files=false ships everything."""
+    from diffract_executor_ray.executor import reads_files
+
+    assert reads_files({"address": "ray://head:10001"}) == "urls"
+    assert reads_files({"address": "ray://head:10001", "read_files": True}) is True
+    assert reads_files({"address": "ray://head:10001", "read_files": False}) is False

@@ -320,6 +320,36 @@ def test_kernels_that_read_the_same_weights_share_one_read(s3, tmp_path, executo
     assert s3.object_bytes <= size + (opened - 1) * _header_bytes(local)
 
 
+def test_a_remote_clusters_workers_fetch_the_objects_themselves(s3, tmp_path):
+    """A Dask cluster given by address (remote: its workers need not see this machine's
+    files) reads a checkpoint in object storage from the store itself: no weight passes
+    through the session's process. ``read_files=false`` ships them from here."""
+    distributed = pytest.importorskip("distributed")
+    local = tmp_path / "remote.safetensors"
+    save_file(_weights(12, n=4), str(local))
+    url = s3.put_tree(local, "remote/remote.safetensors")
+    names = sorted(_weights(12, n=4))
+
+    def esd_of(options, refuse):
+        config = {"parallel": {"pool_min_seconds": 0}}
+        with Session(executor="dask", executor_options=options, config=config) as session:
+            session.models.add(url, model_id="m")
+            here, real = [], session.store.load_tensor
+            session.store.load_tensor = lambda model_id, name: (
+                refuse(name) if refuse else here.append(name) or real(model_id, name))
+            session.compute.apply("esd")
+            return sorted(session.results.export_metrics("esd")["m"]), here
+
+    def refuse(name):
+        raise AssertionError(f"{name} was read in the session's process")
+
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None, silence_logs=40) as cluster:
+        address = {"address": cluster.scheduler_address}
+        assert esd_of(address, refuse) == (names, [])
+        assert esd_of({**address, "read_files": False}, None) == (names, names)
+
+
 class TestHub:
     """``hf://org/name`` through huggingface_hub's own HfFileSystem, against a Hub on the
     loopback address (tests/sources/fake_hub.py: a revision, trees, paths-info, files by

@@ -247,7 +247,7 @@ class ExecutorHandle:
     leaves a process pool unusable) and the next ``get()`` builds another."""
 
     def __init__(self, name: str, factory: Callable[[], Executor], *, spawns: bool = False,
-                 inline: bool = False, reads_files: bool | None = None) -> None:
+                 inline: bool = False, reads_files: bool | str | None = None) -> None:
         self.name = name
         self._factory = factory
         self._executor: Executor | None = None
@@ -255,7 +255,8 @@ class ExecutorHandle:
         #: thread (known before it is built: building a cluster costs seconds).
         self.spawns = spawns
         self.inline = inline
-        #: Whether workers read file-backed weights themselves (sent references).
+        #: Whether workers read file-backed weights themselves (sent references): True,
+        #: "urls" (those in object storage only: a remote cluster's), or False (shipped).
         self.reads_files = spawns if reads_files is None else reads_files
 
     def get(self) -> Executor:

@@ -91,9 +91,10 @@ class ExecutorSpec:
         default=False, eq=False, hash=False, repr=False
     )
     #: Whether its workers can read the models' checkpoint files (then they are sent a
-    #: reference and read the weights themselves; else the weights are shipped).
+    #: reference and read the weights themselves; else the weights are shipped):
+    #: True, False, or "urls" (those in object storage only, not this machine's files).
     #: Default: when it spawns local processes.
-    reads_files: bool | Callable[[Mapping[str, Any]], bool] | None = attrs.field(
+    reads_files: bool | str | Callable[[Mapping[str, Any]], bool | str] | None = attrs.field(
         default=None, eq=False, hash=False, repr=False
     )
     #: Whether it runs tasks in the calling thread (then a PARALLEL kernel's batch path

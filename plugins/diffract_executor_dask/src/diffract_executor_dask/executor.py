@@ -54,11 +54,15 @@ def spawns(options: Mapping[str, Any]) -> bool:
     return options.get("address") is None
 
 
-def reads_files(options: Mapping[str, Any]) -> bool:
-    """Whether the workers can read the models' files (then they get references, not
-    data): a LocalCluster can; a remote cluster only when told so (``read_files=true``:
-    the checkpoints are on storage every worker mounts at the same path)."""
-    return bool(options.get("read_files", options.get("address") is None))
+def reads_files(options: Mapping[str, Any]) -> bool | str:
+    """What the workers read themselves (sent references, not data): a LocalCluster every
+    checkpoint; a remote cluster those in object storage ("urls": each worker reaches the
+    store, with its own credentials), its files only when told so (``read_files=true``:
+    every worker mounts them at the same path); ``read_files=false``: nothing, every
+    weight is shipped from here."""
+    if "read_files" in options:
+        return bool(options["read_files"])
+    return True if options.get("address") is None else "urls"
 
 
 def _share_cores(threads_on_host: int) -> int:

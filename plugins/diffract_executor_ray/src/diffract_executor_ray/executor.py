@@ -70,12 +70,15 @@ def spawns(options: Mapping[str, Any]) -> bool:
     return False
 
 
-def reads_files(options: Mapping[str, Any]) -> bool:
-    """Whether the workers can read the models' files (then they get references, not
-    data): a local cluster's can; a remote one's only when told so (``read_files=true``:
-    every worker mounts the checkpoints at the same path, or they lie in object
-    storage every worker reaches)."""
-    return bool(options.get("read_files", _local(options)))
+def reads_files(options: Mapping[str, Any]) -> bool | str:
+    """What the workers read themselves (sent references, not data): a local cluster's
+    every checkpoint; a remote one's those in object storage ("urls": each worker
+    reaches the store, with its own credentials), its files only when told so
+    (``read_files=true``: every worker mounts them at the same path);
+    ``read_files=false``: nothing, every weight is shipped from here."""
+    if "read_files" in options:
+        return bool(options["read_files"])
+    return True if _local(options) else "urls"
 
 
 def _reachable(address: str | None, timeout: float = 5.0) -> None:

@@ -14,7 +14,7 @@ from diffract.core.compute._enums import KernelApplyLevel
 from diffract.core.compute.planner import Unit
 from diffract.core.compute.spec import SOURCE_FIELDS, KernelSpec
 from diffract.core.compute.worker import WeightsRef, describe
-from diffract.core.sources import ModelSource
+from diffract.core.sources import ModelSource, url_scheme
 from diffract.core.storage.base import Note, ParamInfo, Store, contextual_name
 from diffract.errors import WeightsUnavailableError
 
@@ -84,12 +84,14 @@ class Inputs:
     threads: ThreadPoolExecutor
 
     def _read(self, state: StepState, field: str, model_id: str, param: str | None,
-              lazy: bool = False, read: dict[Any, Any] | None = None) -> Any:
+              lazy: bool | str = False, read: dict[Any, Any] | None = None) -> Any:
         store = self.store
         if field == "shape":
             return state.params[model_id][param].shape
-        if lazy and field in ("weights", "tensor") and model_id in state.file_sources:
-            return WeightsRef(state.file_sources[model_id], model_id, param, field == "tensor")
+        source = state.file_sources.get(model_id)
+        if lazy and field in ("weights", "tensor") and source is not None and (
+                lazy is True or url_scheme(source.path)):  # "urls": those in object storage
+            return WeightsRef(source, model_id, param, field == "tensor")
         if field in SOURCE_FIELDS:
             read, key = {} if read is None else read, (field, model_id, param)
             try:
@@ -115,7 +117,7 @@ class Inputs:
         at = param if level is KernelApplyLevel.PARAMETER else None
         raise MissingInput(field, (model_id,), at)
 
-    def _gather(self, state: StepState, unit: Unit, lazy: bool = False,
+    def _gather(self, state: StepState, unit: Unit, lazy: bool | str = False,
                 read: dict[Any, Any] | None = None) -> dict[str, Any]:
         """The keyword arguments of one kernel call (raises MissingInput/UnreadableInput);
         ``read``: the weights read for the unit's other kernels (read once for them all)."""
@@ -153,7 +155,7 @@ class Inputs:
                                     for m in unit.models)
         return inputs
 
-    def _gather_one(self, state: StepState, unit: Unit, lazy: bool = False,
+    def _gather_one(self, state: StepState, unit: Unit, lazy: bool | str = False,
                     read: dict[Any, Any] | None = None) -> Any:
         if unit not in state.units:
             return None  # not a unit of this kernel (another of the step's has it)
@@ -164,13 +166,13 @@ class Inputs:
         except Exception as exc:  # noqa: BLE001 - a store that fails on one unit
             return UnreadableInput(f"cannot read the inputs of {unit.label}: {describe(exc)}")
 
-    def _gather_all(self, states: Sequence[StepState], unit: Unit, lazy: bool) -> list[Any]:
+    def _gather_all(self, states: Sequence[StepState], unit: Unit, lazy: bool | str) -> list[Any]:
         """Each kernel's inputs for ``unit``, its weights read once for them all."""
         read: dict[Any, Any] = {}
         return [self._gather_one(state, unit, lazy, read) for state in states]
 
     def _prefetch(self, states: Sequence[StepState], chunk: Sequence[Unit],
-                  lazy: bool = False) -> list[Future[Any]]:
+                  lazy: bool | str = False) -> list[Future[Any]]:
         """Start reading a chunk's inputs on the thread pool: one task per unit (its
         kernels' inputs, see :meth:`_gather_all`; the first kernel reads weights when one
         does). With ``lazy``, weights of file-backed models stay references for the
