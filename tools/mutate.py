@@ -235,7 +235,7 @@ MUTANTS = [
            "a Dask cluster by address ships the weights of a checkpoint in object storage"),
     Mutant("track-vectors-apart-from-the-metrics",
            "plugins/diffract_report/src/diffract_report/track.py",
-           "fresh = [m for m in ids if m in set(added)] if svd",
+           "fresh = [m for m in ids if m in new] if svd",
            "fresh = [] if svd",
            ("tests/sources/test_objects_cli.py",),
            "track computes the singular vectors in their own step: each tensor fetched twice"),

@@ -419,7 +419,8 @@ def _round(session: Any, paths: Sequence[str], metrics: Sequence[str], args: arg
     # reads each weight once for both (read_together; from object storage a second read
     # is a second fetch). One checkpoint at a time, its pairs and the pruning after it.
     svd = list(SVD_GROUP) if fields and set(SVD_GROUP) <= known else []
-    fresh = [m for m in ids if m in set(added)] if svd and (heads or not view_fields) else []
+    new = set(added)
+    fresh = [m for m in ids if m in new] if svd and (heads or not view_fields) else []
     reports: list[Any] = []
     pruned = ""  # the checkpoint the round's last pruning was after
     with ProgressBar(interactive) as bar, outcomes_reported_by_us():
