@@ -92,7 +92,7 @@ def precision(layers: int) -> None:
     from diffract_kernels_spectral.kernels import svd
 
     header("the stored vectors' precision and the alignment fields (bfloat16 weights)",
-           ["diffract-kernels-spectral", "diffract-kernels-alignment", "numpy", "torch"])
+           ["diffractml-kernels-spectral", "diffractml-kernels-alignment", "numpy", "torch"])
 
     def bf16(w):
         return torch.from_numpy(w).bfloat16().float().numpy()
@@ -142,7 +142,8 @@ def main() -> None:
         precision(args.layers)
         return
     header("alignment of two GPT-2-small-shaped checkpoints: full SVD vs top-k",
-           ["diffract-core", "diffract-kernels-spectral", "diffract-kernels-alignment", "numpy"])
+           ["diffractml-core", "diffractml-kernels-spectral", "diffractml-kernels-alignment",
+            "numpy"])
     full = run(args.layers, 0, args.top_k, args.weights)
     fast = run(args.layers, args.top_k, args.top_k, args.weights)
     print(f"# weights: {args.weights}; {args.layers} layers x 4 matrices")

@@ -103,8 +103,8 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     args = parser.parse_args()
     header("a checkpoint larger than the cache budget: frob_norm + esd on the local profile",
-           ["diffract-core", "diffract-storage-local", "diffract-kernels-spectral", "safetensors",
-            "torch"])
+           ["diffractml-core", "diffractml-storage-local", "diffractml-kernels-spectral",
+            "safetensors", "torch"])
     scratch = Path(tempfile.mkdtemp(prefix="diffract-big-", dir=args.dir))
     try:
         layout = shapes(int(args.gib * (1 << 30)))

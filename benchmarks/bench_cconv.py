@@ -83,7 +83,7 @@ def main() -> None:
     from kernel_fun.cconv import causal_conv1d, is_supported
 
     header("causal_conv1d (bf16, SiLU, W=4): kernel-fun vs fla",
-           ["kernel-fun-gpu", "fla-core", "triton", "torch"])
+           ["diffractml-kernel-fun-gpu", "fla-core", "triton", "torch"])
     name = torch.cuda.get_device_name()
     peak = args.peak_gbps or next((v for k, v in PEAKS.items() if k in name), None)
     print(f"# device {name}; peak HBM {peak or '?'} GB/s")

@@ -117,7 +117,7 @@ def main() -> None:
     args = parser.parse_args()
     path = args.path or minilm_path()
     header(f"diffract analyze vs WeightWatcher analyze() on {path.name}, from process start",
-           ["diffract-core", "diffract-kernels-spectral", "weightwatcher", "torch"])
+           ["diffractml-core", "diffractml-kernels-spectral", "weightwatcher", "torch"])
     try:
         import weightwatcher  # noqa: F401
         have_ww = True

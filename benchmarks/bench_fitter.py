@@ -43,7 +43,7 @@ def main() -> None:
     from diffract_kernels_spectral import candidate_range, fit_power_law
 
     header("power-law fit: diffract (Taichi, exact bounded search) vs powerlaw.Fit",
-           ["diffract-kernels-spectral", "powerlaw", "taichi", "numpy"])
+           ["diffractml-kernels-spectral", "powerlaw", "taichi", "numpy"])
     rng = np.random.default_rng(0)
     # start taichi and compile the kernels (1024 points or fewer take the numpy path)
     fit_power_law(rng.pareto(1.3, 5000) + 1, fit_method="diffract")
@@ -114,7 +114,7 @@ def under_load() -> None:
     from diffract_kernels_spectral import _search, candidate_range, fit_power_law
 
     header("power-law fits quiet and beside two busy loops",
-           ["diffract-kernels-spectral", "powerlaw", "taichi", "numpy"])
+           ["diffractml-kernels-spectral", "powerlaw", "taichi", "numpy"])
     rng = np.random.default_rng(0)
     fit_power_law(rng.pareto(1.3, 5000) + 1, fit_method="diffract")
     samples = {n: (1.0 - rng.random(n)) ** (-1.0 / 1.3) for n in (16_000, 100_000)}

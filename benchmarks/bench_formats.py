@@ -169,7 +169,7 @@ def build_quantized(folder: Path, layers: int) -> dict[str, Path]:
 
 def quantized(folder: Path, layers: int) -> None:
     header(f"dequantized on read: {layers} OLMo-2-1B-shaped layers, bf16 against FP8 "
-           "block-scaled (stable_rank of every matrix, fresh processes)", ["diffract-formats"])
+           "block-scaled (stable_rank of every matrix, fresh processes)", ["diffractml-formats"])
     rows, peaks = [], {}
     for kind, path in build_quantized(folder, layers).items():
         run = subprocess.run([sys.executable, "-c", QUANTIZED_PROBE, str(path)],
@@ -195,7 +195,7 @@ def main() -> None:
         quantized(Path(args.dir), args.quantized)
         return
     header("opening large checkpoints: listing reads metadata, not weights",
-           ["diffract-formats", "gguf", "h5py", "onnx"])
+           ["diffractml-formats", "gguf", "h5py", "onnx"])
     rows = []
     for kind, path in build(Path(args.dir), args.gib).items():
         data = path.with_suffix(".data")

@@ -185,7 +185,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     header("GPT-2-small-shaped model (48 matrices): diffract vs WeightWatcher.analyze()",
-           ["diffract-core", "diffract-kernels-spectral", "weightwatcher", "torch", "numpy"])
+           ["diffractml-core", "diffractml-kernels-spectral", "weightwatcher", "torch", "numpy"])
     model = build_model()
     from_process_start(model, args.repeats)
     run_diffract(model)  # warm-up: taichi start-up and kernel compilation

@@ -199,7 +199,7 @@ def main() -> None:
     from kernel_fun.kda import chunk_kda, is_supported
 
     header("chunk_kda (bf16 q/k/v, fp32 g): kernel-fun vs fla",
-           ["kernel-fun-gpu", "fla-core", "triton", "torch"])
+           ["diffractml-kernel-fun-gpu", "fla-core", "triton", "torch"])
     print(f"# device {torch.cuda.get_device_name()}")
     if args.launch:
         from kernel_fun.ops.kda._triton import LAUNCH, set_launch

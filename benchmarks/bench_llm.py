@@ -163,8 +163,8 @@ def main() -> None:
                                        "comma-separated texts (e.g. default,process,views)")
     args = parser.parse_args()
     header("OLMo-2-1B-shaped checkpoint (bf16, 4 shards): diffract analyze from process start",
-           ["diffract-core", "diffract-kernels-spectral", "diffract-views",
-            "diffract-executor-dask", "numpy"])
+           ["diffractml-core", "diffractml-kernels-spectral", "diffractml-views",
+            "diffractml-executor-dask", "numpy"])
     build(args.dir)
     disk = sum(f.stat().st_size for f in args.dir.glob("*.safetensors")) / 2**20
     per_shape = floor()

@@ -79,7 +79,7 @@ def main() -> None:
                         help="track's --against (none: the metrics alone, no SVD)")
     args = parser.parse_args()
     header("diffract track: five checkpoints from a loopback S3 server against disk",
-           ["diffract-core", "diffract-sources-fsspec", "s3fs", "moto", "ray"])
+           ["diffractml-core", "diffractml-sources-fsspec", "s3fs", "moto", "ray"])
     from diffract_sources_fsspec.loopback import LoopbackS3
 
     with tempfile.TemporaryDirectory() as tmp, LoopbackS3() as s3:

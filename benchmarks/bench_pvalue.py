@@ -69,7 +69,7 @@ def main() -> None:
     from diffract_kernels_spectral import fit_power_law, power_law_alpha_interval, power_law_pvalue
 
     header("bootstrap p-value and alpha interval, 100 replicates of 768 points",
-           ["numpy", "taichi", "diffract-kernels-spectral"])
+           ["numpy", "taichi", "diffractml-kernels-spectral"])
     rng = np.random.default_rng(0)
     w = rng.standard_t(4, (768, 3072)) / 30
     esd = np.linalg.eigvalsh(w @ w.T)

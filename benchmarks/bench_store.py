@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     args = parser.parse_args()
     header("store throughput: local vs ram vs raw np.save/np.load",
-           ["diffract-core", "diffract-storage-local", "numpy"])
+           ["diffractml-core", "diffractml-storage-local", "numpy"])
     n = args.array_mib * (1 << 20) // 8
     rng = np.random.default_rng(0)
     base = rng.standard_normal(n)

@@ -328,7 +328,7 @@ def main() -> None:
         return
     header("diffract track: the peak of small runs" if args.small_only else
            "diffract track: 20 GPT-2-small checkpoints, then a 21st",
-           ["diffract-core", "diffract-report", "numpy"])
+           ["diffractml-core", "diffractml-report", "numpy"])
     root = Path(args.dir)
     work = root / "work"
     (work / "site").mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """What watching a run's spectra costs the run: one small model trained the same way
-without a monitor, with diffract-training's ``Monitor`` at cadences 50, 200 and 1000
+without a monitor, with diffractml-training's ``Monitor`` at cadences 50, 200 and 1000
 (in the background, and inline for comparison), and with what a user does today at the
 same cadences (save a safetensors checkpoint in the loop, then ``diffract analyze`` each
 one), all in one process on the same data.
@@ -380,7 +380,7 @@ def main() -> None:
         return
     if args.schedules or args.held:
         header("bench_training: what the schedules cost, and the loop's held time",
-               ["torch", "transformers", "diffract-core", "diffract-training"])
+               ["torch", "transformers", "diffractml-core", "diffractml-training"])
         if args.schedules:
             print(f"# tiny Llama {_training_more.LLAMA}, AdamW, batch 8 x 64, CPU; each "
                   "schedule's set-up (its first analysis) is outside the loop's time")
@@ -395,7 +395,7 @@ def main() -> None:
     import torch
 
     header("bench_training: the cost of a monitor inside a training loop",
-           ["torch", "diffract-core", "diffract-training"])
+           ["torch", "diffractml-core", "diffractml-training"])
     if args.direct:
         direct(args.direct)
         if hasattr(os, "getloadavg"):

@@ -15,7 +15,7 @@
 #   bench-kda    chunk_kda against fla: totals, then GPU time per kernel   <= 300 s
 #   bench-cconv  causal_conv1d against fla (and kernel-fun 0.2.0)          <= 120 s
 #   spectral     the spectral pack's GPU routes against its numpy path      <= 120 s
-#   training     diffract-training on the device: its test (values against the saved
+#   training     diffractml-training on the device: its test (values against the saved
 #                checkpoint on the CPU), then bench_training on a 0.94 B bfloat16 model
 #                at the default cadence (loop held, cost per point, overhead)  <= 300 s
 #

@@ -13,7 +13,7 @@ of 32, 64 and 128 rows show the estimator's own noise floor at each head size.
     python benchmarks/head_metrics.py [--seed 0]
 
 Every value comes from the kernels ``diffract analyze --views heads`` runs, on the same
-head slices (diffract-views).
+head slices (diffractml-views).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     header("per-head metrics: trained heads against Gaussian heads of the same shapes",
-           ["numpy", "diffract-core"])
+           ["numpy", "diffractml-core"])
     rng = np.random.default_rng(args.seed)
     settings = {"power_law_fit": {"min_tail": 5, "fit_method": "diffract"}}
     groups, pooled, std, trained_model = {}, {}, 1.0, None

@@ -6,7 +6,7 @@ checkpoint every ``--every`` steps (plain state dicts, loaded back with
 
     python examples/alignment_training.py [--steps 300] [--every 50]
 
-Needs diffract-kernels-spectral and diffract-kernels-alignment.
+Needs diffractml-kernels-spectral and diffractml-kernels-alignment.
 """
 
 from __future__ import annotations

@@ -104,19 +104,19 @@ def example_pack(tmp_path_factory, monkeypatch):
     from diffract.plugins import set_plugin_manager
 
     try:
-        importlib.metadata.distribution("diffract-example-pack")
+        importlib.metadata.distribution("diffractml-example-pack")
         yield
         return
     except importlib.metadata.PackageNotFoundError:
         pass
-    pack = Path(__file__).parents[1] / "examples" / "diffract-example-pack"
+    pack = Path(__file__).parents[1] / "examples" / "diffractml-example-pack"
     site = tmp_path_factory.mktemp("site")
-    info = site / "diffract_example_pack-0.1.0.dist-info"
+    info = site / "diffractml_example_pack-0.1.0.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: diffract-example-pack\n"
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: diffractml-example-pack\n"
                                    "Version: 0.1.0\n")
     (info / "entry_points.txt").write_text(
-        "[diffract]\ndiffract-example-pack = diffract_example_pack.plugin\n")
+        "[diffract]\ndiffractml-example-pack = diffract_example_pack.plugin\n")
     monkeypatch.setattr(sys, "path", [str(site), str(pack / "src"), *sys.path])
     importlib.invalidate_caches()
     previous = set_plugin_manager(None)

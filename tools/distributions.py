@@ -30,7 +30,7 @@ def paths() -> dict[str, str]:
         if rel.parts and rel.parts[0] in ("examples", ".venv", "tests") or rel == Path("."):
             continue
         name = tomllib.loads(pyproject.read_text())["project"]["name"]
-        if name != "diffract-core":
+        if name != "diffractml-core":
             out[name] = rel.as_posix()
     return out
 

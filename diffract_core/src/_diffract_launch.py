@@ -13,6 +13,9 @@ def _early(signum: int, frame: object) -> None:
 def main() -> int:
     signal.signal(signal.SIGINT, _early)
     signal.signal(signal.SIGTERM, _early)
+    from _diffract_shared import say_if_shared
+
+    say_if_shared()
     from diffract import cli
 
     return cli.exit_process(cli.main())

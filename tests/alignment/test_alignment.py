@@ -241,14 +241,14 @@ class TestScopeAndPairs:
         from diffract.plugins import _runtime, make_plugin_manager, set_plugin_manager
 
         previous = _runtime._MANAGER
-        set_plugin_manager(make_plugin_manager(allow=["diffract-kernels-alignment"]))
+        set_plugin_manager(make_plugin_manager(allow=["diffractml-kernels-alignment"]))
         try:
             with Session() as s:
                 s.models.add({"w": np.ones((3, 3))}, model_id="a")
                 s.models.add({"w": np.ones((3, 3))}, model_id="b")
                 with pytest.raises(MissingProducerError, match=r"Kernel 'l_overlap' requires field "
                                    r"'weights_lsvs', which no registered kernel produces\..* Install "
-                                   r"diffract-kernels-spectral \(pip install diffract-kernels-spectral \(from a "
+                                   r"diffractml-kernels-spectral \(pip install diffractml-kernels-spectral \(from a "
                                    r"checkout of Diffract: pip install \./diffract_kernels_spectral\)\)"):
                     s.filter(["a", "b"]).compute.apply("avg_l_agreement")
         finally:

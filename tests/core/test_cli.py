@@ -16,15 +16,15 @@ class TestCli:
         """`diffract plugins` shows each distribution, version and what it registers."""
         assert main(["plugins"]) == 0
         out = capsys.readouterr().out
-        assert "diffract-core 0.1.0: loaded" in out
+        assert "diffractml-core 0.1.0: loaded" in out
         assert "    kernels: frob_norm, numel, param_norm, total_numel" in out
-        assert "diffract-example-pack 0.1.0 (entry point diffract-example-pack): loaded" in out
+        assert "diffractml-example-pack 0.1.0 (entry point diffractml-example-pack): loaded" in out
 
     def test_kernels_verbose(self, capsys, example_pack):
         """`diffract kernels -v` shows level, inputs, outputs, configuration and formula."""
         assert main(["kernels", "-v"]) == 0
         out = capsys.readouterr().out
-        assert "param_norm  [IN_MODEL, SEQUENTIAL]  from diffract-core 0.1.0" in out
+        assert "param_norm  [IN_MODEL, SEQUENTIAL]  from diffractml-core 0.1.0" in out
         assert "    requires: frob_norm" in out
         assert "config:   ord=2.0" in out
 

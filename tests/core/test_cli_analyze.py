@@ -381,7 +381,7 @@ class TestPlotsAndReport:
         cells = parser.tables["summary"][1]
         assert cells[0] == "net" and float(cells[3]) == summary["alpha_mean"]
         prov = {r[0]: r[1] for r in parser.tables["provenance"] if r}
-        assert "diffract-core" in prov and "diffract-kernels-spectral" in prov
+        assert "diffractml-core" in prov and "diffractml-kernels-spectral" in prov
         assert float(prov["time taken (s)"]) > 0 and "--report" in prov["command"]
         config = {r[0]: json.loads(r[1]) for r in parser.tables["configuration"] if r}
         assert config["power_law_fit"]["min_tail"] == 50
@@ -421,9 +421,9 @@ class TestCompare:
     def test_without_the_alignment_pack_it_names_the_distribution(self, checkpoints,
                                                                   tmp_path):
         run = _cli("compare", *map(str, checkpoints[:2]), cwd=tmp_path,
-                   env={"DIFFRACT_DISABLE_PLUGINS": "diffract-kernels-alignment"})
+                   env={"DIFFRACT_DISABLE_PLUGINS": "diffractml-kernels-alignment"})
         assert run.returncode == 2
-        assert "pip install diffract-kernels-alignment" in run.stderr
+        assert "pip install diffractml-kernels-alignment" in run.stderr
 
     def test_a_field_that_is_not_pairwise_is_refused(self, checkpoints, tmp_path):
         run = _cli("compare", *map(str, checkpoints[:2]), "--metrics", "pl_alpha",
@@ -445,7 +445,7 @@ class TestFirstHourFriction:
     def test_version_and_every_command_described(self, tmp_path):
         """diffract --version; --help gives a line per subcommand."""
         run = _cli("--version", cwd=tmp_path)
-        assert run.returncode == 0 and run.stdout.strip().startswith("diffract (diffract-core) ")
+        assert run.returncode == 0 and run.stdout.strip().startswith("diffract (diffractml-core) ")
         listing = _cli("--help", cwd=tmp_path).stdout
         for command in ("analyze", "compare", "demo", "plugins", "kernels", "catalog"):
             line = next(x for x in listing.splitlines() if x.strip().startswith(command + " "))
@@ -719,7 +719,7 @@ def test_a_conflict_on_a_spectral_field_is_named_not_called_missing(tmp_path, mo
     assert "not installed" not in error
     assert error.startswith("diffract analyze: error: Metric 'stable_rank': 'stable_rank' is "
                             "provided by "), error
-    assert "diffract-kernels-spectral" in error and "rival-pack 1.0.0" in error
+    assert "diffractml-kernels-spectral" in error and "rival-pack 1.0.0" in error
     assert "[plugins] prefer = { stable_rank = " in error
 
 

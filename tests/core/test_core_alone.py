@@ -1,4 +1,4 @@
-"""diffract-core alone, as `pip install diffract-core` leaves it: numpy, attrs and pluggy,
+"""diffractml-core alone, as `pip install diffractml-core` leaves it: numpy, attrs and pluggy,
 no torch, no rich, no matplotlib, no other distribution of this repository."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-#: What diffract-core depends on (import names and their distributions' files).
+#: What diffractml-core depends on (import names and their distributions' files).
 DEPENDENCIES = ("numpy", "numpy.libs", "attr", "attrs", "pluggy")
 
 
 @pytest.fixture(scope="module")
 def core_alone(tmp_path_factory) -> Path:
-    """A folder holding only diffract-core's dependencies (links into this
+    """A folder holding only diffractml-core's dependencies (links into this
     environment's site-packages) and the core's sources."""
     site = Path(sysconfig.get_paths()["purelib"])
     folder = tmp_path_factory.mktemp("core-alone")
@@ -66,13 +66,13 @@ for name in ("torch", "rich", "matplotlib", "diffract_formats", "diffract_report
     norm = float(next(line for line in run.stdout.splitlines() if line.startswith("norm"))
                  .split()[1])
     assert norm == pytest.approx(55 ** 0.5, rel=1e-12)  # ||[[0, 1, 2], [3, 4, 5]]||_F
-    assert "diffract-core 0.1.0: loaded" in run.stdout and "plugins 0" in run.stdout
+    assert "diffractml-core 0.1.0: loaded" in run.stdout and "plugins 0" in run.stdout
     assert "frob_norm" in run.stdout and "kernels 0" in run.stdout
 
 
 def test_the_core_alone_names_what_to_install(core_alone, tmp_path):
-    """`diffract analyze` names diffract-report; a checkpoint file names
-    diffract-formats; both exit cleanly."""
+    """`diffract analyze` names diffractml-report; a checkpoint file names
+    diffractml-formats; both exit cleanly."""
     path = tmp_path / "m.safetensors"
     path.write_bytes(b"\x00" * 16)
     run = _python(core_alone, f"""
@@ -88,9 +88,9 @@ with Session() as s:
 """)
     assert run.returncode == 0, run.stderr
     assert "analyze 2" in run.stdout
-    assert ("the 'analyze' command comes from the diffract-report distribution, which is not "
-            "installed") in run.stderr and "pip install diffract-report" in run.stderr
-    assert "No model format is installed: pip install diffract-formats" in run.stdout
+    assert ("the 'analyze' command comes from the diffractml-report distribution, which is not "
+            "installed") in run.stderr and "pip install diffractml-report" in run.stderr
+    assert "No model format is installed: pip install diffractml-formats" in run.stdout
 
 
 def test_no_core_module_imports_another_distribution_of_the_repository():

@@ -114,7 +114,7 @@ class TestBadInput:
 
     def test_session_kernel_may_not_shadow_a_plugin_kernel(self, session):
         """Registering a name a plugin provides is refused naming both providers."""
-        with pytest.raises(KernelConflictError, match=r"Kernel 'frob_norm' from <session> clashes with the kernel of that name from diffract-core"):
+        with pytest.raises(KernelConflictError, match=r"Kernel 'frob_norm' from <session> clashes with the kernel of that name from diffractml-core"):
 
             @session.compute.kernel()
             def frob_norm(weights):

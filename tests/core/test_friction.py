@@ -193,13 +193,13 @@ class TestCliFriction:
         assert " ".join(second_line.split()) in out
 
     def test_catalog_with_an_unknown_plugin_is_an_error(self, capsys):
-        assert main(["catalog", "--plugins", "diffract-kernels-spectral,no-such-pack"]) == 2
+        assert main(["catalog", "--plugins", "diffractml-kernels-spectral,no-such-pack"]) == 2
         err = capsys.readouterr().err
         assert "no-such-pack" in err and "diffract plugins" in err
-        assert "diffract-kernels-spectral" in err.split("Installed:")[1]
+        assert "diffractml-kernels-spectral" in err.split("Installed:")[1]
 
     def test_catalog_with_a_known_plugin_is_fine(self, capsys):
-        assert main(["catalog", "--plugins", "diffract-kernels-spectral"]) == 0
+        assert main(["catalog", "--plugins", "diffractml-kernels-spectral"]) == 0
         assert "pl_alpha" in capsys.readouterr().out
 
 

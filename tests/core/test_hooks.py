@@ -95,7 +95,7 @@ class TestModelFormat:
 
     def test_without_any_format_a_file_names_the_distribution_to_install(self, tmp_path,
                                                                         weights):
-        """With no format installed (only the core), the message names diffract-formats;
+        """With no format installed (only the core), the message names diffractml-formats;
         in-memory models still work."""
         from diffract.plugins import _runtime
 
@@ -105,7 +105,7 @@ class TestModelFormat:
             with Session() as s:
                 with pytest.raises(ModelSourceError,
                                    match=r"No model format is installed: pip install "
-                                         r"diffract-formats"):
+                                         r"diffractml-formats"):
                     s.models.add(tmp_path, "m")
                 s.models.add(weights, "mem")
                 assert s.models.params("mem")[0].name == "a.weight"
@@ -278,21 +278,21 @@ class TestCommands:
                     "{ scratch = \"<distribution>\" } in the configuration (or DIFFRACT_PREFER), "
                     "or uninstall one.") in messages
         assert any("command 'plugins' is one of diffract's own" in m for m in messages)
-        assert catalog.commands["plugins"].provider.startswith("diffract-core")
+        assert catalog.commands["plugins"].provider.startswith("diffractml-core")
         run = _cli("scratch")
         assert run.returncode == 2
         assert "command 'scratch' is provided by scratch-clash 0.2.0 and scratch-pack 0.1.0" \
             in run.stderr
 
     def test_a_command_of_a_distribution_not_installed_names_it(self):
-        """Hiding diffract-report: `diffract analyze` says what to install (exit 2)."""
+        """Hiding diffractml-report: `diffract analyze` says what to install (exit 2)."""
         run = _cli("analyze", "x.safetensors", site=False,
-                   DIFFRACT_DISABLE_PLUGINS="diffract-report")
+                   DIFFRACT_DISABLE_PLUGINS="diffractml-report")
         assert run.returncode == 2
         assert run.stderr.strip() == (
-            "diffract: error: the 'analyze' command comes from the diffract-report "
+            "diffract: error: the 'analyze' command comes from the diffractml-report "
             "distribution, which is not installed (or is disabled by DIFFRACT_PLUGINS/"
-            "DIFFRACT_DISABLE_PLUGINS): pip install diffract-report (from a checkout of "
+            "DIFFRACT_DISABLE_PLUGINS): pip install diffractml-report (from a checkout of "
             "Diffract: pip install ./plugins/diffract_report).")
 
 

@@ -27,20 +27,20 @@ def test_the_table_is_what_the_installed_plugins_provide():
     assert shipped == distributions.table()
     for name, entry in shipped.items():  # each folder is that distribution's
         assert f'name = "{name}"' in (ROOT / entry["path"] / "pyproject.toml").read_text()
-    assert provider_of("fields", "pl_alpha") == "diffract-kernels-spectral"
-    assert provider_of("fields", "alpha") == "diffract-kernels-spectral"  # an alias
-    assert provider_of("fields", "avg_max_l_agreement") == "diffract-kernels-alignment"
-    assert provider_of("commands", "track") == "diffract-report"
-    assert provider_of("formats", "gguf") == "diffract-formats"
+    assert provider_of("fields", "pl_alpha") == "diffractml-kernels-spectral"
+    assert provider_of("fields", "alpha") == "diffractml-kernels-spectral"  # an alias
+    assert provider_of("fields", "avg_max_l_agreement") == "diffractml-kernels-alignment"
+    assert provider_of("commands", "track") == "diffractml-report"
+    assert provider_of("formats", "gguf") == "diffractml-formats"
     assert provider_of("fields", "frob_norm") is None  # the core's own
 
 
 def test_both_forms_and_extras():
-    assert install_hint("diffract-report") == (
-        "pip install diffract-report (from a checkout of Diffract: pip install "
+    assert install_hint("diffractml-report") == (
+        "pip install diffractml-report (from a checkout of Diffract: pip install "
         "./plugins/diffract_report)")
-    assert install_hint("diffract-kernels-spectral", "taichi") == (
-        "pip install 'diffract-kernels-spectral[taichi]' (from a checkout of Diffract: "
+    assert install_hint("diffractml-kernels-spectral", "taichi") == (
+        "pip install 'diffractml-kernels-spectral[taichi]' (from a checkout of Diffract: "
         "pip install './diffract_kernels_spectral[taichi]')")
     assert install_hint("somebody-elses-pack") == "pip install somebody-elses-pack"
 
@@ -51,9 +51,9 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(("field", "dist", "folder"), [
-    ("pl_alpha", "diffract-kernels-spectral", "./diffract_kernels_spectral"),
-    ("alpha", "diffract-kernels-spectral", "./diffract_kernels_spectral"),
-    ("l_subspace_overlap", "diffract-kernels-alignment", "./diffract_kernels_alignment"),
+    ("pl_alpha", "diffractml-kernels-spectral", "./diffract_kernels_spectral"),
+    ("alpha", "diffractml-kernels-spectral", "./diffract_kernels_spectral"),
+    ("l_subspace_overlap", "diffractml-kernels-alignment", "./diffract_kernels_alignment"),
 ])
 def test_apply_of_a_field_whose_pack_is_missing_names_it(field, dist, folder):
     code = ("import numpy as np\nfrom diffract import Session\n"
@@ -81,9 +81,9 @@ def test_analyze_of_a_metric_whose_pack_is_missing_names_both_forms(tmp_path):
     run = subprocess.run([sys.executable, "-m", "diffract.cli", "analyze", str(path),
                           "--metrics", "pl_alpha"], capture_output=True, text=True,
                          env={**os.environ,
-                              "DIFFRACT_DISABLE_PLUGINS": "diffract-kernels-spectral"},
+                              "DIFFRACT_DISABLE_PLUGINS": "diffractml-kernels-spectral"},
                          timeout=300)
     assert run.returncode == 2, run.stderr
-    assert ("Metric 'pl_alpha' comes from diffract-kernels-spectral, which is not installed: "
-            "pip install diffract-kernels-spectral (from a checkout of Diffract: pip install "
+    assert ("Metric 'pl_alpha' comes from diffractml-kernels-spectral, which is not installed: "
+            "pip install diffractml-kernels-spectral (from a checkout of Diffract: pip install "
             "./diffract_kernels_spectral).") in run.stderr, run.stderr

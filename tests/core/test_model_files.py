@@ -263,7 +263,7 @@ class TestTrainingCheckpoints:
         other = tmp_path / "m.npz"
         np.savez(other, w=np.ones((2, 2)))
         with Session() as s, pytest.raises(ModelSourceError,
-                                           match=r"model format 'npz' \(diffract-formats .*\) "
+                                           match=r"model format 'npz' \(diffractml-formats .*\) "
                                                  r"takes no option\(s\) \['key'\]"):
             s.models.add(other, model_id="m", key="model")
 

@@ -60,7 +60,7 @@ class TestDiscovery:
         messages = [str(w.message) for w in caught]
         assert sum("broken-pack 0.3.0 (entry point 'broken-pack' = 'broken_pack') failed" in m
                    and "DIFFRACT_DISABLE_PLUGINS=broken-pack" in m for m in messages) == 1
-        assert sum("kernel or field 'frob_norm' is provided by diffract-core 0.1.0 and "
+        assert sum("kernel or field 'frob_norm' is provided by diffractml-core 0.1.0 and "
                    "clash-pack 2.0.0; neither is used" in m for m in messages) == 1
         assert sum("'abs_max' is provided by clash-pack 2.0.0 and good-pack 1.2.0" in m
                    for m in messages) == 1
@@ -70,7 +70,7 @@ class TestDiscovery:
         for withheld in ("frob_norm", "abs_max", "row_max", "row_max_other"):
             assert withheld not in kernels
         assert kernels["clash_only"] == "clash-pack 2.0.0"
-        assert kernels["numel"].startswith("diffract-core")
+        assert kernels["numel"].startswith("diffractml-core")
         assert "scratch" in catalog.profiles and "inline-good" in catalog.executors
         records = _records(pm)
         assert records["broken-pack"].status == "failed"
@@ -91,11 +91,11 @@ class TestDiscovery:
             with Session() as session:
                 session.models.add({"w": np.ones((2, 2))}, model_id="m")
                 with pytest.raises(KernelConflictError, match=(
-                        r"'frob_norm' is provided by diffract-core 0.1.0 and clash-pack 2.0.0, so "
+                        r"'frob_norm' is provided by diffractml-core 0.1.0 and clash-pack 2.0.0, so "
                         r"neither is registered\. Pick one in the configuration \(\[plugins\] "
-                        r"prefer = \{ frob_norm = \"diffract-core\" \}\)")) as info:
+                        r"prefer = \{ frob_norm = \"diffractml-core\" \}\)")) as info:
                     session.compute.apply("param_norm")
-                assert info.value.providers == ("diffract-core 0.1.0", "clash-pack 2.0.0")
+                assert info.value.providers == ("diffractml-core 0.1.0", "clash-pack 2.0.0")
                 with pytest.raises(KernelConflictError, match=r"'row_max_other' is withheld: "
                                    r"'row_max' is provided by clash-pack 2.0.0 and good-pack"):
                     session.compute.configure_kernel("row_max_other")
@@ -204,7 +204,7 @@ class TestEmbedding:
 
     def test_example_pack_is_installed_and_discovered(self, example_pack):
         """The example pack under examples/ is installed by the set-up and found by entry point."""
-        record = next(r for r in get_plugin_manager().catalog().plugins if r.distribution == "diffract-example-pack")
+        record = next(r for r in get_plugin_manager().catalog().plugins if r.distribution == "diffractml-example-pack")
         assert record.status == "loaded" and record.provides["kernels"] == ["row_norm_stats", "max_row_norm"]
         import numpy as np
 

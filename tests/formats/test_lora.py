@@ -1,4 +1,4 @@
-"""diffract-formats' ``peft-lora`` format: a LoRA adapter read as its updates
+"""diffractml-formats' ``peft-lora`` format: a LoRA adapter read as its updates
 ``scale * B @ A``, computed on read. An adapter directory is recognised by
 ``models.add`` and ``diffract analyze`` without naming the format; a durable store
 records the adapter's files and reads them again instead of copying the dense updates

@@ -243,7 +243,7 @@ class TestKeras:
             with pytest.raises(ModelSourceError, match="not a readable Keras/HDF5"):
                 _values(bad)
         _missing_library(monkeypatch, "h5py")
-        with pytest.raises(ModelSourceError, match=r"pip install 'diffract-formats\[keras\]' \(from a "
+        with pytest.raises(ModelSourceError, match=r"pip install 'diffractml-formats\[keras\]' \(from a "
                            r"checkout of Diffract: pip install '\./plugins/diffract_formats\[keras\]'\)"):
             _values(tmp_path / "legacy.h5")
 
@@ -450,7 +450,7 @@ class TestGGUF:
                 ModelSourceError, match="m.gguf"):
             s.store.load_weights("m", "blk.1.ffn_up.weight")
         _missing_library(monkeypatch, "gguf")
-        with pytest.raises(ModelSourceError, match=r"pip install 'diffract-formats\[gguf\]' \(from a "
+        with pytest.raises(ModelSourceError, match=r"pip install 'diffractml-formats\[gguf\]' \(from a "
                            r"checkout of Diffract: pip install '\./plugins/diffract_formats\[gguf\]'\)"):
             _values(_truncated(tmp_path / "m.gguf", 1.0))
 

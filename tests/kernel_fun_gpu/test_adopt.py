@@ -106,7 +106,7 @@ class TestDiffractOps:
         from diffract.plugins import get_catalog
 
         spec = next(op for op in get_catalog().ops if op.name == "causal_conv1d")
-        assert spec.provider.startswith("kernel-fun-gpu")
+        assert spec.provider.startswith("diffractml-kernel-fun-gpu")
         x, w = _x(device, requires_grad=False)
         assert ops.resolve("causal_conv1d", x, w, activation="silu") is spec.implementation
         assert ops.resolve("causal_conv1d", x, w, activation=None) is spec.reference

@@ -17,7 +17,7 @@ needs_powerlaw = pytest.mark.skipif(
 )
 needs_taichi = pytest.mark.skipif(
     find_spec("taichi") is None,
-    reason="needs taichi for fit_method='diffract': pip install 'diffract-kernels-spectral[taichi]'",
+    reason="needs taichi for fit_method='diffract': pip install 'diffractml-kernels-spectral[taichi]'",
 )
 
 

@@ -9,7 +9,7 @@ from diffract.plugins import make_plugin_manager
 from diffract_report.catalog import render_catalog
 
 #: The repository's own kernel packs (the catalog documents them with the core).
-REPO_PACKS = ["diffract-kernels-spectral", "diffract-kernels-alignment"]
+REPO_PACKS = ["diffractml-kernels-spectral", "diffractml-kernels-alignment"]
 CATALOG = Path(__file__).parents[2] / "docs" / "metrics.md"
 
 

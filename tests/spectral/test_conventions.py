@@ -37,7 +37,7 @@ def test_the_spectral_pack_provides_csn_and_weightwatcher(session):
     assert set(presets) >= {"csn", "weightwatcher", "diffract-0.3"}
     assert "5 points" in presets["weightwatcher"] and "50 points" in presets["csn"]
     assert get_catalog().conventions["weightwatcher"].provider.startswith(
-        "diffract-kernels-spectral")
+        "diffractml-kernels-spectral")
 
 
 def test_a_preset_sets_its_kernels_and_results_follow(session, rng):

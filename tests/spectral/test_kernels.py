@@ -158,7 +158,7 @@ class TestBadInput:
 
         fields = sorted(
             f for spec in get_registry().kernels()
-            if spec.provider.startswith("diffract-kernels-spectral")
+            if spec.provider.startswith("diffractml-kernels-spectral")
             and spec.apply_level is KernelApplyLevel.PARAMETER
             for f in spec.produce_fields
         )

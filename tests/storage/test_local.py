@@ -259,7 +259,7 @@ class TestSchema:
         db.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
         db.commit()
         db.close()
-        with pytest.raises(StorageError, match=r"written by a newer diffract-storage-local "
+        with pytest.raises(StorageError, match=r"written by a newer diffractml-storage-local "
                            r"\(schema 99; this one reads up to \d+\)\. Upgrade: pip install -U"):
             LocalStore(tmp_path / "st")
 

@@ -38,9 +38,9 @@ class TestProvenance:
             finally:
                 s.compute.configure_kernel("hard_rank", rtol=1e-5)
         assert got["kernel"] == "hard_rank" and got["config"] == {"rtol": 1e-3}
-        assert got["provider"].startswith("diffract-kernels-spectral ")
+        assert got["provider"].startswith("diffractml-kernels-spectral ")
         assert agg == {"kernel": "param_norm", "provider": agg["provider"], "config": {}}
-        assert agg["provider"].startswith("diffract-core ")
+        assert agg["provider"].startswith("diffractml-core ")
 
 
 class TestStale:

@@ -1,4 +1,4 @@
-"""diffract-training under torch.distributed, two gloo processes on the CPU: DDP's
+"""diffractml-training under torch.distributed, two gloo processes on the CPU: DDP's
 replicated parameters and FSDP2's DTensor shards (gathered one at a time, every rank
 taking part) give, on rank 0 alone, the values of an analysis of the whole weights saved
 at the same step; the other rank writes and logs nothing and does not contend for the

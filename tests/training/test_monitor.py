@@ -1,4 +1,4 @@
-"""diffract-training's Monitor in a plain PyTorch loop: the values equal an analysis of
+"""diffractml-training's Monitor in a plain PyTorch loop: the values equal an analysis of
 the checkpoint saved at the same step, bit for bit; the store holds each analysed step
 once, across a killed and resumed run; a failing kernel never stops training; nothing is
 left running; bad settings are refused before the first step."""

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+# another distribution's `diffract` sharing this folder is said in one line
+__import__("_diffract_shared").say_if_shared()
 
 __all__ = [
     "FieldUndefined",

@@ -2,7 +2,7 @@
 
 The core's own are ``plugins`` and ``kernels [-v]`` (in :mod:`diffract.plugins._builtin`);
 others arrive through the ``diffract_commands`` hook (``analyze``, ``compare``, ``track``,
-``catalog`` and ``demo`` from diffract-report). Only the command being run has its
+``catalog`` and ``demo`` from diffractml-report). Only the command being run has its
 arguments built (so only its plugin's modules are imported); it gets the process's
 catalog and kernel registry as ``args.catalog`` and ``args.registry``. Exit codes: 0
 done, 1 some work failed, 2 usage errors."""
@@ -34,6 +34,27 @@ def _missing(name: str, catalog: Catalog) -> str | None:
             f"{install_hint(dist)}")
 
 
+class _Versions(argparse.Action):
+    """``--version``: each installed distribution of this project (``diffractml-*``)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **_: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0,
+                         help="show each installed distribution of Diffract and its version")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from importlib import metadata
+
+        from diffract import __version__
+        from diffract.errors import printable
+
+        mine = sorted({(printable(d.metadata["Name"]), printable(d.version))
+                       for d in metadata.distributions()
+                       if str(d.metadata["Name"]).lower().startswith("diffractml-")})
+        width = max((len(n) for n, _ in mine), default=0)
+        parser.exit(0, "\n".join([f"diffract {__version__}",
+                                   *(f"  {n:{width}}  {v}" for n, v in mine)]) + "\n")
+
+
 def _run(argv: list[str], chosen: str | None) -> int:
     from diffract.plugins._runtime import get_catalog, get_registry
 
@@ -43,12 +64,9 @@ def _run(argv: list[str], chosen: str | None) -> int:
         if why is not None:
             print(f"diffract: error: {why}.", file=sys.stderr)
             return 2
-    from diffract import __version__
-
     parser = argparse.ArgumentParser(
         prog="diffract", description="Metrics on every parameter of neural-network checkpoints.")
-    parser.add_argument("--version", action="version",
-                        version=f"diffract (diffract-core) {__version__}")
+    parser.add_argument("--version", action=_Versions)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, command in sorted(catalog.commands.items()):
         p = sub.add_parser(name, help=command.help,

@@ -28,7 +28,7 @@ Keys and defaults (every key is optional)::
     [executor.<name>]             # free-form options for one executor
 
     [plugins]
-    prefer = { stable_rank = "diffract-kernels-spectral" }
+    prefer = { stable_rank = "diffractml-kernels-spectral" }
                                   # which distribution provides a name two plugins
                                   # claim (process-wide, like kernel configuration)
 

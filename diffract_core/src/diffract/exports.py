@@ -70,7 +70,7 @@ def emit(records: list[dict], columns: list[str], fmt: str, path: str | Path | N
             import pandas as pd
         except ImportError:
             raise DiffractError(
-                "export_format='pandas' needs pandas: pip install 'diffract-core[pandas]'."
+                "export_format='pandas' needs pandas: pip install 'diffractml-core[pandas]'."
             ) from None
         return pd.DataFrame.from_records(records, columns=columns)
     if fmt == "polars":

@@ -26,7 +26,7 @@ def implementations(name: str) -> list[Any]:
         raise UnknownOpError(
             f"No plugin offers an op named {name!r}.{did_you_mean(name, known)} "
             f"Offered ops: {known or 'none'}. Install the package that provides it "
-            "(e.g. kernel-fun-gpu for causal_conv1d).",
+            "(e.g. diffractml-kernel-fun-gpu for causal_conv1d).",
             op=name)
     return sorted(specs, key=lambda op: -op.priority)
 

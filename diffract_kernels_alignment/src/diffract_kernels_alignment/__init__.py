@@ -4,6 +4,6 @@ Pairwise: apply them to a pair of models, ``session.filter(model_ids=[a, b])``, 
 many pairs with ``session.compute.apply_pairs``.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["__version__"]

@@ -3,7 +3,7 @@
 Every kernel is CROSS_MODEL and binary: it runs once per parameter name shared by the
 two models in scope (``session.filter(model_ids=[a, b])``), reading the SVD fields of
 both (``weights_lsvs = U [N, k]``, ``weights_svals``, ``weights_rsvs = V^T [k, M]``, from
-diffract-kernels-spectral), and stores ``field@models[a,b]@params[p]``. A parameter
+diffractml-kernels-spectral), and stores ``field@models[a,b]@params[p]``. A parameter
 missing from one model or shaped differently is skipped with the reason.
 
 Order of directions. Singular vectors are ordered by *decreasing* singular value
@@ -32,7 +32,7 @@ from diffract import FieldUndefined, KernelApplyLevel, Range, kernel
 __all__ = ["ALL"]
 
 CROSS = KernelApplyLevel.CROSS_MODEL
-SPECTRAL = "diffract-kernels-spectral"
+SPECTRAL = "diffractml-kernels-spectral"
 _HINTS = {"weights_lsvs": SPECTRAL, "weights_svals": SPECTRAL, "weights_rsvs": SPECTRAL}
 
 TopK = Annotated[int, Range(ge=0)]

@@ -30,7 +30,7 @@ from diffract_kernels_spectral.significance import (
     power_law_pvalue,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AlphaInterval",

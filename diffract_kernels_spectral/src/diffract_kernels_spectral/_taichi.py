@@ -110,7 +110,7 @@ def kernels() -> SimpleNamespace:
             except ImportError as exc:
                 _STATE["error"] = (
                     f"taichi is not installed ({exc}). Install the extra: "
-                    f"{install_hint('diffract-kernels-spectral', 'taichi')}, or use "
+                    f"{install_hint('diffractml-kernels-spectral', 'taichi')}, or use "
                     "fit_method='powerlaw'."
                 )
             except Exception as exc:  # noqa: BLE001 - any start-up failure

@@ -3,7 +3,7 @@ for every parameter of a model that its base (a model already in the session) ha
 the same shape; the others are left out and named. What changed in fine-tuning,
 analysed like any model. Computed on read (nothing is materialised at add time); a
 durable profile copies the differences when the model is added, as for any in-memory
-model. (A LoRA adapter's updates are a model format of diffract-formats, ``peft-lora``.)"""
+model. (A LoRA adapter's updates are a model format of diffractml-formats, ``peft-lora``.)"""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 An executor is a factory returning a ``concurrent.futures.Executor``-shaped object:
 ``sequential`` (in the calling thread), ``threads`` and ``processes`` here; ``dask`` from
-the diffract-executor-dask plugin. Processes are spawned (forking a process that runs
+the diffractml-executor-dask plugin. Processes are spawned (forking a process that runs
 threads can deadlock; spawned workers import kernels by their module path), and each
 limits its BLAS, OpenMP and torch threads to its share of the cores.
 

@@ -37,7 +37,7 @@ __all__ = ["CheckpointReader", "FORMATS_DISTRIBUTION", "TensorEntry", "find_form
            "open_object", "open_path", "reopen", "url_format"]
 
 #: The distribution whose formats read the common checkpoint files.
-FORMATS_DISTRIBUTION = "diffract-formats"
+FORMATS_DISTRIBUTION = "diffractml-formats"
 #: Directory-kind sources written before formats were plugins name the files' format.
 _LEGACY_DIRECTORY = {"safetensors", "torch"}
 

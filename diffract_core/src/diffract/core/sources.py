@@ -44,7 +44,7 @@ def url_scheme(path: Any) -> str | None:
 
 
 #: The distribution that reads checkpoints in object storage (s3://, gs://, hf://).
-OBJECTS_DISTRIBUTION = "diffract-sources-fsspec"
+OBJECTS_DISTRIBUTION = "diffractml-sources-fsspec"
 
 
 def url_format(url: str, model_id: str | None, name: str | None = None) -> Any:

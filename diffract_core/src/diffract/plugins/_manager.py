@@ -13,8 +13,8 @@ Two distributions that claim one name (a kernel, a field two kernels produce, a 
 profile, an executor, a conventions preset, a model format, a view rule, a command) are a
 conflict: neither record is used, whatever the names sort
 like, and using the name raises an error naming both and the setting that picks one:
-``prefer`` (``make_plugin_manager(prefer={"stable_rank": "diffract-kernels-spectral"})``,
-``DIFFRACT_PREFER=stable_rank=diffract-kernels-spectral`` or ``[plugins] prefer`` in a
+``prefer`` (``make_plugin_manager(prefer={"stable_rank": "diffractml-kernels-spectral"})``,
+``DIFFRACT_PREFER=stable_rank=diffractml-kernels-spectral`` or ``[plugins] prefer`` in a
 session's configuration)."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ __all__ = ["Catalog", "DiffractPluginManager", "PluginRecord", "make_plugin_mana
 log = logging.getLogger(__name__)
 
 GROUP = "diffract"
-BUILTIN = "diffract-core"
+BUILTIN = "diffractml-core"
 
 _HOOKS: tuple[tuple[str, type, str], ...] = (
     ("diffract_kernels", KernelSpec, "kernels"),

@@ -2,6 +2,6 @@
 
 from diffract_executor_ray.executor import RayExecutor, check_options
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["RayExecutor", "__version__", "check_options"]

@@ -5,6 +5,6 @@ Installed, they are found through the ``diffract`` entry points; ``session.model
 and ``diffract analyze`` pick one per path.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["__version__"]

@@ -1,5 +1,5 @@
 """GGUF files (llama.cpp's format), read with the ``gguf`` library
-(``pip install diffract-formats[gguf]``).
+(``pip install diffractml-formats[gguf]``).
 
 Opening parses the header only (``gguf.GGUFReader``: the key-value metadata and the
 tensor infos); the memory map it makes is dropped at once. A tensor is read with plain
@@ -40,7 +40,7 @@ _CONFIG = {"attention.head_count": "num_attention_heads",
 
 def _library(path: str) -> Any:
     return library("gguf", path, "reading a GGUF file needs the gguf library: "
-                                 + install_hint("diffract-formats", "gguf"))
+                                 + install_hint("diffractml-formats", "gguf"))
 
 
 class GGUFFileReader(CheckpointReader):

@@ -1,6 +1,6 @@
 """Keras weights: ``.keras`` archives (``model.weights.h5`` inside a zip) and HDF5 weight
 files (``.h5``, ``.hdf5``, ``.weights.h5``, Keras 2's ``save_weights`` and ``model.save``
-layouts), read with ``h5py`` (``pip install diffract-formats[keras]``), no TensorFlow.
+layouts), read with ``h5py`` (``pip install diffractml-formats[keras]``), no TensorFlow.
 
 Listing reads the HDF5 metadata only (dataset shapes and types); a weight is read alone.
 Names follow the layer paths with dots: Keras 3 ``layers/dense/vars/0`` becomes
@@ -54,7 +54,7 @@ _VAR_NAMES = {"Dense": ("kernel", "bias"), "EinsumDense": ("kernel", "bias"),
 
 def _h5py(path: str) -> Any:
     return library("h5py", path, "reading a Keras/HDF5 file needs h5py: "
-                                 + install_hint("diffract-formats", "keras"))
+                                 + install_hint("diffractml-formats", "keras"))
 
 
 def _classes(config: Any) -> dict[str, str]:

@@ -130,7 +130,7 @@ def diffract_model_formats() -> Iterator[ModelFormat]:
                       description="llama.cpp's GGUF files: F32/F16 as stored, BF16 and "
                                   "quantised types (Q8_0, Q4_K...) dequantised to float32 by "
                                   "the gguf library, the type kept as meta.quant "
-                                  "(diffract-formats[gguf]).")
+                                  "(diffractml-formats[gguf]).")
     yield ModelFormat("onnx", _onnx, suffixes=(".onnx",),
                       description="ONNX models: floating-point initializers of rank >= 2, "
                                   "external data beside the model, [in, out] MatMul/Gemm "
@@ -139,7 +139,7 @@ def diffract_model_formats() -> Iterator[ModelFormat]:
                       magic=(b"\x89HDF\r\n\x1a\n",),
                       description="Keras .keras archives and HDF5 weight files (Keras 2 and "
                                   "3 layouts) without TensorFlow; kernels [in, out] turned "
-                                  "to [out, in] (diffract-formats[keras]: h5py).")
+                                  "to [out, in] (diffractml-formats[keras]: h5py).")
     yield ModelFormat("flax", _flax, suffixes=(".msgpack",),
                       description="Flax msgpack checkpoints (flax.serialization.to_bytes), "
                                   "without JAX; kernels [in, out] turned to [out, in] (no "

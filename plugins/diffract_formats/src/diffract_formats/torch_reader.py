@@ -48,7 +48,7 @@ def _torch_load(path: str, meta: bool) -> Mapping[str, Any]:
     """``torch.load(weights_only=True)``, with tensors on the meta device when ``meta``
     (their bytes unread). Raises ModelSourceError naming what is not a plain state dict."""
     torch = library("torch", path, "reading a torch file needs torch: pip install torch "
-                                   "(or diffract-formats[torch])")
+                                   "(or diffractml-formats[torch])")
     name = Path(path).name
     try:
         state = torch.load(path, map_location="meta" if meta else "cpu", weights_only=True)

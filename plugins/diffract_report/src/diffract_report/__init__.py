@@ -7,6 +7,6 @@
 :mod:`diffract_report.viz` (``plot_esd``, ``plot_model``) are their public API.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["__version__"]

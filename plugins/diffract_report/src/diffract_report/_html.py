@@ -264,7 +264,7 @@ def _versions() -> dict[str, str]:
     from diffract.plugins import get_catalog
 
     out = {"python": platform.python_version(), "numpy": np.__version__}
-    for dist in ("torch", "diffract-core"):
+    for dist in ("torch", "diffractml-core"):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:

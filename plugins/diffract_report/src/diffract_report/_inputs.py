@@ -88,7 +88,7 @@ def add_session_arguments(p: argparse.ArgumentParser) -> None:
                         "(W - W_base, parameters of the same name and shape)")
     p.add_argument("--views", metavar="RULE,...",
                    help="split parameters into views analysed on their own: heads, qkv, "
-                        "experts, conv (diffract-views; `diffract plugins` lists the rules)")
+                        "experts, conv (diffractml-views; `diffract plugins` lists the rules)")
     p.add_argument("--view-option", dest="view_options", action="append", default=[],
                    metavar="KEY=VALUE",
                    help="an option of the view rules (repeatable; heads=12, kv_heads=4, "
@@ -109,7 +109,7 @@ def add_session_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage-option", dest="storage_options", action="append", default=[],
                    metavar="KEY=VALUE",
                    help="an option of the object store's file system for s3://, gs://, hf:// "
-                        "paths (diffract-sources-fsspec; repeatable: endpoint_url=URL, "
+                        "paths (diffractml-sources-fsspec; repeatable: endpoint_url=URL, "
                         "anon=true, client_kwargs.region_name=eu-west-1; VALUE is JSON or a "
                         "bare word). Credentials come from where the store's library reads "
                         "them (the environment, its config files)")

@@ -187,7 +187,7 @@ def _write_schedules(view: object, model_ids: list[str], args: argparse.Namespac
         from diffract_kernels_spectral import sparsity_schedule
     except ImportError:
         raise UsageError("--schedule comes with the spectral pack: "
-                         f"{install_hint('diffract-kernels-spectral')}.") from None
+                         f"{install_hint('diffractml-kernels-spectral')}.") from None
 
     written = []
     for model_id in model_ids:

@@ -1,5 +1,5 @@
 """The metric catalog: a Markdown page generated from the kernel registry, and the
-``diffract catalog`` command that writes it (in diffract-core's ``diffract.catalog``
+``diffract catalog`` command that writes it (in diffractml-core's ``diffract.catalog``
 before version 0.2).
 
 ``diffract catalog -o docs/metrics.md`` writes it; a test regenerates it and fails when
@@ -86,7 +86,7 @@ def run_catalog(args: argparse.Namespace) -> int:
     allow = [p for p in args.plugins.split(",") if p] if args.plugins is not None else None
     manager = make_plugin_manager(allow=allow)
     if allow is not None:
-        known = {"diffract-core"}
+        known = {"diffractml-core"}
         for record in manager.catalog().plugins:
             known.add(_norm(record.distribution))
             if record.entry_point:

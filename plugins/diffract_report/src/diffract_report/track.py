@@ -71,12 +71,12 @@ def configure_track(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="*", metavar="DIR_OR_GLOB",
                    help="checkpoints: files or checkpoint directories, a folder holding "
                         "them, or a glob ('runs/a/checkpoint-*'); none: report the run "
-                        "the store holds already (a diffract-training monitor's store)")
+                        "the store holds already (a diffractml-training monitor's store)")
     p.add_argument("--metrics", metavar="a,b,...",
                    help=f"per-layer fields (default: {','.join(DEFAULT_METRICS)})")
     p.add_argument("--against", default="previous,first", metavar="previous,first",
                    help="alignment of each checkpoint with its predecessor and/or the first "
-                        "(needs diffract-kernels-alignment; 'none' skips it)")
+                        "(needs diffractml-kernels-alignment; 'none' skips it)")
     p.add_argument("--mad", type=float, default=10.0, metavar="K",
                    help="flag a change beyond K median absolute deviations of that layer's "
                         "own history (default: %(default)s)")

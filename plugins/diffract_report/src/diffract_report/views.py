@@ -2,7 +2,7 @@
 summarised over each parameter's views, heads ranked by how much they moved.
 
 Views are parameters named ``<parent>[<label>]`` with metadata ``view_of`` and ``view``
-(diffract-views adds them); everything here reads stored results only.
+(diffractml-views adds them); everything here reads stored results only.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A URL names a ``.safetensors`` object, a Hugging Face-style folder (a shard index with
 its shards, or one ``model.safetensors``) or a torch.distributed.checkpoint folder (a
 ``.metadata`` with its ``.distcp`` objects; OLMo-core's ``model_and_optim/`` inside).
-The readers are diffract-formats' own, with every rule they hold on local files: a
+The readers are diffractml-formats' own, with every rule they hold on local files: a
 safetensors header is read first (two ranged reads) and checked against the object's
 size, then each tensor's byte range once when it is analysed; a DCP ``.metadata`` is
 read first, unpickled only as DCP's metadata classes, then only the chunks a tensor
@@ -103,7 +103,7 @@ def _checked_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 class ObjectFiles:
-    """One object store as diffract-formats' readers see files: an object's size, a
+    """One object store as diffractml-formats' readers see files: an object's size, a
     binary handle whose reads are ranged GETs (no read-ahead: what is read is what a
     reader asks for), and the "inside the prefix" rule."""
 
@@ -117,7 +117,7 @@ class ObjectFiles:
             package, extra = PACKAGES.get(scheme, (None, None))
             raise ModelSourceError(
                 f"reading {scheme}:// needs {package or 'an fsspec implementation of it'}: "
-                + (f"pip install 'diffract-sources-fsspec[{extra}]'" if extra else
+                + (f"pip install 'diffractml-sources-fsspec[{extra}]'" if extra else
                    f"pip install {package}"), model_id=None) from None
         try:
             self.fs = fsspec.filesystem(scheme, **_checked_options(options))

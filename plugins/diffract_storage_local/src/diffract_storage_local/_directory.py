@@ -189,9 +189,9 @@ class StoreDirectory:
                 raise StorageError(
                     f"The store at {str(self.root)!r} is open read-only ("
                     f"{self._why_read_only}) and " + (
-                        f"was written by a newer diffract-storage-local (schema {version}; "
+                        f"was written by a newer diffractml-storage-local (schema {version}; "
                         f"this one reads up to {_schema.SCHEMA_VERSION}). Upgrade: pip "
-                        "install -U diffract-storage-local." if newer else
+                        "install -U diffractml-storage-local." if newer else
                         f"its schema ({version}) must be migrated to "
                         f"{_schema.SCHEMA_VERSION} first, which needs writing: open it once "
                         "where it can be written."))
@@ -235,9 +235,9 @@ class StoreDirectory:
                 elif version > _schema.SCHEMA_VERSION:
                     raise StorageError(
                         f"The store at {str(self.root)!r} was written by a newer "
-                        f"diffract-storage-local (schema {version}; this one reads up to "
+                        f"diffractml-storage-local (schema {version}; this one reads up to "
                         f"{_schema.SCHEMA_VERSION}). Upgrade: pip install -U "
-                        "diffract-storage-local."
+                        "diffractml-storage-local."
                     )
                 elif version < _schema.SCHEMA_VERSION:
                     _schema.migrate(db, version)

@@ -2,7 +2,7 @@
 
 ``SCHEMA_VERSION`` is written in the ``meta`` table. Opening a store of an older
 version runs the migrations in order inside one transaction; a store of a newer version
-(written by a newer diffract-storage-local) is refused with what to do.
+(written by a newer diffractml-storage-local) is refused with what to do.
 
 History: version 1 kept values without provenance; version 2 adds the ``provenance``
 table and each value's producing configuration (``prov``) and commit number (``seq``);

@@ -2,6 +2,6 @@
 ``experts`` and ``conv``, turned on with ``models.add(..., views=[...])`` or ``diffract
 analyze --views``."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["__version__"]
