@@ -12,19 +12,22 @@ this tool writes them and checks them:
     python tools/dists.py list               # name, folder, import packages
 
 ``build`` makes the sdist of each distribution and then its wheel from that sdist (as
-``python -m build`` does), so a file missing from the sdist is missing from the wheel
-too and the smoke tests of tests/packaging see it. It builds without isolation, with the
+``python -m build`` does), from a copy of the files git tracks in its folder (a file not
+added to git, or a data file the pyproject does not list, is missing from both, and the
+checks of tests/wheels see it). It builds without isolation, with the
 setuptools of the running Python (./dev set-up installs it), so it needs no network.
 The example pack in ``examples/`` is not built here: a third party builds theirs in its
-own folder (tests/packaging builds it outside this repository).
+own folder (tests/wheels builds it outside this repository).
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -99,9 +102,25 @@ def build(out: Path, names: list[str] | None = None) -> list[Path]:
     for d in distributions():
         if names and d["name"] not in names:
             continue
-        subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out),
-                        str(ROOT / d["folder"])], check=True, stdout=subprocess.DEVNULL)
+        with tempfile.TemporaryDirectory() as scratch:
+            # from a copy of the files git tracks: an editable install's egg-info in the
+            # tree lists every file it saw, and setuptools would put those in the sdist
+            # even when the pyproject forgets them
+            folder = Path(scratch) / Path(d["folder"]).name
+            for rel in tracked(d["folder"]):
+                (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / d["folder"] / rel, folder / rel)
+            subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir",
+                            str(out.resolve()), str(folder)], check=True,
+                           stdout=subprocess.DEVNULL)
     return sorted(out.iterdir())
+
+
+def tracked(folder: str) -> list[str]:
+    """The files of ``folder`` (relative to it) that git tracks, as they are on disk."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--", "."], cwd=ROOT / folder,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    return [f for f in listed if f and (ROOT / folder / f).is_file()]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,13 +42,13 @@ ROOT = Path(__file__).resolve().parent.parent
 #: A unit's inputs, its kernels' outcomes and the pool's tasks carry their kernel now.
 #: 2 more: a remote cluster's workers read checkpoints in object storage themselves
 #: (an executor's reads_files may say "urls"), never shipped from the session.
-#: Issue 71, 40 code lines: the distributions got names of their own (diffractml-*), and
+#: Issue 71, 46 code lines: the distributions got names of their own (diffractml-*), and
 #: the core now says in one line when another distribution (the registry's original
 #: diffract-core) installed a `diffract` package over or under it (_diffract_shared, a
 #: module outside the package so the command speaks even when the other's files won),
 #: and `diffract --version` lists each installed distribution of the project.
-CORE_MAX_CODE = 6183
-CORE_MAX_LINES = 8983
+CORE_MAX_CODE = 6189
+CORE_MAX_LINES = 8988
 MODULE_MAX_LINES = 600
 #: Modules exempt from MODULE_MAX_LINES (relative to ROOT).
 EXEMPT = ("kernel_fun_gpu/src/kernel_fun/ops/*/_triton.py",)

@@ -16,7 +16,7 @@ class TestCli:
         """`diffract plugins` shows each distribution, version and what it registers."""
         assert main(["plugins"]) == 0
         out = capsys.readouterr().out
-        assert "diffractml-core 0.1.0: loaded" in out
+        assert "diffractml-core 0.2.0: loaded" in out
         assert "    kernels: frob_norm, numel, param_norm, total_numel" in out
         assert "diffractml-example-pack 0.1.0 (entry point diffractml-example-pack): loaded" in out
 
@@ -24,7 +24,7 @@ class TestCli:
         """`diffract kernels -v` shows level, inputs, outputs, configuration and formula."""
         assert main(["kernels", "-v"]) == 0
         out = capsys.readouterr().out
-        assert "param_norm  [IN_MODEL, SEQUENTIAL]  from diffractml-core 0.1.0" in out
+        assert "param_norm  [IN_MODEL, SEQUENTIAL]  from diffractml-core 0.2.0" in out
         assert "    requires: frob_norm" in out
         assert "config:   ord=2.0" in out
 

@@ -28,6 +28,8 @@ def core_alone(tmp_path_factory) -> Path:
                                           and base.lower() in DEPENDENCIES):
             (folder / entry.name).symlink_to(entry)
     (folder / "diffract").symlink_to(ROOT / "diffract_core" / "src" / "diffract")
+    for module in ("_diffract_launch.py", "_diffract_shared.py"):
+        (folder / module).symlink_to(ROOT / "diffract_core" / "src" / module)
     return folder
 
 
@@ -66,7 +68,7 @@ for name in ("torch", "rich", "matplotlib", "diffract_formats", "diffract_report
     norm = float(next(line for line in run.stdout.splitlines() if line.startswith("norm"))
                  .split()[1])
     assert norm == pytest.approx(55 ** 0.5, rel=1e-12)  # ||[[0, 1, 2], [3, 4, 5]]||_F
-    assert "diffractml-core 0.1.0: loaded" in run.stdout and "plugins 0" in run.stdout
+    assert "diffractml-core 0.2.0: loaded" in run.stdout and "plugins 0" in run.stdout
     assert "frob_norm" in run.stdout and "kernels 0" in run.stdout
 
 

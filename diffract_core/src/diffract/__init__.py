@@ -9,8 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.2.0"
 
-# another distribution's `diffract` sharing this folder is said in one line
-__import__("_diffract_shared").say_if_shared()
+try:  # another distribution's `diffract` sharing this folder is said in one line
+    from _diffract_shared import say_if_shared
+except ImportError:  # the package without the rest of its distribution (copied, vendored)
+    pass
+else:
+    say_if_shared()
+    del say_if_shared
 
 __all__ = [
     "FieldUndefined",

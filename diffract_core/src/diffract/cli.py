@@ -51,8 +51,8 @@ class _Versions(argparse.Action):
                        for d in metadata.distributions()
                        if str(d.metadata["Name"]).lower().startswith("diffractml-")})
         width = max((len(n) for n, _ in mine), default=0)
-        parser.exit(0, "\n".join([f"diffract {__version__}",
-                                   *(f"  {n:{width}}  {v}" for n, v in mine)]) + "\n")
+        print("\n".join([f"diffract {__version__}", *(f"  {n:{width}}  {v}" for n, v in mine)]))
+        parser.exit()
 
 
 def _run(argv: list[str], chosen: str | None) -> int:

@@ -230,7 +230,7 @@ class Env:
 
     def smoke(self, case: str, **extra: str) -> str:
         script = self.folder / "smoke.py"
-        shutil.copy(ROOT / "tests" / "packaging" / "smoke.py", script)
+        shutil.copy(ROOT / "tests" / "wheels" / "smoke.py", script)
         run = subprocess.run([str(self.python), "-I", str(script), case, VERSION],
                              cwd=self.work, capture_output=True, text=True, timeout=900,
                              env=self.environ(**extra))
@@ -278,6 +278,72 @@ def test_b_the_core_and_the_spectral_pack(spectral_env):
     spectral_env.smoke("spectral")
 
 
+#: What a pack may import of the core: its public modules (docs/plugins.md).
+PUBLIC = ("diffract", "diffract.plugins", "diffract.errors")
+PACK = ROOT / "examples" / "diffractml-example-pack"
+
+
+def private_imports(folder: Path) -> list[str]:
+    """Imports in ``folder`` of a module of ``diffract`` outside :data:`PUBLIC` (or of
+    a private name from one of them)."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                       [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                       else [])
+            names = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            for module in modules:
+                if module.split(".")[0] == "diffract" and (
+                        module not in PUBLIC or any(n.startswith("_") for n in names)):
+                    found.append(f"{path.name}:{node.lineno} {module}")
+    return found
+
+
+def test_the_pack_template_uses_the_public_api_only(tmp_path):
+    assert private_imports(PACK) == []
+    probe = tmp_path / "probe.py"  # the check can fail
+    probe.write_text("from diffract.core.compute.spec import kernel\n"
+                     "from diffract.plugins import _manager\nimport diffract.session\n")
+    assert private_imports(tmp_path) == ["probe.py:1 diffract.core.compute.spec",
+                                         "probe.py:2 diffract.plugins",
+                                         "probe.py:3 diffract.session"]
+
+
+def build_pack(source: Path, folder: Path, rename: str | None = None) -> Path:
+    """Copy the pack to ``folder`` (outside this repository), optionally as another
+    distribution and package (``rename``: its name), and build its wheel there."""
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__",
+                                                                  "build"))
+    assert not folder.resolve().is_relative_to(ROOT)
+    if rename:
+        package = rename.replace("-", "_")
+        (folder / "src" / "diffract_example_pack").rename(folder / "src" / package)
+        for path in [folder / "pyproject.toml", *(folder / "src").rglob("*.py")]:
+            path.write_text(path.read_text().replace("diffractml-example-pack", rename)
+                            .replace("diffract_example_pack", package))
+    out = folder / "dist"
+    run = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation",
+                          "--outdir", str(out), str(folder)], capture_output=True, text=True,
+                         cwd=folder, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    (wheel,) = out.glob("*.whl")
+    return wheel
+
+
+@pytest.mark.slow
+def test_a_third_party_pack_built_outside_the_repository(spectral_env, tmp_path):
+    """The example pack (the template a pack author copies), built as its own wheel in a
+    folder outside this repository, installed into (b) beside the spectral pack: listed
+    and computing; then a second pack registering the same kernel name: the conflict
+    said by `diffract plugins` and by an apply, naming both distributions."""
+    spectral_env.install(str(build_pack(PACK, tmp_path / "pack")))
+    spectral_env.smoke("pack")
+    spectral_env.install(str(build_pack(PACK, tmp_path / "clash", rename="clash-pack")))
+    out = spectral_env.smoke("clash", DIFFRACT_STRICT_PLUGINS="0")
+    assert "Conflicting plugins" in out
+
+
 @pytest.mark.slow
 def test_c_the_report_and_formats(fresh):
     env = fresh
@@ -302,3 +368,69 @@ def test_e_kernel_fun_with_fla_on_a_cpu(fresh):
     env.install(TORCH, "diffractml-kernel-fun-gpu", "numpy")
     assert "fla-core" in env.installed() and "diffractml-core" not in env.installed()
     env.smoke("kernel_fun", TRITON_INTERPRET="1", KERNEL_FUN_INTERPRET="1")
+
+
+def stub_wheel(folder: Path, name: str, version: str, package: str) -> Path:
+    """A wheel of a distribution ``name`` that installs a package ``package`` of its own
+    (as the registry's original diffract-core and kernel-fun do)."""
+    (folder / package).mkdir(parents=True)
+    (folder / package / "__init__.py").write_text(f"STUB = {name!r}\n")
+    (folder / package / "only_theirs.py").write_text("")
+    (folder / "pyproject.toml").write_text(
+        f'[build-system]\nrequires = ["setuptools>=68"]\nbuild-backend = '
+        f'"setuptools.build_meta"\n[project]\nname = "{name}"\nversion = "{version}"\n'
+        f'[tool.setuptools]\npackages = ["{package}"]\n')
+    run = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation",
+                          "--outdir", str(folder / "dist"), str(folder)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    (wheel,) = (folder / "dist").glob("*.whl")
+    return wheel
+
+
+@pytest.mark.slow
+def test_another_distribution_of_the_same_import_name_is_said_in_one_line(fresh, tmp_path):
+    """The original diffract-core (a stub of that name providing `diffract`) installed
+    before ours: `import diffract` and the `diffract` command say so in one line, naming
+    both distributions and what to uninstall; installed after ours (its files won), the
+    command still says it. The same for the registry's kernel-fun and kernel_fun."""
+    env = fresh
+    env.pip("install", "-q", str(stub_wheel(tmp_path / "orig", "diffract-core", "0.3.1",
+                                            "diffract")))
+    env.install("diffractml-core")
+    want = ("diffract: the package 'diffract' here belongs to two distributions, "
+            "diffractml-core (Diffract) and diffract-core 0.3.1 (another library of the same "
+            "import name), whose files overwrite each other; keep one: pip uninstall "
+            "diffract-core, then pip install --force-reinstall --no-deps diffractml-core\n")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(args, capture_output=True, text=True, cwd=env.work,
+                              env=env.environ(), timeout=300)
+
+    imported = run(str(env.python), "-I", "-c", "import diffract; print(diffract.__version__)")
+    assert imported.stdout == f"{VERSION}\n" and imported.stderr == want
+    version = run(str(env.folder / "bin" / "diffract"), "--version")
+    assert version.returncode == 0 and version.stderr == want  # once, not per import
+    assert f"diffractml-core  {VERSION}" in version.stdout
+    env.pip("install", "-q", "--force-reinstall", "--no-deps",
+            str(next((tmp_path / "orig" / "dist").glob("*.whl"))))
+    theirs = run(str(env.folder / "bin" / "diffract"), "--version")
+    assert theirs.stderr.startswith(want), theirs.stderr
+    env.pip("install", "-q", str(stub_wheel(tmp_path / "kf", "kernel-fun", "0.2.0",
+                                            "kernel_fun")))
+    env.pip("install", "-q", "--no-deps", str(wheel_of(env.wheels, "diffractml-kernel-fun-gpu")))
+    kf = run(str(env.python), "-I", "-c", "import kernel_fun")
+    assert kf.stderr == (
+        f"kernel_fun: the package 'kernel_fun' here belongs to two distributions, "
+        f"diffractml-kernel-fun-gpu {VERSION} and kernel-fun 0.2.0 (another library of the "
+        f"same import name), whose files overwrite each other; keep one: pip uninstall "
+        f"kernel-fun, then pip install --force-reinstall --no-deps diffractml-kernel-fun-gpu\n")
+
+
+@pytest.mark.slow
+def test_alone_nothing_is_said(fresh):
+    """Without another distribution of the name, import diffract says nothing."""
+    fresh.install("diffractml-core")
+    run = subprocess.run([str(fresh.python), "-I", "-c", "import diffract"],
+                         capture_output=True, text=True, env=fresh.environ(), timeout=300)
+    assert run.returncode == 0 and run.stderr == ""

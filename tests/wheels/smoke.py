@@ -1,6 +1,6 @@
 """Smoke tests run inside a fresh virtual environment that holds installed wheels only.
 
-tests/packaging/test_wheels.py copies this file into the environment's folder and runs
+tests/wheels/test_wheels.py copies this file into the environment's folder and runs
 ``ENV/bin/python -I smoke.py CASE [ARGS]``: no PYTHONPATH, no user site, not this
 repository's folder on the path. Each case first checks that every module it uses and
 every ``diffract`` entry point comes from the environment's site-packages (a test that
@@ -232,6 +232,53 @@ def case_kernel_fun(version: str) -> None:
     engaged = causal_conv1d(x, weight, activation="silu")[0]
     want = reference_causal_conv1d(x, weight)  # silu(causal depthwise conv), float32
     assert torch.allclose(engaged, want, rtol=1e-5, atol=1e-5), (engaged - want).abs().max()
+
+
+def case_pack(version: str) -> None:
+    """A third-party pack built outside this repository and installed into (b): listed
+    by ``diffract plugins``, its kernels computing what their docstrings say."""
+    installed("diffract", "diffract_example_pack", "diffract_kernels_spectral")
+    import numpy as np
+
+    from diffract import Session
+
+    out = command("plugins")
+    assert re.search(r"^diffractml-example-pack 0\.1\.0 .*: loaded$", out, re.M), out
+    assert "row_norm_stats" in out and "max_row_norm" in out, out
+    weights = matrices()
+    with Session() as session:
+        session.models.add(weights, model_id="m")
+        session.compute.apply("row_norm_mean", "row_norm_std", "max_row_norm")
+        got = session.results.export_metrics("row_norm_mean", "row_norm_std")["m"]
+        top = session.results.export_aggregates("max_row_norm")
+    means = []
+    for name in ("layer.0.weight", "layer.1.weight"):
+        rows = np.linalg.norm(weights[name], axis=1)
+        means.append(rows.mean())
+        assert abs(got[name]["row_norm_mean"] - rows.mean()) <= 1e-12 * rows.mean()
+        assert abs(got[name]["row_norm_std"] - rows.std()) <= 1e-12 * rows.std()
+    assert str(max(means))[:12] in str(top), (top, max(means))
+
+
+def case_clash(version: str) -> None:
+    """A second pack registering a kernel of the same name: neither is used, and both
+    ``diffract plugins`` and an apply say which distributions clash and what to do."""
+    from diffract import Session
+    from diffract.errors import DiffractError
+
+    out = command("plugins")
+    assert ("Conflicting plugins: kernel or field 'row_norm_stats' is provided by "
+            "clash-pack 0.1.0 and diffractml-example-pack 0.1.0; neither is used") in out, out
+    assert "uninstall one" in out, out
+    with Session() as session:
+        session.models.add(matrices(), model_id="m")
+        try:
+            session.compute.apply("row_norm_stats")
+        except DiffractError as exc:
+            text = str(exc)
+            assert "diffractml-example-pack" in text and "clash-pack" in text, text
+        else:
+            raise AssertionError("a contested kernel ran")
 
 
 if __name__ == "__main__":
