@@ -445,7 +445,13 @@ class TestFirstHourFriction:
     def test_version_and_every_command_described(self, tmp_path):
         """diffract --version; --help gives a line per subcommand."""
         run = _cli("--version", cwd=tmp_path)
-        assert run.returncode == 0 and run.stdout.strip().startswith("diffract (diffractml-core) ")
+        from diffract import __version__
+
+        lines = run.stdout.splitlines()
+        assert run.returncode == 0 and lines[0] == f"diffract {__version__}", run.stdout
+        listed = dict(line.split() for line in lines[1:])  # each installed distribution
+        for name in ("diffractml-core", "diffractml-report", "diffractml-kernels-spectral"):
+            assert listed[name] == __version__, listed
         listing = _cli("--help", cwd=tmp_path).stdout
         for command in ("analyze", "compare", "demo", "plugins", "kernels", "catalog"):
             line = next(x for x in listing.splitlines() if x.strip().startswith(command + " "))

@@ -280,8 +280,18 @@ class TestBitsandbytes4bit:
         values, meta = _read(folder)
         assert sorted(values) == ["l.weight"]
         want = functional.dequantize_4bit(codes, state).numpy()
-        np.testing.assert_array_equal(values["l.weight"], want)
         assert meta["l.weight"]["quant"].startswith(f"{kind} bitsandbytes block 64")
+        # ours against the weights quantized: a 4-bit code is at most half the widest gap
+        # of its code book (nf4 0.28, fp4 1/3 of the block's absmax) from its value
+        blocks = w.numpy().reshape(-1, 64)
+        scale = np.abs(blocks).max(axis=1)
+        ours = np.abs(values["l.weight"].reshape(-1, 64) - blocks).max(axis=1) / scale
+        assert ours.max() <= 0.18, ours.max()
+        library = np.abs(want.reshape(-1, 64) - blocks).max(axis=1) / scale
+        if library.max() > 0.18:  # seen with bitsandbytes 0.49.2 and 0.50.2 on torch 2.13
+            pytest.xfail(f"bitsandbytes' own CPU dequantization is {library.max():.2f} of a "
+                         f"block's absmax from the weights it quantized (ours {ours.max():.2f})")
+        np.testing.assert_array_equal(values["l.weight"], want)
 
 
 class TestRefused:
