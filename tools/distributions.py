@@ -14,25 +14,18 @@ installed plugins disagree: run this then.
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
+
+from dists import distributions  # tools/, beside this file
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "diffract_core" / "src" / "diffract" / "distributions.json"
 
 
 def paths() -> dict[str, str]:
-    """Distribution name -> its folder relative to the repository's root (examples and
-    the core itself left out: nothing installs them to get a missing piece)."""
-    out = {}
-    for pyproject in sorted(ROOT.glob("**/pyproject.toml")):
-        rel = pyproject.parent.relative_to(ROOT)
-        if rel.parts and rel.parts[0] in ("examples", ".venv", "tests") or rel == Path("."):
-            continue
-        name = tomllib.loads(pyproject.read_text())["project"]["name"]
-        if name != "diffractml-core":
-            out[name] = rel.as_posix()
-    return out
+    """Distribution name -> its folder relative to the repository's root (the core left
+    out: nothing installs it to get a missing piece)."""
+    return {d["name"]: d["folder"] for d in distributions() if d["folder"] != "diffract_core"}
 
 
 def provided() -> dict[str, dict[str, list[str]]]:

@@ -33,13 +33,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION_FILE = ROOT / "VERSION"
-#: The distributions' folders, in dependency order (the core first).
-FOLDERS = ("diffract_core", "diffract_kernels_spectral", "diffract_kernels_alignment",
-           "plugins/diffract_formats", "plugins/diffract_views",
-           "plugins/diffract_storage_local", "plugins/diffract_report",
-           "plugins/diffract_training", "plugins/diffract_sources_fsspec",
-           "plugins/diffract_executor_dask", "plugins/diffract_executor_ray",
-           "kernel_fun_gpu")
+#: The distributions' folders (as ./dev finds them), the core first.
+FOLDERS = tuple(p.parent.relative_to(ROOT).as_posix()
+                for pattern in ("diffract_core", "diffract_kernels_*", "plugins/*",
+                                "kernel_fun_gpu")
+                for p in sorted(ROOT.glob(f"{pattern}/pyproject.toml")))
 #: What every distribution's name starts with (the import names do not change).
 PREFIX = "diffractml-"
 _PYPROJECT_VERSION = re.compile(r'^version = "([^"]*)"$', re.M)
@@ -51,7 +49,7 @@ def version() -> str:
 
 
 def distributions() -> list[dict]:
-    """Name, folder and import packages of each distribution, in dependency order."""
+    """Name, folder and import packages of each distribution (the core first)."""
     out = []
     for folder in FOLDERS:
         meta = tomllib.loads((ROOT / folder / "pyproject.toml").read_text())["project"]

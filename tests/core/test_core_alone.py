@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from diffract import __version__ as CORE
+
 ROOT = Path(__file__).resolve().parents[2]
 #: What diffractml-core depends on (import names and their distributions' files).
 DEPENDENCIES = ("numpy", "numpy.libs", "attr", "attrs", "pluggy")
@@ -68,7 +70,7 @@ for name in ("torch", "rich", "matplotlib", "diffract_formats", "diffract_report
     norm = float(next(line for line in run.stdout.splitlines() if line.startswith("norm"))
                  .split()[1])
     assert norm == pytest.approx(55 ** 0.5, rel=1e-12)  # ||[[0, 1, 2], [3, 4, 5]]||_F
-    assert "diffractml-core 0.2.0: loaded" in run.stdout and "plugins 0" in run.stdout
+    assert f"diffractml-core {CORE}: loaded" in run.stdout and "plugins 0" in run.stdout
     assert "frob_norm" in run.stdout and "kernels 0" in run.stdout
 
 

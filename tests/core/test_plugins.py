@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from diffract import Session
+from diffract import __version__ as CORE
 from diffract.errors import PluginConflictError, PluginLoadError, PluginWarning
 from diffract.plugins import (
     get_plugin_manager,
@@ -60,7 +62,7 @@ class TestDiscovery:
         messages = [str(w.message) for w in caught]
         assert sum("broken-pack 0.3.0 (entry point 'broken-pack' = 'broken_pack') failed" in m
                    and "DIFFRACT_DISABLE_PLUGINS=broken-pack" in m for m in messages) == 1
-        assert sum("kernel or field 'frob_norm' is provided by diffractml-core 0.2.0 and "
+        assert sum(f"kernel or field 'frob_norm' is provided by diffractml-core {CORE} and "
                    "clash-pack 2.0.0; neither is used" in m for m in messages) == 1
         assert sum("'abs_max' is provided by clash-pack 2.0.0 and good-pack 1.2.0" in m
                    for m in messages) == 1
@@ -91,11 +93,11 @@ class TestDiscovery:
             with Session() as session:
                 session.models.add({"w": np.ones((2, 2))}, model_id="m")
                 with pytest.raises(KernelConflictError, match=(
-                        r"'frob_norm' is provided by diffractml-core 0.2.0 and clash-pack 2.0.0, so "
+                        rf"'frob_norm' is provided by diffractml-core {re.escape(CORE)} and clash-pack 2.0.0, so "
                         r"neither is registered\. Pick one in the configuration \(\[plugins\] "
                         r"prefer = \{ frob_norm = \"diffractml-core\" \}\)")) as info:
                     session.compute.apply("param_norm")
-                assert info.value.providers == ("diffractml-core 0.2.0", "clash-pack 2.0.0")
+                assert info.value.providers == (f"diffractml-core {CORE}", "clash-pack 2.0.0")
                 with pytest.raises(KernelConflictError, match=r"'row_max_other' is withheld: "
                                    r"'row_max' is provided by clash-pack 2.0.0 and good-pack"):
                     session.compute.configure_kernel("row_max_other")

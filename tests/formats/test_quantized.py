@@ -279,18 +279,16 @@ class TestBitsandbytes4bit:
             "bnb_4bit_quant_type": kind, "bnb_4bit_use_double_quant": double})
         values, meta = _read(folder)
         assert sorted(values) == ["l.weight"]
-        want = functional.dequantize_4bit(codes, state).numpy()
         assert meta["l.weight"]["quant"].startswith(f"{kind} bitsandbytes block 64")
-        # ours against the weights quantized: a 4-bit code is at most half the widest gap
-        # of its code book (nf4 0.28, fp4 1/3 of the block's absmax) from its value
-        blocks = w.numpy().reshape(-1, 64)
-        scale = np.abs(blocks).max(axis=1)
-        ours = np.abs(values["l.weight"].reshape(-1, 64) - blocks).max(axis=1) / scale
-        assert ours.max() <= 0.18, ours.max()
-        library = np.abs(want.reshape(-1, 64) - blocks).max(axis=1) / scale
-        if library.max() > 0.18:  # seen with bitsandbytes 0.49.2 and 0.50.2 on torch 2.13
-            pytest.xfail(f"bitsandbytes' own CPU dequantization is {library.max():.2f} of a "
-                         f"block's absmax from the weights it quantized (ours {ours.max():.2f})")
+        # bitsandbytes' CPU fallback (taken when its `kernels` hub kernels do not load, as
+        # with kernels 0.19) misplaces blocks that span two rows: 80 columns, blocks of 64.
+        # Blocks run over the flattened tensor, so the same weights quantized as rows of
+        # one block give the same codes, and the library's dequantization of that layout
+        # is the reference, bit for bit
+        rows_codes, rows_state = functional.quantize_4bit(
+            w.reshape(-1, 64), blocksize=64, quant_type=kind, compress_statistics=double)
+        assert torch.equal(rows_codes.flatten(), codes.flatten())
+        want = functional.dequantize_4bit(rows_codes, rows_state).reshape(96, 80).numpy()
         np.testing.assert_array_equal(values["l.weight"], want)
 
 

@@ -65,8 +65,9 @@ def test_a_version_that_disagrees_is_found(tmp_path, monkeypatch):
     """The check above can fail: a copied distribution whose pyproject says another."""
     monkeypatch.setattr(dists, "VERSION_FILE", tmp_path / "VERSION")
     (tmp_path / "VERSION").write_text("9.9.9\n")
-    found = dists.disagreements()
-    assert len(found) >= len(dists.FOLDERS) and all("0." in f or ":" in f for f in found)
+    found = dists.disagreements()  # every place, each with the version it holds
+    assert len(found) == len(dists._places()) > len(dists.FOLDERS)
+    assert all(f.endswith(f": {VERSION}") for f in found), found
 
 
 def _imports(path: Path) -> list[tuple[str, bool]]:
