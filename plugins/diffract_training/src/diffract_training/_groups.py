@@ -82,7 +82,9 @@ class Split:
         self.derived: list[tuple[dict[str, Any], dict[str, Any], str]] = []
         self._original: dict[int, dict[str, list[Any]]] = {}  # id(user group) -> its lists
         self._hooks = [optimizer.register_state_dict_post_hook(self._saving),
-                       optimizer.register_load_state_dict_pre_hook(self._loading)]
+                       optimizer.register_load_state_dict_pre_hook(self._loading),
+                       optimizer.register_load_state_dict_post_hook(self._loaded)]
+        self._positions: dict[int, int] = {}  # id(group) -> its place, while loading
 
     def holders(self, params: Sequence[Any]) -> list[dict[str, Any]]:
         """The user groups holding any of ``params``."""
@@ -197,6 +199,7 @@ class Split:
     def _loading(self, optimizer: Any, state_dict: dict[str, Any]) -> dict[str, Any]:
         """A ``state_dict`` in the user's layout, laid out as the split optimizer is (one
         in the split layout, or one that fits neither, is left to torch)."""
+        self._positions = {id(g): i for i, g in enumerate(optimizer.param_groups)}
         keep, layout = self._user_layout()
         saved = state_dict.get("param_groups", [])
         if not self.derived or len(saved) != len(keep) or any(
@@ -221,3 +224,14 @@ class Split:
                 n += 1
             groups.append(out)
         return {**state_dict, "state": state, "param_groups": groups}
+
+    def _loaded(self, optimizer: Any) -> None:
+        """After ``load_state_dict``: torch put new dicts in place of the groups, so the
+        module groups and their user groups are found again by their places."""
+        where, self._positions = self._positions, {}
+        groups = optimizer.param_groups
+        if not where or len(groups) != len(where):
+            return
+        self.derived = [(groups[where[id(g)]], groups[where[id(o)]], m)
+                        for g, o, m in self.derived]
+        self._original = {id(groups[where[k]]): v for k, v in self._original.items()}

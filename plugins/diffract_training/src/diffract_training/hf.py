@@ -14,9 +14,10 @@ trainer's callback handler, which calls this one's events: at the start of train
 moves this callback to the front of the handler's list, so that at the end of training
 the final step's values reach the trackers before they close their files. Where no
 handler calls it (a loop that calls the events itself) it needs ``trainer=`` or
-``report_to`` empty, and says so at the start of training. Only rank 0 analyses and
-logs; the other ranks
-take part in gathering sharded (DTensor) parameters. A resumed run
+``report_to`` empty, and says so at the start of training. Under torch.distributed
+every rank analyses its share of the matrices and hands its values to the others; rank 0
+alone logs and writes the store, and every rank's schedules set the same factors at the
+same step. A resumed run
 (``resume_from_checkpoint``) continues the same store: steps already analysed there are
 not analysed again. ``on_save=True`` also analyses the checkpoints the trainer writes.
 """
@@ -68,6 +69,8 @@ class DiffractCallback(TrainerCallback):
 
     def _new_monitor(self) -> Monitor:
         monitor = Monitor(None, **self._options)  # log= takes one sink or a list
+        monitor.role = (f"DiffractCallback(schedules="  # the ranks compare it at attach
+                        f"{[type(s).__name__ for s in self.schedules]})")
         monitor._sinks.insert(0, self._to_trainer)
         return monitor
 

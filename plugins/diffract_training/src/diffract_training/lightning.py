@@ -5,8 +5,9 @@
 
 The values go to every logger of the trainer (``logger.log_metrics(values, step)``) at
 the step that was analysed; ESD histograms to the ones whose ``experiment`` is a
-TensorBoard ``SummaryWriter``. Only rank 0 analyses and logs; the other ranks take part in
-gathering sharded (DTensor) parameters. A run
+TensorBoard ``SummaryWriter``. Under torch.distributed every rank analyses its share of
+the matrices; rank 0 alone logs and writes the store, and every rank's schedules set the
+same factors at the same step. A run
 resumed with ``ckpt_path`` continues the same store: steps already analysed there are
 not analysed again.
 """
@@ -46,6 +47,8 @@ class DiffractLightningCallback(Callback):
 
     def _new_monitor(self) -> Monitor:
         monitor = Monitor(None, **self._options)  # log= takes one sink or a list
+        monitor.role = (f"DiffractLightningCallback(schedules="  # the ranks compare it at attach
+                        f"{[type(s).__name__ for s in self.schedules]})")
         monitor._sinks.insert(0, self._to_loggers)
         return monitor
 

@@ -33,6 +33,7 @@ from diffract.errors import (
     UnknownFieldError,
 )
 from diffract.plugins import contextual_name, one_openmp_thread
+from diffract_training._dist import Ranks, shares, world
 from diffract_training._setup import (
     FrozenSession,
     check_arguments,
@@ -60,6 +61,9 @@ VIEW_METRICS = ("pl_alpha_hill", "stable_rank", "spectral_norm", "matrix_entropy
 DONE = "monitor_step"
 #: Levels a monitor can compute: one model at a time, never a pair.
 _LEVELS = {"PARAMETER", "IN_MODEL"}
+#: Monitors attached under torch.distributed in this process (the n-th on one rank meets
+#: the n-th on the others).
+_ATTACHED = 0
 
 
 def tag(prefix: str, metric: str, name: str) -> str:
@@ -139,6 +143,16 @@ class Monitor:
             else FrozenSession()
         self._lock_file = None
         self._sharded: list[str] = []
+        #: Under torch.distributed with more than one rank: the group, this rank's share of
+        #: the matrices (every rank analyses its own), and the step in flight (the same on
+        #: every rank) with when it started.
+        self._ranks: Ranks | None = None
+        self._mine: list[str] = []
+        self._my_blocks: list[list[str]] = []
+        self._inflight: tuple[int, float] | None = None
+        self._share: dict[str, Any] | None = None
+        #: What drives the monitor, told to the other ranks at attach (a schedule sets it).
+        self.role = "monitor"
         try:
             self._lock_file = lock_store(store) if store is not None else None
             self.metrics = self._checked(metrics, "metrics")
@@ -214,6 +228,24 @@ class Monitor:
             if total > self._limit else [list(self._names)]
         self._live = {n: named[n] for n in self._names}
         self._sizes = sizes
+        here, size = world()
+        self._ranks = None
+        if size > 1:  # every rank analyses a share; see _take_spread
+            self._ranks = Ranks(here, size, "diffract's monitor")
+            global _ATTACHED
+            _ATTACHED += 1
+            self._ranks.handshake(_ATTACHED, {
+                "role": self.role, "every": self.every, "metrics": list(self.metrics),
+                "views": self._views, "matrices": [
+                    [n, list(getattr(named[n], "shape", ())), str(getattr(named[n], "dtype", ""))]
+                    for n in self._names]})
+            self._mine = shares(self._names, sizes, size)[here]
+            mine = {n: sizes[n] for n in self._mine}
+            held = sum(mine.values())
+            self._my_limit = math.inf if limit is None else held * limit if isinstance(
+                limit, float) else limit
+            self._my_blocks = blocks(self._mine, mine, max(max(mine.values()), held / 8)) \
+                if mine and held > self._my_limit else [list(self._mine)]
         torch = sys.modules.get("torch")
         if self._hook is None and torch is not None and any(
                 isinstance(named[n], torch.Tensor) for n in self._names):
@@ -279,10 +311,14 @@ class Monitor:
         self._emit()
         if not self.closed:
             self._last = global_step
+            if self._inflight is not None:  # every rank asks alike (see _poll)
+                self._poll(wait=False)
         if self.closed or self.every is None or global_step % self.every:
             return False
         if self._model is None:
             raise InvalidArgumentError("this monitor watches no model yet: attach(model) first.")
+        if self._ranks is not None:
+            return self._take_spread(global_step, self.due(global_step))
         go = self.writer and self.due(global_step)
         if go and self._busy:
             go = False
@@ -293,9 +329,7 @@ class Monitor:
         """Snapshot the weights as step ``global_step`` and start its analysis (every rank
         takes part in gathering sharded parameters; rank 0 decides)."""
         start = time.perf_counter()
-        if self._sharded:  # every rank gathers, or none: rank 0 decides
-            go = self._agree(go)
-        gathered = self._gather() if go and self._sharded else {}
+        gathered = self._gather(self._names) if go and self._sharded else {}
         if not go or not self.writer:
             return False
         snapshot = self._snap = self._taken[global_step] = Snapshot(
@@ -307,6 +341,132 @@ class Monitor:
         snapshot.blocked += time.perf_counter() - start  # inline: the whole analysis
         return True
 
+    def _take_spread(self, global_step: int, due: bool) -> bool:
+        """Under torch.distributed (every rank calls it at the same point): unless rank 0
+        says the step is not due, or any rank is still busy, each rank snapshots its share
+        of the matrices (the sharded ones gathered one at a time, every rank taking part,
+        each keeping those of its share) and its worker analyses them; :meth:`_poll`
+        brings the shares together."""
+        assert self._ranks is not None
+        start = time.perf_counter()
+        busy = self._busy or self._inflight is not None
+        veto, stop = self._ranks.most([int(busy), int(self.writer and not due)])
+        if stop or veto:
+            if veto and not stop and self.writer:
+                self._skip(global_step)
+            return False
+        mine = set(self._mine)
+        gathered = self._gather(mine) if self._sharded else {}
+        snapshot = self._snap = self._taken[global_step] = Snapshot(
+            {n: self._live[n] for n in self._mine}, self._sizes, self._my_limit, gathered)
+        self._done.add(global_step)
+        self._share = None
+        self._inflight = (global_step, time.monotonic())
+        self._start((global_step, snapshot))
+        if not self.background:
+            self._poll(wait=True)
+        snapshot.blocked += time.perf_counter() - start
+        return True
+
+    def _poll(self, wait: bool) -> None:
+        """With a step in flight under torch.distributed (every rank calls it at the same
+        point): one small collective says whether every rank's share is done; if so the
+        shares are gathered (:meth:`_complete`). ``wait``: block until this rank's share
+        is done first. Past the deadline (``DIFFRACT_DIST_TIMEOUT``) on any rank, the step
+        is given up on every rank, each saying so: no rank hangs on another's analysis."""
+        assert self._ranks is not None and self._inflight is not None
+        global_step, started = self._inflight
+        deadline = started + self._ranks.timeout
+        if wait:
+            with self._wake:
+                while self._busy and time.monotonic() < deadline:
+                    self._wake.wait(timeout=max(0.01, deadline - time.monotonic()))
+        pending, late = self._ranks.most([int(self._busy),
+                                          int(self._busy and time.monotonic() >= deadline)])
+        if pending and not late:
+            return
+        self._inflight = None
+        if pending:
+            self._tell("(step)", f"the analysis of step {global_step} did not finish on every "
+                       f"rank within {self._ranks.timeout:g} s (DIFFRACT_DIST_TIMEOUT), so "
+                       "that step is given up on every rank (schedules keep their factors); "
+                       "the next cadence point waits for the late rank")
+            return
+        self._complete(global_step)
+
+    def _complete(self, global_step: int) -> None:
+        """Every rank's share of ``global_step``, on every rank (a collective): the
+        values handed to the schedules on every rank, logged and stored by rank 0 alone.
+        A share that failed keeps the step out of the store and from the schedules, on
+        every rank alike."""
+        assert self._ranks is not None
+        share = self._share if self._share and self._share.get("step") == global_step \
+            else {"step": global_step, "error": "its analysis left no result"}
+        self._share = None
+        shares_ = self._ranks.gather(share)
+        errors = [(r, s["error"]) for r, s in enumerate(shares_) if s.get("error")]
+        if errors:
+            for r, error in errors:
+                self._tell("(step)", f"rank {r}: {error}; step {global_step} is not kept")
+            return
+        if self.writer:
+            for s in shares_:
+                for where, reason in s["failures"]:
+                    self._tell(where, reason)
+        table: dict[str, dict[str, Any]] = {}
+        for s in shares_:
+            table.update(s["table"])
+        names = set(self._names)
+        values, spectra, numbers = self._collect_table(table, names)
+        if self.writer:
+            try:
+                values, spectra, numbers = self._commit(global_step, shares_)
+            except Exception as exc:  # noqa: BLE001 - an analysis never stops training
+                self._tell("(step)", f"step {global_step} could not be stored: "
+                           f"{type(exc).__name__}: {exc}")
+        with self._box:
+            self._outbox.append((global_step, values, spectra, numbers))
+            self.analysed.append(global_step)
+        self._emit()
+
+    def _commit(self, global_step: int, shares_: Sequence[Mapping[str, Any]]
+                ) -> tuple[dict[str, float], dict[str, Any], dict[str, dict[str, float]]]:
+        """Rank 0: the step's model (its matrices' shapes; the weights stay where they
+        are), every share's values, notes and provenance written as one commit, the
+        per-model fields computed from them, the completion mark; what is logged, read
+        back from the store as one process would."""
+        import torch
+
+        from diffract.core.storage.base import Batch
+
+        model_id = f"step-{global_step}"
+        session = self.session
+        shapes = {n: torch.empty(tuple(self._live[n].shape), dtype=self._live[n].dtype,
+                                 device="meta") for n in self._names}
+        session.models.add(configured(shapes, self._model), model_id, step=global_step,
+                           copy_weights=False, views=self._views or None,
+                           view_options=self._view_options)
+        batch = Batch()
+        for s in shares_:
+            batch.values.update(s["values"])
+            batch.notes.extend(s["notes"])
+            batch.provenance.update(s["provenance"])
+        try:
+            with session._lock:
+                session.store.commit(batch)
+            scoped = session.filter(model_ids=[model_id])
+            if self._model_level:
+                report = scoped.filter(param_names=self._names).compute.apply(
+                    *self._model_level, errors="record", progress=False)
+                for note in report.failures:
+                    self._tell(note.param or model_id, note.reason)
+            out = self._collect(scoped, model_id, set(self._names))
+            session.results.ingest_aggregates({contextual_name(DONE, [model_id]): global_step})
+        except BaseException:
+            session.models.erase(model_id)
+            raise
+        return out
+
     def analyse_saved(self, path: str | Path, global_step: int) -> bool:
         """Analyse the checkpoint the training wrote at ``path`` as step ``global_step``
         (a Trainer's ``on_save``), in the worker: the loop pays nothing, and the numbers
@@ -315,6 +475,9 @@ class Monitor:
         global_step = _step(global_step)
         self._emit()
         if self.closed or not self.writer or global_step in self._done:
+            return False
+        if self._inflight is not None:  # the ranks' shares of a step are running
+            self._skip(global_step)
             return False
         if self._busy:
             self._skip(global_step)
@@ -341,24 +504,14 @@ class Monitor:
             self._job, self._busy = job, True
             self._wake.notify_all()
 
-    def _agree(self, go: bool) -> bool:
-        """Rank 0's decision for this cadence point, on every rank (the gathers that
-        follow are collectives: all ranks make them, in one order, or none does)."""
-        import torch
-        import torch.distributed as dist
-
-        first = self._named()[self._sharded[0]]
-        flag = torch.tensor([int(go)], device=first.device_mesh.device_type)
-        dist.broadcast(flag, src=0)
-        return bool(flag.item())
-
-    def _gather(self) -> dict[str, Any]:
-        """The sharded (DTensor) parameters, whole, one at a time on their device; rank 0
-        keeps each on the CPU, so the device holds one gathered parameter at most."""
+    def _gather(self, keep: Sequence[str] | set[str]) -> dict[str, Any]:
+        """The sharded (DTensor) parameters, whole, one at a time on their device (every
+        rank takes part in each); those of ``keep`` kept on the CPU, so the device holds
+        one gathered parameter at most."""
         named, out = self._named(), {}
         for name in self._sharded:
             whole = named[name].detach().full_tensor()
-            if self.writer:
+            if name in keep:
                 out[name] = whole.cpu() if whole.device.type != "cpu" else whole
             del whole
         return out
@@ -382,6 +535,25 @@ class Monitor:
         if snapshot is not None:
             snapshot.before_update(lambda: self._busy)
 
+    def analyse_now(self, global_step: int) -> None:
+        """Analyse the weights as step ``global_step`` now, the loop waiting (a schedule's
+        first factors, the final weights), unless that step is analysed already; under
+        torch.distributed every rank calls it, and each analyses its share."""
+        global_step = _step(global_step)
+        self._last = global_step
+        background, self.background = self.background, False
+        try:
+            if self._ranks is not None:
+                if self._inflight is not None:
+                    self._poll(wait=True)
+                self._take_spread(global_step, global_step not in self._done)
+            elif global_step not in self._done:
+                self.wait()
+                self._take(global_step, self.writer)
+        finally:
+            self.background = background
+        self._emit()
+
     def wait(self) -> None:
         """Block until the running analysis (if any) has finished, then hand out its
         results (tests and the end of training; a loop never needs it)."""
@@ -396,24 +568,22 @@ class Monitor:
         if self.closed:
             return
         try:
-            self.wait()
+            if self._ranks is None:
+                self.wait()
+            elif self._inflight is not None:
+                self._poll(wait=True)
             last = self._last
-            due = self.final and self._model is not None and last is not None
-            if due and self._sharded:  # every rank gathers, or none: rank 0 decides
-                due = self._agree(last not in self._done)
-            if due and last not in self._done or due and self._sharded:  # the final weights
-                background, self.background = self.background, False
-                try:
-                    self._take(last, self.writer)
-                finally:
-                    self.background = background
+            if self.final and self._model is not None and last is not None:
+                self.analyse_now(last)  # the final weights, unless analysed already
         finally:
             self.closed = True
             if self._worker is not None:
                 with self._wake:
                     self._stop = True
                     self._wake.notify_all()
-                self._worker.join()
+                    hung = self._busy  # a share given up on (see _poll): not waited for
+                if not hung:
+                    self._worker.join()
             try:
                 self.session.close()
             finally:
@@ -443,7 +613,10 @@ class Monitor:
                     return
                 job, self._job = self._job, None
             try:
-                self._analyse(*job)
+                if self._ranks is not None and isinstance(job[1], Snapshot):
+                    self._analyse_share(*job)
+                else:
+                    self._analyse(*job)
             finally:
                 with self._wake:
                     self._busy = False
@@ -510,6 +683,70 @@ class Monitor:
             self._outbox.append((global_step, values, spectra, table))
             self.analysed.append(global_step)
 
+    def _analyse_share(self, global_step: int, snapshot: Snapshot) -> None:
+        """This rank's share of a step, in a session of its own (the worker's side of
+        :meth:`_take_spread`): what the store would keep of it, and the logged table, left
+        for :meth:`_complete` to gather."""
+        model_id = f"step-{global_step}"
+        share: dict[str, Any] = {"step": global_step, "table": {}, "values": {}, "notes": [],
+                                 "provenance": {}, "failures": []}
+        work = FrozenSession()
+        work._frozen = self.session._frozen  # the monitor's kernels' configuration
+        try:
+            if self._mine:
+                work.models.add(configured(snapshot.aliases(), self._model), model_id,
+                                step=global_step, copy_weights=False,
+                                views=self._views or None, view_options=self._view_options)
+                scoped = work.filter(model_ids=[model_id])
+                children: dict[str, list[str]] = {}
+                for p in work.models.params(model_id):
+                    if p.parent is not None:
+                        children.setdefault(p.parent, []).append(p.name)
+                per_param = [m for m in self.metrics if m not in self._model_level]
+                reports = []
+                runs = self._my_blocks
+                for i, block in enumerate(runs):
+                    snapshot.take(block, runs[i + 1:])
+                    part = scoped.filter(param_names=block)
+                    reports.append(part.compute.apply(*per_param, *self._arrays,
+                                                      errors="record", progress=False))
+                    if self._model_level:  # their per-parameter inputs, where the weights
+                        reports.append(part.compute.apply(  # are (rank 0 computes the
+                            *self._model_level, errors="record", progress=False))  # rest)
+                    viewed = [c for name in block for c in children.get(name, ())]
+                    if self.view_metrics and viewed:
+                        reports.append(scoped.filter(param_names=viewed).compute.apply(
+                            *self.view_metrics, errors="record", progress=False))
+                    snapshot.release(block)
+                if snapshot.stale:
+                    share["error"] = (f"{', '.join(snapshot.stale[:3])} changed in place "
+                                      "outside an optimizer step while it was analysed")
+                    return
+                share["failures"] = [(n.param or model_id, n.reason) for r in reports
+                                     for n in r.failures if n.param is not None]
+                store = work.store
+                for field in store.fields(model_id):
+                    stamps = store.stamps(model_id, field)
+                    if stamps:
+                        share["provenance"][field] = next(iter(stamps.values())).provenance
+                    for param in store.present(model_id, field):
+                        share["values"][(model_id, param, field)] = store.read(
+                            model_id, param, field)
+                share["notes"] = [n for n in store.notes()
+                                  if n.models == (model_id,) and n.param is not None]
+                share["table"] = scoped.results.export_metrics(
+                    *per_param, *self.view_metrics, *self._arrays,
+                    include_arrays=True)[model_id]
+        except Exception as exc:  # noqa: BLE001 - an analysis never stops training
+            share["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            snapshot.release(snapshot.order)
+            snapshot.forget()
+            if self._snap is snapshot:
+                self._snap = None
+            work.close()
+            self._share = share
+
     def _tell(self, where: str, reason: str) -> None:
         key = (where, reason)
         if key not in self._told:
@@ -527,6 +764,10 @@ class Monitor:
         """The logged scalars, the spectra, and field -> parameter -> number."""
         table = scoped.results.export_metrics(*self.metrics, *self.view_metrics,
                                               *self._arrays, include_arrays=True)[model_id]
+        return self._collect_table(table, parents)
+
+    def _collect_table(self, table: Mapping[str, Mapping[str, Any]], parents: set[str]
+                       ) -> tuple[dict[str, float], dict[str, Any], dict[str, dict[str, float]]]:
         values: dict[str, float] = {}
         spectra: dict[str, np.ndarray] = {}
         numbers: dict[str, dict[str, float]] = {}
@@ -577,7 +818,7 @@ class Monitor:
                     hook(global_step, numbers)
                 except Exception as exc:  # noqa: BLE001 - logged, never raised into training
                     self._tell("(hook)", f"{type(exc).__name__}: {exc}")
-            for sink in self._sinks:
+            for sink in self._sinks if self.writer else ():
                 try:
                     sink(values, spectra, global_step, self)
                 except Exception as exc:  # noqa: BLE001 - a tracker's failure is not ours

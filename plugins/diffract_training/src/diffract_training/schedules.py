@@ -116,17 +116,10 @@ class _Schedule:
         one, or a list of them: Muon for the matrices and AdamW for the rest), starting
         at ``step``: the groups are split, the weights analysed and the first factors set
         before this returns. Every problem is an InvalidArgumentError, before training."""
-        import torch
 
         if self.monitor is not None and not self.monitor.closed:
             raise InvalidArgumentError(f"this {type(self).__name__} is attached already: "
                                        "close() it first.")
-        if torch.distributed.is_available() and torch.distributed.is_initialized() and \
-                torch.distributed.get_world_size() > 1:
-            raise InvalidArgumentError(
-                f"{type(self).__name__} does not run under torch.distributed yet: its alphas "
-                "are computed on rank 0 alone and every rank would need the same values at "
-                "the same step. Train on one process, or leave the schedule out.")
         step = global_step(step)
         if not hasattr(model, "named_modules"):
             raise InvalidArgumentError(f"{type(self).__name__} schedules a torch module's "
@@ -154,10 +147,14 @@ class _Schedule:
                     "the optimizer that trains them.")
             self.modules, self.analysed = scheduled, analysed
             self._pinned_modules = pinned
-            self.monitor = Monitor(model, every=self.every, metrics=(METRIC,),
+            self.monitor = Monitor(None, every=self.every, metrics=(METRIC,),
                                    params=[f"{m}.weight" for m in analysed], store=self._store,
                                    histograms=False, background=self._background, final=False)
+            self.monitor.role = f"{type(self).__name__}({self._settings()})"
+            self.monitor.attach(model)  # under torch.distributed: checked against the others
         except BaseException:
+            if self.monitor is not None:
+                self.monitor.close()
             self._undo()
             raise
         self.monitor.session.configure("esd", conv="weightwatcher")  # conv_norm 0.5, pooled
@@ -165,11 +162,15 @@ class _Schedule:
         self._hooks = [o.register_step_pre_hook(self._before_update) for o in optimizers]
         self._now = self._since = step
         self._from, self._to = {}, {}
-        if step not in self.monitor._done:  # the weights training starts from
-            self.monitor._last = step
-            self.monitor._take(step, self.monitor.writer)
-        self.monitor.wait()
+        # The weights training starts from (every rank takes part under torch.distributed,
+        # and every rank gets the same alphas at this same step, so the same factors).
+        self.monitor.analyse_now(step)
         self._apply()
+
+    def _settings(self) -> str:
+        """What sets this schedule's factors, as the ranks compare it at attach."""
+        return (f"{self.low_name}={self.low!r}, {self.high_name}={self.high!r}, "
+                f"ramp={self.ramp}, modules={','.join(self.modules)}")
 
     def _units(self, model: Any) -> tuple[dict[str, list[Any]], list[str], list[str]]:
         """The scheduled modules (name -> the parameters that take its value), the ones
@@ -177,7 +178,7 @@ class _Schedule:
         import torch
 
         found = [(unwrapped(name, model), m) for name, m in model.named_modules()
-                 if type(m).__name__ in self.types and isinstance(
+                 if _kind(m) in self.types and isinstance(
                      getattr(m, "weight", None), torch.Tensor) and m.weight.dim() >= 2]
         pinned = [n for n, _ in found if any(p in n for p in self._pinned)]
         candidates = list(found)
@@ -309,6 +310,15 @@ def check_schedules(front_end: str, schedules: Any) -> list[Any]:
             f"{front_end}: build its schedules without model and optimizer "
             "(TempBalance(every=...)): it hands them the trainer's when training begins.")
     return list(schedules)
+
+
+def _kind(module: Any) -> str:
+    """A module's class name, as its authors wrote it: FSDP2's ``fully_shard`` makes each
+    sharded module an ``FSDP<Name>`` subclass of its class."""
+    for cls in type(module).__mro__:
+        if not cls.__name__.startswith("FSDP") or cls.__module__.startswith("torch.nn."):
+            return cls.__name__
+    return type(module).__name__
 
 
 def _eigenvalues(weight: Any) -> int:
