@@ -1,8 +1,9 @@
 """diffractml-training under torch.distributed, two gloo processes on the CPU: DDP's
 replicated parameters and FSDP2's DTensor shards (gathered one at a time, every rank
-taking part) give, on rank 0 alone, the values of an analysis of the whole weights saved
-at the same step; the other rank writes and logs nothing and does not contend for the
-store's lock."""
+taking part), each rank analysing its share of the matrices, give the values of an
+analysis of the whole weights saved at the same step, per-model fields included; rank 0
+alone logs and writes them; the other rank writes and logs nothing and does not contend
+for the store's lock."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ _RANK = textwrap.dedent("""
         monitor = early
         monitor.attach(watched)
     else:
-        monitor = Monitor(watched, every=2, metrics={metrics!r}, store=out + "/run.diffract",
+        monitor = Monitor(watched, every=2, store=out + "/run.diffract",
+                          metrics={metrics!r} + ({model_level!r} if kind == "ddp-model" else ()),
                           log=lambda values, step: logged.setdefault(step, values),
                           background=kind == "fsdp2-background")
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.05)
@@ -80,7 +82,8 @@ _RANK = textwrap.dedent("""
     monitor.close()
     with open(f"{{out}}/rank{{rank}}.json", "w") as fh:
         json.dump({{"logged": {{str(k): v for k, v in logged.items()}},
-                   "sharded": monitor._sharded, "writer": monitor.writer}}, fh)
+                   "sharded": monitor._sharded, "writer": monitor.writer,
+                   "share": monitor._mine}}, fh)
     # Both ranks done before the group goes; then leave without the interpreter's
     # teardown, where torch's C++ threads (gloo, FSDP2) sometimes abort the process
     # ("terminate called without an active exception") after everything has passed.
@@ -98,10 +101,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.parametrize("kind", ["ddp", "fsdp2", "fsdp2-background", "ddp-early"])
+MODEL_LEVEL = ("model_log_norm", "model_pl_alpha_norm", "param_norm", "total_numel",
+               "max_row_norm", "log_prod_spectral_norm")
+
+
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2", "fsdp2-background", "ddp-early",
+                                  "ddp-model"])
 def test_two_ranks_log_once_the_values_of_the_whole_weights(tmp_path, kind):
     script = tmp_path / "rank.py"
-    script.write_text(_RANK.format(tests=str(Path(__file__).parents[1]), metrics=METRICS))
+    script.write_text(_RANK.format(tests=str(Path(__file__).parents[1]), metrics=METRICS,
+                                   model_level=MODEL_LEVEL))
     port = str(_free_port())
     env = {**os.environ, "PYTHONFAULTHANDLER": "1"}  # a crash shows every thread's stack
     ranks = [subprocess.Popen([sys.executable, str(script), kind, str(r), port, str(tmp_path)],
@@ -112,10 +121,12 @@ def test_two_ranks_log_once_the_values_of_the_whole_weights(tmp_path, kind):
         assert proc.returncode == 0, "\n--- the other rank ---\n".join(errs)
     zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert zero["writer"] and not one["writer"] and one["logged"] == {}
+    # Each rank analysed its share (the largest matrix alone on rank 0).
+    assert zero["share"] == ["0.weight"] and one["share"] == ["2.weight", "4.weight"]
     # In the background, step 4 may come while step 2 is analysed: skipped on both ranks
     # alike (rank 0 decides), so neither waits in a gather the other never makes.
     steps = [int(k) for k in zero["logged"]]
-    assert steps == [2, 4] or (kind == "fsdp2-background" and steps == [2])
+    assert steps == [2, 4] or (kind == "fsdp2-background" and steps == [2]), errs
     want_sharded = ["0.weight", "2.weight", "4.weight"] if kind.startswith("fsdp") else []
     assert zero["sharded"] == one["sharded"] == want_sharded
     stored = {}
@@ -135,3 +146,16 @@ def test_two_ranks_log_once_the_values_of_the_whole_weights(tmp_path, kind):
                 assert got == row[field] or (np.isnan(got) and np.isnan(row[field]))
                 if np.isfinite(row[field]):
                     assert zero["logged"][str(step)][f"diffract/{field}/{param}"] == row[field]
+        if kind == "ddp-model":  # per-model fields from the gathered shares, as one process
+            from safetensors.torch import load_file
+
+            matrices = {n: t for n, t in load_file(tmp_path / f"s{step}.safetensors").items()
+                        if t.dim() == 2}  # the monitor's model: its analysed matrices
+            with Session() as s:
+                s.models.add(matrices, f"step-{step}")
+                s.compute.apply(*METRICS, *MODEL_LEVEL, errors="record")
+                want = s.results.export_aggregates(*MODEL_LEVEL)
+            with Session("local", path=str(tmp_path / "run.diffract")) as s:
+                got = s.filter(model_ids=[f"step-{step}"]).results.export_aggregates(
+                    *MODEL_LEVEL)
+            assert len(want) == len(MODEL_LEVEL) and got == want

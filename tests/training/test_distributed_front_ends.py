@@ -57,6 +57,7 @@ _HF = textwrap.dedent("""
         disable_tqdm=True)
     callback = DiffractCallback(every=4, metrics=["stable_rank", "pl_alpha_hill"],
                                 store=out + "/run.diffract", background=True,
+                                views=["heads"],
                                 schedules=[TempBalance(every=2, min_eigenvalues=0)])
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(),
                                    callbacks=[callback, Record()])
@@ -157,10 +158,11 @@ def test_hf_trainer_under_torchrun_with_a_schedule(tmp_path):
     # The store: steps 4 and 6 (the final weights), each once, with the values of the
     # checkpoint the trainer saved at the end.
     assert zero["analysed"] == [4, 6] and _stored_steps(tmp_path / "run.diffract") == [4, 6]
-    with Session() as s:
-        s.models.add(tmp_path / "out" / "checkpoint-6", "ck")
+    with Session() as s:  # the head views too, each computed on the rank of its matrix
+        s.models.add(tmp_path / "out" / "checkpoint-6", "ck", views=["heads"])
         s.compute.apply("stable_rank", errors="record")
         want = s.results.export_metrics("stable_rank")["ck"]
+    assert "model.layers.1.self_attn.k_proj.weight[head=1]" in want
     with Session("local", path=str(tmp_path / "run.diffract")) as s:
         got = s.results.export_metrics("stable_rank")["step-6"]
     assert got == want

@@ -468,3 +468,38 @@ def test_diffract_track_over_an_empty_store_says_what_to_give(tmp_path):
                           str(tmp_path / "none.diffract")], capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 2 and "holds no run yet" in run.stderr, run.stderr
+
+
+def test_per_model_fields_are_logged_and_stored_as_an_analysis_of_the_matrices(tmp_path):
+    """A per-model field (the docs accept them) is computed over the analysed matrices at
+    each step, stored as the step's aggregate and logged as ``diffract/model/<field>``;
+    it used to fail every step (a filtered view) with the copies already freed."""
+    from safetensors.torch import save_file
+
+    fields = ("model_log_norm", "total_numel", "param_norm")
+    model = _net()
+    logged: dict[int, dict[str, float]] = {}
+    monitor = Monitor(model, every=2, metrics=("stable_rank", *fields),
+                      store=tmp_path / "run", background=False,
+                      log=lambda values, step: logged.setdefault(step, values))
+
+    def on_step(step):
+        if step % 2 == 0:
+            save_file({n: p.detach().clone() for n, p in model.named_parameters()
+                       if p.dim() == 2}, str(tmp_path / f"s{step}.safetensors"))
+        monitor.step(step)
+
+    _train(model, 4, on_step)
+    monitor.close()
+    assert sorted(logged) == [2, 4]
+    for step in (2, 4):
+        with Session() as s:
+            s.models.add(tmp_path / f"s{step}.safetensors", f"step-{step}")
+            s.compute.apply(*fields, errors="record")
+            want = s.results.export_aggregates(*fields)
+        assert len(want) == 3
+        with Session("local", path=str(tmp_path / "run")) as s:
+            assert s.filter(model_ids=[f"step-{step}"]).results.export_aggregates(
+                *fields) == want
+        for field in fields:
+            assert logged[step][f"diffract/model/{field}"] == want[f"{field}@models[step-{step}]"]

@@ -456,8 +456,8 @@ class Monitor:
                 session.store.commit(batch)
             scoped = session.filter(model_ids=[model_id])
             if self._model_level:
-                report = scoped.filter(param_names=self._names).compute.apply(
-                    *self._model_level, errors="record", progress=False)
+                report = scoped.compute.apply(*self._model_level, errors="record",
+                                              progress=False)
                 for note in report.failures:
                     self._tell(note.param or model_id, note.reason)
             out = self._collect(scoped, model_id, set(self._names))
@@ -648,15 +648,16 @@ class Monitor:
             reports = []
             for i, block in enumerate(runs):  # copies live while analysed
                 snapshot.take(block, runs[i + 1:])
+                inputs = self._model_inputs() if self._model_level else []
                 reports.append(scoped.filter(param_names=block).compute.apply(
-                    *per_param, *self._arrays, errors="record", progress=False))
+                    *per_param, *self._arrays, *inputs, errors="record", progress=False))
                 viewed = [c for name in block for c in children.get(name, ())]
                 if self.view_metrics and viewed:
                     reports.append(scoped.filter(param_names=viewed).compute.apply(
                         *self.view_metrics, errors="record", progress=False))
                 snapshot.release(block)
-            if self._model_level:
-                reports.append(scoped.filter(param_names=names).compute.apply(
+            if self._model_level:  # over the whole step (a filter of its parameters is
+                reports.append(scoped.compute.apply(  # refused); views are not counted
                     *self._model_level, errors="record", progress=False))
             if snapshot.stale:
                 session.models.erase(model_id)
@@ -708,11 +709,11 @@ class Monitor:
                 for i, block in enumerate(runs):
                     snapshot.take(block, runs[i + 1:])
                     part = scoped.filter(param_names=block)
-                    reports.append(part.compute.apply(*per_param, *self._arrays,
+                    # With the per-model fields' per-parameter inputs, where the weights
+                    # are (rank 0 computes those fields from the gathered shares).
+                    inputs = self._model_inputs() if self._model_level else []
+                    reports.append(part.compute.apply(*per_param, *self._arrays, *inputs,
                                                       errors="record", progress=False))
-                    if self._model_level:  # their per-parameter inputs, where the weights
-                        reports.append(part.compute.apply(  # are (rank 0 computes the
-                            *self._model_level, errors="record", progress=False))  # rest)
                     viewed = [c for name in block for c in children.get(name, ())]
                     if self.view_metrics and viewed:
                         reports.append(scoped.filter(param_names=viewed).compute.apply(
@@ -747,6 +748,15 @@ class Monitor:
             work.close()
             self._share = share
 
+    def _model_inputs(self) -> list[str]:
+        """The per-parameter fields the per-model metrics are computed from (rank 0
+        computes those from the gathered shares)."""
+        from diffract.core.compute.planner import resolve
+
+        kernels = resolve(self._model_level, self.session.registry)
+        return sorted({field for k in kernels if str(k.apply_level).endswith("IN_MODEL")
+                       for _, field in k.inputs})
+
     def _tell(self, where: str, reason: str) -> None:
         key = (where, reason)
         if key not in self._told:
@@ -764,7 +774,14 @@ class Monitor:
         """The logged scalars, the spectra, and field -> parameter -> number."""
         table = scoped.results.export_metrics(*self.metrics, *self.view_metrics,
                                               *self._arrays, include_arrays=True)[model_id]
-        return self._collect_table(table, parents)
+        values, spectra, numbers = self._collect_table(table, parents)
+        if self._model_level:  # per-model fields: one value a step
+            stored = scoped.results.export_aggregates(*self._model_level)
+            for field in self._model_level:
+                value = stored.get(contextual_name(self._canonical(field), [model_id]))
+                if _number(value):
+                    values[f"{self.prefix}/model/{field}"] = float(value)
+        return values, spectra, numbers
 
     def _collect_table(self, table: Mapping[str, Mapping[str, Any]], parents: set[str]
                        ) -> tuple[dict[str, float], dict[str, Any], dict[str, dict[str, float]]]:
@@ -791,6 +808,11 @@ class Monitor:
         if analysed:
             values[f"{self.prefix}/summary/warning_share"] = warned / analysed
         return values, spectra, numbers
+
+    def _canonical(self, field: str) -> str:
+        known = {m["field"]: m for m in self.session.compute.list_available_metrics(True)}
+        return next((f for f, m in known.items() if field == f or field in m["aliases"]),
+                    field)
 
     def latest(self, field: str) -> dict[str, tuple[int, float]]:
         """The latest analysed value of ``field`` (or an alias) per parameter, ``{name:
