@@ -168,6 +168,18 @@ def test_the_optimizer_checkpoint_keeps_the_users_layout():
         assert len(other.param_groups) == len(optimizer.param_groups)
         for p in model.parameters():
             assert torch.equal(other.state[p]["exp_avg_sq"], optimizer.state[p]["exp_avg_sq"])
+        # torch put new dicts in place of the groups: the schedule still sets them (it
+        # set the old ones, which the optimizer no longer holds, before)
+        again.step(3)
+        factors = again.factors
+        assert len(set(factors.values())) > 1
+        named = dict(model.named_modules())
+        for module, factor in factors.items():
+            assert _group_of(other, named[module].weight)["lr"] == LR * factor, module
+        again.close()
+        assert len(other.param_groups) == 1
+        assert {id(p) for p in other.param_groups[0]["params"]} == {
+            id(p) for p in model.parameters()}
     finally:
         again.close()
         tb.close()
