@@ -150,3 +150,44 @@ class TestNamesAsCheckpointsName:
 
         with Monitor(Holder(), every=1, metrics=METRICS) as m:
             assert _names(m) == ["module.weight", "module.bias"]
+
+
+def _llava():
+    transformers = pytest.importorskip("transformers")
+    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64,
+                                           num_hidden_layers=1, num_attention_heads=2,
+                                           image_size=8, patch_size=4, projection_dim=32)
+    text = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128,
+                                    num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2)
+    torch.manual_seed(0)
+    return transformers.LlavaForConditionalGeneration(transformers.LlavaConfig(
+        vision_config=vision, text_config=text, image_token_index=5))
+
+
+def test_a_llava_monitor_names_each_parameter_as_its_saved_checkpoint(tmp_path):
+    """transformers saves LLaVA's live ``model.language_model.*`` as
+    ``language_model.model.*``: the monitor's store names every matrix as the folder
+    ``save_pretrained`` wrote at that step does, so ``diffract track`` of the saved
+    checkpoints and the monitor's store line up, value for value; a schedule finds its
+    alphas under those names."""
+    from diffract_training import TempBalance
+
+    model = _llava()
+    assert any(n.startswith("model.language_model.") for n, _ in model.named_parameters())
+    monitor = Monitor(model, every=1, metrics=METRICS, store=tmp_path / "run",
+                      background=False)
+    monitor.step(1)
+    model.save_pretrained(tmp_path / "saved")
+    monitor.close()
+    with Session() as s:
+        s.models.add(tmp_path / "saved", "ck")
+        s.compute.apply(*METRICS, errors="record")
+        want = s.results.export_metrics(*METRICS)["ck"]
+    with Session("local", path=str(tmp_path / "run")) as s:
+        got = s.results.export_metrics(*METRICS)["step-1"]
+    assert "language_model.model.layers.0.self_attn.q_proj.weight" in got
+    assert got == want and len(got) >= 20
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with TempBalance(model, opt, every=1, background=False, min_eigenvalues=0) as tb:
+        assert len(tb.alphas) == len(tb.analysed) and len(set(tb.factors.values())) > 2

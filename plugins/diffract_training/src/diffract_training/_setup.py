@@ -13,8 +13,8 @@ from typing import Any
 from diffract import Session
 from diffract.errors import DiffractError, InvalidArgumentError, StorageError
 
-__all__ = ["FrozenSession", "check_arguments", "global_step", "configured", "lock_store",
-           "monitor_options", "unwrapped", "unwrapped_names"]
+__all__ = ["FrozenSession", "check_arguments", "checkpoint_names", "configured", "global_step",
+           "lock_store", "monitor_options", "unwrapped", "unwrapped_names"]
 
 
 class _FrozenRegistry:
@@ -78,6 +78,57 @@ def unwrapped_names(model: Any) -> dict[str, Any]:
     ``module.`` (a monitor's store and ``diffract track`` of the run's checkpoints then
     name one parameter one way)."""
     return {unwrapped(name, model): value for name, value in model.named_parameters()}
+
+
+def checkpoint_names(model: Any) -> dict[str, str]:
+    """Each unwrapped parameter name of a Hugging Face model that ``save_pretrained``
+    writes under another name -> that name (transformers' own renaming, reverted as it
+    saves: LLaVA's live ``model.language_model.*`` is ``language_model.model.*`` in the
+    saved checkpoint), so that a monitor's store and ``diffract track`` of the run's
+    checkpoints name each parameter one way. Empty for any other model, and for the
+    parameters a converter merges or splits (their saved tensors are not the live ones)."""
+    inner = model
+    for _ in range(8):  # the model a wrapper holds (as configured() finds its config)
+        if callable(getattr(inner, "save_pretrained", None)) and hasattr(inner, "config"):
+            break
+        held = ("module",) * (type(inner).__name__ in DATA_PARALLEL) + WRAPPERS
+        inner = next((getattr(inner, a) for a in held if getattr(inner, a, None) is not None),
+                     None)
+    else:
+        return {}
+    if inner is None:
+        return {}
+    try:
+        import torch
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4: its class-level mapping, reverted as it saves
+        return _legacy_names(inner)
+    shapes = {n: torch.empty(tuple(v.shape), dtype=v.dtype, device="meta")
+              for n, v in unwrapped_names(inner).items() if hasattr(v, "shape")}
+    try:
+        saved = revert_weight_conversion(inner, dict(shapes))
+    except Exception:  # noqa: BLE001 - a converter that cannot run on shapes: names as live
+        return {}
+    by_id = {id(v): n for n, v in shapes.items()}
+    return {by_id[id(v)]: k for k, v in saved.items() if id(v) in by_id and by_id[id(v)] != k}
+
+
+def _legacy_names(model: Any) -> dict[str, str]:
+    """transformers 4's ``_checkpoint_conversion_mapping`` (legacy pattern -> live name),
+    applied backwards, first match wins, as its ``save_pretrained`` does."""
+    import re
+
+    mapping = getattr(model, "_checkpoint_conversion_mapping", None) or {}
+    out = {}
+    for name in unwrapped_names(model):
+        for legacy, live in mapping.items():
+            target = re.sub(r"\(.*\)", "", legacy.lstrip("^"))
+            renamed, hits = re.subn(live, target, name)
+            if hits:
+                if renamed != name:
+                    out[name] = renamed
+                break
+    return out
 
 
 def unwrapped(name: str, model: Any) -> str:

@@ -37,6 +37,7 @@ from diffract_training._dist import Ranks, shares, world
 from diffract_training._setup import (
     FrozenSession,
     check_arguments,
+    checkpoint_names,
     configured,
     lock_store,
     unwrapped_names,
@@ -90,8 +91,10 @@ class Monitor:
     :meth:`step` is analysed if it was not (the final weights, the ones a user reads
     first). Parameters are named as a checkpoint of the unwrapped model names them
     (``torch.compile``'s ``_orig_mod.``, DDP's ``module.``, FSDP's and activation
-    checkpointing's wrappers taken out). Everything is checked here, before training; a
-    monitor built with ``model=None`` checks the model in :meth:`attach`.
+    checkpointing's wrappers taken out; a Hugging Face model's parameters as its
+    ``save_pretrained`` writes them, LLaVA's ``language_model.model.*``). Everything
+    is checked here, before training; a monitor built with ``model=None`` checks the
+    model in :meth:`attach`.
     """
 
     def __init__(
@@ -143,6 +146,7 @@ class Monitor:
             else FrozenSession()
         self._lock_file = None
         self._sharded: list[str] = []
+        self._renames: dict[str, str] = {}  # live name -> the saved checkpoint's
         #: Under torch.distributed with more than one rank: the group, this rank's share of
         #: the matrices (every rank analyses its own), and the step in flight (the same on
         #: every rank) with when it started.
@@ -213,6 +217,7 @@ class Monitor:
             self.session, self._done = FrozenSession(), set()
         self.session.freeze()  # the kernels' configuration of now, for the whole run
         self._model = model
+        self._renames = checkpoint_names(model) if hasattr(model, "named_parameters") else {}
         self._names = self._analysed(self._params)
         named = self._named()
         self._sharded = [n for n in self._names if hasattr(named[n], "full_tensor")]
@@ -272,7 +277,9 @@ class Monitor:
     def _named(self) -> Mapping[str, Any]:
         model = self._model
         if hasattr(model, "named_parameters"):
-            return unwrapped_names(model)
+            named = unwrapped_names(model)
+            return {self._renames.get(n, n): v for n, v in named.items()} if self._renames \
+                else named
         if isinstance(model, Mapping):
             return model
         raise InvalidArgumentError(

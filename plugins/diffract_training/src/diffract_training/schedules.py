@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 from diffract.errors import InvalidArgumentError
 from diffract_training._groups import Split, torch_optimizer
-from diffract_training._setup import global_step, unwrapped
+from diffract_training._setup import checkpoint_names, global_step, unwrapped
 from diffract_training.monitor import Monitor
 
 __all__ = ["AlphaDecay", "LayerwiseLR", "TempBalance", "check_schedules"]
@@ -67,6 +67,7 @@ class _Schedule:
         #: module -> (step, alpha) of the latest analysis that defined it
         self.alphas: dict[str, tuple[int, float]] = {}
         self._from: dict[str, float] = {}
+        self._weights: dict[str, str] = {}  # analysed module -> its weight's logged name
         self._to: dict[str, float] = {}
         self._since = self._now = 0
         if model is not None or optimizer is not None:
@@ -147,8 +148,10 @@ class _Schedule:
                     "the optimizer that trains them.")
             self.modules, self.analysed = scheduled, analysed
             self._pinned_modules = pinned
+            renames = checkpoint_names(model)  # the monitor's names are the checkpoint's
+            self._weights = {m: renames.get(f"{m}.weight", f"{m}.weight") for m in analysed}
             self.monitor = Monitor(None, every=self.every, metrics=(METRIC,),
-                                   params=[f"{m}.weight" for m in analysed], store=self._store,
+                                   params=list(self._weights.values()), store=self._store,
                                    histograms=False, background=self._background, final=False)
             self.monitor.role = f"{type(self).__name__}({self._settings()})"
             self.monitor.attach(model)  # under torch.distributed: checked against the others
@@ -231,8 +234,8 @@ class _Schedule:
     def _values(self, step: int, values: Mapping[str, Mapping[str, float]]) -> None:
         """A finished analysis (on the training thread): its alphas mapped to factors."""
         found = values.get(METRIC, {})
-        alphas = {m: found[f"{m}.weight"] for m in self.analysed
-                  if math.isfinite(found.get(f"{m}.weight", math.nan))}
+        alphas = {m: found[w] for m, w in self._weights.items()
+                  if math.isfinite(found.get(w, math.nan))}
         self.alphas.update((m, (step, a)) for m, a in alphas.items())
         targets = self.mapping(alphas)
         if not targets:
