@@ -50,6 +50,12 @@ _RANK = textwrap.dedent("""
     if kind.startswith("ddp"):
         wrapped = torch.nn.parallel.DistributedDataParallel(model)
         watched = model
+    elif kind.startswith("fsdp1"):  # FSDP1: flat parameters, one unit per Linear
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        wrapped = watched = FSDP(model, device_id=torch.device("cpu"),
+                                 use_orig_params=kind == "fsdp1-orig",
+                                 auto_wrap_policy=ModuleWrapPolicy({{torch.nn.Linear}}))
     else:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -73,9 +79,13 @@ _RANK = textwrap.dedent("""
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if step % 2 == 0:  # the whole weights, as a checkpoint of this step
+        if step % 2 == 0 and kind.startswith("fsdp1"):  # the whole weights, FSDP1's way
+            with FSDP.summon_full_params(wrapped, writeback=False):
+                whole = {{n: p.detach().clone() for n, p in wrapped.named_parameters()}}
+        elif step % 2 == 0:  # the whole weights, as a checkpoint of this step
             whole = {{n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
                      for n, p in watched.named_parameters()}}
+        if step % 2 == 0:
             if rank == 0:
                 save_file(whole, f"{{out}}/s{{step}}.safetensors")
         monitor.step(step)
@@ -106,7 +116,7 @@ MODEL_LEVEL = ("model_log_norm", "model_pl_alpha_norm", "param_norm", "total_num
 
 
 @pytest.mark.parametrize("kind", ["ddp", "fsdp2", "fsdp2-background", "ddp-early",
-                                  "ddp-model"])
+                                  "ddp-model", "fsdp1", "fsdp1-orig"])
 def test_two_ranks_log_once_the_values_of_the_whole_weights(tmp_path, kind):
     script = tmp_path / "rank.py"
     script.write_text(_RANK.format(tests=str(Path(__file__).parents[1]), metrics=METRICS,

@@ -60,6 +60,9 @@ _RANK = textwrap.dedent("""
         wrapped = watched = fully_shard(model, mesh=mesh)
     elif kind == "two-models":
         wrapped = watched = model
+    elif kind == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        wrapped = watched = FSDP(model, device_id=torch.device("cpu"))
     else:
         wrapped, watched = torch.nn.parallel.DistributedDataParallel(model), model
     if start:  # a resumed run: the weights, optimizer and schedule of step `start`
@@ -247,3 +250,8 @@ def test_a_rank_whose_analysis_fails_holds_no_one_and_factors_stay(tmp_path, kin
     assert len(set(zero["lrs"]["1"])) > 1
     said = "did not finish on every rank" if kind == "hung" else "rank 1: RuntimeError: planted"
     assert said in zero["stderr"] and said in one["stderr"]
+
+
+def test_a_schedule_on_fsdp1_is_refused_with_what_to_use(tmp_path):
+    for r in _run(tmp_path, "fsdp1"):
+        assert r["rc"] == 3 and "FSDP2's fully_shard" in r["error"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import operator
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,8 @@ from typing import Any
 from diffract import Session
 from diffract.errors import DiffractError, InvalidArgumentError, StorageError
 
-__all__ = ["FrozenSession", "check_arguments", "checkpoint_names", "configured", "global_step",
-           "lock_store", "monitor_options", "unwrapped", "unwrapped_names"]
+__all__ = ["FrozenSession", "check_arguments", "checkpoint_names", "configured", "fsdp1_units",
+           "global_step", "lock_store", "monitor_options", "unwrapped", "unwrapped_names"]
 
 
 class _FrozenRegistry:
@@ -111,6 +112,33 @@ def checkpoint_names(model: Any) -> dict[str, str]:
         return {}
     by_id = {id(v): n for n, v in shapes.items()}
     return {by_id[id(v)]: k for k, v in saved.items() if id(v) in by_id and by_id[id(v)] != k}
+
+
+def fsdp1_units(model: Any) -> list[tuple[Any, dict[str, str], dict[str, Any]]]:
+    """The FSDP1 (``FullyShardedDataParallel``) units of ``model``, each as (the unit,
+    {a parameter's unwrapped name: its name inside the unit}, {that name: a meta tensor
+    of its shape}): read from each unit's flat parameter, whose own name
+    (``..._flat_param``) is no checkpoint's, without gathering anything."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is None or not hasattr(model, "named_modules"):
+        return []
+    import torch
+
+    out = []
+    for prefix, unit in model.named_modules():
+        if not isinstance(unit, fsdp.FullyShardedDataParallel):
+            continue
+        flat = getattr(getattr(unit, "_handle", None), "flat_param", None)
+        fqns, shapes = getattr(flat, "_fqns", None), getattr(flat, "_shapes", None)
+        if flat is None or fqns is None or shapes is None:
+            continue
+        base = unwrapped(prefix, model)
+        names = {".".join(p for p in f"{base}.{fqn}".split(".") if p and p not in WRAPPERS):
+                 fqn for fqn in fqns}
+        shapes_ = {n: torch.empty(tuple(shape), dtype=flat.dtype, device="meta")
+                   for n, shape in zip(names, shapes, strict=True)}
+        out.append((unit, names, shapes_))
+    return out
 
 
 def _legacy_names(model: Any) -> dict[str, str]:

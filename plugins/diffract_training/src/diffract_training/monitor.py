@@ -39,6 +39,7 @@ from diffract_training._setup import (
     check_arguments,
     checkpoint_names,
     configured,
+    fsdp1_units,
     lock_store,
     unwrapped_names,
 )
@@ -147,6 +148,7 @@ class Monitor:
         self._lock_file = None
         self._sharded: list[str] = []
         self._renames: dict[str, str] = {}  # live name -> the saved checkpoint's
+        self._fsdp1: list[Any] = []  # FSDP1 units (see fsdp1_units)
         #: Under torch.distributed with more than one rank: the group, this rank's share of
         #: the matrices (every rank analyses its own), and the step in flight (the same on
         #: every rank) with when it started.
@@ -218,9 +220,12 @@ class Monitor:
         self.session.freeze()  # the kernels' configuration of now, for the whole run
         self._model = model
         self._renames = checkpoint_names(model) if hasattr(model, "named_parameters") else {}
+        self._fsdp1 = fsdp1_units(model)
         self._names = self._analysed(self._params)
         named = self._named()
-        self._sharded = [n for n in self._names if hasattr(named[n], "full_tensor")]
+        flat = {self._renames.get(n, n) for _, names, _ in self._fsdp1 for n in names}
+        self._sharded = [n for n in self._names
+                         if hasattr(named[n], "full_tensor") or n in flat]
         sizes = {n: nbytes(named[n]) if hasattr(named[n], "element_size")
                  else np.asarray(named[n]).nbytes for n in self._names}
         total = sum(sizes.values())
@@ -278,6 +283,10 @@ class Monitor:
         model = self._model
         if hasattr(model, "named_parameters"):
             named = unwrapped_names(model)
+            if self._fsdp1:  # FSDP1: its flat parameters' parameters, by their shapes
+                named = {n: v for n, v in named.items() if type(v).__name__ != "FlatParameter"}
+                for _, _, shapes in self._fsdp1:
+                    named.update(shapes)
             return {self._renames.get(n, n): v for n, v in named.items()} if self._renames \
                 else named
         if isinstance(model, Mapping):
@@ -517,10 +526,26 @@ class Monitor:
         one gathered parameter at most."""
         named, out = self._named(), {}
         for name in self._sharded:
+            if not hasattr(named[name], "full_tensor"):
+                continue  # an FSDP1 unit's, below
             whole = named[name].detach().full_tensor()
             if name in keep:
                 out[name] = whole.cpu() if whole.device.type != "cpu" else whole
             del whole
+        analysed = set(self._names)
+        for unit, names, _ in self._fsdp1:  # one unit at a time, every rank taking part
+            wanted = {self._renames.get(n, n): fqn for n, fqn in names.items()
+                      if self._renames.get(n, n) in analysed}
+            if not wanted:
+                continue
+            from torch.distributed.fsdp import FullyShardedDataParallel
+
+            with FullyShardedDataParallel.summon_full_params(unit, recurse=False,
+                                                             writeback=False):
+                inside = dict(unit.named_parameters())
+                for name, fqn in wanted.items():
+                    if name in keep:
+                        out[name] = inside[fqn].detach().to("cpu", copy=True)
         return out
 
     @property

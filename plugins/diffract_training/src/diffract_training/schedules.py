@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 from diffract.errors import InvalidArgumentError
 from diffract_training._groups import Split, torch_optimizer
-from diffract_training._setup import checkpoint_names, global_step, unwrapped
+from diffract_training._setup import checkpoint_names, fsdp1_units, global_step, unwrapped
 from diffract_training.monitor import Monitor
 
 __all__ = ["AlphaDecay", "LayerwiseLR", "TempBalance", "check_schedules"]
@@ -125,6 +125,13 @@ class _Schedule:
         if not hasattr(model, "named_modules"):
             raise InvalidArgumentError(f"{type(self).__name__} schedules a torch module's "
                                        f"modules, got a {type(model).__name__}.")
+        if fsdp1_units(model):
+            raise InvalidArgumentError(
+                f"{type(self).__name__} sets a value per module, and FSDP1 "
+                "(FullyShardedDataParallel) hands the optimizer flat parameters that "
+                "merge the modules of a unit: shard the model with FSDP2's fully_shard "
+                "(torch.distributed.fsdp.fully_shard), which keeps one parameter per "
+                "module. A Monitor or callback alone watches an FSDP1 model.")
         units, analysed, pinned = self._units(model)
         chains = [torch_optimizer(o) for o in (
             optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])]
