@@ -51,6 +51,7 @@ class Snapshot:
         self.limit = limit
         self.stale: list[str] = []
         self.blocked = 0.0  # seconds the loop spent here (copying or waiting)
+        self.worked = 0.0  # seconds the worker spent analysing (this rank's share)
         self.copied = 0  # bytes the loop copied
         self.cond = threading.Condition()
 

@@ -644,12 +644,15 @@ class Monitor:
                 if self._job is None:
                     return
                 job, self._job = self._job, None
+            began = time.perf_counter()
             try:
                 if self._ranks is not None and isinstance(job[1], Snapshot):
                     self._analyse_share(*job)
                 else:
                     self._analyse(*job)
             finally:
+                if isinstance(job[1], Snapshot):
+                    job[1].worked = time.perf_counter() - began
                 with self._wake:
                     self._busy = False
                     self._wake.notify_all()
