@@ -604,6 +604,53 @@ MUTANTS = [
            "if name_pattern(given[kind]).search(name):", "if name_pattern(given[kind]).match(name):",
            ("tests/core/test_patterns.py",),
            "given name patterns must match from a name's start"),
+    # torch.distributed (issue 72): who analyses what, what every rank gets, and when.
+    Mutant("dist-one-rank-analyses-everything", TRAINING + "_dist.py",
+           "        r = min(range(n), key=lambda i: (held[i], i))",
+           "        r = 0", ("tests/training/test_distributed.py",),
+           "rank 0 analyses every matrix while the others idle"),
+    Mutant("dist-values-to-rank-0-only", TRAINING + "monitor.py",
+           "            for hook in self._hooks:",
+           "            for hook in self._hooks if self.writer else ():",
+           ("tests/training/test_distributed_schedules.py::"
+            "test_every_rank_steps_the_same_factors_as_one_process",),
+           "the other ranks never get the alphas: their schedules keep 1x"),
+    Mutant("dist-each-rank-maps-its-own-share", TRAINING + "monitor.py",
+           "        for s in shares_:\n            table.update(s[\"table\"])",
+           "        table.update(share.get(\"table\", {}))",
+           ("tests/training/test_distributed_schedules.py::"
+            "test_every_rank_steps_the_same_factors_as_one_process",),
+           "a rank maps the alphas of its own share: the ranks' factors differ"),
+    Mutant("dist-store-keeps-one-share", TRAINING + "monitor.py",
+           "        for s in shares_:\n            batch.values.update(s[\"values\"])",
+           "        for s in shares_[:1]:\n            batch.values.update(s[\"values\"])",
+           ("tests/training/test_distributed.py",),
+           "rank 0 stores its own share of a step and drops the others'"),
+    Mutant("dist-failed-share-kept", TRAINING + "monitor.py",
+           "        if errors:\n            for r, error in errors:",
+           "        if False:\n            for r, error in errors:",
+           ("tests/training/test_distributed_schedules.py::"
+            "test_a_rank_whose_analysis_fails_holds_no_one_and_factors_stay",),
+           "a step whose share failed on one rank is mapped and stored anyway"),
+    Mutant("fsdp1-flat-names", TRAINING + "monitor.py",
+           "            if self._fsdp1:  # FSDP1", "            if False:  # FSDP1",
+           ("tests/training/test_distributed.py",),
+           "FSDP1's flat parameters watched as ..._flat_param"),
+    Mutant("names-live-not-saved", TRAINING + "monitor.py",
+           '        self._renames = checkpoint_names(model) if hasattr(model, "named_parameters")'
+           " else {}", "        self._renames = {}",
+           ("tests/training/test_final_and_names.py",),
+           "LLaVA's store names differ from its saved checkpoints'"),
+    Mutant("split-load-keeps-old-groups", TRAINING + "_groups.py",
+           "        if not where or len(groups) != len(where):", "        if True:",
+           ("tests/training/test_schedules.py",),
+           "optimizer.load_state_dict after attach: the schedule sets dicts no longer used"),
+    Mutant("monitor-model-level-filtered", TRAINING + "monitor.py",
+           "                reports.append(scoped.compute.apply(  # refused); views are not"
+           " counted",
+           "                reports.append(scoped.filter(param_names=names).compute.apply(",
+           ("tests/training/test_monitor.py",),
+           "per-model fields of a monitor never computed"),
 ]
 
 
