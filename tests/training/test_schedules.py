@@ -353,6 +353,67 @@ def test_tempbalance_in_the_hf_trainer_as_its_docs_pass_callbacks(tmp_path):
     assert {s for s, _ in record2[0][1].values()} == {2}  # the weights it resumed from
 
 
+def test_a_resumed_trainer_run_keeps_its_schedules_factors(tmp_path):
+    """LayerwiseLR's ramp and targets are saved beside each checkpoint the trainer writes
+    and restored when it resumes: at every step after the resume the factors are the
+    uninterrupted run's (before, the resumed run ramped again from 1x, and its first
+    factors were the resumed weights' mapping)."""
+    from diffract_training.hf import SCHEDULES_FILE
+
+    def run(record, resume=None):
+        schedule = LayerwiseLR(every=4, ramp=4, min_eigenvalues=0, background=False)
+
+        class _Factors(transformers.TrainerCallback):
+            def on_step_end(self, args, state, control, **kw):
+                record[state.global_step] = dict(schedule.factors)
+
+        trainer = _hf_trainer(tmp_path / "out", 10, schedule, [])
+        trainer.add_callback(_Factors())
+        trainer.train(resume_from_checkpoint=resume)
+
+    whole: dict = {}
+    run(whole)
+    saved = tmp_path / "out" / "checkpoint-6" / SCHEDULES_FILE
+    assert saved.is_file()
+    resumed: dict = {}
+    run(resumed, str(tmp_path / "out" / "checkpoint-6"))
+    assert sorted(resumed) == [7, 8, 9, 10]
+    assert len(set(whole[7].values())) > 2  # mid-ramp, moving
+    for step in (7, 8, 9, 10):
+        assert resumed[step] == whole[step], step
+    # a state file of other schedules is refused, naming both
+    saved.write_text('{"schedules": [{"kind": "TempBalance", "state": {}}]}')
+    with pytest.raises(InvalidArgumentError, match=r"\['TempBalance'\].*\['LayerwiseLR'\]"):
+        run({}, str(tmp_path / "out" / "checkpoint-6"))
+
+
+def test_schedule_state_that_would_wreck_a_run_is_refused():
+    """load_state_dict checks what it takes as the constructor does: no NaN, negative or
+    huge factor (NaN or negative rates: gradient ascent), whole steps, all keys (a
+    truncated dict raised a raw KeyError), modules of this model; nothing changes."""
+    model = _llama()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    with TempBalance(model, optimizer, every=2, background=False) as tb:
+        good = tb.state_dict()
+        module = tb.modules[0]
+        before = [g["lr"] for g in optimizer.param_groups]
+        for bad, says in [
+            ({**good, "to": {**good["to"], module: float("nan")}}, "finite number"),
+            ({**good, "to": {**good["to"], module: -1.0}}, "finite number"),
+            ({**good, "from": {module: 1e300}}, "finite number"),
+            ({**good, "to": {"no.such.module": 1.0}}, "does not set"),
+            ({**good, "since": 1.5}, "not a step"),
+            ({k: v for k, v in good.items() if k != "alphas"}, "takes what state_dict"),
+            ({**good, "alphas": {module: [2, float("inf")]}}, "finite alpha"),
+        ]:
+            with pytest.raises(InvalidArgumentError, match=says):
+                tb.load_state_dict(bad)
+            assert [g["lr"] for g in optimizer.param_groups] == before
+        tb.load_state_dict(good)
+    with pytest.raises(InvalidArgumentError, match="from 0 to 1e"):
+        TempBalance(every=2, lr_max_ratio=1e308)
+
+
 def test_alphadecay_in_lightning(tmp_path):
     L = pytest.importorskip("lightning.pytorch")
     from diffract_training import DiffractLightningCallback
@@ -421,3 +482,54 @@ def test_two_schedules_on_one_optimizer_compose_and_close_in_reverse():
     ad.close()
     tb.close()
     assert _layout(optimizer) == before
+
+
+def test_a_lightning_run_resumed_with_ckpt_path_keeps_its_schedules_factors(tmp_path):
+    """Lightning keeps the callback's schedules in its checkpoints (the callback's
+    state_dict); fit(ckpt_path=...) carries on with the uninterrupted run's factors."""
+    L = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from diffract_training import DiffractLightningCallback
+
+    class _Net(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
+
+        def training_step(self, batch, batch_idx):
+            (x,) = batch
+            return self.net(x).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+        def train_dataloader(self):
+            # six batches an epoch: step 6 ends one, so the resumed run sees the same data
+            x = torch.randn(48, 64, generator=torch.Generator().manual_seed(0))
+            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=8)
+
+    def run(record, ckpt=None):
+        schedule = LayerwiseLR(every=4, ramp=4, min_eigenvalues=0, background=False)
+
+        class _Record(L.Callback):
+            def on_train_batch_end(self, trainer, *args):
+                record[trainer.global_step] = dict(schedule.factors)
+
+        trainer = L.Trainer(
+            max_steps=10, accelerator="cpu", devices=1, logger=False,
+            enable_progress_bar=False, enable_model_summary=False,
+            callbacks=[DiffractLightningCallback(every=None, schedules=[schedule]), _Record(),
+                       ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=6,
+                                       save_top_k=-1)])
+        trainer.fit(_Net(), ckpt_path=ckpt)
+
+    whole: dict = {}
+    run(whole)
+    (ckpt,) = [p for p in (tmp_path / "ck").iterdir() if "step=6" in p.name]
+    resumed: dict = {}
+    run(resumed, str(ckpt))
+    assert sorted(resumed) == [7, 8, 9, 10] and len(set(whole[7].values())) > 2
+    for step in (7, 8, 9, 10):
+        assert resumed[step] == whole[step], step

@@ -16,6 +16,8 @@ optimizer.
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -85,6 +87,7 @@ class Split:
                        optimizer.register_load_state_dict_pre_hook(self._loading),
                        optimizer.register_load_state_dict_post_hook(self._loaded)]
         self._positions: dict[int, int] = {}  # id(group) -> its place, while loading
+        self._told = False
 
     def holders(self, params: Sequence[Any]) -> list[dict[str, Any]]:
         """The user groups holding any of ``params``."""
@@ -145,7 +148,15 @@ class Split:
             for k, v in origin.items():
                 if k not in _LISTS:
                     group[k] = v
-            group[self.key] = origin[self.key] * factors.get(module, 1.0)
+            value = origin[self.key] * factors.get(module, 1.0)
+            if isinstance(value, float) and not (math.isfinite(value) and value >= 0):
+                if not self._told:  # never a NaN, infinite or negative rate
+                    self._told = True
+                    warnings.warn(f"the schedule's {self.key} for {module} came out {value!r} "
+                                  f"({origin[self.key]!r} x {factors.get(module)!r}); the "
+                                  "user's value is kept", RuntimeWarning, stacklevel=2)
+                value = origin[self.key]
+            group[self.key] = value
 
     def restore(self) -> None:
         """The groups as they were before :meth:`split`, in their order; hooks removed."""

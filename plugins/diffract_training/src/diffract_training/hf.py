@@ -25,6 +25,8 @@ not analysed again. ``on_save=True`` also analyses the checkpoints the trainer w
 from __future__ import annotations
 
 import copy
+import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,12 +35,18 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from diffract.errors import InvalidArgumentError
 from diffract_training._setup import monitor_options
 from diffract_training._sinks import write_histograms
 from diffract_training.monitor import Monitor
-from diffract_training.schedules import check_schedules
+from diffract_training.schedules import check_schedules, restore_states, saved_states
 
-__all__ = ["DiffractCallback"]
+__all__ = ["DiffractCallback", "SCHEDULES_FILE"]
+
+log = logging.getLogger("diffract_training")
+
+#: The schedules' state in each checkpoint folder the trainer writes (read on resume).
+SCHEDULES_FILE = "diffract_schedules.json"
 
 
 class DiffractCallback(TrainerCallback):
@@ -88,8 +96,6 @@ class DiffractCallback(TrainerCallback):
         elif self.trainer is not None:
             self._callbacks = self.trainer.callback_handler.callbacks
         elif [r for r in (args.report_to or []) if r != "none"]:
-            from diffract.errors import InvalidArgumentError
-
             raise InvalidArgumentError(
                 "DiffractCallback was called by no Trainer's callback handler, so its values "
                 f"cannot reach report_to={args.report_to}: add it with "
@@ -98,7 +104,27 @@ class DiffractCallback(TrainerCallback):
             self.monitor.attach(model)
         for schedule in self.schedules:  # the trainer's optimizer exists by now
             schedule.attach(model, kwargs.get("optimizer"), state.global_step)
+        if self.schedules and state.global_step > 0:  # a resumed run
+            self._restore(args, state)
 
+    def _restore(self, args: Any, state: Any) -> None:
+        """The schedules' state saved in the checkpoint this run resumes from (found as
+        the trainer was given it, else ``checkpoint-<step>`` in the output folder)."""
+        folder = _resumed_from() or Path(args.output_dir) / \
+            f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        path = Path(folder) / SCHEDULES_FILE
+        saved: Any = None
+        if path.is_file():
+            try:
+                saved = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                raise InvalidArgumentError(
+                    f"DiffractCallback: {str(path)!r} cannot be read ({exc}): the schedules' "
+                    "state of the resumed run; remove it to start them over.") from None
+        if not restore_states("DiffractCallback", self.schedules, saved, repr(str(path))):
+            log.warning("diffract: resumed at step %d without %s in %s: the schedules start "
+                        "over from the resumed weights", state.global_step, SCHEDULES_FILE,
+                        folder)
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._args, self._state, self._control = args, state, control
         self.monitor.step(state.global_step)
@@ -110,10 +136,13 @@ class DiffractCallback(TrainerCallback):
         the output folder), from its files, in the background, unless that step was
         analysed live already."""
         self._args, self._state, self._control = args, state, control
-        if self.on_save_analysis:
-            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-            if folder.is_dir():
-                self.monitor.analyse_saved(folder, state.global_step)
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if self.schedules and folder.is_dir() and state.is_world_process_zero:
+            part = folder / f".{SCHEDULES_FILE}.part"  # whole or absent, as the trainer's
+            part.write_text(json.dumps(saved_states(self.schedules)))
+            part.replace(folder / SCHEDULES_FILE)
+        if self.on_save_analysis and folder.is_dir():
+            self.monitor.analyse_saved(folder, state.global_step)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._args, self._state, self._control = args, state, control
@@ -139,6 +168,24 @@ class DiffractCallback(TrainerCallback):
             if writer is not None:
                 write_histograms(writer, spectra, step, monitor)
                 writer.flush()
+
+
+def _resumed_from() -> str | None:
+    """The checkpoint folder the calling Trainer resumes from (its training loop's
+    ``resume_from_checkpoint``), or None."""
+    import sys
+
+    from transformers import Trainer
+
+    frame = sys._getframe(1)
+    for _ in range(12):
+        if frame is None:
+            return None
+        found = frame.f_locals.get("resume_from_checkpoint")
+        if isinstance(frame.f_locals.get("self"), Trainer) and isinstance(found, (str, Path)):
+            return str(found)
+        frame = frame.f_back
+    return None
 
 
 def _calling_handler() -> Any:

@@ -25,7 +25,7 @@ except ImportError:  # the older package name
 from diffract_training._setup import monitor_options
 from diffract_training._sinks import write_histograms
 from diffract_training.monitor import Monitor
-from diffract_training.schedules import check_schedules
+from diffract_training.schedules import check_schedules, restore_states, saved_states
 
 __all__ = ["DiffractLightningCallback"]
 
@@ -44,6 +44,15 @@ class DiffractLightningCallback(Callback):
         self._options = monitor_options("DiffractLightningCallback", monitor, Monitor)
         self.monitor = self._new_monitor()
         self._trainer: Any = None
+        self._resumed: Any = None  # the schedules' state from the checkpoint resumed
+
+    def state_dict(self) -> dict[str, Any]:
+        """The schedules' state, kept in Lightning's checkpoints (a run resumed with
+        ``ckpt_path`` carries on with the same factors and ramp)."""
+        return saved_states(self.schedules) if self.schedules else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resumed = state_dict or None  # applied once the schedules are attached
 
     def _new_monitor(self) -> Monitor:
         monitor = Monitor(None, **self._options)  # log= takes one sink or a list
@@ -59,6 +68,10 @@ class DiffractLightningCallback(Callback):
         self.monitor.attach(pl_module)  # on every rank: the monitor knows which one writes
         for schedule in self.schedules:
             schedule.attach(pl_module, list(trainer.optimizers), trainer.global_step)
+        if self.schedules and trainer.global_step > 0:  # resumed with ckpt_path
+            resumed, self._resumed = self._resumed, None
+            restore_states("DiffractLightningCallback", self.schedules, resumed,
+                           "the checkpoint resumed")
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

@@ -25,6 +25,7 @@ of the range (the authors' ``np.interp`` would give all of them ``high``).
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -33,10 +34,13 @@ from diffract_training._groups import Split, torch_optimizer
 from diffract_training._setup import checkpoint_names, fsdp1_units, global_step, unwrapped
 from diffract_training.monitor import Monitor
 
-__all__ = ["AlphaDecay", "LayerwiseLR", "TempBalance", "check_schedules"]
+__all__ = ["AlphaDecay", "LayerwiseLR", "TempBalance", "check_schedules", "restore_states",
+           "saved_states"]
 
 #: The estimator every schedule maps.
 METRIC = "pl_alpha_hill"
+#: The largest factor a schedule sets (a rate a million times the user's is no schedule).
+_MOST = 1e6
 
 
 class _Schedule:
@@ -90,8 +94,8 @@ class _Schedule:
         ratios = [(self.low_name, low), (self.high_name, high)]
         for name, value in ratios:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                    math.isfinite(value) and value >= 0):
-                problems.append(f"{name} takes a finite multiple of at least 0, got {value!r}")
+                    math.isfinite(value) and 0 <= value <= _MOST):
+                problems.append(f"{name} takes a multiple from 0 to {_MOST:g}, got {value!r}")
         if not problems and high < low:
             problems.append(f"{self.high_name} ({high!r}) is below {self.low_name} ({low!r})")
         if not whole(min_eigenvalues, 0):
@@ -286,9 +290,59 @@ class _Schedule:
                 "now": self._now, "alphas": {m: list(v) for m, v in self.alphas.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._from, self._to = dict(state["from"]), dict(state["to"])
-        self._since, self._now = int(state["since"]), int(state["now"])
-        self.alphas = {m: (int(s), float(a)) for m, (s, a) in state["alphas"].items()}
+        """Carry on from :meth:`state_dict`'s output, checked as the constructor's
+        arguments are: every factor a finite number of at least 0 for a module this
+        schedule sets, whole steps, finite alphas. On any problem nothing changes."""
+        name = f"{type(self).__name__}.load_state_dict"
+        keys = ("from", "to", "since", "now", "alphas")
+        if not isinstance(state, Mapping) or any(k not in state for k in keys):
+            got = sorted(state) if isinstance(state, Mapping) else type(state).__name__
+            raise InvalidArgumentError(f"{name} takes what state_dict() returned (the keys "
+                                       f"{', '.join(keys)}), got {got}.")
+        problems = []
+        factors: dict[str, dict[str, float]] = {}
+        for key in ("from", "to"):
+            table = state[key]
+            if not isinstance(table, Mapping):
+                problems.append(f"{key!r} is a {type(table).__name__}, not module -> factor")
+                continue
+            factors[key] = {}
+            for module, value in table.items():
+                if module not in self.modules:
+                    problems.append(f"{key!r} names {module!r}, which this schedule does not "
+                                    "set (a state of another model?)")
+                elif isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                        math.isfinite(value) and 0 <= value <= _MOST):
+                    problems.append(f"{key!r}[{module!r}] is {value!r}: a factor is a finite "
+                                    f"number from 0 to {_MOST:g}")
+                else:
+                    factors[key][module] = float(value)
+        steps = {}
+        for key in ("since", "now"):
+            value = state[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                problems.append(f"{key!r} is {value!r}, not a step (a whole number >= 0)")
+            steps[key] = value
+        alphas = {}
+        raw = state["alphas"]
+        for module, pair in (raw.items() if isinstance(raw, Mapping) else []):
+            try:
+                step, alpha = pair
+                ok = isinstance(step, int) and step >= 0 and math.isfinite(float(alpha))
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                problems.append(f"'alphas'[{module!r}] is {pair!r}, not (step, finite alpha)")
+            else:
+                alphas[module] = (int(step), float(alpha))
+        if not isinstance(raw, Mapping):
+            problems.append(f"'alphas' is a {type(raw).__name__}, not module -> (step, alpha)")
+        if problems:
+            raise InvalidArgumentError(f"{name}: " + "; ".join(problems) + ". Nothing was "
+                                       "loaded.")
+        self._from, self._to = factors["from"], factors["to"]
+        self._since, self._now = steps["since"], steps["now"]
+        self.alphas = alphas
         self._apply()
 
     def close(self) -> None:
@@ -320,6 +374,41 @@ def check_schedules(front_end: str, schedules: Any) -> list[Any]:
             f"{front_end}: build its schedules without model and optimizer "
             "(TempBalance(every=...)): it hands them the trainer's when training begins.")
     return list(schedules)
+
+
+def saved_states(schedules: Sequence[_Schedule]) -> dict[str, Any]:
+    """What a callback keeps of its schedules in a checkpoint (JSON: floats round-trip)."""
+    return {"schedules": [{"kind": type(s).__name__, "state": s.state_dict()}
+                          for s in schedules]}
+
+
+def restore_states(front_end: str, schedules: Sequence[_Schedule], saved: Any,
+                   where: str) -> bool:
+    """Each schedule carries on from its saved state (after it was attached to the
+    resumed run); under torch.distributed every rank takes rank 0's, so that a rank that
+    could not read the checkpoint still sets the same factors. False where nothing was
+    saved (``saved`` None on rank 0)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized() and \
+            dist.get_world_size() > 1:
+        box = [saved]
+        dist.broadcast_object_list(box, src=0)
+        saved = box[0]
+    if saved is None:
+        return False
+    entries = saved.get("schedules") if isinstance(saved, Mapping) else None
+    kinds = [type(s).__name__ for s in schedules]
+    if not isinstance(entries, list) or [e.get("kind") if isinstance(e, Mapping) else None
+                                         for e in entries] != kinds:
+        got = [e.get("kind") for e in entries if isinstance(e, Mapping)] \
+            if isinstance(entries, list) else None
+        raise InvalidArgumentError(
+            f"{front_end}: {where} holds the state of schedules {got}, and this run has "
+            f"{kinds}: resume with the schedules of the run that wrote it (or remove "
+            "the file to start them over).")
+    for schedule, entry in zip(schedules, entries, strict=True):
+        schedule.load_state_dict(entry.get("state"))
+    return True
 
 
 def _kind(module: Any) -> str:
