@@ -645,6 +645,32 @@ MUTANTS = [
            "        if not where or len(groups) != len(where):", "        if True:",
            ("tests/training/test_schedules.py",),
            "optimizer.load_state_dict after attach: the schedule sets dicts no longer used"),
+    Mutant("lightning-logs-at-the-finishing-step", TRAINING + "lightning.py",
+           "logger.log_metrics(dict(values), step=step)",
+           "logger.log_metrics(dict(values), step=self._trainer.global_step)",
+           ("tests/training/test_monitor_numbers.py::"
+            "test_lightning_logs_a_background_analysis_at_the_step_analysed",),
+           "Lightning's background values logged at the step the analysis finished"),
+    Mutant("monitor-due-forgets-done-steps", TRAINING + "monitor.py",
+           "            and global_step not in self._done", "",
+           ("tests/training/test_monitor.py::"
+            "test_a_resumed_monitor_takes_none_of_the_steps_its_store_holds",),
+           "a resumed run snapshots the steps its store holds (DuplicateModelError)"),
+    Mutant("hf-resume-forgets-schedules", TRAINING + "hf.py",
+           "        if self.schedules and state.global_step > 0:  # a resumed run",
+           "        if False:", ("tests/training/test_schedules.py",),
+           "a resumed Trainer run ramps its schedules again from 1x"),
+    Mutant("lightning-resume-forgets-schedules", TRAINING + "lightning.py",
+           "        if self.schedules and trainer.global_step > 0:  # resumed with ckpt_path",
+           "        if False:", ("tests/training/test_schedules.py",),
+           "a run resumed with ckpt_path ramps its schedules again from 1x"),
+    Mutant("schedule-state-negative-factor", TRAINING + "schedules.py",
+           "math.isfinite(value) and 0 <= value <= _MOST):\n                    problems.append"
+           "(f\"{key!r}[",
+           "math.isfinite(value) and -_MOST <= value <= _MOST):\n                    "
+           "problems.append(f\"{key!r}[",
+           ("tests/training/test_schedules.py",),
+           "a loaded state's negative factor makes a negative rate: gradient ascent"),
     Mutant("monitor-model-level-filtered", TRAINING + "monitor.py",
            "                reports.append(scoped.compute.apply(  # refused); views are not"
            " counted",

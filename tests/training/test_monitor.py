@@ -503,3 +503,23 @@ def test_per_model_fields_are_logged_and_stored_as_an_analysis_of_the_matrices(t
                 *fields) == want
         for field in fields:
             assert logged[step][f"diffract/model/{field}"] == want[f"{field}@models[step-{step}]"]
+
+
+def test_a_resumed_monitor_takes_none_of_the_steps_its_store_holds(tmp_path, caplog):
+    """A run resumed from step 4 reaches step 8, which its store holds already: no
+    snapshot, no analysis, no warning (a monitor that forgot its done steps analysed it
+    again and logged DuplicateModelError); the new step 12 is analysed."""
+    import logging
+
+    model = _net()
+    first = Monitor(model, every=4, metrics=METRICS, store=tmp_path / "run", background=False)
+    _train(model, 8, first.step)
+    first.close()
+    again = Monitor(model, every=4, metrics=METRICS, store=tmp_path / "run", background=False)
+    with caplog.at_level(logging.WARNING, logger="diffract_training"):
+        _train(model, 12, again.step, start=4)
+        again.close()
+    assert again.analysed == [12] and list(again.blocked) == [12]
+    assert not [r for r in caplog.records if r.name == "diffract_training"]
+    with Session("local", path=str(tmp_path / "run")) as s:
+        assert sorted(s.models.steps()[m]["step"] for m in s.model_ids) == [4, 8, 12]

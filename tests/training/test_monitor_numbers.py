@@ -158,3 +158,69 @@ def test_the_trainer_logs_a_background_analysis_at_the_step_analysed(tmp_path):
     events.Reload()
     tag = "train/diffract/summary/stable_rank_mean"
     assert [e.step for e in events.Scalars(tag)] == [4, 6]
+
+
+def test_lightning_logs_a_background_analysis_at_the_step_analysed(tmp_path):
+    """Lightning's twin of the Trainer's test: with the default ``background=True``, step
+    4's analysis cannot finish before the trainer reaches step 5 (a kernel waits for
+    it), and its values still reach TensorBoard at step 4, equal to an analysis of the
+    weights saved at step 4; the final weights' at 6."""
+    L = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from safetensors.torch import save_file
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from diffract_training import DiffractLightningCallback
+
+    release = threading.Event()
+
+    def t_held(weights) -> float:
+        assert release.wait(timeout=600), "the trainer never reached step 5"
+        return float(weights.shape[0])
+
+    with Session() as s:
+        s.compute.kernel(name="t_held")(t_held)
+
+    class _Net(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Linear(40, 64), torch.nn.Tanh(),
+                                           torch.nn.Linear(64, 4))
+
+        def training_step(self, batch, batch_idx):
+            (x,) = batch
+            return self.net(x).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+        def train_dataloader(self):
+            x = torch.randn(96, 40, generator=torch.Generator().manual_seed(0))
+            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=8)
+
+    class _Release(L.Callback):
+        def on_train_batch_end(self, trainer, module, *args):
+            if trainer.global_step == 4:
+                save_file({k: v.detach().clone() for k, v in module.state_dict().items()},
+                          str(tmp_path / "s4.safetensors"))
+            if trainer.global_step == 5:
+                release.set()
+
+    cb = DiffractLightningCallback(every=4, metrics=["stable_rank", "t_held"],
+                                   histograms=False)
+    assert cb.monitor.background
+    L.Trainer(max_steps=6, accelerator="cpu", devices=1, enable_checkpointing=False,
+              logger=TensorBoardLogger(str(tmp_path / "logs"), name="", version=0),
+              callbacks=[cb, _Release()], enable_progress_bar=False,
+              enable_model_summary=False).fit(_Net())
+    assert release.is_set() and cb.monitor.analysed == [4, 6]
+    events = EventAccumulator(str(tmp_path / "logs" / "version_0"))
+    events.Reload()
+    logged = {e.step: e.value for e in events.Scalars("diffract/stable_rank/net.0.weight")}
+    assert sorted(logged) == [4, 6]
+    with Session() as s:
+        s.models.add(tmp_path / "s4.safetensors", "ck")
+        s.compute.apply("stable_rank")
+        want = s.results.export_metrics("stable_rank")["ck"]["net.0.weight"]["stable_rank"]
+    assert logged[4] == np.float32(want)
