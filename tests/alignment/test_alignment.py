@@ -328,3 +328,25 @@ class TestAgainstNumpy:
         got_d = _pair({"w": a}, {"w": d}, fields=("intruder_dimensions",),
                       intruder_dimensions={"k": 5, "threshold": 0.5})
         assert got_d["intruder_dimensions@w"] == 5
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-20, 1e-150])
+def test_weights_rel_change_of_tiny_weights_is_computed_in_float64(scale):
+    """Weights of 1e-20 (their squares underflow float32) change by 1%: 0.01, not "all
+    zero"; a NaN in either model's weights is undefined with that reason."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((16, 12)) * scale
+    b = a * 1.01
+    with Session() as s:
+        s.models.add({"w": a}, "a")
+        s.models.add({"w": b}, "b")
+        s.compute.apply("weights_rel_change", errors="record", progress=False)
+        got = s.results.export_aggregates("weights_rel_change")
+    assert got["weights_rel_change@models[a,b]@params[w]"] == pytest.approx(0.01, rel=1e-9)
+    a[3, 4] = np.nan
+    with Session() as s:
+        s.models.add({"w": a}, "a")
+        s.models.add({"w": b}, "b")
+        s.compute.apply("weights_rel_change", errors="record", progress=False)
+        (note,) = s.results.export_notes()
+    assert "model a's weights hold NaN or infinite values (1 of 192)" in note["reason"]

@@ -272,7 +272,11 @@ def weights_rel_change(weights: tuple[np.ndarray, np.ndarray]) -> float:
     wa, wb = (np.asarray(x, dtype=np.float64) for x in weights)
     if wa.shape != wb.shape:
         raise FieldUndefined(f"the two weights differ in shape: {wa.shape} and {wb.shape}")
-    norm = float(np.linalg.norm(wa))
+    for which, w in (("a", wa), ("b", wb)):
+        if not np.isfinite(w).all():
+            raise FieldUndefined(f"model {which}'s weights hold NaN or infinite values "
+                                 f"({int((~np.isfinite(w)).sum())} of {w.size})")
+    norm = float(np.linalg.norm(wa))  # float64: weights of 1e-20 square to 1e-40, no less
     if not norm > 0:
         raise FieldUndefined("model a's weights are all zero")
     return float(np.linalg.norm(wb - wa) / norm)
