@@ -6,6 +6,7 @@ and an object rewritten after it was added refused."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import warnings
 from pathlib import Path
@@ -206,19 +207,41 @@ class TestRefused:
             with pytest.raises(ModelSourceError, match=r"rewritten \(its version tag went"):
                 session.store.load_weights("m", "layers.0.mlp.weight")
 
-    def test_a_credential_as_a_storage_option_is_refused(self, s3, tmp_path):
-        with Session() as session, pytest.raises(ModelSourceError, match="hold credentials"):
-            session.models.add("s3://runs/x/m.safetensors", model_id="m", format_options={
-                "storage_options": {"secret": "s3cr3t"}})
-
-    def test_an_option_the_file_system_does_not_take_is_said_as_such(self, s3, tmp_path):
+    @pytest.mark.parametrize("options, named", [
+        ({"secret": "s3cr3t-value"}, "secret"),
+        ({"client_kwargs": {"aws_secret_access_key": "s3cr3t-value"}},
+         "client_kwargs.aws_secret_access_key"),
+        ({"config_kwargs": {"proxies": {"https": "http://u:s3cr3t-value@proxy:3128"}}},
+         "config_kwargs.proxies.https"),
+        ({"connection_string": "AccountKey=s3cr3t-value"}, "connection_string"),
+        ({"sas_token": "s3cr3t-value"}, "sas_token"), ({"passwd": "s3cr3t-value"}, "passwd"),
+        ({"headers": {"Authorization": "Bearer s3cr3t-value"}}, "headers.Authorization"),
+        ({"token": "s3cr3t-value"}, "token"), ({"auth": ["u", "s3cr3t-value"]}, "auth"),
+        ({"endpoint_url": "http://u:s3cr3t-value@127.0.0.1:9"}, "endpoint_url"),
+        ({"bogus_option": 1}, "bogus_option"),
+    ])
+    def test_only_options_known_to_hold_no_credential_are_taken(self, s3, tmp_path, options,
+                                                                  named):
+        """Options are recorded with the model: anything not on the allow-list, at any
+        depth (s3fs hands client_kwargs to botocore), and any URL with a password are
+        refused, naming the option and never its value; nothing is stored."""
         save_file(_weights(11), str(tmp_path / "m.safetensors"))
         url = s3.put_tree(tmp_path / "m.safetensors", "options/m.safetensors")
-        with Session() as session, pytest.raises(ModelSourceError,
-                                                  match="s3:// file system refuses its "
-                                                        "storage options"):
-            session.models.add(url, model_id="m", format_options={
-                "storage_options": {"bogus_option": 1}})
+        with Session() as session:
+            with pytest.raises(ModelSourceError, match=re.escape(named)) as caught:
+                session.models.add(url, model_id="m",
+                                   format_options={"storage_options": options})
+            assert "s3cr3t" not in str(caught.value) and session.model_ids == []
+
+    def test_the_options_users_need_are_taken(self, s3, tmp_path):
+        save_file(_weights(11), str(tmp_path / "m.safetensors"))
+        url = s3.put_tree(tmp_path / "m.safetensors", "options/m.safetensors")
+        options = {"endpoint_url": s3.endpoint, "config_kwargs": {
+            "s3": {"addressing_style": "path"}, "retries": {"max_attempts": 2}},
+            "client_kwargs": {"region_name": "us-east-1"}}
+        with Session() as session:
+            session.models.add(url, model_id="m", format_options={"storage_options": options})
+            assert dict(session.store.source("m").format_options)["storage_options"] == options
 
     def test_a_scheme_no_plugin_reads_says_what_to_install(self):
         with Session() as session, pytest.raises(ModelSourceError,

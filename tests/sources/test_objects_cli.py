@@ -185,3 +185,38 @@ def test_storage_options_nest_parse_values_and_refuse_what_is_malformed():
             parsed(bad)
     with pytest.raises(UsageError, match="'a' is given a value and options both"):
         parsed("a=1", "a.b=2")
+
+
+@pytest.mark.parametrize("option", [
+    "client_kwargs.aws_secret_access_key=s3cr3t-value",
+    "config_kwargs.proxies.https=http://user:s3cr3t-value@proxy:3128",
+    "connection_string=AccountKey=s3cr3t-value",
+])
+def test_a_credential_in_a_storage_option_at_any_depth_is_refused_unseen(s3, tmp_path,
+                                                                         option):
+    """exit 2 with one line naming the option; its value appears in no output, and no
+    store is written."""
+    _run(s3, tmp_path, "secret-run", (5,))
+    store = tmp_path / "s.diffract"
+    done = subprocess.run([sys.executable, "-m", "diffract.cli", "analyze",
+                           "s3://runs/secret-run/step-5/", "--store", str(store), "-q",
+                           "--storage-option", f"endpoint_url={s3.endpoint}",
+                           "--storage-option", option],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr
+    assert option.split("=")[0] in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert "s3cr3t" not in done.stdout + done.stderr
+    assert not store.exists() or b"s3cr3t" not in b"".join(
+        f.read_bytes() for f in store.rglob("*") if f.is_file())
+
+
+def test_option_values_nested_too_deep_are_a_usage_error_not_a_traceback():
+    import argparse
+
+    from diffract_report._inputs import UsageError, parse_setting, storage_options
+
+    deep = "[" * 100_000
+    with pytest.raises(UsageError, match="nests too deeply"):
+        storage_options(argparse.Namespace(storage_options=[f"retries={deep}"]))
+    with pytest.raises(UsageError, match="nests too deeply"):
+        parse_setting(f"power_law_fit.min_tail={deep}")

@@ -272,10 +272,19 @@ def parse_setting(text: str) -> tuple[str, str, Any]:
     lowered = {"true": True, "false": False, "none": None, "null": None}
     if value.lower() in lowered:
         return kernel, key, lowered[value.lower()]
+    return kernel, key, _json(value, text)
+
+
+def _json(value: str, text: str) -> Any:
+    """``value`` as JSON, else the string itself; one nested past Python's recursion limit
+    (100,000 ``[``) is a UsageError, not a traceback."""
     try:
-        return kernel, key, json.loads(value)
+        return json.loads(value)
     except ValueError:
-        return kernel, key, value
+        return value
+    except RecursionError:
+        raise UsageError(f"{printable(text[:40])}...: the value nests too deeply (lists or "
+                         "objects inside each other past what JSON readers take).") from None
 
 
 def _regex(text: str | None, flag: str) -> Any:
@@ -339,10 +348,7 @@ def view_arguments(args: argparse.Namespace) -> dict[str, Any]:
         key, sep, value = text.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--view-option {text!r}: expected KEY=VALUE (heads=12).")
-        try:
-            options[key.strip()] = json.loads(value)
-        except ValueError:
-            options[key.strip()] = value
+        options[key.strip()] = _json(value, text)
     return {"views": args.views, "view_options": options}
 
 

@@ -15,11 +15,13 @@ Hub's blob id): the core compares them before each read, and ``diffract track``
 refuses a checkpoint rewritten since it was tracked. Where the store is and who may
 read it come from the places its library reads (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, ``~/.aws``, ``GOOGLE_APPLICATION_CREDENTIALS``, ``HF_TOKEN``...)
-and from ``storage_options`` (recorded with the model, so no credential is taken there).
+and from ``storage_options`` (recorded with the model, so only options known to hold no
+credential are taken there: :data:`ALLOWED`).
 """
 
 from __future__ import annotations
 
+import copy
 import posixpath
 import re
 from collections.abc import Mapping
@@ -38,8 +40,6 @@ __all__ = ["ObjectFiles", "checkpoint_urls", "open_url", "stat"]
 PACKAGES = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"),
            "gcs": ("gcsfs", "gcs"), "hf": ("huggingface_hub", "hf"), "az": ("adlfs", None),
            "abfs": ("adlfs", None)}
-#: Option names that hold a credential: refused, since options are recorded with the model.
-SECRET = re.compile(r"key|secret|token|password|credential|session", re.IGNORECASE)
 #: The Hugging Face folder's files, in the order looked for (torch pickles are not read).
 FOLDER_MARKERS = ("model.safetensors.index.json", "model.safetensors")
 PICKLES = ("pytorch_model.bin.index.json", "pytorch_model.bin")
@@ -86,20 +86,65 @@ def _said(url: str, exc: BaseException) -> ModelSourceError:
                       f"({endpoint}), the network and the URL")
 
 
-#: Values of a credential-named option that name a way to authenticate, not a secret.
+#: The storage options Diffract takes, each known to hold no credential, at the depth
+#: the file systems take them (s3fs hands ``client_kwargs`` to its client and
+#: ``config_kwargs`` to botocore's Config). Options are recorded with the model (a durable
+#: store reads it again with them), so nothing else is taken: a credential, a proxy with
+#: a password, a header, a connection string belong where the file system's library reads
+#: them (its environment variables and config files).
+ALLOWED = frozenset({
+    "anon", "endpoint_url", "endpoint", "region_name", "region", "requester_pays",
+    "version_aware", "use_ssl", "default_block_size", "default_cache_type", "block_size",
+    "cache_regions", "max_concurrency", "skip_instance_cache", "use_listings_cache",
+    "listings_expiry_time", "project", "access", "consistency", "requests_timeout",
+    "timeout", "connect_timeout", "read_timeout", "retries", "account_name", "revision",
+    "token", "client_kwargs.endpoint_url", "client_kwargs.region_name",
+    "client_kwargs.verify", "client_kwargs.use_ssl", "config_kwargs.signature_version",
+    "config_kwargs.connect_timeout", "config_kwargs.read_timeout",
+    "config_kwargs.max_pool_connections", "config_kwargs.region_name",
+    "config_kwargs.retries.max_attempts", "config_kwargs.retries.mode",
+    "config_kwargs.s3.addressing_style", "config_kwargs.s3.use_accelerate_endpoint"})
+#: Values of ``token`` that name a way to authenticate (gcsfs, adlfs), not a secret.
 MODES = {"anon", "google_default", "cloud", "cache", "browser"}
+#: A URL holding a user name and password (``http://user:PASSWORD@proxy:3128``).
+_USERINFO = re.compile(r"://[^/@\s]*:[^/@\s]*@")
 
 
 def _checked_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``options`` if every one, at every depth, is one of :data:`ALLOWED` with a value
+    that holds no credential; else a ModelSourceError naming the options (never their
+    values)."""
     options = dict(options or {})
-    secret = sorted(k for k, v in options.items() if SECRET.search(str(k)) and not (
-        v is None or isinstance(v, bool) or v in MODES))
-    if secret:
+    refused: list[str] = []
+    with_password: list[str] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                walk(value, f"{path}.{key}" if path else str(key))
+            return
+        if path not in ALLOWED or path == "token" and not (
+                node is None or isinstance(node, bool) or node in MODES):
+            refused.append(path)
+        elif isinstance(node, (list, tuple)):
+            for item in node:
+                walk(item, path)
+        elif isinstance(node, str) and _USERINFO.search(node):
+            with_password.append(path)
+
+    walk(options, "")
+    if refused or with_password:
+        said = [f"{', '.join(sorted(set(refused)))}: not among the options Diffract takes "
+                "(it records them with the model, so it takes only those known to hold no "
+                "credential: endpoint_url, region_name, anon, client_kwargs.verify, "
+                "config_kwargs.s3.addressing_style...)"] if refused else []
+        said += [f"{', '.join(sorted(set(with_password)))}: a URL with a user name and "
+                 "password"] if with_password else []
         raise ModelSourceError(
-            f"storage option(s) {secret} hold credentials, which Diffract would record "
-            "with the model in its store: give them where the store's library reads them "
-            "(the environment, its config files)", model_id=None)
-    return options
+            "storage option(s) " + "; ".join(said) + ". Give credentials and other "
+            "settings where the store's library reads them (its environment variables, "
+            "such as AWS_*, HTTPS_PROXY, and its config files).", model_id=None)
+    return copy.deepcopy(options)
 
 
 class ObjectFiles:
@@ -119,8 +164,9 @@ class ObjectFiles:
                 f"reading {scheme}:// needs {package or 'an fsspec implementation of it'}: "
                 + (f"pip install 'diffractml-sources-fsspec[{extra}]'" if extra else
                    f"pip install {package}"), model_id=None) from None
+        checked = _checked_options(options)  # a copy: s3fs adds to the nested ones
         try:
-            self.fs = fsspec.filesystem(scheme, **_checked_options(options))
+            self.fs = fsspec.filesystem(scheme, **checked)
         except (TypeError, ValueError) as exc:
             raise ModelSourceError(f"the {scheme}:// file system refuses its storage options "
                                    f"({type(exc).__name__}: {str(exc)[:160]}); see its "
