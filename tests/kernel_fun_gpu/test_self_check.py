@@ -181,3 +181,80 @@ def test_a_call_fla_would_give_flashkda_goes_to_fla(monkeypatch):
     monkeypatch.setenv("FLA_FLASH_KDA", "0")  # switched off in fla: ours again
     with torch.inference_mode():
         assert is_supported(x["q"], x["k"], x["v"], x["g"], beta, **opts) == (True, "")
+
+
+def test_a_link_planted_in_the_cache_folder_is_not_written_through(probes, monkeypatch,
+                                                                    tmp_path):
+    """Anyone who can write the cache's folder cannot turn the cache into a write of
+    another file: the temporary file is created exclusively (O_EXCL, no links followed,
+    0600) under an unguessable name, and a cache path that is a link is not used."""
+    target = tmp_path / "precious"
+    target.write_text("keep")
+    cache = tmp_path / "verdicts.json"
+    monkeypatch.setenv("KERNEL_FUN_SELF_CHECK_CACHE", str(cache))
+    # the old name: .<name>.<pid>.part, predictable; a link there must not be followed
+    (tmp_path / f".verdicts.json.{os.getpid()}.part").symlink_to(target)
+    x, w = _conv_inputs()
+    causal_conv1d(x, w, activation="silu")
+    assert target.read_text() == "keep" and cache.is_file() and not cache.is_symlink()
+    assert oct(cache.stat().st_mode & 0o777) == oct(0o600)
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == [
+        f".verdicts.json.{os.getpid()}.part"]  # only the planted one
+    # the cache itself a link to another file: not used, not written
+    cache.unlink()
+    cache.symlink_to(target)
+    _check.reset_for_tests()
+    _support.reset_for_tests()
+    causal_conv1d(x, w, activation="silu")
+    assert target.read_text() == "keep" and len(probes) == 2
+
+
+def test_dev_null_as_the_cache_is_no_cache_and_replaces_nothing(probes, monkeypatch):
+    if not os.path.exists("/dev/null"):
+        pytest.skip("no /dev/null")
+    import stat
+
+    monkeypatch.setenv("KERNEL_FUN_SELF_CHECK_CACHE", "/dev/null")
+    x, w = _conv_inputs()
+    causal_conv1d(x, w, activation="silu")
+    _check.reset_for_tests()
+    causal_conv1d(x, w, activation="silu")
+    assert len(probes) == 2  # checked again: nothing was kept
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+@pytest.mark.parametrize("content", ["[" * 100_000, "not json", "[1, 2]", '{"k": 3}'])
+def test_an_unreadable_cache_is_empty_and_the_check_runs(probes, monkeypatch, tmp_path,
+                                                         content):
+    cache = tmp_path / "verdicts.json"
+    cache.write_text(content)
+    monkeypatch.setenv("KERNEL_FUN_SELF_CHECK_CACHE", str(cache))
+    x, w = _conv_inputs()
+    y, _ = causal_conv1d(x, w, activation="silu")
+    assert len(probes) == 1 and torch.isfinite(y).all()
+
+
+def test_a_pass_cached_for_another_toolchain_does_not_skip_the_check(wrong_conv, probes,
+                                                                     monkeypatch, tmp_path):
+    """The key holds the op, the kind and the whole toolchain (device, arch, Triton,
+    ptxas, CUDA, fla): a cache claiming every kind passed on another toolchain (another
+    device, another ptxas) skips nothing here, and the wrong kernel is caught."""
+    import dataclasses
+    import json
+
+    x, w = _conv_inputs()
+    cache = tmp_path / "verdicts.json"
+    monkeypatch.setenv("KERNEL_FUN_SELF_CHECK_CACHE", str(cache))
+    causal_conv1d(x, w, activation="silu")  # writes this toolchain's (failed) verdict
+    (key,) = json.loads(cache.read_text())
+    op, kind, chain = json.loads(key)
+    forged = {}
+    for field in ("device", "arch", "triton", "ptxas", "cuda", "fla"):
+        other = list(chain)
+        other[[f.name for f in dataclasses.fields(_toolchain.Toolchain)].index(field)] = "x"
+        forged[json.dumps([op, kind, other])] = None  # "passed" on that toolchain
+    cache.write_text(json.dumps(forged))
+    _check.reset_for_tests()
+    y, _ = causal_conv1d(x, w, activation="silu")
+    assert len(probes) == 2  # checked again here
+    assert torch.equal(y, adopt.original("causal_conv1d")(x=x, weight=w, activation="silu")[0])

@@ -17,9 +17,12 @@ a toolchain that compiles the kernels wrong then trains on wrong values, silentl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import secrets
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -76,33 +79,82 @@ def _key(op: str, kind: tuple, toolchain: _toolchain.Toolchain) -> str:
 
 
 def _disk() -> Path | None:
-    path = os.environ.get(CACHE_ENV)
-    return Path(path) if path else None
+    """The cache file, if one is set and safe to use: an existing regular file of this
+    user (not a link, not a device: ``/dev/null`` is no cache), or a new name in a folder
+    this user owns. Anything else is said once and the verdicts stay in the process."""
+    raw = os.environ.get(CACHE_ENV)
+    if not raw:
+        return None
+    path = Path(raw)
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        return _unsafe(path, f"it cannot be looked at ({exc.strerror})")
+    if info is not None:
+        if not stat.S_ISREG(info.st_mode):
+            return _unsafe(path, "it is not a regular file (a link, a device or a folder)")
+        if uid is not None and info.st_uid != uid:
+            return _unsafe(path, "it belongs to another user")
+        return path
+    try:
+        folder = path.parent.lstat()
+    except OSError as exc:
+        return _unsafe(path, f"its folder cannot be looked at ({exc.strerror})")
+    if not stat.S_ISDIR(folder.st_mode) or uid is not None and folder.st_uid != uid:
+        return _unsafe(path, "it would be a new file in a folder this user does not own "
+                             "(another user could plant a link there)")
+    return path
+
+
+def _unsafe(path: Path, why: str) -> None:
+    _support.log_once(("selfcheck-cache", str(path)), logging.WARNING,
+                      "kernel-fun: %s=%s is not used: %s; verdicts stay in this process",
+                      CACHE_ENV, path, why)
+    return None
+
+
+def _load(path: Path) -> dict[str, Any]:
+    """The cache's verdicts; an unreadable one (not JSON, nested past the recursion limit,
+    not an object) is empty, said once."""
+    try:
+        stored = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError, RecursionError, UnicodeDecodeError) as exc:
+        _support.log_once(("selfcheck-cache-read", str(path)), logging.WARNING,
+                          "kernel-fun: the self-check cache %s cannot be read (%s); taken "
+                          "as empty", path, type(exc).__name__)
+        return {}
+    return stored if isinstance(stored, dict) else {}
 
 
 def _read(key: str) -> tuple[bool, str | None]:
     path = _disk()
-    if path is None or not path.is_file():
+    if path is None:
         return False, None
-    try:
-        stored = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False, None
-    return (True, stored[key]) if isinstance(stored, dict) and key in stored else (False, None)
+    stored = _load(path)
+    found = stored.get(key, False)
+    return (True, found) if found is None or isinstance(found, str) else (False, None)
 
 
 def _write(key: str, result: str | None) -> None:
     path = _disk()
     if path is None:
         return
+    part = path.with_name(f".{path.name}.{secrets.token_hex(8)}.part")
     try:
-        stored = json.loads(path.read_text()) if path.is_file() else {}
-        stored = stored if isinstance(stored, dict) else {}
+        stored = _load(path)
         stored[key] = result
-        part = path.with_name(f".{path.name}.{os.getpid()}.part")
-        part.write_text(json.dumps(stored, indent=1))
-        part.replace(path)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(part, flags, 0o600)  # a new file of ours, never a planted link
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(stored, indent=1))
+        os.replace(part, path)
     except (OSError, ValueError) as exc:
+        if not isinstance(exc, FileExistsError):  # ours, if it was made: not left behind
+            with contextlib.suppress(OSError):
+                part.unlink(missing_ok=True)
         _support.log_once(("selfcheck-cache", str(path)), logging.WARNING,
                           "kernel-fun: the self-check cache %s cannot be written (%s); "
                           "verdicts stay in this process", path, exc)
