@@ -402,3 +402,127 @@ def test_compare_says_what_quantization_changed_per_layer(tmp_path, capsys):
     assert max(errors, key=errors.get) == "layers.1.weight" and errors["layers.1.weight"] > 1
     assert errors["layers.0.weight"] < 0.05 and errors["layers.2.weight"] < 0.05
     assert ("l_subspace_overlap", "layers.0.weight") in rows
+
+
+class TestUe8m0:
+    """FP8 with power-of-two scales (DeepSeek-V3.1; transformers' ``scale_fmt: ue8m0``),
+    stored as float8_e8m0fnu (``F8_E8M0``): each byte is ``2 ** (byte - 127)``. Read as
+    numbers the matrix was 2.4e5 off (a byte of 127 is a scale of 1)."""
+
+    @pytest.mark.parametrize("block", [(128, 128), None], ids=["block", "per-tensor"])
+    def test_equals_transformers_dequantization(self, tmp_path, block):
+        from transformers.integrations.finegrained_fp8 import _dequantize_fp8_weight
+
+        w = torch.randn(200, 300, generator=torch.Generator().manual_seed(4)) / 50
+        if block:
+            q, scale = _fp8_blocks(w, block)
+        else:
+            scale = w.abs().amax().reshape(1) / 448.0
+            q = (w / scale).to(torch.float8_e4m3fn)
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))  # a power of two, as UE8M0 holds
+        stored = scale.to(torch.float8_e8m0fnu)
+        assert torch.equal(stored.float(), scale)
+        folder = _checkpoint(tmp_path / "ck", {"l.weight": q, "l.weight_scale_inv": stored},
+                             {"quant_method": "fp8", "scale_fmt": "ue8m0",
+                              **({"weight_block_size": list(block)} if block else {})})
+        values, meta = _read(folder)
+        want = _dequantize_fp8_weight(q, stored, list(block) if block else None,
+                                      torch.float32).numpy()
+        assert np.array_equal(values["l.weight"], want)
+        assert meta["l.weight"]["quant"].endswith("ue8m0 scales")
+        # the float32 scales' own dequantization gives the same matrix
+        assert np.array_equal(want, _dequantize_fp8_weight(
+            q, scale, list(block) if block else None, torch.float32).numpy())
+
+    def test_the_nan_byte_is_refused_naming_the_tensor(self, tmp_path):
+        q = torch.randn(64, 64).to(torch.float8_e4m3fn)
+        bits = torch.tensor([[127, 255]], dtype=torch.uint8)
+        folder = _checkpoint(tmp_path / "ck", {
+            "l.weight": q, "l.weight_scale_inv": bits.view(torch.float8_e8m0fnu)},
+            {"quant_method": "fp8", "weight_block_size": [64, 32]})
+        with Session() as s:
+            s.models.add(folder, "m")
+            with pytest.raises(ModelSourceError, match=r"1 UE8M0 scale\(s\) of 255, the "
+                                                       r"format's NaN.*'l.weight_scale_inv'"):
+                s.store.load_weights("m", "l.weight")
+
+
+class TestMisread:
+    """Inputs that were read wrong instead of refused (issue 73.4)."""
+
+    def _fp8(self, tmp_path, **tensors):
+        q = torch.randn(64, 64).to(torch.float8_e4m3fn)
+        return _checkpoint(tmp_path / "ck", {"l.weight": q, **tensors},
+                           {"quant_method": "fp8", "weight_block_size": [64, 64]})
+
+    @pytest.mark.parametrize(("tensors", "match"), [
+        ({"l.weight_scale_inv": torch.ones(1, 1, dtype=torch.int32)},
+         r"a scale stored as I32: scales are floats or UE8M0"),
+        ({"l.weight_scale_inv": torch.ones(1, 1), "other.weight_scale_inv": torch.ones(1, 1)},
+         r"tensor\(s\) such as \['other.weight_scale_inv'\] belong to no quantized weight"),
+        ({"l.weight_scale_inv": torch.ones(1, 1),
+          "l.cache": torch.randn(8, 8).to(torch.float8_e4m3fn)},
+         r"such as \['l.cache'\] belong to no quantized weight"),
+    ], ids=["int-scale", "scale-without-weight", "fp8-not-a-weight"])
+    def test_refused_at_add(self, tmp_path, tensors, match):
+        with pytest.raises(ModelSourceError, match=match):
+            _read(self._fp8(tmp_path, **tensors))
+
+    def test_a_negative_gptq_group_index_is_refused(self, tmp_path):
+        q = np.zeros((64, 8), dtype=np.int64)
+        tensors = {"l.qweight": torch.tensor(_pack(q, 4, 0)),
+                   "l.qzeros": torch.tensor(_pack(np.zeros((2, 8), np.int64), 4, 1)),
+                   "l.scales": torch.ones(2, 8, dtype=torch.float16),
+                   "l.g_idx": torch.tensor([-1] + [0] * 63, dtype=torch.int32)}
+        folder = _checkpoint(tmp_path / "ck", tensors, {"quant_method": "gptq", "bits": 4,
+                                                        "group_size": 32, "desc_act": True})
+        with Session() as s:
+            s.models.add(folder, "m")
+            with pytest.raises(ModelSourceError, match=r"gptq.*group indices from -1 to 0 "
+                                                       r"for 2 groups"):
+                s.store.load_weights("m", "l.weight")
+
+    @pytest.mark.parametrize("wide", [2**28, 2**33])
+    def test_a_huge_block_allocates_no_more_than_the_tensor(self, tmp_path, wide):
+        """A block of [128, 2**28] over a 64x64 weight is one block: read with memory of
+        the tensor's size (it allocated over 1 GiB; 2**33 a MemoryError text)."""
+        import tracemalloc
+
+        q = torch.randn(64, 64).to(torch.float8_e4m3fn)
+        peaks = {}
+        for block in ([64, 64], [128, wide]):  # the same weight, one block either way
+            folder = _checkpoint(tmp_path / f"ck{block[1]}", {
+                "l.weight": q, "l.weight_scale_inv": torch.full((1, 1), 0.5)},
+                {"quant_method": "fp8", "weight_block_size": block})
+            _read(folder)  # imports and plugins loaded before measuring
+            tracemalloc.start()
+            try:
+                values, _ = _read(folder)
+                peaks[block[1]] = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert np.array_equal(values["l.weight"], q.float().numpy() * 0.5)
+        assert peaks[wide] < peaks[64] + 2**20  # within a MiB of the plain block's read
+
+    @pytest.mark.parametrize("config", [
+        [], {"quant_method": "gptq", "bits": "4"}, {"quant_method": "gptq", "group_size": True},
+        {"quant_method": "gptq", "checkpoint_format": ["gptq"]},
+        {"quant_method": "fp8", "weight_block_size": "ab"},
+        {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": []},
+        {"quant_method": "compressed-tensors", "format": "pack-quantized",
+         "config_groups": {"g": {"weights": {"num_bits": "x"}}}},
+        {"quant_method": "compressed-tensors", "format": "pack-quantized",
+         "config_groups": {"g": "x"}},
+        {"quant_method": "awq", "version": None, "bits": 4},
+        {"quant_method": "awq", "q_group_size": 2**70},
+    ])
+    def test_malformed_configurations_are_one_line_refusals(self, tmp_path, config):
+        tensors = {"l.qweight": torch.zeros(8, 8, dtype=torch.int32),
+                   "l.qzeros": torch.zeros(1, 1, dtype=torch.int32),
+                   "l.scales": torch.ones(1, 8, dtype=torch.float16),
+                   "l.weight_packed": torch.zeros(8, 2, dtype=torch.int32),
+                   "l.weight_scale": torch.ones(8, 1), "l.weight_shape": torch.tensor([8, 16])}
+        folder = _checkpoint(tmp_path / "ck", tensors, config)
+        with pytest.raises(ModelSourceError, match="refused"):
+            _read(folder)
+        assert main(["analyze", str(folder), "--metrics", "frob_norm", "-q"]) == 2

@@ -49,6 +49,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from diffract.errors import ModelSourceError
 from diffract.plugins import CheckpointReader, TensorEntry, to_slices
 from diffract_formats._common import error
 
@@ -91,6 +92,27 @@ def _check(cond: bool, where: str, scheme: str, problem: str) -> None:
         raise _refuse(where, scheme, problem)
 
 
+#: What a scale may be stored as: a float, or (FP8) UE8M0, an exponent byte.
+SCALE_DTYPES = ("F32", "F16", "BF16", "F64")
+
+
+def _scale_dtype(layout: Layout, name: str, scheme: str, ue8m0: bool = False) -> str:
+    dtype = layout[name][0]
+    _check(dtype in SCALE_DTYPES or ue8m0 and dtype == "F8_E8M0", name, scheme,
+           f"a scale stored as {dtype}: scales are floats" + (" or UE8M0 (F8_E8M0)"
+                                                              if ue8m0 else ""))
+    return dtype
+
+
+def ue8m0(bits: np.ndarray, where: str) -> np.ndarray:
+    """UE8M0 scales (an exponent byte each: ``2 ** (byte - 127)``) as float32; the byte
+    255, the format's NaN, is refused naming the tensor."""
+    bits = np.asarray(bits).astype(np.uint8, copy=False)
+    _check(not (bits == 255).any(), where, "fp8", f"{int((bits == 255).sum())} UE8M0 "
+           "scale(s) of 255, the format's NaN")
+    return np.ldexp(np.float32(1.0), bits.astype(np.int32) - 127).astype(np.float32)
+
+
 # -- unpacking ----------------------------------------------------------------------------
 def unpack_bits(packed: np.ndarray, bits: int, axis: int) -> np.ndarray:
     """Unsigned ``bits``-bit values packed into int32 along ``axis``, lowest bits first:
@@ -119,6 +141,7 @@ def _fp8(layout: Layout, q: Mapping[str, Any], where: str, read: Read
         _check(scale in layout, name, "fp8", "its weight_scale_inv (the block scales) is "
                                              "missing")
         got = layout[scale][1]
+        exponent = _scale_dtype(layout, scale, "fp8", ue8m0=True) == "F8_E8M0"
         if block is None:
             want: tuple[int, ...] = ()
             _check(math.prod(got) == 1, scale, "fp8", f"a per-tensor scale of shape {got}")
@@ -129,21 +152,25 @@ def _fp8(layout: Layout, q: Mapping[str, Any], where: str, read: Read
                    f"blocks of {block[0]}x{block[1]} over {shape} give {want}")
         kind = "float8_e4m3fn" if dtype == "F8_E4M3" else "float8_e5m2"
         label = f"{kind} block {block[0]}x{block[1]}" if block else f"{kind} per tensor"
-        out[name] = Quantized(shape, label, (name, scale), _fp8_dequantize(name, scale, block))
+        label += " ue8m0 scales" if exponent else ""
+        out[name] = Quantized(shape, label, (name, scale),
+                              _fp8_dequantize(name, scale, block, exponent))
     return out
 
 
-def _fp8_dequantize(name: str, scale: str, block: list[int] | None) -> Callable[[Read], Any]:
+def _fp8_dequantize(name: str, scale: str, block: list[int] | None,
+                    exponent: bool) -> Callable[[Read], Any]:
     def dequantize(read: Read) -> np.ndarray:
         values = read(name).astype(np.float32, copy=False)  # one float32 copy, scaled in place
-        scales = read(scale).astype(np.float32)
+        scales = ue8m0(read(scale), scale) if exponent else read(scale).astype(np.float32)
         if block is None:
             values *= scales.reshape(())
             return values
         rows, cols = values.shape[-2:]
+        columns = np.arange(cols) // block[1]  # each column's block: no block-wide copy
         for i in range(scales.shape[-2]):  # a band of block rows at a time
             band = values[..., i * block[0]:min(rows, (i + 1) * block[0]), :]
-            band *= np.repeat(scales[..., i, :], block[1], axis=-1)[..., None, :cols]
+            band *= scales[..., i, :][..., columns][..., None, :]
         return values
     return dequantize
 
@@ -213,6 +240,10 @@ def _gptq(layout: Layout, q: Mapping[str, Any], where: str, read: Read
             groups, out_size * bits // 32), name, "gptq",
             f"qweight {shape}, qzeros {layout[parts['qzeros']][1]} and scales "
             f"{(groups, out_size)} do not fit {bits}-bit values")
+        _scale_dtype(layout, parts["scales"], "gptq")
+        _check(layout[name][0] == "I32" and layout[parts["qzeros"]][0] == "I32", name, "gptq",
+               f"qweight {layout[name][0]} and qzeros {layout[parts['qzeros']][0]}, not the "
+               "int32 words they pack")
         index = f"{base}.g_idx" if f"{base}.g_idx" in layout else None
         _check(index is None or tuple(layout[index][1]) == (in_size,), name, "gptq",
                f"g_idx of shape {layout[index][1] if index else ()} for {in_size} inputs")
@@ -234,6 +265,9 @@ def _gptq_dequantize(base: str, bits: int, group: int, index: str | None,
         zeros = unpack_bits(read(f"{base}.qzeros"), bits, 1).astype(np.float32)  # [G, out]
         scales = read(f"{base}.scales").astype(np.float32)
         g = read(index).astype(np.int64) if index else np.arange(w.shape[0]) // group
+        _check(g.size == 0 or 0 <= int(g.min()) and int(g.max()) < scales.shape[0],
+               index or base, "gptq", f"group indices from {int(g.min())} to {int(g.max())} "
+               f"for {scales.shape[0]} groups")
         w -= zeros[g] + np.float32(minus_one)
         w *= scales[g]
         return np.ascontiguousarray(w.T)
@@ -256,6 +290,7 @@ def _awq(layout: Layout, q: Mapping[str, Any], where: str, read: Read
         zeros, scales = f"{base}.qzeros", f"{base}.scales"
         for part in (zeros, scales):
             _check(part in layout, name, "awq", f"{part} is missing")
+        _scale_dtype(layout, scales, "awq")
         _check(len(shape) == 2, name, "awq", f"a qweight of shape {shape}")
         in_size, out_size = shape[0], shape[1] * 8
         groups = -(-in_size // group)
@@ -304,6 +339,7 @@ def _compressed(layout: Layout, q: Mapping[str, Any], where: str, read: Read
         base = name[: -len("_packed")] if packed else name
         scale, zero = f"{base}_scale", f"{base}_zero_point"
         _check(scale in layout, name, "compressed-tensors", f"{scale} is missing")
+        _scale_dtype(layout, scale, "compressed-tensors")
         width = next(iter(bits)) if packed else 8
         if packed:
             _check(f"{base}_shape" in layout and len(bits) == 1 and width in (2, 4, 8),
@@ -402,8 +438,13 @@ def _four_bit(layout: Layout, weight: str, state: str, kind: str, read: Read) ->
         codes[0::2], codes[1::2] = packed >> 4, packed & 0x0F
         absmax = read(f"{weight}.absmax")
         if nested:
-            outer = np.repeat(read(f"{weight}.nested_absmax").astype(np.float32),
-                              int(meta["nested_blocksize"]))[: absmax.size]
+            per = meta.get("nested_blocksize")
+            _check(isinstance(per, int) and per > 0, state, "bitsandbytes",
+                   f"nested_blocksize {per!r}")
+            outer = read(f"{weight}.nested_absmax").astype(np.float32)
+            _check(outer.size * per >= absmax.size, state, "bitsandbytes",
+                   f"{outer.size} nested absmax in blocks of {per} for {absmax.size} blocks")
+            outer = outer[np.arange(absmax.size) // per]  # no block-sized repeat
             absmax = read(f"{weight}.nested_quant_map").astype(np.float32)[absmax] * outer \
                 + np.float32(meta["nested_offset"])
         book = read(f"{weight}.quant_map").astype(np.float32)
@@ -447,7 +488,22 @@ def plan(layout: Layout, config: Mapping[str, Any], where: str, read: Read
         raise error(where, f"quant_method {method!r} is not read (known: "
                            f"{', '.join(SCHEMES)}): refused (a quantized tensor is never "
                            "analysed raw)")
-    return SCHEMES[method](layout, q, where, read)
+    try:
+        found = SCHEMES[method](layout, q, where, read)
+    except ModelSourceError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError,
+            MemoryError) as exc:  # a malformed configuration the checks did not foresee
+        raise _refuse(where, method, f"a quantization_config it cannot follow "
+                                     f"({type(exc).__name__}: {str(exc)[:120]})") from None
+    used = {p for got in found.values() for p in got.parts} | set(found)
+    stray = sorted(n for n, (dtype, _) in layout.items() if n not in used and (
+        n.endswith(AUX_SUFFIXES) or dtype.startswith("F8_")))
+    if stray:
+        raise _refuse(where, method, f"{len(stray)} tensor(s) such as {stray[:3]} belong to "
+                                     "no quantized weight it reads (a scale without its "
+                                     "weight, an fp8 tensor not named *.weight)")
+    return found
 
 
 class QuantizedReader(CheckpointReader):
@@ -476,7 +532,15 @@ class QuantizedReader(CheckpointReader):
                               meta={"quant": q.label})
 
     def _dequantized(self, name: str, index: Any) -> np.ndarray:
-        values = self._quantized[name].dequantize(self._raw)
+        q = self._quantized[name]
+        try:
+            values = q.dequantize(self._raw)
+        except ModelSourceError:
+            raise
+        except (TypeError, ValueError, IndexError, OverflowError, MemoryError) as exc:
+            raise error(self._file_of(q.parts[0]), f"tensor {name!r} ({q.label}) cannot be "
+                        f"dequantized ({type(exc).__name__}: {str(exc)[:120]}): "
+                        "refused") from None
         if tuple(values.shape) != self._quantized[name].shape:
             raise error(self._file_of(self._quantized[name].parts[0]),
                         f"tensor {name!r} dequantizes to {values.shape}, not its declared "
