@@ -250,6 +250,81 @@ class TestRefused:
             session.models.add("ftp://host/m.safetensors", model_id="m")
 
 
+class TestHostileServer:
+    """The loopback server made hostile (issue 73.2): an object swapped for one with the
+    same tensors laid out the other way round (same size) between two reads, a server
+    that answers a range with the whole object, URLs with no bucket."""
+
+    def _swapped(self, tmp_path):
+        """Two files of one size whose two tensors swap places: read mixed, ``l0`` gets
+        ``l1``'s values."""
+        a, b = np.full((32, 32), 1.0, np.float32), np.full((32, 32), 2.0, np.float32)
+        first, second = tmp_path / "first.safetensors", tmp_path / "second.safetensors"
+        save_file({"l0": a, "l1": b}, str(first))
+        save_file({"l0": b, "l1": a}, str(second))  # offsets the other way round
+        assert first.stat().st_size == second.stat().st_size
+        return first, second
+
+    def _swap_when(self, s3, second, key, when):
+        """Rewrite ``key`` with ``second`` once, just before the request ``when`` picks."""
+        done = threading.Event()
+        client = s3.client
+
+        def hook(environ):
+            if not done.is_set() and when(environ) and key in environ.get("PATH_INFO", ""):
+                done.set()
+                client.upload_file(str(second), s3.bucket, key)
+        s3.hook = hook
+        return done
+
+    def test_swapped_between_the_header_and_the_identity_is_refused(self, s3, tmp_path):
+        first, second = self._swapped(tmp_path)
+        url = s3.put_tree(first, "swap/a.safetensors")
+        gets = []
+
+        def second_get(environ):  # the header's second GET: its JSON
+            gets.append(environ) if environ["REQUEST_METHOD"] == "GET" and environ.get(
+                "HTTP_RANGE") else None
+            return len(gets) == 2
+        done = self._swap_when(s3, second, "swap/a.safetensors", second_get)
+        with Session() as session:
+            with pytest.raises(ModelSourceError, match=r"changed while it was read.*"
+                                                       r"swap/a.safetensors"):
+                session.models.add(url, model_id="m")
+                _values(session, "m")  # refused at add, or at the first read: never mixed
+        assert done.is_set()
+
+    def test_swapped_between_the_identity_and_a_tensors_read_is_refused(self, s3, tmp_path):
+        first, second = self._swapped(tmp_path)
+        url = s3.put_tree(first, "swap/b.safetensors")
+        with Session() as session:
+            session.models.add(url, model_id="m")
+            done = self._swap_when(s3, second, "swap/b.safetensors",
+                                   lambda e: e["REQUEST_METHOD"] == "GET")
+            with pytest.raises(ModelSourceError, match=r"changed while it was read.*"
+                                                       r"swap/b.safetensors"):
+                session.store.load_weights("m", "l0")
+        assert done.is_set()
+
+    def test_a_server_that_answers_a_range_with_the_whole_object(self, s3, tmp_path):
+        local = tmp_path / "m.safetensors"
+        save_file(_weights(7), str(local))
+        url = s3.put_tree(local, "whole/m.safetensors")
+        s3.hook = lambda environ: environ.pop("HTTP_RANGE", None)  # as gcp-storage-emulator
+        with Session() as disk, Session() as remote:
+            disk.models.add(local, model_id="m")
+            remote.models.add(url, model_id="m")
+            _same(_values(remote, "m"), _values(disk, "m"))
+
+    @pytest.mark.parametrize("url", ["s3://", "s3:///", "gs://", "s3://runs", "s3:///x"])
+    def test_a_url_with_no_bucket_or_object_is_one_line(self, s3, url, capsys):
+        from diffract.cli import main
+
+        assert main(["analyze", url, "-q"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err and "IndexError" not in err
+
+
 class TestOtherStores:
     """The readers over another fsspec file system than S3's (fsspec's in-memory one: no
     server), and the version tag of each store's object records."""

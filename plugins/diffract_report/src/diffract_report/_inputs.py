@@ -233,6 +233,9 @@ def model_inputs(paths: Sequence[str]) -> list[tuple[str, Any, str | None]]:
         file: str | None
         if url_scheme(raw):  # read in place by the format of its scheme
             what = file = raw.rstrip("/")
+            if not raw.partition("://")[2].strip("/") or raw.partition("://")[2][:1] == "/":
+                raise UsageError(f"{printable(raw)}: names no bucket: give "
+                                 f"{raw.partition('://')[0]}://BUCKET/PATH/TO/CHECKPOINT.")
             parts = what.split("://", 1)[1].split("/")
             stem = parts[-1].removesuffix(".safetensors")
             if stem == "model" and len(parts) > 2:

@@ -29,8 +29,14 @@ class _Counting:
     def __init__(self, app: Any) -> None:
         self.app, self.lock = app, threading.Lock()
         self.object_bytes, self.listing_bytes, self.requests = 0, 0, []
+        #: called with each request's WSGI environ before it is served (a test makes the
+        #: server hostile: rewrite an object between two reads, drop the Range header,
+        #: never answer)
+        self.hook: Any = None
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        if self.hook is not None:
+            self.hook(environ)
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
         listing = path.strip("/").count("/") == 0  # /bucket?list-type=2&prefix=...
         for chunk in self.app(environ, start_response):
@@ -117,9 +123,19 @@ class LoopbackS3:
         with self._counting.lock:
             return list(self._counting.requests)
 
-    def reset(self) -> None:
-        """Counts from zero."""
+    @property
+    def hook(self) -> Any:
+        return self._counting.hook if self._counting else None
+
+    @hook.setter
+    def hook(self, value: Any) -> None:
         if self._counting is not None:
+            self._counting.hook = value
+
+    def reset(self) -> None:
+        """Counts from zero, no hook."""
+        if self._counting is not None:
+            self._counting.hook = None
             with self._counting.lock:
                 self._counting.object_bytes = self._counting.listing_bytes = 0
                 self._counting.requests = []

@@ -22,6 +22,7 @@ credential are taken there: :data:`ALLOWED`).
 from __future__ import annotations
 
 import copy
+import os
 import posixpath
 import re
 from collections.abc import Mapping
@@ -53,6 +54,16 @@ def split(url: str) -> tuple[str, str]:
     return scheme, rest.rstrip("/")
 
 
+def checked_url(url: str) -> str:
+    """``url`` if it names a bucket (``s3://``, ``s3:///key`` do not), without a trailing
+    slash; else a ModelSourceError saying the form."""
+    scheme, sep, rest = str(url).partition("://")
+    if not sep or not rest.strip("/") or rest.startswith("/"):
+        raise ModelSourceError(f"{url!r} names no bucket: give {scheme or 's3'}://BUCKET/"
+                               "PATH/TO/CHECKPOINT", model_id=None)
+    return str(url).rstrip("/")
+
+
 #: Schemes that name the same store as another.
 _ALIASES = {"s3a": "s3", "gcs": "gs"}
 
@@ -66,9 +77,38 @@ def _credentials_hint(scheme: str) -> str:
                                                           "reads them")
 
 
-def _said(url: str, exc: BaseException) -> ModelSourceError:
+#: Seconds a remote request may go unanswered before it is given up (once retried); the
+#: environment's DIFFRACT_REMOTE_TIMEOUT sets it.
+REMOTE_TIMEOUT = 20.0
+
+
+def remote_timeout() -> float:
+    raw = os.environ.get("DIFFRACT_REMOTE_TIMEOUT", "")
+    try:
+        value = float(raw) if raw else REMOTE_TIMEOUT
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ModelSourceError(f"DIFFRACT_REMOTE_TIMEOUT takes a number of seconds above 0, "
+                               f"got {raw!r}", model_id=None)
+    return value
+
+
+def _endpoint(scheme: str, options: Mapping[str, Any]) -> str:
+    """Where requests go, as the user can check it (no credentials: refused before)."""
+    client = options.get("client_kwargs") if isinstance(options.get("client_kwargs"),
+                                                        Mapping) else {}
+    given = options.get("endpoint_url") or client.get("endpoint_url") or options.get(
+        "endpoint")
+    env = {"s3": "AWS_ENDPOINT_URL", "hf": "HF_ENDPOINT",
+           "gs": "STORAGE_EMULATOR_HOST"}.get(_ALIASES.get(scheme, scheme))
+    return str(given or (os.environ.get(env) if env else None) or f"{scheme}'s default")
+
+
+def _said(url: str, exc: BaseException, endpoint: str | None = None) -> ModelSourceError:
     """What went wrong at the object store, in one line saying what to fix."""
     scheme, what = split(url)[0], f"{type(exc).__name__}: {str(exc)[:160]}"
+    endpoint_url = endpoint
     if isinstance(exc, ModelSourceError):
         return exc
     if isinstance(exc, FileNotFoundError) or "NotFound" in type(exc).__name__:
@@ -82,7 +122,10 @@ def _said(url: str, exc: BaseException) -> ModelSourceError:
     endpoint = {"s3": "AWS_ENDPOINT_URL, or --storage-option endpoint_url=URL",
                 "hf": "HF_ENDPOINT, or --storage-option endpoint=URL"}.get(
         _ALIASES.get(scheme, scheme), "--storage-option")
-    return error(url, f"cannot reach the object store ({what}): check the endpoint "
+    where = f" at {endpoint_url}" if endpoint_url else ""
+    return error(url, f"cannot reach the object store{where} ({what}; a request "
+                      f"unanswered for {remote_timeout():g} s is given up, "
+                      "DIFFRACT_REMOTE_TIMEOUT): check the endpoint "
                       f"({endpoint}), the network and the URL")
 
 
@@ -103,6 +146,7 @@ ALLOWED = frozenset({
     "config_kwargs.connect_timeout", "config_kwargs.read_timeout",
     "config_kwargs.max_pool_connections", "config_kwargs.region_name",
     "config_kwargs.retries.max_attempts", "config_kwargs.retries.mode",
+    "config_kwargs.retries.total_max_attempts",
     "config_kwargs.s3.addressing_style", "config_kwargs.s3.use_accelerate_endpoint"})
 #: Values of ``token`` that name a way to authenticate (gcsfs, adlfs), not a secret.
 MODES = {"anon", "google_default", "cloud", "cache", "browser"}
@@ -165,6 +209,18 @@ class ObjectFiles:
                 + (f"pip install 'diffractml-sources-fsspec[{extra}]'" if extra else
                    f"pip install {package}"), model_id=None) from None
         checked = _checked_options(options)  # a copy: s3fs adds to the nested ones
+        self.endpoint = _endpoint(scheme, checked)
+        limit = remote_timeout()
+        base = _ALIASES.get(scheme, scheme)
+        if base == "s3":  # every request answered within the limit, retried once
+            conf = checked.setdefault("config_kwargs", {})
+            conf.setdefault("connect_timeout", limit)
+            conf.setdefault("read_timeout", limit)
+            retries = conf.setdefault("retries", {})
+            if "max_attempts" not in retries:  # botocore's: one try and one retry in all
+                retries.setdefault("total_max_attempts", 2)
+        elif base == "gs":
+            checked.setdefault("requests_timeout", limit)
         try:
             self.fs = fsspec.filesystem(scheme, **checked)
         except (TypeError, ValueError) as exc:
@@ -172,20 +228,26 @@ class ObjectFiles:
                                    f"({type(exc).__name__}: {str(exc)[:160]}); see its "
                                    "documentation for the options it takes",
                                    model_id=None) from None
+        if base == "s3" and "retries" not in (options or {}):
+            self.fs.retries = 1  # botocore retries once (above); s3fs not again (5 by default)
         #: sizes seen: a handle needs its object's end (the core checks the object's size
         #: and tag before each read, so a handle opened later need not ask again)
         self._sizes: dict[str, int] = {}
+        #: each object's (size, version tag) when this reader first saw it: every byte it
+        #: reads is checked to come from that version (see :meth:`cat`)
+        self._pinned: dict[str, tuple[int, str]] = {}
 
     @classmethod
     def of(cls, url: str, options: Mapping[str, Any] | None = None) -> ObjectFiles:
         return cls(split(url)[0], options)
 
     def call(self, url: str, what: Any) -> Any:
-        """``what()``, its failure said as a ModelSourceError naming ``url``."""
+        """``what()``, its failure said as a ModelSourceError naming ``url`` (and, when
+        the store cannot be reached, its endpoint)."""
         try:
             return what()
         except Exception as exc:  # noqa: BLE001 - every store's errors, said in one line
-            raise _said(url, exc) from None
+            raise _said(url, exc, self.endpoint) from None
 
     def info(self, url: str) -> dict[str, Any]:
         path = split(url)[1]
@@ -197,8 +259,10 @@ class ObjectFiles:
         info = self.info(url)
         if info.get("type") == "directory":
             raise error(url, "a prefix, not an object")
-        self._sizes[url] = int(info["size"])
-        return int(info["size"]), _tag(info)
+        now = (int(info["size"]), _tag(info))
+        self._sizes[url] = now[0]
+        self._pinned.setdefault(url, now)
+        return now
 
     def size(self, url: str) -> int:
         return self.stat(url)[0]
@@ -220,7 +284,30 @@ class ObjectFiles:
                 fh.seek(start)
                 return fh.read(stop - start)
 
-        return self.call(url, fetch)
+        data = self.call(url, fetch)
+        if len(data) != stop - start:
+            size = self._pinned.get(url, (self._sizes.get(url),))[0]
+            if len(data) == size and stop <= len(data):  # a server that ignored the range
+                data = data[start:stop]  # and sent the whole object (gcp-storage-emulator)
+            else:
+                raise error(url, f"asked for bytes {start} to {stop} ({stop - start}), the "
+                                 f"store sent {len(data)}: refused")
+        self._verify(url)
+        return data
+
+    def _verify(self, url: str) -> None:
+        """After a read: the object is still the version first seen (a GET conditional
+        on it, checked after, so that bytes of two versions are never mixed)."""
+        pinned = self._pinned.get(url)
+        if pinned is None:
+            self._pinned[url] = self.stat(url)
+            return
+        info = self.info(url)
+        now = (int(info.get("size", -1)), _tag(info))
+        if now != pinned:
+            raise error(url, f"the object changed while it was read (size {pinned[0]} -> "
+                             f"{now[0]}, version tag {pinned[1]!r} -> {now[1]!r}): refused, "
+                             "nothing of it is used; add the model again once it is written")
 
     def names(self, url: str) -> set[str]:
         """The names directly under the prefix ``url`` (one listing)."""
@@ -230,7 +317,7 @@ class ObjectFiles:
         except FileNotFoundError:
             return set()
         except Exception as exc:  # noqa: BLE001
-            raise _said(url, exc) from None
+            raise _said(url, exc, self.endpoint) from None
         return {posixpath.basename(str(p).rstrip("/")) for p in found}
 
     def inside(self, root: str, name: Any) -> str:
@@ -407,7 +494,7 @@ def open_url(url: str, storage_options: Mapping[str, Any] | None = None,
              prefix: str | None = None) -> CheckpointReader:
     """The reader of the checkpoint at ``url`` (``prefix``: a DCP checkpoint's, as the
     local reader takes it)."""
-    url = url.rstrip("/")
+    url = checked_url(url)
     files = ObjectFiles.of(url, storage_options)
     names = set() if url.endswith(".safetensors") else files.names(url)
     kind = _kind(files, url, names)
@@ -440,6 +527,7 @@ def checkpoint_urls(pattern: str, storage_options: Mapping[str, Any] | None = No
                     **_format_options: Any) -> list[str]:
     """The checkpoints a URL pattern names: a glob's matches (``*``, ``?``, ``[...]``), a
     checkpoint, or the checkpoints directly under a prefix; sorted by name."""
+    checked_url(pattern)
     files = ObjectFiles.of(pattern, storage_options)
     scheme, path = split(pattern)
     if any(c in path for c in "*?["):
