@@ -7,6 +7,7 @@ for the store's lock."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -111,6 +112,27 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _model_level(matrices, step):
+    with Session() as s:
+        s.models.add(matrices, f"step-{step}")
+        s.compute.apply(*METRICS, *MODEL_LEVEL, errors="record")
+        return s.results.export_aggregates(*MODEL_LEVEL)
+
+
+def _as_a_monitors_worker(call):
+    """``call()`` in a thread of its own with one OpenMP thread, as a monitor's worker
+    analyses (torch's reductions, frob_norm's, sum in another order on more threads)."""
+    import threading
+
+    from diffract.plugins import one_openmp_thread
+
+    out = []
+    thread = threading.Thread(target=lambda: (one_openmp_thread(), out.append(call())))
+    thread.start()
+    thread.join()
+    return out[0]
+
+
 MODEL_LEVEL = ("model_log_norm", "model_pl_alpha_norm", "param_norm", "total_numel",
                "max_row_norm", "log_prod_spectral_norm")
 
@@ -161,10 +183,7 @@ def test_two_ranks_log_once_the_values_of_the_whole_weights(tmp_path, kind):
 
             matrices = {n: t for n, t in load_file(tmp_path / f"s{step}.safetensors").items()
                         if t.dim() == 2}  # the monitor's model: its analysed matrices
-            with Session() as s:
-                s.models.add(matrices, f"step-{step}")
-                s.compute.apply(*METRICS, *MODEL_LEVEL, errors="record")
-                want = s.results.export_aggregates(*MODEL_LEVEL)
+            want = _as_a_monitors_worker(functools.partial(_model_level, matrices, step))
             with Session("local", path=str(tmp_path / "run.diffract")) as s:
                 got = s.filter(model_ids=[f"step-{step}"]).results.export_aggregates(
                     *MODEL_LEVEL)

@@ -188,14 +188,15 @@ def test_every_rank_steps_the_same_factors_as_one_process(tmp_path, kind):
         return
     # Wherever an analysed step's alphas are in force, the factors of one process's
     # schedule on the weights saved at that step (in the background, a later step).
-    compared = 0
+    compared = set()
     for now, alphas in zero["alphas"].items():
         (analysed,) = {s for s, _ in alphas.values()}
         if analysed:
             want = _single_process_factors(tmp_path / f"s{analysed}.safetensors")
             assert zero["factors"][now] == want, (now, analysed)
-            compared += 1
-    assert compared >= 3
+            compared.add(analysed)
+    # inline every cadence point; in the background a busy machine skips some
+    assert compared == {2, 4, 6, 8} if kind == "fsdp2" else compared
     if kind == "ddp":  # the store: each analysed step once, the alphas of one process
         with Session("local", path=str(tmp_path / "run.diffract")) as s:
             stored = s.results.export_metrics("pl_alpha_hill")

@@ -20,7 +20,6 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
-from safetensors.torch import save_file  # noqa: E402
 
 from diffract_training import Monitor  # noqa: E402
 
@@ -118,11 +117,9 @@ def test_the_monitors_head_views_are_those_of_the_saved_folder(arch, tmp_path,
     cls, config = _configs()[arch]
     torch.manual_seed(0)
     model = getattr(transformers, cls)(config)
-    # The folder of the live names (save_pretrained writes LLaVA's under its legacy
-    # ones) and the model's config.json, as a training script saves them.
-    config.save_pretrained(tmp_path / "saved")
-    save_file({n: p.detach().clone() for n, p in model.state_dict().items()},
-              str(tmp_path / "saved" / "model.safetensors"))
+    # The folder save_pretrained writes (LLaVA's parameters under its legacy names, as
+    # the monitor names them too) with the model's config.json.
+    model.save_pretrained(tmp_path / "saved")
     with Session() as s:
         s.models.add(str(tmp_path / "saved"), "saved", views=["heads"])
         s.compute.apply(identity_kernel)

@@ -276,7 +276,7 @@ def test_layerwise_lr_with_muon_and_adamw_side_by_side():
     (lambda m, o: TempBalance(m, o, every=2.5), "every takes"),
     (lambda m, o: TempBalance(m, o, every=4, lr_min_ratio=2.0, lr_max_ratio=1.0), "is below"),
     (lambda m, o: LayerwiseLR(m, o, every=10, ramp=20), "ramp (20) is longer"),
-    (lambda m, o: AlphaDecay(m, o, wd_max_ratio=float("nan")), "finite multiple"),
+    (lambda m, o: AlphaDecay(m, o, wd_max_ratio=float("nan")), "a multiple from 0 to 1e+06"),
     (lambda m, o: TempBalance(m, None, every=4), "together"),
     (lambda m, o: TempBalance(m, object(), every=4), "torch.optim.Optimizer"),
     (lambda m, o: TempBalance(m, o, every=4, min_eigenvalues=10**6), "remain to be analysed"),

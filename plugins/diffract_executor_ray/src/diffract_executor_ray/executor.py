@@ -53,7 +53,33 @@ def check_options(config: Any, options: Mapping[str, Any]) -> list[str]:
     env = options.get("runtime_env")
     if env is not None and not isinstance(env, Mapping):
         problems.append(f"runtime_env must be a table (Ray's runtime_env), got {env!r}")
+    elif env is not None:
+        variables = env.get("env_vars", {})
+        if not isinstance(variables, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in variables.items()):
+            problems.append("runtime_env.env_vars must be a table of names to strings, got "
+                            f"{variables!r}")
+        bad = [k for k in ("pip", "conda", "py_modules", "working_dir", "excludes")
+               if k in env and not isinstance(env[k], (str, list, Mapping))]
+        problems += [f"runtime_env.{k} must be a string, a list or a table (Ray's "
+                     f"runtime_env), got {env[k]!r}" for k in bad]
+    if isinstance(address, str):
+        problem = _address_problem(address)
+        if problem:
+            problems.append(problem)
     return problems
+
+
+def _address_problem(address: str) -> str | None:
+    """Why ``address`` is no Ray address, or None."""
+    if address in ("auto", "local"):
+        return None
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536 or \
+            not host.isascii() or any(c.isspace() or c in "/@" for c in host):
+        return (f"the Ray address {address!r} is not host:port, ray://host:port or 'auto' "
+                "(an ASCII host and a port from 1 to 65535); give one of those")
+    return None
 
 
 def _local(options: Mapping[str, Any]) -> bool:
@@ -86,11 +112,10 @@ def _reachable(address: str | None, timeout: float = 5.0) -> None:
     itself retries for minutes, printing a line every few seconds)."""
     if address is None or address in ("auto", "local"):
         return
-    where = address.removeprefix("ray://")
-    host, sep, port = where.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ExecutorError(f"the Ray address {address!r} is not host:port, ray://host:port "
-                            "or 'auto'; give one of those.")
+    problem = _address_problem(address)
+    if problem:
+        raise ExecutorError(problem + ".")
+    host, _, port = address.removeprefix("ray://").rpartition(":")
     try:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout).close()
     except OSError as exc:
@@ -98,6 +123,75 @@ def _reachable(address: str | None, timeout: float = 5.0) -> None:
             f"no Ray cluster answers at {address!r} ({exc.strerror or type(exc).__name__}): "
             "start one there (`ray start --head`), give its address, or leave address out "
             "for a local Ray.") from None
+
+
+#: Seconds ``ray.init`` may take to connect to a cluster by address (a listener that
+#: accepts the connection and never speaks Ray held it past 300 s); the environment's
+#: DIFFRACT_RAY_CONNECT_TIMEOUT sets it.
+CONNECT_TIMEOUT = 60.0
+
+
+def _init_within(ray: Any, address: str | None, kwargs: dict[str, Any]) -> None:
+    """``ray.init(**kwargs)``; connecting to ``address``, given up past the limit with an
+    ExecutorError naming it. A local start is interrupted cleanly: Ctrl-C while it comes
+    up stops what it started (its agents included) before the KeyboardInterrupt goes on."""
+    if address is None:
+        try:
+            ray.init(**kwargs)
+        except BaseException:
+            _stop_local(ray)
+            raise
+        return
+    raw = os.environ.get("DIFFRACT_RAY_CONNECT_TIMEOUT", "")
+    try:
+        limit = float(raw) if raw else CONNECT_TIMEOUT
+    except ValueError:
+        limit = -1.0
+    if not 0 < limit < float("inf"):
+        raise ExecutorError(f"DIFFRACT_RAY_CONNECT_TIMEOUT takes seconds above 0, got {raw!r}.")
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:
+        try:
+            ray.init(**kwargs)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=connect, name="diffract-ray-connect", daemon=True)
+    thread.start()
+    thread.join(limit)
+    if thread.is_alive():
+        raise ExecutorError(
+            f"the Ray cluster at {address!r} did not answer within {limit:g} s "
+            "(DIFFRACT_RAY_CONNECT_TIMEOUT): something listens there that is not a Ray head "
+            "answering; check the address (the head's GCS port, 6379 by default, or "
+            "ray://host:10001 for Ray Client).")
+    if outcome and outcome[0] is not None:
+        raise outcome[0]
+
+
+def _stop_local(ray: Any) -> None:
+    """Stop what an interrupted local ``ray.init`` started: ``ray.shutdown()`` (which knows
+    the node once it exists), then any Ray process still running under this one (the
+    raylet's dashboard and runtime-env agents outlived the command otherwise)."""
+    import contextlib
+
+    with contextlib.suppress(Exception):
+        ray.shutdown()
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil comes with ray
+        return
+    with contextlib.suppress(Exception):
+        children = psutil.Process().children(recursive=True)
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                child.terminate()
+        _, alive = psutil.wait_procs(children, timeout=5)
+        for child in alive:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
 
 
 def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -134,10 +228,11 @@ class RayExecutor(cf.Executor):
                 env.setdefault("env_vars", {})
                 env["env_vars"] = {"PYTHONPATH": os.pathsep.join(paths), **env["env_vars"]}
             try:
-                ray.init(address=address, num_cpus=num_cpus if address is None else None,
-                         include_dashboard=False, logging_level=logging.ERROR,
-                         log_to_driver=False, runtime_env=env or None)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
+                _init_within(ray, address, dict(
+                    address=address, num_cpus=num_cpus if address is None else None,
+                    include_dashboard=False, logging_level=logging.ERROR,
+                    log_to_driver=False, runtime_env=env or None))
+            except (ConnectionError, RuntimeError, ValueError, TypeError) as exc:
                 raise ExecutorError(
                     f"Ray could not {'connect to ' + repr(address) if address else 'start'}"
                     f": {str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}. "

@@ -33,6 +33,7 @@ from diffract.errors import (
     UnknownFieldError,
 )
 from diffract.plugins import contextual_name, one_openmp_thread
+from diffract_training._analysis import AnalysisMixin, matrices, tag
 from diffract_training._dist import Ranks, shares, world
 from diffract_training._setup import (
     FrozenSession,
@@ -44,9 +45,9 @@ from diffract_training._setup import (
     unwrapped_names,
 )
 from diffract_training._setup import global_step as _step
-from diffract_training._sinks import number as _number
 from diffract_training._sinks import sinks as _sinks
 from diffract_training._snapshot import Snapshot, blocks, nbytes, rank
+from diffract_training._spread import DONE, SpreadMixin
 
 __all__ = ["DEFAULT_METRICS", "VIEW_METRICS", "Monitor", "tag"]
 
@@ -59,8 +60,6 @@ DEFAULT_METRICS = ("pl_alpha", "alpha_weighted", "stable_rank", "log_norm", "spe
                    "warning")
 #: What views (heads, experts) get by default, as ``diffract analyze`` gives them.
 VIEW_METRICS = ("pl_alpha_hill", "stable_rank", "spectral_norm", "matrix_entropy")
-#: The aggregate that marks an analysed step complete in the store.
-DONE = "monitor_step"
 #: Levels a monitor can compute: one model at a time, never a pair.
 _LEVELS = {"PARAMETER", "IN_MODEL"}
 #: Monitors attached under torch.distributed in this process (the n-th on one rank meets
@@ -68,12 +67,7 @@ _LEVELS = {"PARAMETER", "IN_MODEL"}
 _ATTACHED = 0
 
 
-def tag(prefix: str, metric: str, name: str) -> str:
-    """The logged name of one value: ``<prefix>/<metric>/<parameter>``."""
-    return f"{prefix}/{metric}/{name}"
-
-
-class Monitor:
+class Monitor(AnalysisMixin, SpreadMixin):
     """Analyse ``model``'s weights every ``every`` steps while it trains.
 
     ``metrics``: fields of the installed packs (per parameter or per model; a field
@@ -269,7 +263,7 @@ class Monitor:
             probe.models.add(configured(self._named(), self._model), "probe", copy_weights=False,
                              views=self._views or None,
                              view_options=self._view_options)
-            names = _matrices(probe, "probe", params)
+            names = matrices(probe, "probe", params)
         finally:
             probe.close()
         if not names:
@@ -357,132 +351,6 @@ class Monitor:
         snapshot.blocked += time.perf_counter() - start  # inline: the whole analysis
         return True
 
-    def _take_spread(self, global_step: int, due: bool) -> bool:
-        """Under torch.distributed (every rank calls it at the same point): unless rank 0
-        says the step is not due, or any rank is still busy, each rank snapshots its share
-        of the matrices (the sharded ones gathered one at a time, every rank taking part,
-        each keeping those of its share) and its worker analyses them; :meth:`_poll`
-        brings the shares together."""
-        assert self._ranks is not None
-        start = time.perf_counter()
-        busy = self._busy or self._inflight is not None
-        veto, stop = self._ranks.most([int(busy), int(self.writer and not due)])
-        if stop or veto:
-            if veto and not stop and self.writer:
-                self._skip(global_step)
-            return False
-        mine = set(self._mine)
-        gathered = self._gather(mine) if self._sharded else {}
-        snapshot = self._snap = self._taken[global_step] = Snapshot(
-            {n: self._live[n] for n in self._mine}, self._sizes, self._my_limit, gathered)
-        self._done.add(global_step)
-        self._share = None
-        self._inflight = (global_step, time.monotonic())
-        self._start((global_step, snapshot))
-        if not self.background:
-            self._poll(wait=True)
-        snapshot.blocked += time.perf_counter() - start
-        return True
-
-    def _poll(self, wait: bool) -> None:
-        """With a step in flight under torch.distributed (every rank calls it at the same
-        point): one small collective says whether every rank's share is done; if so the
-        shares are gathered (:meth:`_complete`). ``wait``: block until this rank's share
-        is done first. Past the deadline (``DIFFRACT_DIST_TIMEOUT``) on any rank, the step
-        is given up on every rank, each saying so: no rank hangs on another's analysis."""
-        assert self._ranks is not None and self._inflight is not None
-        global_step, started = self._inflight
-        deadline = started + self._ranks.timeout
-        if wait:
-            with self._wake:
-                while self._busy and time.monotonic() < deadline:
-                    self._wake.wait(timeout=max(0.01, deadline - time.monotonic()))
-        pending, late = self._ranks.most([int(self._busy),
-                                          int(self._busy and time.monotonic() >= deadline)])
-        if pending and not late:
-            return
-        self._inflight = None
-        if pending:
-            self._tell("(step)", f"the analysis of step {global_step} did not finish on every "
-                       f"rank within {self._ranks.timeout:g} s (DIFFRACT_DIST_TIMEOUT), so "
-                       "that step is given up on every rank (schedules keep their factors); "
-                       "the next cadence point waits for the late rank")
-            return
-        self._complete(global_step)
-
-    def _complete(self, global_step: int) -> None:
-        """Every rank's share of ``global_step``, on every rank (a collective): the
-        values handed to the schedules on every rank, logged and stored by rank 0 alone.
-        A share that failed keeps the step out of the store and from the schedules, on
-        every rank alike."""
-        assert self._ranks is not None
-        share = self._share if self._share and self._share.get("step") == global_step \
-            else {"step": global_step, "error": "its analysis left no result"}
-        self._share = None
-        shares_ = self._ranks.gather(share)
-        errors = [(r, s["error"]) for r, s in enumerate(shares_) if s.get("error")]
-        if errors:
-            for r, error in errors:
-                self._tell("(step)", f"rank {r}: {error}; step {global_step} is not kept")
-            return
-        if self.writer:
-            for s in shares_:
-                for where, reason in s["failures"]:
-                    self._tell(where, reason)
-        table: dict[str, dict[str, Any]] = {}
-        for s in shares_:
-            table.update(s["table"])
-        names = set(self._names)
-        values, spectra, numbers = self._collect_table(table, names)
-        if self.writer:
-            try:
-                values, spectra, numbers = self._commit(global_step, shares_)
-            except Exception as exc:  # noqa: BLE001 - an analysis never stops training
-                self._tell("(step)", f"step {global_step} could not be stored: "
-                           f"{type(exc).__name__}: {exc}")
-        with self._box:
-            self._outbox.append((global_step, values, spectra, numbers))
-            self.analysed.append(global_step)
-        self._emit()
-
-    def _commit(self, global_step: int, shares_: Sequence[Mapping[str, Any]]
-                ) -> tuple[dict[str, float], dict[str, Any], dict[str, dict[str, float]]]:
-        """Rank 0: the step's model (its matrices' shapes; the weights stay where they
-        are), every share's values, notes and provenance written as one commit, the
-        per-model fields computed from them, the completion mark; what is logged, read
-        back from the store as one process would."""
-        import torch
-
-        from diffract.core.storage.base import Batch
-
-        model_id = f"step-{global_step}"
-        session = self.session
-        shapes = {n: torch.empty(tuple(self._live[n].shape), dtype=self._live[n].dtype,
-                                 device="meta") for n in self._names}
-        session.models.add(configured(shapes, self._model), model_id, step=global_step,
-                           copy_weights=False, views=self._views or None,
-                           view_options=self._view_options)
-        batch = Batch()
-        for s in shares_:
-            batch.values.update(s["values"])
-            batch.notes.extend(s["notes"])
-            batch.provenance.update(s["provenance"])
-        try:
-            with session._lock:
-                session.store.commit(batch)
-            scoped = session.filter(model_ids=[model_id])
-            if self._model_level:
-                report = scoped.compute.apply(*self._model_level, errors="record",
-                                              progress=False)
-                for note in report.failures:
-                    self._tell(note.param or model_id, note.reason)
-            out = self._collect(scoped, model_id, set(self._names))
-            session.results.ingest_aggregates({contextual_name(DONE, [model_id]): global_step})
-        except BaseException:
-            session.models.erase(model_id)
-            raise
-        return out
-
     def analyse_saved(self, path: str | Path, global_step: int) -> bool:
         """Analyse the checkpoint the training wrote at ``path`` as step ``global_step``
         (a Trainer's ``on_save``), in the worker: the loop pays nothing, and the numbers
@@ -519,34 +387,6 @@ class Monitor:
         with self._wake:
             self._job, self._busy = job, True
             self._wake.notify_all()
-
-    def _gather(self, keep: Sequence[str] | set[str]) -> dict[str, Any]:
-        """The sharded (DTensor) parameters, whole, one at a time on their device (every
-        rank takes part in each); those of ``keep`` kept on the CPU, so the device holds
-        one gathered parameter at most."""
-        named, out = self._named(), {}
-        for name in self._sharded:
-            if not hasattr(named[name], "full_tensor"):
-                continue  # an FSDP1 unit's, below
-            whole = named[name].detach().full_tensor()
-            if name in keep:
-                out[name] = whole.cpu() if whole.device.type != "cpu" else whole
-            del whole
-        analysed = set(self._names)
-        for unit, names, _ in self._fsdp1:  # one unit at a time, every rank taking part
-            wanted = {self._renames.get(n, n): fqn for n, fqn in names.items()
-                      if self._renames.get(n, n) in analysed}
-            if not wanted:
-                continue
-            from torch.distributed.fsdp import FullyShardedDataParallel
-
-            with FullyShardedDataParallel.summon_full_params(unit, recurse=False,
-                                                             writeback=False):
-                inside = dict(unit.named_parameters())
-                for name, fqn in wanted.items():
-                    if name in keep:
-                        out[name] = inside[fqn].detach().to("cpu", copy=True)
-        return out
 
     @property
     def blocked(self) -> dict[int, float]:
@@ -657,141 +497,6 @@ class Monitor:
                     self._busy = False
                     self._wake.notify_all()
 
-    def _analyse(self, global_step: int, source: Snapshot | Path) -> None:
-        """One step's analysis, of the live weights (a snapshot) or of a checkpoint file
-        the training wrote (``analyse_saved``)."""
-        model_id = f"step-{global_step}"
-        session = self.session
-        snapshot = source if isinstance(source, Snapshot) else Snapshot({}, {}, 0, {})
-        try:
-            session.models.add(configured(snapshot.aliases(), self._model)
-                               if source is snapshot else source,
-                               model_id, step=global_step, copy_weights=False,
-                               views=self._views or None,
-                               view_options=self._view_options)
-            scoped = session.filter(model_ids=[model_id])
-            if source is snapshot:
-                names, runs = self._names, self._blocks
-            else:
-                names = _matrices(session, model_id, self._params)
-                runs = [names]
-            children: dict[str, list[str]] = {}
-            for p in session.models.params(model_id):
-                if p.parent is not None:
-                    children.setdefault(p.parent, []).append(p.name)
-            per_param = [m for m in self.metrics if m not in self._model_level]
-            reports = []
-            for i, block in enumerate(runs):  # copies live while analysed
-                snapshot.take(block, runs[i + 1:])
-                inputs = self._model_inputs() if self._model_level else []
-                reports.append(scoped.filter(param_names=block).compute.apply(
-                    *per_param, *self._arrays, *inputs, errors="record", progress=False))
-                viewed = [c for name in block for c in children.get(name, ())]
-                if self.view_metrics and viewed:
-                    reports.append(scoped.filter(param_names=viewed).compute.apply(
-                        *self.view_metrics, errors="record", progress=False))
-                snapshot.release(block)
-            if self._model_level:  # over the whole step (a filter of its parameters is
-                reports.append(scoped.compute.apply(  # refused); views are not counted
-                    *self._model_level, errors="record", progress=False))
-            if snapshot.stale:
-                session.models.erase(model_id)
-                self._tell("(step)", f"{', '.join(snapshot.stale[:3])} changed in place "
-                           f"outside an optimizer step while step {global_step} was analysed, "
-                           "so that step is not kept; call monitor.step after every in-place "
-                           "change of a step (the optimizer's, then any projection or "
-                           "clipping of the weights)")
-                return
-            for report in reports:
-                for note in report.failures:
-                    self._tell(note.param or model_id, note.reason)
-            values, spectra, table = self._collect(scoped, model_id, set(names))
-            session.results.ingest_aggregates({contextual_name(DONE, [model_id]): global_step})
-        except Exception as exc:  # noqa: BLE001 - an analysis never stops training
-            self._tell("(step)", f"{type(exc).__name__}: {exc}")
-            return
-        finally:  # the copies go now, whatever the store keeps
-            snapshot.release(snapshot.order)
-            snapshot.forget()
-            if self._snap is snapshot:
-                self._snap = None
-        with self._box:
-            self._outbox.append((global_step, values, spectra, table))
-            self.analysed.append(global_step)
-
-    def _analyse_share(self, global_step: int, snapshot: Snapshot) -> None:
-        """This rank's share of a step, in a session of its own (the worker's side of
-        :meth:`_take_spread`): what the store would keep of it, and the logged table, left
-        for :meth:`_complete` to gather."""
-        model_id = f"step-{global_step}"
-        share: dict[str, Any] = {"step": global_step, "table": {}, "values": {}, "notes": [],
-                                 "provenance": {}, "failures": []}
-        work = FrozenSession()
-        work._frozen = self.session._frozen  # the monitor's kernels' configuration
-        try:
-            if self._mine:
-                work.models.add(configured(snapshot.aliases(), self._model), model_id,
-                                step=global_step, copy_weights=False,
-                                views=self._views or None, view_options=self._view_options)
-                scoped = work.filter(model_ids=[model_id])
-                children: dict[str, list[str]] = {}
-                for p in work.models.params(model_id):
-                    if p.parent is not None:
-                        children.setdefault(p.parent, []).append(p.name)
-                per_param = [m for m in self.metrics if m not in self._model_level]
-                reports = []
-                runs = self._my_blocks
-                for i, block in enumerate(runs):
-                    snapshot.take(block, runs[i + 1:])
-                    part = scoped.filter(param_names=block)
-                    # With the per-model fields' per-parameter inputs, where the weights
-                    # are (rank 0 computes those fields from the gathered shares).
-                    inputs = self._model_inputs() if self._model_level else []
-                    reports.append(part.compute.apply(*per_param, *self._arrays, *inputs,
-                                                      errors="record", progress=False))
-                    viewed = [c for name in block for c in children.get(name, ())]
-                    if self.view_metrics and viewed:
-                        reports.append(scoped.filter(param_names=viewed).compute.apply(
-                            *self.view_metrics, errors="record", progress=False))
-                    snapshot.release(block)
-                if snapshot.stale:
-                    share["error"] = (f"{', '.join(snapshot.stale[:3])} changed in place "
-                                      "outside an optimizer step while it was analysed")
-                    return
-                share["failures"] = [(n.param or model_id, n.reason) for r in reports
-                                     for n in r.failures if n.param is not None]
-                store = work.store
-                for field in store.fields(model_id):
-                    stamps = store.stamps(model_id, field)
-                    if stamps:
-                        share["provenance"][field] = next(iter(stamps.values())).provenance
-                    for param in store.present(model_id, field):
-                        share["values"][(model_id, param, field)] = store.read(
-                            model_id, param, field)
-                share["notes"] = [n for n in store.notes()
-                                  if n.models == (model_id,) and n.param is not None]
-                share["table"] = scoped.results.export_metrics(
-                    *per_param, *self.view_metrics, *self._arrays,
-                    include_arrays=True)[model_id]
-        except Exception as exc:  # noqa: BLE001 - an analysis never stops training
-            share["error"] = f"{type(exc).__name__}: {exc}"
-        finally:
-            snapshot.release(snapshot.order)
-            snapshot.forget()
-            if self._snap is snapshot:
-                self._snap = None
-            work.close()
-            self._share = share
-
-    def _model_inputs(self) -> list[str]:
-        """The per-parameter fields the per-model metrics are computed from (rank 0
-        computes those from the gathered shares)."""
-        from diffract.core.compute.planner import resolve
-
-        kernels = resolve(self._model_level, self.session.registry)
-        return sorted({field for k in kernels if str(k.apply_level).endswith("IN_MODEL")
-                       for _, field in k.inputs})
-
     def _tell(self, where: str, reason: str) -> None:
         key = (where, reason)
         if key not in self._told:
@@ -803,51 +508,6 @@ class Monitor:
         """The array fields computed and read besides the metrics: the ESDs, when they
         are logged as histograms."""
         return ("esd",) if self.histograms else ()
-
-    def _collect(self, scoped: Any, model_id: str, parents: set[str]
-                 ) -> tuple[dict[str, float], dict[str, Any], dict[str, dict[str, float]]]:
-        """The logged scalars, the spectra, and field -> parameter -> number."""
-        table = scoped.results.export_metrics(*self.metrics, *self.view_metrics,
-                                              *self._arrays, include_arrays=True)[model_id]
-        values, spectra, numbers = self._collect_table(table, parents)
-        if self._model_level:  # per-model fields: one value a step
-            stored = scoped.results.export_aggregates(*self._model_level)
-            for field in self._model_level:
-                value = stored.get(contextual_name(self._canonical(field), [model_id]))
-                if _number(value):
-                    values[f"{self.prefix}/model/{field}"] = float(value)
-        return values, spectra, numbers
-
-    def _collect_table(self, table: Mapping[str, Mapping[str, Any]], parents: set[str]
-                       ) -> tuple[dict[str, float], dict[str, Any], dict[str, dict[str, float]]]:
-        values: dict[str, float] = {}
-        spectra: dict[str, np.ndarray] = {}
-        numbers: dict[str, dict[str, float]] = {}
-        per_metric: dict[str, list[float]] = {}  # over the matrices, views left out
-        warned = analysed = 0
-        for param, row in table.items():
-            for field, value in row.items():
-                if field == "esd":
-                    spectra[param] = np.asarray(value)
-                elif field in ("warning", "training_warning"):
-                    analysed += 1
-                    warned += bool(value)
-                elif _number(value):
-                    values[tag(self.prefix, field, param)] = float(value)
-                    numbers.setdefault(field, {})[param] = float(value)
-                    if param in parents:
-                        per_metric.setdefault(field, []).append(float(value))
-        for field, seen in per_metric.items():
-            values[f"{self.prefix}/summary/{field}_mean"] = float(np.mean(seen))
-            values[f"{self.prefix}/summary/{field}_max"] = max(seen)
-        if analysed:
-            values[f"{self.prefix}/summary/warning_share"] = warned / analysed
-        return values, spectra, numbers
-
-    def _canonical(self, field: str) -> str:
-        known = {m["field"]: m for m in self.session.compute.list_available_metrics(True)}
-        return next((f for f, m in known.items() if field == f or field in m["aliases"]),
-                    field)
 
     def latest(self, field: str) -> dict[str, tuple[int, float]]:
         """The latest analysed value of ``field`` (or an alias) per parameter, ``{name:
@@ -885,13 +545,3 @@ class Monitor:
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
-
-
-def _matrices(session: Session, model_id: str, params: Sequence[str] | str | None
-              ) -> list[str]:
-    """The analysed matrices of ``model_id``: its parameters of two or more dimensions
-    (views left out) that ``params`` names, all by default."""
-    scoped = session.filter(model_ids=[model_id])
-    scoped = scoped.filter(param_names=params) if params is not None else scoped
-    return [p.name for p in scoped.scope.params(session.store, model_id)
-            if p.parent is None and len(p.shape) >= 2]
