@@ -75,6 +75,12 @@ class TestRay:
 
     @pytest.mark.parametrize(("options", "message"), [
         ({"address": 6379}, r"address must be a Ray address string"),
+        ({"address": "127.0.0.1:\u0666\u0663\u0667\u0669"}, r"is not host:port.*ASCII"),
+        ({"address": "127.0.0.1:70000"}, r"a port from 1 to 65535"),
+        ({"runtime_env": {"env_vars": {"A": 1}}}, r"env_vars must be a table of names to "
+                                                  r"strings"),
+        ({"runtime_env": {"env_vars": "A=1"}}, r"env_vars must be a table"),
+        ({"runtime_env": {"pip": 3}}, r"runtime_env.pip must be a string, a list or a table"),
         ({"num_cpus": 0}, r"num_cpus must be an integer >= 1, got 0"),
         ({"max_retries": -1}, r"max_retries must be an integer >= 0, got -1"),
         ({"scheduler": "x"}, r"unknown option\(s\) \['scheduler'\]"),
@@ -212,3 +218,97 @@ def test_what_the_workers_read_themselves():
     assert reads_files({"address": "ray://head:10001"}) == "urls"
     assert reads_files({"address": "ray://head:10001", "read_files": True}) is True
     assert reads_files({"address": "ray://head:10001", "read_files": False}) is False
+
+
+def test_a_listener_that_never_speaks_ray_is_given_up_naming_it(tmp_path):
+    """Something accepts the connection and never answers as a Ray head would: the
+    session gives up after DIFFRACT_RAY_CONNECT_TIMEOUT with one line naming the address
+    (ray.init waited past 300 s)."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held, stop = [], threading.Event()
+
+    def accept():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    script = tmp_path / "silent.py"
+    script.write_text(UNREACHABLE)
+    try:
+        run = subprocess.run([sys.executable, str(script), address], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "PYTHONPATH": str(ROOT),
+                                  "DIFFRACT_RAY_CONNECT_TIMEOUT": "3"})
+    finally:
+        stop.set()
+        thread.join()
+        for sock in held:
+            sock.close()
+        listener.close()
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.startswith("refused: ") and f"at '{address}' did not answer within 3 s" \
+        in run.stdout, run.stdout
+
+
+STARTING = textwrap.dedent("""
+    import numpy as np
+    from diffract import KernelExecutionProtocol, Session
+    from tests.resources.kernels import squared_sum
+
+    with Session(executor="ray", executor_options={"num_cpus": 1},
+                 config={"parallel": {"pool_min_seconds": 0}}) as s:
+        s.compute.kernel(name="t_sq", execution_protocol=KernelExecutionProtocol.PARALLEL)(
+            squared_sum)
+        s.models.add({"w": np.ones((3, 3))}, model_id="m")
+        s.compute.apply("t_sq")  # Ray starts here, on first use
+        print("started", flush=True)
+""")
+
+
+def test_ctrl_c_while_a_local_ray_comes_up_leaves_no_ray_process(tmp_path):
+    """SIGINT once the local Ray's first processes exist, before ray.init returns: every
+    process it started (the raylet's dashboard and runtime-env agents too, which outlived
+    the command) is gone when the program has ended."""
+    psutil = pytest.importorskip("psutil")
+    marker = f"diffract-test-{os.getpid()}-{time.monotonic_ns()}"
+    script = tmp_path / "starting.py"
+    script.write_text(STARTING)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DIFFRACT_RAY_TEST_MARK": marker}
+    child = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    me = psutil.Process(child.pid)
+
+    def marked():
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.pid != child.pid and proc.environ().get("DIFFRACT_RAY_TEST_MARK") \
+                        == marker:
+                    found.append(proc)
+            except psutil.Error:
+                continue
+        return found
+
+    deadline = time.monotonic() + 240
+    while child.poll() is None and time.monotonic() < deadline:  # the raylet is up: its
+        try:  # agents are starting (their start-up is what outlived the interrupt)
+            if any(p.name() == "raylet" for p in me.children(recursive=True)):
+                break
+        except psutil.Error:
+            continue
+        time.sleep(0.02)
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=300)
+    assert "started" not in out, "Ray came up before the interrupt: nothing was tested"
+    gone, alive = psutil.wait_procs(marked(), timeout=30)
+    assert not alive, [p.name() for p in alive]

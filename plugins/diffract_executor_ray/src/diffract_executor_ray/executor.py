@@ -136,11 +136,22 @@ def _init_within(ray: Any, address: str | None, kwargs: dict[str, Any]) -> None:
     ExecutorError naming it. A local start is interrupted cleanly: Ctrl-C while it comes
     up stops what it started (its agents included) before the KeyboardInterrupt goes on."""
     if address is None:
+        seen: dict[int, float] = {}  # every process the start made, as it appears: Ray's
+        done = threading.Event()  # own clean-up of an interrupted start kills the raylet
+        watcher = threading.Thread(target=_watch, args=(seen, done), daemon=True)  # and
+        watcher.start()  # orphans its agents, which no tree walk finds afterwards
+        reaper = _subreaper(True)  # orphans of the start come back to this process
         try:
             ray.init(**kwargs)
         except BaseException:
-            _stop_local(ray)
+            done.set()
+            watcher.join()
+            _stop_local(ray, seen)
             raise
+        finally:
+            done.set()
+            if reaper:
+                _subreaper(False)
         return
     raw = os.environ.get("DIFFRACT_RAY_CONNECT_TIMEOUT", "")
     try:
@@ -171,10 +182,40 @@ def _init_within(ray: Any, address: str | None, kwargs: dict[str, Any]) -> None:
         raise outcome[0]
 
 
-def _stop_local(ray: Any) -> None:
+def _subreaper(on: bool) -> bool:
+    """Make this process (Linux) the one orphaned descendants are given to, or stop; True
+    where it took effect."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, int(on), 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch(seen: dict[int, float], done: threading.Event) -> None:
+    """Record every process under this one (pid -> its start time) until ``done``."""
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil comes with ray
+        return
+    me = psutil.Process()
+    while not done.wait(0.05):
+        try:
+            for child in me.children(recursive=True):
+                seen.setdefault(child.pid, child.create_time())
+        except psutil.Error:
+            continue
+
+
+def _stop_local(ray: Any, seen: Mapping[int, float]) -> None:
     """Stop what an interrupted local ``ray.init`` started: ``ray.shutdown()`` (which knows
-    the node once it exists), then any Ray process still running under this one (the
-    raylet's dashboard and runtime-env agents outlived the command otherwise)."""
+    the node once it exists), then every process the start made that still runs (the
+    raylet's dashboard and runtime-env agents outlived the command otherwise; a pid is
+    taken for the same process only with the same start time)."""
     import contextlib
 
     with contextlib.suppress(Exception):
@@ -183,15 +224,28 @@ def _stop_local(ray: Any) -> None:
         import psutil
     except ImportError:  # pragma: no cover - psutil comes with ray
         return
-    with contextlib.suppress(Exception):
-        children = psutil.Process().children(recursive=True)
-        for child in children:
+    handled: set[int] = set()
+    for _ in range(5):  # again while the raylet's last children come back to us
+        left = []
+        with contextlib.suppress(psutil.Error):
+            left = [p for p in psutil.Process().children(recursive=True)
+                    if p.pid not in handled]
+        for pid, started in seen.items():
             with contextlib.suppress(psutil.Error):
-                child.terminate()
-        _, alive = psutil.wait_procs(children, timeout=5)
-        for child in alive:
+                proc = psutil.Process(pid)
+                if proc.create_time() == started and pid not in handled and all(
+                        p.pid != pid for p in left):
+                    left.append(proc)
+        if not left:
+            return
+        for proc in left:
+            handled.add(proc.pid)
             with contextlib.suppress(psutil.Error):
-                child.kill()
+                proc.terminate()
+        _, alive = psutil.wait_procs(left, timeout=5)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
 
 
 def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
