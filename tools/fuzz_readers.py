@@ -173,7 +173,41 @@ def _hub(folder: Path, mutated: str) -> Path:
             else (snapshot / "model.safetensors.index.json").resolve())
 
 
+def _quantized(folder: Path, scheme: str) -> Path:
+    """A quantized checkpoint of ``scheme`` (fp8 blocks, GPTQ, compressed-tensors'
+    pack-quantized); the mutations go to its config.json (the quantization_config)."""
+    import torch
+    from safetensors.torch import save_file
+
+    ck = folder / f"q-{scheme}"
+    ck.mkdir()
+    if scheme == "fp8":
+        tensors = {"l.weight": torch.ones(64, 64).to(torch.float8_e4m3fn),
+                   "l.weight_scale_inv": torch.ones(1, 2)}
+        q = {"quant_method": "fp8", "weight_block_size": [64, 32]}
+    elif scheme == "gptq":
+        tensors = {"l.qweight": torch.zeros(8, 8, dtype=torch.int32),
+                   "l.qzeros": torch.zeros(2, 1, dtype=torch.int32),
+                   "l.scales": torch.ones(2, 8, dtype=torch.float16),
+                   "l.g_idx": torch.arange(64, dtype=torch.int32) // 32}
+        q = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": True,
+             "checkpoint_format": "gptq"}
+    else:
+        tensors = {"l.weight_packed": torch.zeros(8, 2, dtype=torch.int32),
+                   "l.weight_scale": torch.ones(8, 1), "l.weight_shape": torch.tensor([8, 16])}
+        q = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+             "config_groups": {"g": {"weights": {"num_bits": 4, "strategy": "channel",
+                                                 "symmetric": True}, "targets": ["Linear"]}}}
+    save_file(tensors, str(ck / "model.safetensors"))
+    (ck / "config.json").write_text(json.dumps({"model_type": "llama",
+                                                "quantization_config": q}))
+    return ck / "config.json"
+
+
 BUILDERS: dict[str, Callable[[Path], Path]] = {
+    "quant_fp8": lambda folder: _quantized(folder, "fp8"),
+    "quant_gptq": lambda folder: _quantized(folder, "gptq"),
+    "quant_compressed": lambda folder: _quantized(folder, "compressed"),
     "onnx": _onnx, "gguf": _gguf, "flax": _flax, "keras": _keras, "config": _config,
     "trainer_state": _trainer_state, "adapter": _peft,
     "adapter_config": lambda folder: _peft(folder).parent / "adapter_config.json",
@@ -222,7 +256,8 @@ def _exercise(kind: str, path: Path) -> None:
             else:
                 os.environ["HF_HUB_CACHE"] = before
         return
-    if kind in ("config", "trainer_state", "adapter", "adapter_config"):
+    if kind in ("config", "trainer_state", "adapter", "adapter_config") or \
+            kind.startswith("quant_"):
         with Session() as s:
             views = {"views": ["heads"]} if kind == "config" else {}
             s.models.add(path.parent, "m", **views)

@@ -22,7 +22,9 @@ pytest.importorskip("msgpack")
                                              ("keras", 400), ("config", 300),
                                              ("trainer_state", 300), ("adapter", 400),
                                              ("adapter_config", 300), ("hub_ref", 300),
-                                             ("hub_index", 300)])
+                                             ("hub_index", 300), ("quant_fp8", 600),
+                                             ("quant_gptq", 600),
+                                             ("quant_compressed", 600)])
 def test_fuzzed_files_fail_only_with_the_documented_error(tool, kind, count):
     """Mutated files of each kind: a ModelSourceError or a clean read, never another exception."""
     fuzz = tool("fuzz_readers")

@@ -545,3 +545,59 @@ class TestGcs:
             fs.put(str(local / "config.json"), files[0].path)  # another object there now
             with pytest.raises(ModelSourceError, match="changed since the model was added"):
                 _values(remote, "m")
+
+
+def test_fuzzed_storage_options_are_taken_or_refused_never_echoed():
+    """Random nested options (allowed names, credential names, unknown ones; strings with
+    and without passwords, numbers, lists, tables): taken as given, or one
+    ModelSourceError that names no value; a credential at any depth is never taken."""
+    import random
+
+    from diffract_sources_fsspec.objects import ALLOWED, _checked_options
+
+    rng = random.Random(5)
+    names = sorted({k.split(".")[-1] for k in ALLOWED}) + [
+        "client_kwargs", "config_kwargs", "s3", "retries", "aws_secret_access_key", "key",
+        "secret", "token", "headers", "proxies", "connection_string", "sas_token", "passwd",
+        "Authorization", "x"]
+
+    def value(depth):
+        kind = rng.random()
+        if kind < 0.3 and depth < 4:
+            return {rng.choice(names): value(depth + 1) for _ in range(rng.randint(1, 3))}
+        if kind < 0.45:
+            return [value(depth + 1) for _ in range(rng.randint(0, 2))] if depth < 4 else 1
+        if kind < 0.7:
+            return rng.choice(["eu-west-1", "http://127.0.0.1:9000", "path", "anon",
+                               f"http://u:pw{rng.randrange(10**6)}x@h:1",
+                               f"zz-value-{rng.randrange(10**9)}"])
+        return rng.choice([True, False, None, 3, 2.5, -1])
+
+    def strings(node):
+        if isinstance(node, dict):
+            return [s for v in node.values() for s in strings(v)]
+        if isinstance(node, list):
+            return [s for v in node for s in strings(v)]
+        return [node] if isinstance(node, str) else []
+
+    def paths(node, at=""):
+        if isinstance(node, dict):
+            return [p for k, v in node.items() for p in paths(v, f"{at}.{k}" if at else k)]
+        return [at]
+
+    taken = refused = 0
+    for _ in range(3000):
+        options = {rng.choice(names): value(1) for _ in range(rng.randint(1, 3))}
+        try:
+            got = _checked_options(options)
+        except ModelSourceError as exc:
+            refused += 1
+            text = str(exc)
+            leaked = [s for s in strings(options) if len(s) > 6 and s in text]
+            assert not leaked, (leaked, text)
+        else:
+            taken += 1
+            assert got == options
+            assert all(p in ALLOWED for p in paths(options)), paths(options)
+            assert not [s for s in strings(options) if "@" in s]
+    assert taken and refused

@@ -168,7 +168,7 @@ def _checked_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
                 walk(value, f"{path}.{key}" if path else str(key))
             return
         if path not in ALLOWED or path == "token" and not (
-                node is None or isinstance(node, bool) or node in MODES):
+                node is None or isinstance(node, bool) or isinstance(node, str) and node in MODES):
             refused.append(path)
         elif isinstance(node, (list, tuple)):
             for item in node:
