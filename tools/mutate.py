@@ -45,6 +45,7 @@ KDA = "kernel_fun_gpu/src/kernel_fun/ops/kda/_triton.py"
 KDA_TESTS = ["tests/kernel_fun_gpu/test_kda.py::TestAgainstFlaNaive"]
 TRAINING = "plugins/diffract_training/src/diffract_training/"
 FORMATS = "plugins/diffract_formats/src/diffract_formats/"
+FSSPEC = "plugins/diffract_sources_fsspec/src/diffract_sources_fsspec/"
 
 
 @dataclass(frozen=True)
@@ -671,6 +672,42 @@ MUTANTS = [
            "problems.append(f\"{key!r}[",
            ("tests/training/test_schedules.py",),
            "a loaded state's negative factor makes a negative rate: gradient ascent"),
+    # Reliability, fifth pass (issue 73).
+    Mutant("options-checked-at-the-top-only", FSSPEC + "objects.py",
+           "                walk(value, f\"{path}.{key}\" if path else str(key))",
+           "                walk(value, str(key)) if not path else None",
+           ("tests/sources/test_objects.py",),
+           "a credential one level down (client_kwargs.aws_secret_access_key) recorded"),
+    Mutant("reads-not-verified-after", FSSPEC + "objects.py",
+           "        if now != pinned:", "        if False:", ("tests/sources/test_objects.py",),
+           "an object swapped between the identity and a tensor's GET mixed in"),
+    Mutant("remote-deadline-never-set", FSSPEC + "objects.py",
+           '            conf.setdefault("read_timeout", limit)', "            pass",
+           ("tests/sources/test_objects.py::"
+            "test_every_s3_request_gets_the_deadline_unless_the_user_set_one",),
+           "a server that never answers holds the command for a minute a request"),
+    Mutant("ue8m0-bias-off-by-one", FORMATS + "quantized.py",
+           "bits.astype(np.int32) - 127", "bits.astype(np.int32) - 128",
+           ("tests/formats/test_quantized.py",), "every UE8M0 scale halved"),
+    Mutant("gptq-negative-group-wraps", FORMATS + "quantized.py",
+           "_check(g.size == 0 or 0 <= int(g.min())", "_check(g.size == 0 or -9 <= int(g.min())",
+           ("tests/formats/test_quantized.py",), "a negative g_idx reads the last group"),
+    Mutant("stray-quantized-tensors-kept", FORMATS + "quantized.py",
+           "    if stray:\n", "    if False:\n", ("tests/formats/test_quantized.py",),
+           "a scale without its weight analysed raw as a parameter"),
+    Mutant("selfcheck-cache-follows-links", "kernel_fun_gpu/src/kernel_fun/_check.py",
+           "        if not stat.S_ISREG(info.st_mode):", "        if False:",
+           ("tests/kernel_fun_gpu/test_self_check.py",),
+           "a cache path that is a link (or /dev/null) written through"),
+    Mutant("selfcheck-cache-part-not-exclusive", "kernel_fun_gpu/src/kernel_fun/_check.py",
+           "    part = path.with_name(f\".{path.name}.{secrets.token_hex(8)}.part\")",
+           "    part = path.with_name(f\".{path.name}.{os.getpid()}.part\")",
+           ("tests/kernel_fun_gpu/test_self_check.py",),
+           "a planted link at the predictable temporary name overwrites its target"),
+    Mutant("rel-change-nan-as-zero", "diffract_kernels_alignment/src/"
+           "diffract_kernels_alignment/kernels.py",
+           "        if not np.isfinite(w).all():", "        if False:",
+           ("tests/alignment/test_alignment.py",), "NaN weights said to be all zero"),
     Mutant("monitor-model-level-filtered", TRAINING + "_analysis.py",
            "                reports.append(scoped.compute.apply(  # refused); views are not"
            " counted",

@@ -601,3 +601,24 @@ def test_fuzzed_storage_options_are_taken_or_refused_never_echoed():
             assert all(p in ALLOWED for p in paths(options)), paths(options)
             assert not [s for s in strings(options) if "@" in s]
     assert taken and refused
+
+
+def test_every_s3_request_gets_the_deadline_unless_the_user_set_one(monkeypatch):
+    """The limit reaches botocore's client (connect and read timeouts, two attempts in
+    all) and s3fs does not retry again; options the user gives win."""
+    from diffract_sources_fsspec.objects import ObjectFiles
+
+    monkeypatch.setenv("DIFFRACT_REMOTE_TIMEOUT", "7")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    files = ObjectFiles.of("s3://runs/x", {"endpoint_url": "http://127.0.0.1:9"})
+    assert files.fs.config_kwargs["read_timeout"] == 7
+    assert files.fs.config_kwargs["connect_timeout"] == 7
+    assert files.fs.config_kwargs["retries"] == {"total_max_attempts": 2}
+    assert files.fs.retries == 1
+    mine = ObjectFiles.of("s3://runs/x", {"endpoint_url": "http://127.0.0.1:9",
+                                          "config_kwargs": {"read_timeout": 300}})
+    assert mine.fs.config_kwargs["read_timeout"] == 300
+    monkeypatch.setenv("DIFFRACT_REMOTE_TIMEOUT", "soon")
+    with pytest.raises(ModelSourceError, match="DIFFRACT_REMOTE_TIMEOUT takes a number"):
+        ObjectFiles.of("s3://runs/x", {})
