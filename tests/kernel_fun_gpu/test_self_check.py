@@ -209,18 +209,26 @@ def test_a_link_planted_in_the_cache_folder_is_not_written_through(probes, monke
     assert target.read_text() == "keep" and len(probes) == 2
 
 
-def test_dev_null_as_the_cache_is_no_cache_and_replaces_nothing(probes, monkeypatch):
-    if not os.path.exists("/dev/null"):
-        pytest.skip("no /dev/null")
+def test_a_cache_path_that_is_no_regular_file_is_no_cache_and_replaced_by_nothing(
+        probes, monkeypatch, tmp_path):
+    """``KERNEL_FUN_SELF_CHECK_CACHE=/dev/null`` (a natural "no disk cache") replaced the
+    device node with a regular file. A FIFO of the test's own stands in for it here (the
+    same kind of path, and a broken check replaces only the test's file)."""
     import stat
 
-    monkeypatch.setenv("KERNEL_FUN_SELF_CHECK_CACHE", "/dev/null")
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs here")
+    node = tmp_path / "node"
+    os.mkfifo(node)
+    monkeypatch.setenv("KERNEL_FUN_SELF_CHECK_CACHE", str(node))
     x, w = _conv_inputs()
     causal_conv1d(x, w, activation="silu")
-    _check.reset_for_tests()
+    _check.reset_for_tests()  # another process: nothing of this one's
+    _support.reset_for_tests()
     causal_conv1d(x, w, activation="silu")
     assert len(probes) == 2  # checked again: nothing was kept
-    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert stat.S_ISFIFO(os.lstat(node).st_mode)  # not replaced by a regular file
+    assert [p.name for p in tmp_path.iterdir()] == ["node"]
 
 
 @pytest.mark.parametrize("content", ["[" * 100_000, "not json", "[1, 2]", '{"k": 3}'])

@@ -28,7 +28,8 @@ def frob_norm(weights: np.ndarray) -> float:
             nan, inf = nan + n, inf + block.size - int(finite.sum()) - n
             continue
         b64 = block.astype(np.float64)
-        total += float(np.dot(b64, b64))
+        total += float(np.sum(np.square(b64)))  # numpy's pairwise sum: the same on any
+        # number of BLAS threads (np.dot's split differed between processes)
     if nan or inf:
         raise FieldUndefined(f"weights contain {nan} NaN and {inf} Inf value(s)")
     return float(np.sqrt(total))
