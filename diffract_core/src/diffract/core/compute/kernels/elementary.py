@@ -28,8 +28,7 @@ def frob_norm(weights: np.ndarray) -> float:
             nan, inf = nan + n, inf + block.size - int(finite.sum()) - n
             continue
         b64 = block.astype(np.float64)
-        total += float(np.sum(np.square(b64)))  # numpy's pairwise sum: the same on any
-        # number of BLAS threads (np.dot's split differed between processes)
+        total += float(np.sum(np.square(b64)))  # pairwise: not BLAS's thread-split dot
     if nan or inf:
         raise FieldUndefined(f"weights contain {nan} NaN and {inf} Inf value(s)")
     return float(np.sqrt(total))
