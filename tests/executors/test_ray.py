@@ -224,37 +224,15 @@ def test_a_listener_that_never_speaks_ray_is_given_up_naming_it(tmp_path):
     """Something accepts the connection and never answers as a Ray head would: the
     session gives up after DIFFRACT_RAY_CONNECT_TIMEOUT with one line naming the address
     (ray.init waited past 300 s)."""
-    import socket
-    import threading
+    from tests.resources.silent import silent_listener
 
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    held, stop = [], threading.Event()
-
-    def accept():
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(listener.accept()[0])
-            except OSError:
-                continue
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    address = f"127.0.0.1:{listener.getsockname()[1]}"
     script = tmp_path / "silent.py"
     script.write_text(UNREACHABLE)
-    try:
+    with silent_listener() as (address, _):
         run = subprocess.run([sys.executable, str(script), address], cwd=ROOT,
                              capture_output=True, text=True, timeout=300,
                              env={**os.environ, "PYTHONPATH": str(ROOT),
                                   "DIFFRACT_RAY_CONNECT_TIMEOUT": "3"})
-    finally:
-        stop.set()
-        thread.join()
-        for sock in held:
-            sock.close()
-        listener.close()
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.startswith("refused: ") and f"at '{address}' did not answer within 3 s" \
         in run.stdout, run.stdout

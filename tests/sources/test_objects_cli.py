@@ -226,36 +226,16 @@ def test_a_server_that_never_answers_is_given_up_naming_the_endpoint(s3, tmp_pat
     """A listener that accepts the connection and never answers: the command ends with
     one line naming the endpoint once DIFFRACT_REMOTE_TIMEOUT passes (each request given
     up, retried once), instead of waiting without limit."""
-    import socket
-    import threading
+    from tests.resources.silent import silent_listener
 
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    held, stop = [], threading.Event()
-
-    def accept():
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(listener.accept()[0])  # kept open, never answered
-            except OSError:
-                continue
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
-    try:
+    with silent_listener() as (address, held):
+        endpoint = f"http://{address}"
         done = subprocess.run(
             [sys.executable, "-m", "diffract.cli", "analyze", "s3://runs/x/m.safetensors",
              "-q", "--storage-option", f"endpoint_url={endpoint}"],
             env={**os.environ, "DIFFRACT_REMOTE_TIMEOUT": "1"}, capture_output=True,
             text=True, timeout=300)
-    finally:
-        stop.set()
-        thread.join()
-        for sock in held:
-            sock.close()
-        listener.close()
+        connected = len(held)
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and endpoint in done.stderr
-    assert held  # it did connect: the limit, not a refused connection, ended it
+    assert connected  # it did connect: the limit, not a refused connection, ended it

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -25,6 +24,7 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
 from diffract import Session  # noqa: E402
+from tests.training.ranks import free_port  # noqa: E402
 
 METRICS = ("pl_alpha", "stable_rank", "log_norm", "spectral_norm")
 
@@ -58,13 +58,8 @@ _RANK = textwrap.dedent("""
                                  use_orig_params=kind == "fsdp1-orig",
                                  auto_wrap_policy=ModuleWrapPolicy({{torch.nn.Linear}}))
     else:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-        mesh = init_device_mesh("cpu", (2,))
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        wrapped = watched = fully_shard(model, mesh=mesh)
+        from training.ranks import fsdp2
+        wrapped = watched = fsdp2(model)
     if kind == "ddp-early":
         monitor = early
         monitor.attach(watched)
@@ -106,12 +101,6 @@ _RANK = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _model_level(matrices, step):
     with Session() as s:
         s.models.add(matrices, f"step-{step}")
@@ -143,7 +132,7 @@ def test_two_ranks_log_once_the_values_of_the_whole_weights(tmp_path, kind):
     script = tmp_path / "rank.py"
     script.write_text(_RANK.format(tests=str(Path(__file__).parents[1]), metrics=METRICS,
                                    model_level=MODEL_LEVEL))
-    port = str(_free_port())
+    port = str(free_port())
     env = {**os.environ, "PYTHONFAULTHANDLER": "1"}  # a crash shows every thread's stack
     ranks = [subprocess.Popen([sys.executable, str(script), kind, str(r), port, str(tmp_path)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -23,6 +22,7 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
 from diffract import Session  # noqa: E402
+from tests.training.ranks import free_port  # noqa: E402
 
 _RANK = textwrap.dedent("""
     import json, os, sys, threading
@@ -51,13 +51,8 @@ _RANK = textwrap.dedent("""
     if kind == "two-models":
         model = torch.nn.Sequential(*list(model)[:3]) if rank == 1 else model
     if kind.startswith("fsdp2"):
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-        mesh = init_device_mesh("cpu", (2,))
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        wrapped = watched = fully_shard(model, mesh=mesh)
+        from training.ranks import fsdp2
+        wrapped = watched = fsdp2(model)
     elif kind == "two-models":
         wrapped = watched = model
     elif kind == "fsdp1":
@@ -87,6 +82,8 @@ _RANK = textwrap.dedent("""
         if start:
             opt.load_state_dict(state["opt"])
             schedule.load_state_dict(state["schedule"])
+        if kind == "hung":  # the deadline short from now on (attach's analysis had the
+            schedule.monitor._ranks.timeout = 2.0  # default, however busy the machine)
         if kind == "hung" and rank == 1:  # this rank's analyses never end
             stuck = threading.Event()
             schedule.monitor._analyse_share = lambda step, snap: stuck.wait()
@@ -132,17 +129,14 @@ _RANK = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _run(tmp_path: Path, kind: str, *extra: str, timeout: str = "120") -> list[dict]:
+def _run(tmp_path: Path, kind: str, *extra: str, timeout: str | None = None) -> list[dict]:
     script = tmp_path / "rank.py"
     script.write_text(_RANK.format(tests=str(Path(__file__).parents[1])))
-    port = str(_free_port())
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "DIFFRACT_DIST_TIMEOUT": timeout}
+    port = str(free_port())
+    env = {k: v for k, v in os.environ.items() if k != "DIFFRACT_DIST_TIMEOUT"}
+    env["PYTHONFAULTHANDLER"] = "1"
+    if timeout is not None:  # the one wait a case is about (a rank that never attaches)
+        env["DIFFRACT_DIST_TIMEOUT"] = timeout
     for r in (0, 1):
         (tmp_path / f"rank{r}.json").unlink(missing_ok=True)
     ranks = [subprocess.Popen([sys.executable, str(script), kind, str(r), port,
@@ -243,7 +237,7 @@ def test_a_torn_down_group_is_an_error_on_every_rank_and_nothing_stray_is_stored
 
 @pytest.mark.parametrize("kind", ["hung", "fails"])
 def test_a_rank_whose_analysis_fails_holds_no_one_and_factors_stay(tmp_path, kind):
-    zero, one = _run(tmp_path, kind, timeout="2")
+    zero, one = _run(tmp_path, kind)
     assert zero["rc"] == one["rc"] == 0, zero["stderr"] + one["stderr"]
     assert zero["lrs"] == one["lrs"]
     # The first factors (step 0, before the planted failure) stay for the whole run.

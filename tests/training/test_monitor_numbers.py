@@ -181,23 +181,13 @@ def test_lightning_logs_a_background_analysis_at_the_step_analysed(tmp_path):
     with Session() as s:
         s.compute.kernel(name="t_held")(t_held)
 
-    class _Net(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            torch.manual_seed(0)
-            self.net = torch.nn.Sequential(torch.nn.Linear(40, 64), torch.nn.Tanh(),
-                                           torch.nn.Linear(64, 4))
+    from tests.resources.lightning import module
 
-        def training_step(self, batch, batch_idx):
-            (x,) = batch
-            return self.net(x).pow(2).mean()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.05)
-
-        def train_dataloader(self):
-            x = torch.randn(96, 40, generator=torch.Generator().manual_seed(0))
-            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=8)
+    torch.manual_seed(0)
+    net = module(torch.nn.Sequential(torch.nn.Linear(40, 64), torch.nn.Tanh(),
+                                     torch.nn.Linear(64, 4)))
+    x = torch.randn(96, 40, generator=torch.Generator().manual_seed(0))
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=8)
 
     class _Release(L.Callback):
         def on_train_batch_end(self, trainer, module, *args):
@@ -213,7 +203,7 @@ def test_lightning_logs_a_background_analysis_at_the_step_analysed(tmp_path):
     L.Trainer(max_steps=6, accelerator="cpu", devices=1, enable_checkpointing=False,
               logger=TensorBoardLogger(str(tmp_path / "logs"), name="", version=0),
               callbacks=[cb, _Release()], enable_progress_bar=False,
-              enable_model_summary=False).fit(_Net())
+              enable_model_summary=False).fit(net, train_dataloaders=data)
     assert release.is_set() and cb.monitor.analysed == [4, 6]
     events = EventAccumulator(str(tmp_path / "logs" / "version_0"))
     events.Reload()

@@ -491,24 +491,15 @@ def test_a_lightning_run_resumed_with_ckpt_path_keeps_its_schedules_factors(tmp_
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from diffract_training import DiffractLightningCallback
+    from tests.resources.lightning import module
 
-    class _Net(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            torch.manual_seed(0)
-            self.net = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
+    def net():
+        torch.manual_seed(0)
+        return module(torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)]))
 
-        def training_step(self, batch, batch_idx):
-            (x,) = batch
-            return self.net(x).pow(2).mean()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.05)
-
-        def train_dataloader(self):
-            # six batches an epoch: step 6 ends one, so the resumed run sees the same data
-            x = torch.randn(48, 64, generator=torch.Generator().manual_seed(0))
-            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=8)
+    # six batches an epoch: step 6 ends one, so the resumed run sees the same data
+    x = torch.randn(48, 64, generator=torch.Generator().manual_seed(0))
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=8)
 
     def run(record, ckpt=None):
         schedule = LayerwiseLR(every=4, ramp=4, min_eigenvalues=0, background=False)
@@ -523,7 +514,7 @@ def test_a_lightning_run_resumed_with_ckpt_path_keeps_its_schedules_factors(tmp_
             callbacks=[DiffractLightningCallback(every=None, schedules=[schedule]), _Record(),
                        ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=6,
                                        save_top_k=-1)])
-        trainer.fit(_Net(), ckpt_path=ckpt)
+        trainer.fit(net(), train_dataloaders=data, ckpt_path=ckpt)
 
     whole: dict = {}
     run(whole)

@@ -156,7 +156,10 @@ class AnalysisMixin:
 
     def _model_inputs(self) -> list[str]:
         """The per-parameter fields the per-model metrics are computed from (rank 0
-        computes those from the gathered shares)."""
+        computes those from the gathered shares); found once (the registry is frozen)."""
+        cached = self.__dict__.get("_inputs")
+        if cached is not None:
+            return cached
         registry, found = self.session.registry, set()
         todo = [self._canonical(f) for f in self._model_level]
         while todo:  # through per-model fields computed from per-model fields, if any
@@ -167,7 +170,8 @@ class AnalysisMixin:
                     todo.append(field)
                 elif producer is not None:
                     found.add(field)
-        return sorted(found)
+        self._inputs: list[str] = sorted(found)
+        return self._inputs
 
     def _collect(self, scoped: Any, model_id: str, parents: set[str]
                  ) -> tuple[dict[str, float], dict[str, Any], dict[str, dict[str, float]]]:
@@ -210,9 +214,14 @@ class AnalysisMixin:
         return values, spectra, numbers
 
     def _canonical(self, field: str) -> str:
-        known = {m["field"]: m for m in self.session.compute.list_available_metrics(True)}
-        return next((f for f, m in known.items() if field == f or field in m["aliases"]),
-                    field)
+        """A field's name for an alias of it (the installed packs' table, read once)."""
+        names = self.__dict__.get("_field_names")
+        if names is None:
+            known = self.session.compute.list_available_metrics(True)
+            names = self._field_names = {  # a field's own name before any alias
+                **{a: m["field"] for m in known for a in m["aliases"]},
+                **{m["field"]: m["field"] for m in known}}
+        return names.get(field, field)
 
 
 def matrices(session: Session, model_id: str, params: Sequence[str] | str | None

@@ -512,10 +512,7 @@ class Monitor(AnalysisMixin, SpreadMixin):
     def latest(self, field: str) -> dict[str, tuple[int, float]]:
         """The latest analysed value of ``field`` (or an alias) per parameter, ``{name:
         (step, value)}``, as handed out on the training thread; undefined ones left out."""
-        known = {m["field"]: m for m in self.session.compute.list_available_metrics(True)}
-        name = next((f for f, m in known.items() if field == f or field in m["aliases"]),
-                    field)
-        return dict(self._latest.get(name, {}))
+        return dict(self._latest.get(self._canonical(field), {}))
 
     def on_values(self, hook: Callable[[int, dict[str, dict[str, float]]], None]) -> None:
         """Call ``hook(step, values)`` (``values``: field -> parameter -> number) on the
