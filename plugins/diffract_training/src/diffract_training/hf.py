@@ -125,6 +125,7 @@ class DiffractCallback(TrainerCallback):
             log.warning("diffract: resumed at step %d without %s in %s: the schedules start "
                         "over from the resumed weights", state.global_step, SCHEDULES_FILE,
                         folder)
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._args, self._state, self._control = args, state, control
         self.monitor.step(state.global_step)
