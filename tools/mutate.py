@@ -672,6 +672,16 @@ MUTANTS = [
            "problems.append(f\"{key!r}[",
            ("tests/training/test_schedules.py",),
            "a loaded state's negative factor makes a negative rate: gradient ascent"),
+    # Parity with the schedules' authors (issue 76.3).
+    Mutant("llr-top-over-balanced-only", TRAINING + "schedules.py",
+           "        if top is not None and math.isfinite(top):",
+           "        if False:", ("tests/training/test_schedules_authors.py",),
+           "LayerwiseLR's range tops at the balanced modules' largest alpha (5.8% off)"),
+    Mutant("llr-removed-head-still-pinned", TRAINING + "schedules.py",
+           "        pinned = [n for n, _ in candidates if any(p in n for p in self._pinned)]",
+           "        pinned = [n for n, _ in found if any(p in n for p in self._pinned)]",
+           ("tests/training/test_schedules_authors.py",),
+           "remove_first/remove_last leave the embedding and head at 5x, not 1x"),
     # Reliability, fifth pass (issue 73).
     Mutant("options-checked-at-the-top-only", FSSPEC + "objects.py",
            "                walk(value, f\"{path}.{key}\" if path else str(key))",

@@ -72,6 +72,8 @@ class _Schedule:
         self.alphas: dict[str, tuple[int, float]] = {}
         self._from: dict[str, float] = {}
         self._weights: dict[str, str] = {}  # analysed module -> its weight's logged name
+        #: modules whose alphas only raise the range's top -> their weights' logged names
+        self._tops: dict[str, str] = {}
         self._to: dict[str, float] = {}
         self._since = self._now = 0
         if model is not None or optimizer is not None:
@@ -136,7 +138,7 @@ class _Schedule:
                 "merge the modules of a unit: shard the model with FSDP2's fully_shard "
                 "(torch.distributed.fsdp.fully_shard), which keeps one parameter per "
                 "module. A Monitor or callback alone watches an FSDP1 model.")
-        units, analysed, pinned = self._units(model)
+        units, analysed, pinned, ranging = self._units(model)
         chains = [torch_optimizer(o) for o in (
             optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])]
         optimizers = [chain[-1] for chain in chains]
@@ -161,8 +163,10 @@ class _Schedule:
             self._pinned_modules = pinned
             renames = checkpoint_names(model)  # the monitor's names are the checkpoint's
             self._weights = {m: renames.get(f"{m}.weight", f"{m}.weight") for m in analysed}
+            self._tops = {m: renames.get(f"{m}.weight", f"{m}.weight") for m in ranging}
             self.monitor = Monitor(None, every=self.every, metrics=(METRIC,),
-                                   params=list(self._weights.values()), store=self._store,
+                                   params=[*self._weights.values(), *self._tops.values()],
+                                   store=self._store,
                                    histograms=False, background=self._background, final=False)
             self.monitor.role = f"{type(self).__name__}({self._settings()})"
             self.monitor.attach(model)  # under torch.distributed: checked against the others
@@ -186,22 +190,28 @@ class _Schedule:
         return (f"{self.low_name}={self.low!r}, {self.high_name}={self.high!r}, "
                 f"ramp={self.ramp}, modules={','.join(self.modules)}")
 
-    def _units(self, model: Any) -> tuple[dict[str, list[Any]], list[str], list[str]]:
+    def _units(self, model: Any) -> tuple[dict[str, list[Any]], list[str], list[str],
+                                          list[str]]:
         """The scheduled modules (name -> the parameters that take its value), the ones
-        analysed (in the model's order), and the pinned ones."""
+        analysed (in the model's order), the pinned ones, and those whose alphas only
+        raise the top of the range."""
         import torch
 
         found = [(unwrapped(name, model), m) for name, m in model.named_modules()
                  if _kind(m) in self.types and isinstance(
                      getattr(m, "weight", None), torch.Tensor) and m.weight.dim() >= 2]
-        pinned = [n for n, _ in found if any(p in n for p in self._pinned)]
         candidates = list(found)
-        if self.remove_first:
-            candidates = candidates[1:]
+        if self.remove_first:  # the authors drop the first and last by position, pinned
+            candidates = candidates[1:]  # ones included (those keep the user's value)
         if self.remove_last:
             candidates = candidates[:-1]
+        pinned = [n for n, _ in candidates if any(p in n for p in self._pinned)]
         analysed = [(n, m) for n, m in candidates if n not in pinned
                     and _eigenvalues(m.weight) >= self.min_eigenvalues]
+        # The authors give pinned modules the largest alpha of every module they compute
+        # (the small and the dropped ones too), and that sets the top of the range.
+        ranging = [n for n, _ in found if pinned and not any(
+            p in n for p in self._pinned) and n not in {a for a, _ in analysed}]
         if len(analysed) < 2:
             raise InvalidArgumentError(
                 f"{type(self).__name__} balances modules against each other, and "
@@ -221,7 +231,7 @@ class _Schedule:
                 if isinstance(module, torch.nn.BatchNorm2d) and twin in units:
                     units[twin] += [p for p in module.parameters(recurse=False)
                                     if id(p) not in seen]
-        return units, [n for n, _ in analysed], pinned
+        return units, [n for n, _ in analysed], pinned, ranging
 
     def _undo(self) -> None:
         for split in self._splits:
@@ -248,7 +258,8 @@ class _Schedule:
         alphas = {m: found[w] for m, w in self._weights.items()
                   if math.isfinite(found.get(w, math.nan))}
         self.alphas.update((m, (step, a)) for m, a in alphas.items())
-        targets = self.mapping(alphas)
+        tops = [found[w] for w in self._tops.values() if math.isfinite(found.get(w, math.nan))]
+        targets = self.mapping(alphas, top=max(tops, default=None))
         if not targets:
             return
         self._from = self.factors
@@ -256,12 +267,17 @@ class _Schedule:
                     **dict.fromkeys(self._pinned_modules, self.high)}
         self._since = self._now
 
-    def mapping(self, alphas: Mapping[str, float]) -> dict[str, float]:
+    def mapping(self, alphas: Mapping[str, float],
+                top: float | None = None) -> dict[str, float]:
         """The factor of each module of ``alphas`` (the module docstring's equation, the
-        authors' ``tb_linear_map``); empty with fewer than two alphas."""
+        authors' ``tb_linear_map``); empty with fewer than two alphas. ``top``: an alpha
+        the range reaches up to besides those of ``alphas`` (LayerwiseLR's pinned
+        modules: the largest alpha of the modules it does not balance)."""
         if len(alphas) < 2:
             return {}
         least, most = min(alphas.values()), max(alphas.values())
+        if top is not None and math.isfinite(top):
+            most = max(most, top)
         if most == least:
             return dict.fromkeys(alphas, (self.low + self.high) / 2)
         span = self.high - self.low
@@ -493,10 +509,13 @@ class LayerwiseLR(_Schedule):
     steps (``linear_steps``, 50; the authors interpolate the rates themselves, which
     differs from this by the base schedule's own change over those steps). Modules whose
     names hold ``embed`` or ``head`` (``embed_name``/``head_name``) are not analysed and
-    take the top of the range, as the authors give them the largest alpha; the first and
-    last modules are kept (the configs' ``remove_first_layer: False``); modules with fewer
-    than 50 eigenvalues keep the user's value (``eigs_thresh``). With Muon for the
-    matrices and AdamW for the rest, pass both optimizers as a list."""
+    take the top of the range, as the authors give them the largest alpha of every module
+    they compute: so the alphas of the modules left at the user's value (fewer than 50
+    eigenvalues, ``eigs_thresh``, and a first or last one left out) count towards the top
+    of the range too, as theirs (with 2 key-value heads ``k_proj``/``v_proj`` are such
+    modules). The first and last modules are kept (the configs' ``remove_first_layer:
+    False``); left out, they keep the user's value, pinned or not, as the authors'. With
+    Muon for the matrices and AdamW for the rest, pass both optimizers as a list."""
 
     types = ("Linear", "Conv2d", "Conv1D", "Embedding")
 
