@@ -192,58 +192,129 @@ class TestAwq:
         assert meta["l.weight"]["quant"] == "int4 awq g32"
 
 
-class TestCompressedTensors:
-    """Quantized and dequantized by the compressed-tensors library itself."""
+def _ct_checkpoint(folder: Path, fmt: str, bits: int, kind: str, strategy: str,
+                   symmetric: bool, dtype) -> dict[str, np.ndarray]:
+    """Two Linear layers quantized by the compressed-tensors library (its
+    QuantizationConfig applied to the model, the scales and zero points its
+    calculate_qparams gives each tensor's, group's or block's range, its ModelCompressor
+    compressing the model and writing the config), saved as it saves them; returns the
+    library's own decompression of the same model."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (
+        QuantizationArgs,
+        QuantizationConfig,
+        QuantizationScheme,
+        apply_quantization_config,
+    )
+    from compressed_tensors.quantization.utils import calculate_qparams
 
-    @pytest.mark.parametrize(("fmt", "bits", "kind", "strategy", "symmetric"), [
-        ("pack-quantized", 4, "int", "group", False),
-        ("pack-quantized", 4, "int", "channel", True),
-        ("int-quantized", 8, "int", "channel", True),
-        ("float-quantized", 8, "float", "tensor", True),
-    ])
-    def test_equals_the_librarys_dequantization(self, tmp_path, fmt, bits, kind, strategy,
-                                                symmetric):
-        ct = pytest.importorskip("compressed_tensors")
-        from compressed_tensors.compressors import pack_to_int32
-        from compressed_tensors.quantization import QuantizationArgs
-        from compressed_tensors.quantization.lifecycle.forward import dequantize, quantize
-
-        torch.manual_seed(0)
-        w = torch.randn(48, 64) / 8
-        args = QuantizationArgs(num_bits=bits, type=kind, strategy=strategy,
-                                symmetric=symmetric, group_size=16 if strategy == "group" else None)
-        if strategy == "group":
-            tiles = w.reshape(48, 4, 16)
-            lo, hi = tiles.amin(-1), tiles.amax(-1)
+    torch.manual_seed(bits)
+    # [16, 256] with groups of 32: the shape the issue found 3.9e7 off; [40, 64]: rows
+    # that fill no whole int32 of packed zero points, and a partial block
+    model = torch.nn.Sequential(torch.nn.Linear(256, 16, bias=False),
+                                torch.nn.Linear(64, 40, bias=False)).to(dtype)
+    args = QuantizationArgs(num_bits=bits, type=kind, strategy=strategy, symmetric=symmetric,
+                            group_size=32 if strategy == "group" else None,
+                            block_structure=[16, 32] if strategy == "block" else None)
+    apply_quantization_config(model, QuantizationConfig(config_groups={
+        "group_0": QuantizationScheme(targets=["Linear"], weights=args)}, format=fmt))
+    for layer in model:
+        w = layer.weight.data.float()
+        rows, cols = w.shape
+        if strategy == "tensor":
+            tiles = [[w]]
         elif strategy == "channel":
-            lo, hi = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+            tiles = [[w[r:r + 1]] for r in range(rows)]
+        elif strategy == "group":
+            tiles = [[w[r:r + 1, c:c + 32] for c in range(0, cols, 32)] for r in range(rows)]
         else:
-            lo, hi = w.min().reshape(1), w.max().reshape(1)
-        top = 448.0 if kind == "float" else 2 ** (bits - 1) - 1
-        if symmetric:
-            scale, zero = torch.maximum(hi.abs(), lo.abs()) / top, torch.zeros_like(hi)
-        else:
-            scale = (hi - lo) / (2 ** bits - 1)
-            zero = torch.round(-lo / scale) - 2 ** (bits - 1)
-        q = quantize(w, scale, zero, args, dtype=torch.float8_e4m3fn if kind == "float"
-                     else torch.int8)
-        want = dequantize(q, scale, zero, args, dtype=torch.float32).numpy()
-        tensors = {"l.weight_scale": scale.float()}
-        if fmt == "pack-quantized":
-            tensors["l.weight_packed"] = pack_to_int32(q, bits)
-            tensors["l.weight_shape"] = torch.tensor([48, 64])
-        else:
-            tensors["l.weight"] = q
-        if not symmetric:
-            tensors["l.weight_zero_point"] = zero.to(torch.int8)
-        folder = _checkpoint(tmp_path / "ck", tensors, {
-            "quant_method": "compressed-tensors", "format": fmt,
-            "config_groups": {"group_0": {"weights": {"num_bits": bits, "type": kind,
-                                                      "strategy": strategy}}}})
-        values, meta = _read(folder)
-        assert sorted(values) == ["l.weight"], ct.__version__
-        np.testing.assert_array_equal(values["l.weight"], want)
-        assert fmt in meta["l.weight"]["quant"]
+            tiles = [[w[r:r + 16, c:c + 32] for c in range(0, cols, 32)]
+                     for r in range(0, rows, 16)]
+        lo = torch.tensor([[t.min() for t in row] for row in tiles])
+        hi = torch.tensor([[t.max() for t in row] for row in tiles])
+        scale, zero = calculate_qparams(lo, hi, args)
+        layer.weight_scale.data.copy_(scale.reshape(layer.weight_scale.shape))
+        if hasattr(layer, "weight_zero_point"):
+            layer.weight_zero_point.data.copy_(zero.reshape(layer.weight_zero_point.shape))
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format=fmt)
+    compressor.compress_model(model)
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+              str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    compressor.update_config(str(folder))
+    compressor.decompress_model(model)
+    return {f"{i}.weight": layer.weight.detach().float().numpy() for i, layer in
+            enumerate(model)}
+
+
+class TestCompressedTensors:
+    """Quantized, compressed and saved by the compressed-tensors library itself, read
+    against its own decompression of the same model: every strategy it offers, symmetric
+    and not, float32 and bfloat16 scales, packed widths that do and do not divide 32."""
+
+    @pytest.mark.parametrize(("fmt", "bits", "kind", "strategy", "symmetric", "dtype"), [
+        *[("pack-quantized", 4, "int", st, sym, dt) for st in ("tensor", "channel", "group",
+                                                              "block")
+          for sym in (False, True) for dt in ("float32", "bfloat16")],
+        ("pack-quantized", 3, "int", "group", False, "float32"),  # values cross words
+        ("pack-quantized", 2, "int", "channel", False, "float32"),
+        ("pack-quantized", 8, "int", "group", False, "bfloat16"),
+        *[("int-quantized", 8, "int", st, False, "float32") for st in ("tensor", "channel",
+                                                                      "group", "block")],
+        ("int-quantized", 8, "int", "channel", True, "bfloat16"),
+        ("float-quantized", 8, "float", "tensor", True, "float32"),
+        ("float-quantized", 8, "float", "channel", True, "bfloat16"),
+    ])
+    def test_equals_the_librarys_decompression(self, tmp_path, fmt, bits, kind, strategy,
+                                               symmetric, dtype):
+        ct = pytest.importorskip("compressed_tensors")
+        want = _ct_checkpoint(tmp_path / "ck", fmt, bits, kind, strategy, symmetric,
+                              getattr(torch, dtype))
+        config = json.loads((tmp_path / "ck" / "config.json").read_text())
+        assert config["quantization_config"]["format"] == fmt, ct.__version__
+        values, meta = _read(tmp_path / "ck")
+        assert sorted(values) == sorted(want)
+        for name, ours in values.items():
+            assert meta[name]["quant"].endswith(f"{fmt} {strategy}")
+            if dtype == "float32":
+                np.testing.assert_array_equal(ours, want[name])
+            else:  # the library multiplies in bfloat16; ours is the exact float32 product
+                rounded = torch.from_numpy(ours).to(torch.bfloat16).float().numpy()
+                np.testing.assert_array_equal(rounded, want[name])
+                np.testing.assert_allclose(ours, want[name], rtol=2.0 ** -8, atol=0)
+            assert np.abs(want[name]).max() > 0
+
+    def test_packed_zero_points_that_do_not_fill_their_shape(self, tmp_path):
+        _ct_checkpoint(tmp_path / "ck", "pack-quantized", 4, "int", "group", False,
+                       torch.float32)
+        from safetensors.torch import load_file
+        tensors = load_file(str(tmp_path / "ck" / "model.safetensors"))
+        tensors["1.weight_zero_point"] = tensors["1.weight_zero_point"][:-1]  # [5, 2] -> [4, 2]
+        save_file(tensors, str(tmp_path / "ck" / "model.safetensors"))
+        with pytest.raises(ModelSourceError, match=r"packed zero points I32 \(4, 2\) for "
+                                                   r"\[40, 2\] 4-bit.*'1\.weight_zero_point'"):
+            _read(tmp_path / "ck")
+
+    def test_a_scale_no_strategy_gives_is_refused(self, tmp_path):
+        folder = _checkpoint(tmp_path / "ck", {
+            "l.weight": torch.zeros(8, 64, dtype=torch.int8), "l.weight_scale": torch.ones(8, 3)},
+            {"quant_method": "compressed-tensors", "format": "int-quantized",
+             "config_groups": {"g": {"weights": {"num_bits": 8, "strategy": "group",
+                                                 "group_size": 32}}}})
+        with pytest.raises(ModelSourceError, match=r"a scale of shape \(8, 3\) for a \[8, "
+                                                   r"64\] weight, which no config group"):
+            _read(folder)
+
+    def test_an_asymmetric_scheme_without_zero_points_is_refused(self, tmp_path):
+        folder = _checkpoint(tmp_path / "ck", {
+            "l.weight": torch.zeros(8, 64, dtype=torch.int8), "l.weight_scale": torch.ones(8, 1)},
+            {"quant_method": "compressed-tensors", "format": "int-quantized",
+             "config_groups": {"g": {"weights": {"num_bits": 8, "strategy": "channel",
+                                                 "symmetric": False}}}})
+        with pytest.raises(ModelSourceError, match="an asymmetric scheme without "
+                                                   "l.weight_zero_point"):
+            _read(folder)
 
 
 class TestBitsandbytes:

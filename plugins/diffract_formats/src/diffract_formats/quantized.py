@@ -22,10 +22,11 @@ handed over as the float32 matrix the format defines:
   0, 2, 4, 6, 1, 3, 5, 7), ``scales`` ``[groups, out]``:
   ``W[o, i] = scales[i // g, o] * (q[i, o] - zero[i // g, o])``.
 * ``compressed-tensors`` (``float-quantized``, ``int-quantized``, ``naive-quantized``,
-  ``pack-quantized``): ``weight`` (or ``weight_packed``: int32 holding ``32 / b`` values,
-  lowest bits first, each stored plus ``2^(b - 1)``) with ``weight_scale`` per tensor,
-  output channel or input group and ``weight_zero_point`` where asymmetric:
-  ``W = (q - zero) * scale``.
+  ``pack-quantized``): ``weight`` (or ``weight_packed``: int32 words holding 1- to 8-bit
+  values densely, each stored plus ``2^(b - 1)``) with ``weight_scale`` per tensor,
+  output channel, input group or block and ``weight_zero_point`` where asymmetric
+  (packed along the rows in ``pack-quantized``'s group and channel strategies):
+  ``W = (q - zero) * scale``; see :mod:`diffract_formats._compressed`.
 * ``bitsandbytes``: 8-bit (LLM.int8), ``W = weight * SCB[row] / 127``; 4-bit NF4/FP4,
   two codes a byte (high nibble first) looked up in the stored code book and scaled by
   their block's absmax, itself decoded from 8-bit codes under double quantization.
@@ -66,8 +67,8 @@ FP4_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
 AWQ_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7])
 #: Suffixes of tensors that only a quantized checkpoint holds: refused without a config.
 AUX_SUFFIXES = (".weight_scale_inv", ".weight_scale", ".weight_zero_point", ".weight_packed",
-                ".qweight", ".qzeros", ".g_idx", "_blocks", ".SCB", ".weight.absmax",
-                ".weight.quant_map")
+                ".qweight", ".qzeros", ".g_idx", ".weight_g_idx", "_blocks", ".SCB",
+                ".weight.absmax", ".weight.quant_map")
 
 
 @attrs.frozen
@@ -325,66 +326,9 @@ def _awq_dequantize(base: str, group: int) -> Callable[[Read], Any]:
 
 def _compressed(layout: Layout, q: Mapping[str, Any], where: str, read: Read
                 ) -> dict[str, Quantized]:
-    fmt = q.get("format", "")
-    known = ("float-quantized", "int-quantized", "naive-quantized", "pack-quantized")
-    _check(fmt in known, where, "compressed-tensors",
-           f"format {fmt!r} ({', '.join(known)} are read)")
-    weights = [g.get("weights") or {} for g in (q.get("config_groups") or {}).values()]
-    bits = {int(w.get("num_bits", 8)) for w in weights} or {8}
-    out = {}
-    for name, (dtype, shape) in layout.items():
-        packed = name.endswith(".weight_packed")
-        if not (packed or (name.endswith(".weight") and f"{name}_scale" in layout)):
-            continue
-        base = name[: -len("_packed")] if packed else name
-        scale, zero = f"{base}_scale", f"{base}_zero_point"
-        _check(scale in layout, name, "compressed-tensors", f"{scale} is missing")
-        _scale_dtype(layout, scale, "compressed-tensors")
-        width = next(iter(bits)) if packed else 8
-        if packed:
-            _check(f"{base}_shape" in layout and len(bits) == 1 and width in (2, 4, 8),
-                   name, "compressed-tensors", "a packed weight needs its weight_shape and "
-                   "one bit width of 2, 4 or 8")
-            declared = tuple(int(v) for v in read(f"{base}_shape").reshape(-1))
-            _check(len(declared) == 2 and len(shape) == 2 and shape[0] == declared[0] and
-                   shape[1] == -(-declared[1] * width // 32), name, "compressed-tensors",
-                   f"packed data of shape {shape} for a declared {declared} of {width}-bit "
-                   "values")
-            shape = declared
-        kind = f"int{width}" if packed or dtype.startswith("I") else "float8"
-        label = f"{kind} compressed-tensors {fmt}"
-        out[base] = Quantized(shape, label, (name, scale, *([zero] if zero in layout else []),
-                                             *([f"{base}_shape"] if packed else [])),
-                              _compressed_dequantize(name, scale, zero in layout and zero,
-                                                     width if packed else 0, base))
-    return out
+    from diffract_formats._compressed import plan as compressed  # a module of its own
 
-
-def _compressed_dequantize(name: str, scale: str, zero: str | bool, bits: int,
-                           base: str) -> Callable[[Read], Any]:
-    def dequantize(read: Read) -> np.ndarray:
-        if bits:
-            rows, cols = (int(v) for v in read(f"{base}_shape").reshape(-1)[:2])
-            values = unpack_bits(read(name), bits, 1)[:, :cols].astype(np.float32)
-            values -= np.float32(1 << (bits - 1))
-            _check(values.shape == (rows, cols), name, "compressed-tensors",
-                   f"packed data for {values.shape}, declared {(rows, cols)}")
-        else:
-            values = read(name)
-        values = values.astype(np.float32)
-        if zero:
-            values = values - _broadcast(read(zero).astype(np.float32), values.shape)
-        return values * _broadcast(read(scale).astype(np.float32), values.shape)
-    return dequantize
-
-
-def _broadcast(scale: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """A per-tensor ([1]), per-channel ([out, 1]) or per-group ([out, groups]) scale over
-    a matrix ``shape``."""
-    if scale.size == 1:
-        return scale.reshape(())
-    scale = scale.reshape(shape[0], -1)
-    return np.repeat(scale, -(-shape[1] // scale.shape[1]), axis=1)[:, : shape[1]]
+    return compressed(layout, q, where, read)
 
 
 def _bitsandbytes(layout: Layout, q: Mapping[str, Any], where: str, read: Read
