@@ -51,13 +51,17 @@ def test_a_preset_sets_its_kernels_and_results_follow(session, rng):
     assert session.compute.configure_conventions("weightwatcher") == {
         "esd_scale": {"normalize": "none"},
         "esd": {"conv": "weightwatcher"},
-        "esd_rand": {"replicas": "weightwatcher"},
-        "num_traps": {"bulk": "fitted"},
+        # every kernel reading a convolution's shape or weights reads it as esd does
+        **dict.fromkeys(("svals", "greater_dim", "lower_dim", "num_evals", "matrix_rank",
+                         "marchenko_pastur_fit", "mp_ks", "tw_esd_bound"),
+                        {"conv": "weightwatcher"}),
+        "esd_rand": {"replicas": "weightwatcher", "conv": "weightwatcher"},
+        "num_traps": {"bulk": "fitted", "conv": "weightwatcher"},
         "power_law_fit": ww,
         "pl_pvalue": {**ww, "xmin": "search"},
         "truncated_power_law_fit": {"min_tail": 5, "xmin": "pl_xmin", "fit_method": "auto"},
         "exponential_fit": {"min_tail": 5, "xmin": "pl_xmin", "fit_method": "auto"},
-        "marchenko_pastur": {"bulk": "fitted"},
+        "marchenko_pastur": {"bulk": "fitted", "conv": "weightwatcher"},
         "pl_alpha_ci": ww,
         "pl_fit_quality": {"min_tail": 5, "alpha_max": None}}
     assert session.compute.kernel_config("power_law_fit")["min_tail"] == 5

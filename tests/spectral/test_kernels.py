@@ -174,7 +174,7 @@ class TestBadInput:
         # what reads only the shape is defined: the sizes, and the ESD factor; the fit's
         # quality says it failed
         sizes = {"esd_scale": 1.0, "greater_dim": max(n, m), "lower_dim": min(n, m),
-                 "pl_fit_quality": "failed"}
+                 "num_evals": min(n, m), "pl_fit_quality": "failed"}
         for field in fields:
             value = rows["empty"][field]
             if field in sizes:

@@ -180,9 +180,27 @@ def _raw_esd_batch(units: list[dict[str, Any]], precision: str, device: str) -> 
         lambda tensors, where: linalg.esd_batched_torch(tensors, precision, where))
 
 
-def _svals_batch(units: list[dict[str, Any]], *, device: str = "auto") -> list[Any]:
+def _svals_batch(units: list[dict[str, Any]], *, device: str = "auto",
+                 conv: str = "matrix") -> list[Any]:
+    if conv == "weightwatcher" and any(np.ndim(u["tensor"]) == 4 for u in units):
+        return linalg.parallel_map(lambda u: _or_error(svals, u["tensor"], conv=conv), units)
     return _by_device(units, device, lambda t: svals(t, device="cpu"),
                       linalg.svals_batched_torch)
+
+
+def _or_error(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - in place, as invoke_batch wants
+        return exc
+
+
+def _positions(tensor: Any) -> list[np.ndarray]:
+    """A convolution's kernel-position matrices ``W[:, :, i, j]`` scaled by ``sqrt(1/2)``,
+    as WeightWatcher 0.7.7 reads it (``conv="weightwatcher"``)."""
+    w = np.asarray(linalg.host_array(tensor), dtype=np.float64) * math.sqrt(0.5)
+    return [_finite_matrix(w[:, :, i, j]) for i in range(w.shape[2])
+            for j in range(w.shape[3])]
 
 
 @kernel(
@@ -300,13 +318,30 @@ def _dims(shape: tuple[int, ...]) -> tuple[int, int]:
     return int(shape[0]), int(math.prod(shape[1:]))
 
 
+Conv = Literal["matrix", "weightwatcher"]
+
+
+def view(shape: tuple[int, ...], conv: str = "matrix") -> tuple[int, int, int]:
+    """``(rows, cols, matrices)`` a parameter is read as: its matrix view, or under
+    ``conv="weightwatcher"`` a convolution's ``kh kw`` kernel-position matrices ``[out,
+    in]`` (WeightWatcher 0.7.7's N and M are those matrices')."""
+    if conv == "weightwatcher" and len(shape) == 4:
+        return int(shape[0]), int(shape[1]), int(shape[2]) * int(shape[3])
+    return (*_dims(shape), 1)
+
+
 @kernel(restrictions=_MATRIX, batch=lambda units, **cfg: _svals_batch(units, **cfg),
         execution_protocol=PARALLEL, overlap_batches=True)
-def svals(tensor: Any, *, device: str = "auto") -> np.ndarray:
+def svals(tensor: Any, *, device: str = "auto", conv: Conv = "matrix") -> np.ndarray:
     """Singular values ``sigma_i`` in float64, descending ``[k]``, values only
     (accurate to ``eps64 * sigma_max``: what rank decisions need). ``device``: "auto"
     computes where the weights are (same-shaped matrices on a GPU in one batched torch
-    call), "cpu" or a torch device forces it."""
+    call), "cpu" or a torch device forces it. ``conv="weightwatcher"`` (its preset): a
+    convolution's are its kernel-position matrices' pooled, each scaled by ``sqrt(1/2)``
+    as ``esd`` reads it (``sigma_i^2`` are then the ESD's eigenvalues)."""
+    if conv == "weightwatcher" and np.ndim(tensor) == 4:
+        pooled = [linalg.singular_values(m) for m in _positions(tensor)]
+        return np.sort(np.concatenate(pooled))[::-1].copy()
     where = linalg.resolve_device(device, tensor)
     if where != "cpu":
         return linalg.svals_batched_torch([_finite_tensor(tensor)], where)[0]
@@ -374,7 +409,7 @@ def matrix_entropy(esd: np.ndarray) -> float:
 @kernel(produce_fields=("mp_bulk_max", "mp_softrank", "num_spikes"))
 def marchenko_pastur(esd: np.ndarray, shape: tuple[int, ...], *,
                      bulk: Literal["frobenius", "fitted"] = "frobenius",
-                     ) -> tuple[float, float, int]:
+                     conv: Conv = "matrix") -> tuple[float, float, int]:
     """Marchenko-Pastur bulk edge ``lambda_+`` and what lies beyond it.
 
     ``bulk="frobenius"`` (default): the edge of a random matrix of the same size and
@@ -389,10 +424,11 @@ def marchenko_pastur(esd: np.ndarray, shape: tuple[int, ...], *,
     ``lambda_+ = sigma^2 (1 + 1 / sqrt(Q))^2`` in those units (``Q = L / k``), and the
     spikes are counted beyond ``lambda_+ + sqrt(Q^(-1/2) lambda_+^(2/3) k^(-2/3))``, the
     Tracy-Widom allowance WeightWatcher adds. ``mp_bulk_max`` is in the ESD's units.
+    ``conv="weightwatcher"`` (its preset): a convolution's ``N`` and ``M`` are its
+    kernel-position matrices' (the ESD pools them), as WeightWatcher 0.7.7's.
     """
     values = _positive(esd, "marchenko_pastur")
-    n = int(shape[0])
-    m = int(np.prod(shape[1:]))
+    n, m, _ = view(shape, conv)  # a convolution's kernel positions: their N and M
     k, big = min(n, m), max(n, m)
     if bulk == "fitted":
         mean = float(np.sum(values)) / len(values)
@@ -403,7 +439,7 @@ def marchenko_pastur(esd: np.ndarray, shape: tuple[int, ...], *,
         allowance = math.sqrt(edge ** (2.0 / 3.0) * k ** (-2.0 / 3.0) / math.sqrt(q))
         return (edge * mean, edge / float(scaled.max()),
                 int(np.sum(scaled > edge + allowance)))
-    edge = float(np.sum(values) / k * (1.0 + math.sqrt(k / big)) ** 2)
+    edge = float(np.sum(values) / len(esd) * (1.0 + math.sqrt(k / big)) ** 2)
     return edge, edge / float(values[-1]), int(np.sum(values > edge))
 
 
@@ -458,15 +494,27 @@ def fit_mp_sigma(scaled: np.ndarray, q: float, bandwidth: float = 0.1) -> float:
 
 # -- sizes, singular values, spectrum ends ------------------------------------------------
 @kernel(restrictions=_MATRIX, aliases={"N": "greater_dim"})
-def greater_dim(shape: tuple[int, ...]) -> int:
-    """``N = max(rows, cols)`` of the matrix view (reads no weights)."""
-    return max(_dims(shape))
+def greater_dim(shape: tuple[int, ...], *, conv: Conv = "matrix") -> int:
+    """``N = max(rows, cols)`` of the matrix view (reads no weights); under
+    ``conv="weightwatcher"`` a convolution's ``max(out, in)``, its kernel-position
+    matrices'."""
+    return max(view(shape, conv)[:2])
 
 
-@kernel(restrictions=_MATRIX, aliases={"M": "lower_dim", "num_evals": "lower_dim"})
-def lower_dim(shape: tuple[int, ...]) -> int:
-    """``M = k = min(rows, cols)`` of the matrix view (reads no weights)."""
-    return min(_dims(shape))
+@kernel(restrictions=_MATRIX, aliases={"M": "lower_dim"})
+def lower_dim(shape: tuple[int, ...], *, conv: Conv = "matrix") -> int:
+    """``M = k = min(rows, cols)`` of the matrix view (reads no weights); under
+    ``conv="weightwatcher"`` a convolution's ``min(out, in)``."""
+    return min(view(shape, conv)[:2])
+
+
+@kernel(restrictions=_MATRIX)
+def num_evals(shape: tuple[int, ...], *, conv: Conv = "matrix") -> int:
+    """How many eigenvalues the ESD has: ``M``, or under ``conv="weightwatcher"`` a
+    convolution's ``kh kw min(out, in)``, its kernel positions' pooled (reads no
+    weights)."""
+    rows, cols, matrices = view(shape, conv)
+    return matrices * min(rows, cols)
 
 
 @kernel(aliases={"Q": "aspect_ratio"})
@@ -533,5 +581,6 @@ def esd_extremes(esd: np.ndarray) -> tuple[float, float]:
 ALL = (
     svd, esd, esd_scale, svals, spectral_norm, log_spectral_norm, stable_rank, log_norm,
     hard_rank, matrix_entropy, marchenko_pastur, squared_frob_norm, greater_dim, lower_dim,
-    aspect_ratio, weights_std, sval_extremes, nuclear_norm, effective_rank, esd_extremes,
+    num_evals, aspect_ratio, weights_std, sval_extremes, nuclear_norm, effective_rank,
+    esd_extremes,
 )

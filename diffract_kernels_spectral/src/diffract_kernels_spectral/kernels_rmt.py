@@ -23,12 +23,15 @@ from diffract_kernels_spectral._rmt import mp_cdf, tracy_widom1_quantile
 from diffract_kernels_spectral.kernels import (
     _MATRIX,
     PARALLEL,
+    Conv,
     _dims,
     _ends,
     _finite_matrix,
     _finite_tensor,
+    _positions,
     _positive,
     _scaled,
+    view,
 )
 
 __all__ = ["ALL"]
@@ -63,17 +66,28 @@ WW_FEW_EVALS, WW_REPLICAS = 100, 5
 def esd_rand(tensor: Any, esd_scale: float, *, seed: Seed = 42,
              precision: Literal["float32", "float64"] = "float64",
              device: str = "auto",
-             replicas: Literal["one", "weightwatcher"] = "one") -> np.ndarray:
+             replicas: Literal["one", "weightwatcher"] = "one",
+             conv: Conv = "matrix") -> np.ndarray:
     """ESD of ``W_rand`` (the permutation ``weights_rand`` makes for the same ``seed``),
     ``c sigma_i(W_rand)^2`` ascending, computed as ``esd`` is: ``device="auto"`` shuffles
     and decomposes on the GPU that holds the weights (the permutation is drawn by numpy,
     so it is the same everywhere). ``replicas="weightwatcher"`` (its preset) pools, as
     WeightWatcher 0.7.7 does for a matrix of fewer than 100 eigenvalues, the ESDs of 5
-    shuffles (seeds ``seed`` to ``seed + 4``): ``5 k`` eigenvalues."""
-    if replicas == "weightwatcher" and min(_dims(np.shape(tensor))) < WW_FEW_EVALS:
+    shuffles (seeds ``seed`` to ``seed + 4``): ``5 k`` eigenvalues. ``conv=
+    "weightwatcher"`` (its preset): a convolution's kernel-position matrices each
+    shuffled on its own (one generator of the seed drawing their permutations in turn)
+    and their ESDs pooled, scaled as ``esd`` scales them (the 100 eigenvalues counted
+    over the positions, as WeightWatcher's ``n_comp``)."""
+    rows, cols, matrices = view(np.shape(tensor), conv)
+    if replicas == "weightwatcher" and matrices * min(rows, cols) < WW_FEW_EVALS:
         pooled = [esd_rand(tensor, esd_scale, seed=seed + r, precision=precision,
-                           device=device) for r in range(WW_REPLICAS)]
+                           device=device, conv=conv) for r in range(WW_REPLICAS)]
         return np.sort(np.concatenate(pooled))
+    if conv == "weightwatcher" and np.ndim(tensor) == 4:
+        rng = np.random.default_rng(seed)
+        pooled = [linalg.esd(m.reshape(-1)[rng.permutation(m.size)].reshape(m.shape),
+                             precision) for m in _positions(tensor)]
+        return _scaled(np.sort(np.concatenate(pooled)), esd_scale)
     where = linalg.resolve_device(device, tensor)
     if where != "cpu":
         import torch
@@ -109,8 +123,15 @@ def w1_rand_distance(esd: np.ndarray, esd_rand: np.ndarray) -> float:
 
 
 # -- Marchenko-Pastur ----------------------------------------------------------------------------
-def _unit(shape: tuple[int, ...], esd_scale: float) -> tuple[float, float, int, int]:
+def _unit(shape: tuple[int, ...], esd_scale: float, conv: str
+          ) -> tuple[float, float, int, int]:
     """``(c N, Q, N, M)``: the ESD value of one unit of entry variance, and the sizes."""
+    if conv == "weightwatcher" and len(shape) == 4:
+        raise FieldUndefined(
+            "the original Diffract's Marchenko-Pastur fit reads a convolution as one "
+            "[out, in*kh*kw] matrix, and under conv='weightwatcher' (its preset) the ESD "
+            "pools the kernel positions' matrices: mp_softrank and num_spikes are "
+            "WeightWatcher's fit of that ESD")
     n, m = _dims(shape)
     big, small = max(n, m), min(n, m)
     return esd_scale * big, big / small, big, small
@@ -119,14 +140,14 @@ def _unit(shape: tuple[int, ...], esd_scale: float) -> tuple[float, float, int, 
 @kernel(produce_fields=("mp_esd_max", "mp_esd_min", "mp_bulk_std"), restrictions=_MATRIX)
 def marchenko_pastur_fit(
     esd_rand: np.ndarray, esd_max: float, weights_std: float, shape: tuple[int, ...],
-    esd_scale: float,
+    esd_scale: float, *, conv: Conv = "matrix",
 ) -> tuple[float, float, float]:
     """Marchenko-Pastur bulk of the randomized ESD. With ``s = weights_std``, the edge
     ``e = c N s^2 (1 + 1/sqrt(Q))^2``; when randomized eigenvalues lie above it, ``s`` is
     re-estimated from those at or below it, ``s^2 = sum lambda_rand / (c N M)``, and
     ``e`` recomputed. ``mp_esd_max = min(e, lambda_max)``, ``mp_esd_min = c N s^2 (1 -
     1/sqrt(Q))^2``, ``mp_bulk_std = s`` (an entry standard deviation, whatever ``c``)."""
-    unit, q, _, m = _unit(shape, esd_scale)
+    unit, q, _, m = _unit(shape, esd_scale, conv)
     rand = np.asarray(esd_rand, dtype=np.float64)
     var = float(weights_std) ** 2
     if not var > 0:
@@ -142,12 +163,12 @@ def marchenko_pastur_fit(
 
 @kernel(restrictions=_MATRIX)
 def mp_ks(esd: np.ndarray, mp_esd_min: float, mp_esd_max: float, mp_bulk_std: float,
-          shape: tuple[int, ...], esd_scale: float) -> float:
+          shape: tuple[int, ...], esd_scale: float, *, conv: Conv = "matrix") -> float:
     """KS distance between the eigenvalues inside ``(mp_esd_min, mp_esd_max)`` and the
     Marchenko-Pastur law of entry std ``mp_bulk_std`` restricted to that window (CDF
     renormalised on it): ``max_i max(i/n - F_i, F_i - (i-1)/n)``. 1 when no eigenvalue
     or no probability lies in the window."""
-    unit, q, _, _ = _unit(shape, esd_scale)
+    unit, q, _, _ = _unit(shape, esd_scale, conv)
     values = np.asarray(esd, dtype=np.float64)
     inside = np.sort(values[(values > mp_esd_min) & (values < mp_esd_max)])
     if inside.size == 0 or not mp_bulk_std > 0:
@@ -210,12 +231,13 @@ def tw_esd_bound(
     esd_scale: float,
     *,
     p_value_threshold: Annotated[float, Range(gt=0.0, lt=1.0)] = 0.005,
+    conv: Conv = "matrix",
 ) -> float:
     """Eigenvalue above which a spike is significant at ``p_value_threshold``: ``mu +
     t sigma`` with ``t`` the ``1 - p`` quantile of Tracy-Widom (beta = 1) and Johnstone's
     centring and scaling ``mu = c s^2 (sqrt(N - 1) + sqrt(M))^2``, ``sigma = c s^2
     (sqrt(N - 1) + sqrt(M)) (1/sqrt(N - 1) + 1/sqrt(M))^(1/3)``, ``s = mp_bulk_std``."""
-    _, _, n, m = _unit(shape, esd_scale)
+    _, _, n, m = _unit(shape, esd_scale, conv)
     if n < 2:
         raise FieldUndefined("the Tracy-Widom edge needs N >= 2")
     a, b = math.sqrt(n - 1), math.sqrt(m)

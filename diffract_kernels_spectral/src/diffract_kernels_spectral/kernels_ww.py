@@ -10,25 +10,28 @@ from typing import Annotated, Any, Literal
 import numpy as np
 
 from diffract import FieldUndefined, Range, kernel
-from diffract_kernels_spectral.kernels import _MATRIX, _dims, marchenko_pastur
+from diffract_kernels_spectral.kernels import _MATRIX, Conv, marchenko_pastur, view
 
 __all__ = ["ALL"]
 
 
 @kernel(restrictions=_MATRIX)
-def matrix_rank(svals: np.ndarray, shape: tuple[int, ...]) -> int:
+def matrix_rank(svals: np.ndarray, shape: tuple[int, ...], *, conv: Conv = "matrix") -> int:
     """``#{i : sigma_i > sigma_max N eps}`` with ``eps`` float64's machine epsilon:
-    ``numpy.linalg.matrix_rank``'s default rule, on the float64 singular values."""
+    ``numpy.linalg.matrix_rank``'s default rule, on the float64 singular values (under
+    ``conv="weightwatcher"`` a convolution's pooled over its kernel positions, ``N`` theirs,
+    as WeightWatcher 0.7.7 counts them)."""
     s = np.asarray(svals, dtype=np.float64)
     if s.size == 0 or not s[0] > 0:
         return 0
-    return int(np.count_nonzero(s > s[0] * max(_dims(shape)) * np.finfo(np.float64).eps))
+    big = max(view(shape, conv)[:2])
+    return int(np.count_nonzero(s > s[0] * big * np.finfo(np.float64).eps))
 
 
 @kernel
-def rank_loss(matrix_rank: int, lower_dim: int) -> int:
-    """``k - matrix_rank``: directions the matrix has lost to rounding."""
-    return int(lower_dim - matrix_rank)
+def rank_loss(matrix_rank: int, num_evals: int) -> int:
+    """``num_evals - matrix_rank``: directions the matrix has lost to rounding."""
+    return int(num_evals - matrix_rank)
 
 
 @kernel
@@ -115,14 +118,15 @@ def ERG_gap(detX_num: int, num_pl_spikes: int) -> int:  # noqa: N802 - WeightWat
 
 @kernel(restrictions=_MATRIX)
 def num_traps(esd_rand: np.ndarray, shape: tuple[int, ...], *,
-              bulk: Literal["frobenius", "fitted"] = "frobenius") -> int:
+              bulk: Literal["frobenius", "fitted"] = "frobenius",
+              conv: Conv = "matrix") -> int:
     """Correlation traps (WeightWatcher 0.7.7's ``num_traps``): the eigenvalues of the
     randomized ESD (``esd_rand``: the entries shuffled, so only outlier entries, not
     correlations, can stand out) beyond its Marchenko-Pastur bulk, counted as
     ``num_spikes`` counts the ESD's (``marchenko_pastur``; ``bulk="fitted"``, set by the
     weightwatcher preset, is WeightWatcher's ``mp_fit``). 0 for a matrix of iid entries;
     each large outlier entry adds one."""
-    return int(marchenko_pastur(esd_rand, shape, bulk=bulk)[2])
+    return int(marchenko_pastur(esd_rand, shape, bulk=bulk, conv=conv)[2])
 
 
 LAWS = ("power_law", "truncated_power_law", "exponential", "lognormal")

@@ -31,12 +31,16 @@ def _preset(*, min_tail: int, alpha_max: float | None, normalize: str, pvalue_xm
     fit = {"min_tail": min_tail, "alpha_max": alpha_max}
     fitted = {**fit, "fit_method": fit_method}
     alternatives = {"min_tail": min_tail, "xmin": alternatives_xmin, "fit_method": "auto"}
+    # every kernel that reads a convolution's shape or weights reads it as esd does
+    views = dict.fromkeys(("svals", "greater_dim", "lower_dim", "num_evals", "matrix_rank",
+                           "marchenko_pastur_fit", "mp_ks", "tw_esd_bound"), {"conv": conv})
     return {
         "esd_scale": {"normalize": normalize},
         "esd": {"conv": conv},
-        "esd_rand": {"replicas": replicas},
-        "marchenko_pastur": {"bulk": bulk},
-        "num_traps": {"bulk": bulk},
+        **views,
+        "esd_rand": {"replicas": replicas, "conv": conv},
+        "marchenko_pastur": {"bulk": bulk, "conv": conv},
+        "num_traps": {"bulk": bulk, "conv": conv},
         "power_law_fit": fitted,
         "pl_pvalue": {**fitted, "xmin": pvalue_xmin},
         "pl_alpha_ci": fitted,
@@ -64,7 +68,8 @@ def diffract_conventions() -> Iterator[Conventions]:
                 conv="weightwatcher", replicas="weightwatcher"),
         "WeightWatcher 0.7.7's analyze(): power-law tails down to 5 points, so small "
         "spectra get an alpha, below 20 eigenvalues its small-sample fit, no fit below 8, "
-        "a convolution read per kernel position (its eigenvalues pooled, halved), "
+        "a convolution read per kernel position in every field (its eigenvalues pooled, "
+        "halved; N, M and Q the positions'), "
         "num_traps from 5 pooled shuffles of a matrix of fewer than 100 eigenvalues, "
         "and the Marchenko-Pastur bulk is fitted as its mp_fit=True does (mp_softrank, "
         "num_spikes). On all-MiniLM-L6-v2 pl_alpha then equals WeightWatcher's on all 39 "

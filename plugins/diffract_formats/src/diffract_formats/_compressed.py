@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from diffract_formats.quantized import (
+from diffract_formats._quantbase import (
     Layout,
     Quantized,
     Read,

@@ -47,17 +47,24 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import attrs
 import numpy as np
 
 from diffract.errors import ModelSourceError
 from diffract.plugins import CheckpointReader, TensorEntry, to_slices
 from diffract_formats._common import error
+from diffract_formats._compressed import plan as _compressed
+from diffract_formats._quantbase import (
+    Layout,
+    Quantized,
+    Read,
+    _check,
+    _refuse,
+    _scale_dtype,
+    unpack_bits,
+)
 
 __all__ = ["QuantizedReader", "wrap"]
 
-Layout = Mapping[str, tuple[str, tuple[int, ...]]]  # name -> (safetensors dtype, shape)
-Read = Callable[[str], np.ndarray]
 
 #: FP4 (e2m1) values of the 16 nibbles (OCP MX: sign, 2 exponent bits, 1 mantissa bit).
 FP4_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
@@ -71,40 +78,6 @@ AUX_SUFFIXES = (".weight_scale_inv", ".weight_scale", ".weight_zero_point", ".we
                 ".weight.absmax", ".weight.quant_map")
 
 
-@attrs.frozen
-class Quantized:
-    """One quantized parameter: its dequantized shape, how it was stored (``label``, the
-    parameter's ``meta.quant``), the tensors it is read from (the first holds its values)
-    and the function that dequantizes them."""
-
-    shape: tuple[int, ...]
-    label: str
-    parts: tuple[str, ...]
-    dequantize: Callable[[Read], np.ndarray] = attrs.field(eq=False, repr=False)
-
-
-def _refuse(where: str, scheme: str, problem: str) -> Exception:
-    return error(where, f"quantization {scheme!r}: {problem}; refused (a quantized tensor is "
-                        "never analysed raw)")
-
-
-def _check(cond: bool, where: str, scheme: str, problem: str) -> None:
-    if not cond:
-        raise _refuse(where, scheme, problem)
-
-
-#: What a scale may be stored as: a float, or (FP8) UE8M0, an exponent byte.
-SCALE_DTYPES = ("F32", "F16", "BF16", "F64")
-
-
-def _scale_dtype(layout: Layout, name: str, scheme: str, ue8m0: bool = False) -> str:
-    dtype = layout[name][0]
-    _check(dtype in SCALE_DTYPES or ue8m0 and dtype == "F8_E8M0", name, scheme,
-           f"a scale stored as {dtype}: scales are floats" + (" or UE8M0 (F8_E8M0)"
-                                                              if ue8m0 else ""))
-    return dtype
-
-
 def ue8m0(bits: np.ndarray, where: str) -> np.ndarray:
     """UE8M0 scales (an exponent byte each: ``2 ** (byte - 127)``) as float32; the byte
     255, the format's NaN, is refused naming the tensor."""
@@ -112,19 +85,6 @@ def ue8m0(bits: np.ndarray, where: str) -> np.ndarray:
     _check(not (bits == 255).any(), where, "fp8", f"{int((bits == 255).sum())} UE8M0 "
            "scale(s) of 255, the format's NaN")
     return np.ldexp(np.float32(1.0), bits.astype(np.int32) - 127).astype(np.float32)
-
-
-# -- unpacking ----------------------------------------------------------------------------
-def unpack_bits(packed: np.ndarray, bits: int, axis: int) -> np.ndarray:
-    """Unsigned ``bits``-bit values packed into int32 along ``axis``, lowest bits first:
-    each int32 becomes ``32 / bits`` values in order, as uint8 (one byte a value: no
-    64-bit intermediate the size of the weight)."""
-    per = 32 // bits
-    words = np.moveaxis(np.ascontiguousarray(packed).view(np.uint32), axis, -1)
-    values = np.empty((*words.shape[:-1], words.shape[-1] * per), dtype=np.uint8)
-    for k in range(per):
-        values[..., k::per] = (words >> np.uint32(k * bits)) & np.uint32((1 << bits) - 1)
-    return np.moveaxis(values, -1, axis)
 
 
 # -- schemes ------------------------------------------------------------------------------
@@ -322,13 +282,6 @@ def _awq_dequantize(base: str, group: int) -> Callable[[Read], Any]:
         w *= scales[g]
         return np.ascontiguousarray(w.T)
     return dequantize
-
-
-def _compressed(layout: Layout, q: Mapping[str, Any], where: str, read: Read
-                ) -> dict[str, Quantized]:
-    from diffract_formats._compressed import plan as compressed  # a module of its own
-
-    return compressed(layout, q, where, read)
 
 
 def _bitsandbytes(layout: Layout, q: Mapping[str, Any], where: str, read: Read
