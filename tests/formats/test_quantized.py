@@ -461,9 +461,15 @@ def test_compare_says_what_quantization_changed_per_layer(tmp_path, capsys):
     _checkpoint(tmp_path / "fp8", quantized, {"quant_method": "fp8",
                                               "weight_block_size": [128, 128]})
     assert main(["compare", str(tmp_path / "base"), str(tmp_path / "fp8"), "--out",
-                 str(tmp_path / "out"), "--format", "csv", "--executor", "sequential"]) == 0
-    rows = {(r["field"], r["param"]): float(r["value"])
-            for r in csv.DictReader((tmp_path / "out" / "compare.csv").open())}
+                 str(tmp_path / "out"), "--format", "csv", "--executor", "sequential",
+                 "--report", str(tmp_path / "r.html")]) == 0
+    said = capsys.readouterr().err  # --format csv: what is said goes to stderr
+    assert ("fp8: dequantized on read as its format defines (meta.quant): 3 x "
+            "float8_e4m3fn block 128x128") in said and "base: dequantized" not in said
+    table = list(csv.DictReader((tmp_path / "out" / "compare.csv").open()))
+    assert {r["dequantized"] for r in table} == {"fp8: float8_e4m3fn block 128x128"}
+    assert "fp8: dequantized on read" in (tmp_path / "r.html").read_text()
+    rows = {(r["field"], r["param"]): float(r["value"]) for r in table}
     values, _ = _read(tmp_path / "fp8")
     for name, w in base.items():
         w = w.double().numpy()

@@ -72,6 +72,31 @@ def test_compare_ranks_the_moved_head_first(pair, tmp_path):
     assert "intruder_dimensions" in rows[0]
 
 
+def test_compare_with_views_leads_with_the_heads(pair, tmp_path):
+    """The head ranking comes first and the per-layer tables stay behind --tables; with
+    it they follow the ranking, the matrices only unless --tables all (a bias's row has
+    no subspace: its values are NaN)."""
+    base, tuned = pair
+    extra = {"model.layers.1.self_attn.o_proj.bias": np.ones(64)}
+    for root in pair:
+        tensors = safetensors_torch.load_file(str(root / "model.safetensors"))
+        tensors.update({k: torch.tensor(v, dtype=torch.float32) for k, v in extra.items()})
+        safetensors_torch.save_file(tensors, str(root / "model.safetensors"))
+    run = _cli("compare", str(base), str(tuned), "--views", "heads", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.lstrip().splitlines()[0].startswith("heads ranked by change")
+    assert "(layer x pair)" not in run.stdout
+    assert "per-layer tables: --tables matrices" in run.stdout
+    run = _cli("compare", str(base), str(tuned), "--views", "heads", "--tables", "matrices",
+               cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert out.index("heads ranked by change") < out.index("l_subspace_overlap (layer x pair)")
+    assert "o_proj.weight" in out and "o_proj.bias" not in out
+    run = _cli("compare", str(base), str(tuned), "--tables", "all", cwd=tmp_path)
+    assert "model.layers.1.self_attn.o_proj.bias" in run.stdout
+
+
 def test_analyze_splits_summarises_and_reports_views(pair, tmp_path):
     """The table lists the parameters; a line says what the rule split; a table gives
     the field over each parameter's views; JSON holds every view with its parent; the

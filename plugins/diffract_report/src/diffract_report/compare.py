@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import html
 import itertools
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from diffract_report._output import (
     terminal_console,
 )
 from diffract_report.analyze import command_entry
+from diffract_report.summary import dequantized_line, stored_as
 
 #: Pairwise fields shown by default: direction agreement, subspace overlap, spectrum change.
 DEFAULT_COMPARE = ("avg_max_l_agreement", "l_subspace_overlap", "sval_rel_change",
@@ -56,6 +59,11 @@ def configure_compare(p: argparse.ArgumentParser) -> None:
     p.set_defaults(pairs="consecutive")
     p.add_argument("--metrics", metavar="a,b,...",
                    help=f"pairwise fields (default: {','.join(DEFAULT_COMPARE)})")
+    p.add_argument("--tables", choices=("matrices", "all", "none"), default=None,
+                   help="the per-layer tables in the terminal: the matrices' (default), "
+                        "every parameter's (biases and norms too), or none (the default "
+                        "with --views, whose head ranking comes first); CSV and the report "
+                        "hold every parameter")
     add_session_arguments(p)
 
 
@@ -100,15 +108,28 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                   file=sys.stderr)
             return EXIT_INTERRUPTED
         console = terminal_console() if sys.stdout.isatty() and args.format == "table" else None
-        sections = []
+        tell = say if args.format == "table" else (
+            lambda s: print(printable(s, "\n"), file=sys.stderr))
+        stored = {m: stored_as(session, m) for m in model_ids}
+        said = [f"{m}: {dequantized_line(Counter(how.values()))}"
+                for m, how in stored.items() if how]
+        for line in said:  # before any number: the values are of dequantized weights
+            tell(line)
+        sections = [f"<p class='note'>{html.escape(line)}</p>" for line in said]
         written: list[Path] = []
         views = {p.name for m in model_ids for p in session.models.params(m) if p.parent}
+        if views:  # the head ranking first: what --views heads is asked for
+            written += _ranked_views(view, list(by_pair), metrics, args, console, say, sections)
+        shown = args.tables or ("none" if views else "matrices")
+        matrices = {p.name for m in model_ids for p in session.models.params(m)
+                    if p.parent is None and len(p.shape) >= 2}
         for field in metrics:
             layers, pairs, matrix = pair_matrix(view, field)
             keep = [i for i, layer in enumerate(layers) if layer not in views]
             layers, matrix = [layers[i] for i in keep], matrix[keep]
-            if args.format == "table":
-                rows = [[layer, *matrix[i]] for i, layer in enumerate(layers)]
+            if args.format == "table" and shown != "none":
+                rows = [[layer, *matrix[i]] for i, layer in enumerate(layers)
+                        if shown == "all" or layer in matrices]
                 print_table(f"{field} (layer x pair)", ["parameter", *pairs], rows, console,
                             keys=1)
             if args.plot or args.report:
@@ -127,25 +148,23 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
         if args.out or args.format != "table":
             fmt = "csv" if args.format == "table" else args.format
             if args.out is None:
-                sys.stdout.write(view.results.export_aggregates(*metrics, export_format=fmt))
+                sys.stdout.write(_export(view, metrics, fmt, None, stored))
             else:
                 folder = Path(args.out)
                 folder.mkdir(parents=True, exist_ok=True)
                 if fmt == "parquet":
                     raise UsageError("compare writes csv or json; --format parquet is for "
                                      "analyze.")
-                written.append(view.results.export_aggregates(
-                    *metrics, export_format=fmt, path=folder / f"compare.{fmt}"))
-        if views:
-            written += _ranked_views(view, list(by_pair), metrics, args, console, say, sections)
+                written.append(_export(view, metrics, fmt, folder / f"compare.{fmt}", stored))
+        if args.format == "table" and shown == "none" and views:
+            tell("per-layer tables: --tables matrices (or all); every parameter's values: "
+                 "--out FOLDER or --report FILE")
         if args.report:
             from diffract_report.report import write_html
 
             written.append(write_html(view, args.report, metrics=[], sections=sections,
                                       seconds=time.perf_counter() - started,
                                       command=" ".join(["diffract", *sys.argv[1:]])))
-        tell = say if args.format == "table" else (
-            lambda s: print(printable(s, "\n"), file=sys.stderr))
         for path in written:
             tell(f"wrote {path}")
         if tell_failures(reports, tell):
@@ -193,6 +212,22 @@ def _ranked_views(view: Any, pairs: Sequence[tuple[str, str]], metrics: Sequence
             csv.writer(fh).writerows([["pair", *header], *every])
         written.append(path)
     return written
+
+
+def _export(view: Any, metrics: Sequence[str], fmt: str, path: Path | None,
+            stored: dict[str, dict[str, str]]) -> Any:
+    """The pairwise values as export_aggregates tabulates them, with a ``dequantized``
+    column: for each row's models whose parameter was dequantized on read, ``model:
+    how it was stored`` (``meta.quant``), empty where none was."""
+    from diffract.exports import emit
+
+    records = view.results.export_aggregates(*metrics, export_format="list")
+    for r in records:
+        r["dequantized"] = "; ".join(
+            f"{m}: {stored[m][r['param']]}" for m in (r["models"] or "").split(",")
+            if r["param"] in stored.get(m, {}))
+    columns = ["name", "field", "models", "param", "value", "dequantized"]
+    return emit(records, columns, fmt, path)
 
 
 def _refuse_disjoint(session: Any, model_ids: Sequence[str]) -> None:

@@ -138,13 +138,7 @@ def summarize(
             poor_layers += 1
             poor += str(r.get("pl_fit_quality_reason") or "").split("; ")
         count = len(defined)
-        stored: Counter[str] = Counter()  # how quantized weights were stored (meta.quant)
-        for p in root.models.params(model_id):
-            how = p.meta_dict.get("quant") if p.parent is None else None
-            if how is None and p.parent is None and p.dtype.startswith("float8"):
-                how = f"{p.dtype} read as its values (no scale)"
-            if how is not None and how not in ("F16", "F32", "BF16"):
-                stored[str(how)] += 1
+        stored = Counter(stored_as(root, model_id).values())
         out.append({
             "model_id": model_id,
             "quantized": dict(stored.most_common()),
@@ -165,6 +159,25 @@ def summarize(
             "conventions": conventions,
         })
     return out
+
+
+def stored_as(session: Any, model_id: str) -> dict[str, str]:
+    """The parameters of ``model_id`` that were dequantized on read (or float8 tensors
+    read as their values, with no scale): name -> how they were stored (``meta.quant``)."""
+    out = {}
+    for p in session.models.params(model_id):
+        how = p.meta_dict.get("quant") if p.parent is None else None
+        if how is None and p.parent is None and p.dtype.startswith("float8"):
+            how = f"{p.dtype} read as its values (no scale)"
+        if how is not None and how not in ("F16", "F32", "BF16"):
+            out[p.name] = str(how)
+    return out
+
+
+def dequantized_line(counts: Mapping[str, int]) -> str:
+    """How many weights were stored how (``meta.quant`` -> count), as one line."""
+    return "dequantized on read as its format defines (meta.quant): " + ", ".join(
+        f"{n} x {how}" for how, n in counts.items())
 
 
 def summary_lines(record: Mapping[str, Any]) -> list[str]:
@@ -189,8 +202,7 @@ def summary_lines(record: Mapping[str, Any]) -> list[str]:
     if line:
         lines.append(f"  {line}")
     if record.get("quantized"):
-        lines.append("  dequantized on read as its format defines (meta.quant): " + ", ".join(
-            f"{n} x {how}" for how, n in record["quantized"].items()))
+        lines.append("  " + dequantized_line(record["quantized"]))
     if record["undefined"] or record["failed"]:
         lines.append(f"  no alpha for {record['undefined'] + record['failed']} layer(s):")
         for reason, count in list(record["undefined_reasons"].items())[:5]:
