@@ -47,8 +47,11 @@ ROOT = Path(__file__).resolve().parent.parent
 #: diffract-core) installed a `diffract` package over or under it (_diffract_shared, a
 #: module outside the package so the command speaks even when the other's files won),
 #: and `diffract --version` lists each installed distribution of the project.
-CORE_MAX_CODE = 6189
-CORE_MAX_LINES = 8988
+#: Issue 77, 11 code lines: an executor a user chose (a plugin's: Ray, Dask) that ran none
+#: of a step, the work being too small for its workers to pay, says so once, where the
+#: decision is taken (the runner), instead of leaving the choice silently unused.
+CORE_MAX_CODE = 6200
+CORE_MAX_LINES = 9004
 MODULE_MAX_LINES = 600
 #: Modules exempt from MODULE_MAX_LINES (relative to ROOT).
 EXEMPT = ("kernel_fun_gpu/src/kernel_fun/ops/*/_triton.py",)

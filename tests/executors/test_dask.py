@@ -62,6 +62,36 @@ class TestDask:
                             test_kernels.squared_sum, "t_sq")
         assert report.ok and rows == {"w": 9.0, "v": 10.0}
 
+    def test_a_chosen_executor_that_ran_nothing_says_so_once(self, rng, monkeypatch):
+        """A model too small for workers to pay: the chosen executor is never started,
+        and one warning says that the work ran in this process and how to send it
+        there; the core's own executors say nothing."""
+        import warnings
+
+        from diffract.core.compute import runner
+        from diffract.errors import ExecutorWarning
+
+        monkeypatch.setattr(runner, "_TOLD", set())
+        for executor in ("dask", "processes"):
+            with warnings.catch_warnings(record=True) as caught, Session(
+                    executor=executor) as s:
+                warnings.simplefilter("always")
+                s.models.add({"w": rng.standard_normal((60, 40))}, "m")
+                s.compute.apply("stable_rank")
+                s.compute.apply("pl_alpha")
+                assert s._executors._executor is None  # never built
+            said = [str(w.message) for w in caught if issubclass(w.category,
+                                                                 ExecutorWarning)]
+            if executor == "dask":
+                assert said == [
+                    "the 'dask' executor ran none of this step: its work was too small for "
+                    "workers to save their start-up (parallel.pool_min_seconds = 2 s), so "
+                    "it ran in this process, with the same values; "
+                    "parallel.pool_min_seconds = 0 sends every PARALLEL step to the "
+                    "executor."]
+            else:
+                assert said == []
+
     @pytest.mark.parametrize(("options", "message"), [
         ({"address": 8786}, r"address must be a scheduler address string, got 8786"),
         ({"n_workers": 0}, r"n_workers must be an integer >= 1, got 0"),

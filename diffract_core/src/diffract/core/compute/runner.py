@@ -60,6 +60,20 @@ GROUP_SECONDS = 0.05
 GROUP_MAX = 16  #: the most units one task holds
 
 
+_OURS = ("processes", "threads", "sequential")  #: the core's; a plugin's was chosen
+
+
+def _tell_unused(name: str, least: float) -> None:
+    """Say once per process that the executor a user chose ran none of a step's work."""
+    if name not in _TOLD:
+        _TOLD.add(name)
+        warn(ExecutorWarning(
+            f"the {name!r} executor ran none of this step: its work was too small for "
+            f"workers to save their start-up (parallel.pool_min_seconds = {least:g} s), so "
+            "it ran in this process, with the same values; parallel.pool_min_seconds = 0 "
+            "sends every PARALLEL step to the executor."))
+
+
 def pool_pays(left: float, cores: float, workers: int, start_up: float) -> bool:
     """Whether ``workers`` processes save more than their ``start_up`` on ``left`` seconds
     of work that kept ``cores`` busy here: ``left * (1 - cores / workers)``."""
@@ -296,6 +310,8 @@ class Runner(Inputs):
                 current = following
             while inflight:
                 finish_oldest()
+            if parallel and not use_pool and self.executors.name not in _OURS:
+                _tell_unused(self.executors.name, self.pool_min_seconds)
         finally:
             for future in pending:  # interrupted: do not read what nobody will use
                 future.cancel()
