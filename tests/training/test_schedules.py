@@ -318,13 +318,17 @@ class _Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def _hf_trainer(out, steps, schedule, record):
+def _hf_trainer(out, steps, schedule, record, logged=None):
     from diffract_training import DiffractCallback
 
     class _Record(transformers.TrainerCallback):
         def on_step_end(self, args, state, control, optimizer=None, lr_scheduler=None, **kw):
             record.append((state.global_step, dict(schedule.alphas), lr_scheduler.get_last_lr(),
                            [(list(g["params"]), g["lr"]) for g in optimizer.param_groups]))
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logged is not None:
+                logged.append(dict(logs or {}))
 
     args = transformers.TrainingArguments(
         output_dir=str(out), max_steps=steps, per_device_train_batch_size=4, learning_rate=1e-2,
@@ -337,10 +341,13 @@ def _hf_trainer(out, steps, schedule, record):
 
 def test_tempbalance_in_the_hf_trainer_as_its_docs_pass_callbacks(tmp_path):
     record: list = []
+    logged: list = []
     schedule = TempBalance(every=2, background=False)
-    trainer = _hf_trainer(tmp_path / "out", 4, schedule, record)
+    trainer = _hf_trainer(tmp_path / "out", 4, schedule, record, logged)
     trainer.train()
     assert [r[0] for r in record] == [1, 2, 3, 4]
+    # every=None: the callback monitors nothing of its own, the final weights included
+    assert logged and not [k for logs in logged for k in logs if k.startswith("diffract/")]
     for step, alphas, base, groups in record:
         assert {s for s, _ in alphas.values()} == {2 * (step // 2)}
         values = {m: a for m, (_, a) in alphas.items()}
@@ -391,6 +398,9 @@ def test_a_resumed_trainer_run_keeps_its_schedules_factors(tmp_path):
     saved.write_text('{"schedules": [{"kind": "TempBalance", "state": {}}]}')
     with pytest.raises(InvalidArgumentError, match=r"\['TempBalance'\].*\['LayerwiseLR'\]"):
         run({}, str(tmp_path / "out" / "checkpoint-6"))
+    import threading  # the refused run leaves no analysis thread behind
+
+    assert not [t for t in threading.enumerate() if t.name.startswith("diffract-monitor")]
 
 
 def test_schedule_state_that_would_wreck_a_run_is_refused():

@@ -216,7 +216,10 @@ def monitor_options(front_end: str, options: Mapping[str, Any], monitor: Any) ->
         raise InvalidArgumentError(
             f"{front_end} got unknown keyword(s) {unknown}.{did_you_mean(unknown[0], known)} "
             f"It takes the monitor's: {', '.join(known)}.")
-    return dict(options)
+    options = dict(options)
+    if "every" in options and options["every"] is None:  # no monitoring of its own: not
+        options.setdefault("final", False)  # the final weights either (final=True asks)
+    return options
 
 
 def global_step(value: Any) -> int:

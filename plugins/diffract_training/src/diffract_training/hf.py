@@ -100,12 +100,16 @@ class DiffractCallback(TrainerCallback):
                 "DiffractCallback was called by no Trainer's callback handler, so its values "
                 f"cannot reach report_to={args.report_to}: add it with "
                 "trainer.add_callback(DiffractCallback(trainer, ...)).")
-        if model is not None:  # on every rank: the monitor knows which one writes
-            self.monitor.attach(model)
-        for schedule in self.schedules:  # the trainer's optimizer exists by now
-            schedule.attach(model, kwargs.get("optimizer"), state.global_step)
-        if self.schedules and state.global_step > 0:  # a resumed run
-            self._restore(args, state)
+        try:
+            if model is not None:  # on every rank: the monitor knows which one writes
+                self.monitor.attach(model)
+            for schedule in self.schedules:  # the trainer's optimizer exists by now
+                schedule.attach(model, kwargs.get("optimizer"), state.global_step)
+            if self.schedules and state.global_step > 0:  # a resumed run
+                self._restore(args, state)
+        except BaseException:  # training will not start: no thread left, groups given back
+            self.on_train_end(args, state, control)
+            raise
 
     def _restore(self, args: Any, state: Any) -> None:
         """The schedules' state saved in the checkpoint this run resumes from (found as
