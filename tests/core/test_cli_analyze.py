@@ -908,7 +908,8 @@ def test_a_folder_of_checkpoints_says_to_give_them_one_by_one_or_to_track_them(
         err = capsys.readouterr().err
         assert (f"{run}: a folder of 5 checkpoint(s) (step-50.npz, step-100.npz, "
                 f"step-150.npz, ... step-1000.npz), not one checkpoint.") in err, err
-        assert f"'{run}'/* for all" in err and f"diffract track '{run}'" in err, err
+        assert f"'{run}'/* for all" in err and \
+            f"diffract track '{run}' --store '{run}.diffract'" in err, err
 
     trainer = tmp_path / "out"
     for step in (10, 20):
@@ -918,7 +919,8 @@ def test_a_folder_of_checkpoints_says_to_give_them_one_by_one_or_to_track_them(
     assert main(["analyze", f"{trainer}/"]) == 2
     err = capsys.readouterr().err
     assert "a folder of 2 checkpoint(s) (checkpoint-10, checkpoint-20)" in err, err
-    assert f"diffract track {trainer}\n" in err, err  # the trailing slash dropped
+    # the trailing slash dropped
+    assert f"diffract track {trainer} --store {trainer}.diffract\n" in err, err
 
     other = tmp_path / "docs"
     other.mkdir()

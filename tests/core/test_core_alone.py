@@ -94,7 +94,7 @@ with Session() as s:
     assert "analyze 2" in run.stdout
     assert ("the 'analyze' command comes from the diffractml-report distribution, which is not "
             "installed") in run.stderr and "pip install diffractml-report" in run.stderr
-    assert "No model format is installed: pip install diffractml-formats" in run.stdout
+    assert "No model format is available: pip install diffractml-formats" in run.stdout
 
 
 def test_no_core_module_imports_another_distribution_of_the_repository():

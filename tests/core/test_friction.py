@@ -296,3 +296,50 @@ def test_kernels_verbose_survives_a_closed_pipe():
     run = subprocess.run(f"{sys.executable} -m diffract.cli kernels -v | head -1",
                          shell=True, capture_output=True, text=True)
     assert run.returncode == 0 and "Traceback" not in run.stderr
+
+
+class TestFirstHourMessages:
+    """Issue 77.5: what a new user's mistakes are answered with."""
+
+    def test_a_missing_adapter_is_said_as_models_add_says_a_missing_file(self, session):
+        from diffract.errors import ModelSourceError
+
+        with pytest.raises(ModelSourceError, match=r"Model 'l': the file does not exist \(a "
+                                                   r"PEFT adapter.*\('missing'\)") as caught:
+            session.models.add_lora("missing/", "l")
+        assert "torch.load" not in str(caught.value)
+
+    def test_a_store_path_that_holds_none_is_said_when_nothing_was_written(self, tmp_path):
+        pytest.importorskip("diffract_storage_local")
+        from diffract.errors import DiffractWarning, StorageError
+
+        with pytest.warns(DiffractWarning, match=r"No store was at .*typo.* nothing was "
+                                                 r"written to it"), \
+                Session(profile="local", path=str(tmp_path / "typo")) as s:
+            assert s.results.export_metrics() == {}
+        with warnings.catch_warnings():  # a store that was written to: nothing said
+            warnings.simplefilter("error", DiffractWarning)
+            with Session(profile="local", path=str(tmp_path / "new")) as s:
+                s.models.add({"w": np.ones((4, 4))}, "m")
+            with Session(profile="local", path=str(tmp_path / "new")) as s:
+                assert s.model_ids == ["m"]
+        with pytest.raises(StorageError, match="There is no Diffract store at .*none.* to "
+                                               "open read-only"):
+            Session(profile="local", path=str(tmp_path / "none"), read_only=True)
+
+    def test_analyze_of_a_folder_of_checkpoints_hints_a_command_that_runs(self, tmp_path,
+                                                                           capsys):
+        from safetensors.numpy import save_file
+
+        for step in (1, 2):
+            folder = tmp_path / "run" / f"checkpoint-{step}"
+            folder.mkdir(parents=True)
+            save_file({"w": np.eye(8, dtype=np.float32)}, str(folder / "model.safetensors"))
+        assert main(["analyze", str(tmp_path / "run")]) == 2
+        err = capsys.readouterr().err
+        hint = re.search(r"diffract (track \S+ --store \S+)", err)
+        assert hint, err
+        import shlex  # the command it names runs as given
+
+        assert main(shlex.split(hint.group(1))) == 0
+        assert (tmp_path / "run.diffract" / "store.sqlite").is_file()

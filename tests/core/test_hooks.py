@@ -104,8 +104,8 @@ class TestModelFormat:
         try:
             with Session() as s:
                 with pytest.raises(ModelSourceError,
-                                   match=r"No model format is installed: pip install "
-                                         r"diffractml-formats"):
+                                   match=r"No model format is available: diffractml-formats "
+                                         r"is installed but not loaded"):
                     s.models.add(tmp_path, "m")
                 s.models.add(weights, "mem")
                 assert s.models.params("mem")[0].name == "a.weight"
@@ -292,8 +292,10 @@ class TestCommands:
         assert run.stderr.strip() == (
             "diffract: error: the 'analyze' command comes from the diffractml-report "
             "distribution, which is not installed (or is disabled by DIFFRACT_PLUGINS/"
-            "DIFFRACT_DISABLE_PLUGINS): pip install diffractml-report (from a checkout of "
-            "Diffract: pip install ./plugins/diffract_report).")
+            "DIFFRACT_DISABLE_PLUGINS): diffractml-report is installed but not loaded "
+            "(make_plugin_manager(autoload=False), allow=, deny=, DIFFRACT_PLUGINS or "
+            "DIFFRACT_DISABLE_PLUGINS left it out): make_plugin_manager(allow=[..., "
+            "'diffractml-report']) loads it.")
 
 
 def test_a_kernel_with_undefined_inputs_runs_where_its_input_is_undefined():

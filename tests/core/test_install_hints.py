@@ -35,7 +35,13 @@ def test_the_table_is_what_the_installed_plugins_provide():
     assert provider_of("fields", "frob_norm") is None  # the core's own
 
 
-def test_both_forms_and_extras():
+def test_both_forms_and_extras(monkeypatch):
+    from importlib import metadata
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "distribution", missing)  # as where none is installed
     assert install_hint("diffractml-report") == (
         "pip install diffractml-report (from a checkout of Diffract: pip install "
         "./plugins/diffract_report)")
@@ -43,6 +49,26 @@ def test_both_forms_and_extras():
         "pip install 'diffractml-kernels-spectral[taichi]' (from a checkout of Diffract: "
         "pip install './diffract_kernels_spectral[taichi]')")
     assert install_hint("somebody-elses-pack") == "pip install somebody-elses-pack"
+
+
+def test_an_installed_distribution_left_out_is_loaded_not_installed(tmp_path):
+    """Installed but not loaded (autoload=False, allow=, the environment variables): the
+    hint says how to load it, not to pip install what is there (issue 77.5)."""
+    assert install_hint("diffractml-formats") == (
+        "diffractml-formats is installed but not loaded (make_plugin_manager(autoload=False), "
+        "allow=, deny=, DIFFRACT_PLUGINS or DIFFRACT_DISABLE_PLUGINS left it out): "
+        "make_plugin_manager(allow=[..., 'diffractml-formats']) loads it")
+    code = ("from diffract import Session\n"
+            "from diffract.plugins import make_plugin_manager, set_plugin_manager\n"
+            "set_plugin_manager(make_plugin_manager(autoload=False))\n"
+            "try:\n"
+            f"    Session().models.add({str(tmp_path / 'x.safetensors')!r}, 'm')\n"
+            "except Exception as exc:\n"
+            "    print(exc)\n")
+    (tmp_path / "x.safetensors").write_bytes(b"\x00" * 16)
+    run = _python(code)
+    assert "No model format is available: diffractml-formats is installed but not loaded" \
+        in run.stdout, run.stdout + run.stderr
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -68,8 +94,8 @@ def test_apply_of_a_field_whose_pack_is_missing_names_it(field, dist, folder):
     assert run.returncode == 0, run.stderr
     assert (f"Unknown field {field!r} requested. {field!r} comes from {dist}, which is not "
             f"installed (or is disabled by DIFFRACT_PLUGINS/DIFFRACT_DISABLE_PLUGINS): "
-            f"pip install {dist} (from a checkout of Diffract: pip install {folder}).") \
-        in run.stdout, run.stdout
+            f"{dist} is installed but not loaded") in run.stdout, run.stdout
+    assert f"make_plugin_manager(allow=[..., {dist!r}]) loads it" in run.stdout
 
 
 def test_analyze_of_a_metric_whose_pack_is_missing_names_both_forms(tmp_path):
@@ -85,5 +111,4 @@ def test_analyze_of_a_metric_whose_pack_is_missing_names_both_forms(tmp_path):
                          timeout=300)
     assert run.returncode == 2, run.stderr
     assert ("Metric 'pl_alpha' comes from diffractml-kernels-spectral, which is not installed: "
-            "pip install diffractml-kernels-spectral (from a checkout of Diffract: pip install "
-            "./diffract_kernels_spectral).") in run.stderr, run.stderr
+            "diffractml-kernels-spectral is installed but not loaded") in run.stderr, run.stderr

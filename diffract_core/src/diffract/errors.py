@@ -18,6 +18,7 @@ Warnings derive from :class:`DiffractWarning`."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import sys
 import warnings
@@ -457,7 +458,16 @@ def provider_of(kind: str, name: str) -> str | None:
 
 
 def install_hint(distribution: str, extra: str = "") -> str:
-    """``pip install`` for ``distribution`` (and ``extra``), and from a checkout."""
+    """``pip install`` for ``distribution`` (and ``extra``), and from a checkout; for one
+    installed already (without an extra), how to load what the plugin manager left out."""
+    from importlib import metadata
+
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        if not extra and metadata.distribution(distribution):
+            return (f"{distribution} is installed but not loaded (make_plugin_manager("
+                    "autoload=False), allow=, deny=, DIFFRACT_PLUGINS or "
+                    "DIFFRACT_DISABLE_PLUGINS left it out): make_plugin_manager(allow=[..., "
+                    f"{distribution!r}]) loads it")
     path = _distributions().get(distribution, {}).get("path")
     name, local = (f"'{distribution}[{extra}]'", f"'./{path}[{extra}]'") if extra else (
         distribution, f"./{path}")

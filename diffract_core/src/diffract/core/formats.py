@@ -118,7 +118,7 @@ def _unknown(path: Path, model_id: str, formats: Mapping[str, Any]) -> ModelSour
     more = (f"More formats come from plugins with a diffract_model_formats hook "
             f"(docs/plugins.md; `diffract plugins` lists the installed formats: "
             f"{', '.join(formats)})." if formats else
-            f"No model format is installed: {install_hint(FORMATS_DISTRIBUTION)} "
+            f"No model format is available: {install_hint(FORMATS_DISTRIBUTION)} "
             "(safetensors, torch files, .npz, Hugging Face-style directories, ONNX, Flax "
             f".msgpack; {FORMATS_DISTRIBUTION}[keras,gguf] adds Keras/HDF5 and GGUF).")
     return ModelSourceError(

@@ -114,6 +114,9 @@ class LoraReader(CheckpointReader):
             from diffract_formats.readers import OUTSIDE_HINT
 
             path = Path(adapter)
+            if not path.exists():  # said as models.add says it, not as torch.load's failure
+                raise error(path, "the file does not exist (a PEFT adapter: its directory, "
+                                  "or its adapter_model.safetensors or .bin)")
             if path.is_dir():
                 found = [path / f for f in ADAPTER_FILES if (path / f).is_file()]
                 if not found:

@@ -170,10 +170,11 @@ def _refuse_a_folder_of_checkpoints(raw: str, folder: Path) -> None:
         shown = printable(", ".join(inside[:3]) + (f", ... {inside[-1]}" if len(inside) > 3
                                                    else ""))
         quoted = printable(shlex.quote(raw.rstrip("/") or "/"))
+        store = printable(shlex.quote((raw.rstrip("/") or "run") + ".diffract"))
         raise UsageError(
             f"{printable(raw)}: a folder of {len(inside)} checkpoint(s) ({shown}), not one "
             f"checkpoint. Give them one by one ({quoted}/* for all), or track them as one training "
-            f"run's steps: diffract track {quoted}")
+            f"run's steps: diffract track {quoted} --store {store}")
 
 
 def storage_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -94,6 +94,7 @@ class StoreDirectory:
                 "(new or holding a store) as path=."
             )
         exists = (root / DB_NAME).is_file()
+        self._fresh = not exists  # no store was here: one left empty at close is said
         if self._want_read_only is None and exists:
             why = self._unwritable()
             if why is not None:
@@ -325,6 +326,7 @@ class StoreDirectory:
 
     def close(self) -> None:
         with self._lock:
+            unused = self._unused()
             if self._db is not None:
                 self._db.close()
                 self._db = None
@@ -333,6 +335,22 @@ class StoreDirectory:
                     self._marker.unlink()
                 self._marker = None
             self._release_file_lock()
+        if unused:  # a mistyped path read from: say it, at least when the session ends
+            from diffract.errors import DiffractWarning, warn
+
+            warn(DiffractWarning(
+                f"No store was at {str(self.root)!r} when it was opened, and nothing was "
+                "written to it: it is an empty store now. To read a store, check its path "
+                "(read_only=True refuses a path that holds none)."))
+
+    def _unused(self) -> bool:
+        """Whether this open created the store and nothing was written to it."""
+        if not self._fresh or self.read_only or self._db is None:
+            return False
+        tables = [r[0] for r in self._db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'meta'")]
+        return not any(self._db.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone()  # noqa: S608
+                       for t in tables)
 
     @contextlib.contextmanager
     def _transaction(self, db: sqlite3.Connection | None = None):
