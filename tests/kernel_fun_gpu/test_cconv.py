@@ -237,3 +237,28 @@ def test_the_old_import_path_is_the_op():
 
     for name in ("causal_conv1d", "is_supported", "warmup", "reference_causal_conv1d"):
         assert getattr(old, name) is getattr(new, name)
+
+
+def test_a_cpu_call_fla_cannot_run_says_so_before_reaching_fla(monkeypatch):
+    """Outside Triton's interpreter a CPU tensor runs neither kernel-fun nor fla (whose
+    kernels are Triton kernels too): the call that would go to fla says so, and how to
+    run both on a CPU, instead of dying inside Triton with '0 active drivers'."""
+    import kernel_fun.ops.cconv.op as cconv_op
+    import kernel_fun.ops.kda.op as kda_op
+
+    def never():
+        raise AssertionError("fla was called")
+
+    monkeypatch.setattr(cconv_op, "_fla_causal_conv1d", never)
+    monkeypatch.setattr(kda_op, "_fla_chunk_kda", never)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    said = r"goes to fla, whose kernels .* need a CUDA GPU.*TRITON_INTERPRET=1 and " \
+        r"KERNEL_FUN_INTERPRET=1"
+    x, w = torch.randn(1, 8, 16), torch.randn(16, 4)
+    with pytest.raises(RuntimeError, match=r"kernel-fun causal_conv1d: this call " + said):
+        cconv_op.causal_conv1d(x, w, activation=None)
+    from kernel_fun.kda import chunk_kda
+
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(RuntimeError, match=r"kernel-fun chunk_kda: this call " + said):
+        chunk_kda(q, q, q, -torch.rand(1, 8, 2, 16), torch.rand(1, 8, 2))

@@ -52,6 +52,19 @@ def device_reason(t: Any) -> str | None:
     return None
 
 
+def fla_can_run(t: Any, op: str) -> None:
+    """Before a call is handed to fla: fla's kernels are Triton kernels too, and on a
+    CPU tensor outside Triton's interpreter they die inside Triton ("0 active
+    drivers"). Say so, and how to run both on a CPU, instead (a RuntimeError)."""
+    if t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            f"kernel-fun {op}: this call goes to fla, whose kernels are Triton kernels too "
+            "and need a CUDA GPU: on a CPU tensor neither runs (Triton would fail with '0 "
+            "active drivers'). Move the tensors to a CUDA device, or, for tests on tiny "
+            "shapes, run both under Triton's interpreter: set TRITON_INTERPRET=1 and "
+            "KERNEL_FUN_INTERPRET=1 before triton is imported.")
+
+
 def is_capturing() -> bool:
     """Whether the current CUDA stream is being captured into a graph."""
     import torch

@@ -149,6 +149,7 @@ def causal_conv1d(
             ("fallback", reason), logging.WARNING, "kernel-fun causal_conv1d: %s", reason
         )
     if not ok:
+        _support.fla_can_run(x, "causal_conv1d")
         return _fla_causal_conv1d()(
             x=x, weight=weight, bias=bias, residual=residual, initial_state=initial_state,
             output_final_state=output_final_state, activation=activation, backend=backend,

@@ -295,10 +295,12 @@ def chunk_kda(
     ok, reason = is_supported(**args, **kwargs)
     _support.log_versions()
     if ok and self_check(args, kwargs) is not None:  # logged once by the check
-        return _fla_chunk_kda()(**args, **kwargs)
+        ok, reason = False, ""
     if not ok:
-        _support.log_once(("fallback", "chunk_kda", reason), logging.WARNING,
-                          "kernel-fun chunk_kda: %s", reason)
+        if reason:
+            _support.log_once(("fallback", "chunk_kda", reason), logging.WARNING,
+                              "kernel-fun chunk_kda: %s", reason)
+        _support.fla_can_run(q, "chunk_kda")
         return _fla_chunk_kda()(**args, **kwargs)
     return run(**args, **kwargs)
 
