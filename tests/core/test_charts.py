@@ -221,3 +221,119 @@ def test_a_single_pairs_heat_map_keeps_its_colour_bar_labels_inside(tmp_path):
     panel = _panels(tmp_path, [spec])[0][0]
     assert len(panel["bar"]) == 5 and len(set(panel["bar"])) == 5, panel
     assert 0 < panel["right"] <= panel["width"], panel
+
+
+BOXES = """<script>
+(function () {
+  var out = [];
+  document.querySelectorAll("svg").forEach(function (svg) {
+    var vb = svg.getAttribute("viewBox").split(" ").map(Number), ticks = [], lines = [];
+    svg.querySelectorAll("text").forEach(function (t) {
+      var b = t.getBoundingClientRect(), s = svg.getBoundingClientRect();
+      ticks.push({text: t.firstChild ? t.firstChild.nodeValue : "",
+                  cls: t.getAttribute("class") || "", rot: !!t.getAttribute("transform"),
+                  x0: b.left - s.left, x1: b.right - s.left, y0: b.top - s.top,
+                  y1: b.bottom - s.top, w: s.width, h: s.height});
+    });
+    svg.querySelectorAll("polyline").forEach(function (p) {
+      lines.push({dash: p.getAttribute("stroke-dasharray"),
+                  width: p.getAttribute("stroke-width")});
+    });
+    out.push({ticks: ticks, lines: lines});
+  });
+  document.body.setAttribute("data-test", JSON.stringify(out));
+})();
+</script>"""
+
+
+def _boxes(tmp_path, specs) -> list:
+    global HARNESS
+    saved, HARNESS = HARNESS, BOXES
+    try:
+        return _drawn(tmp_path, specs)
+    finally:
+        HARNESS = saved
+
+
+def test_a_bert_models_layer_ticks_are_distinct_and_drawn_whole(tmp_path):
+    """BERT's attention.output.dense and output.dense cut to one label each layer
+    (layer.0...output.dense twice); now the cut keeps the dropped words' initials where
+    two would read alike, and every label, token_type_embeddings' too, lies inside the
+    chart (issue 77.4)."""
+    names = ["embeddings.position_embeddings.weight", "embeddings.token_type_embeddings.weight",
+             "embeddings.word_embeddings.weight"]
+    names += [f"encoder.layer.{i}.{leaf}.weight" for i in range(3) for leaf in (
+        "attention.self.query", "attention.self.key", "attention.self.value",
+        "attention.output.dense", "intermediate.dense", "output.dense")]
+    names.append("pooler.dense.weight")
+    cats = viz.short_names(names)
+    spec = {"panels": [{"title": "pl_alpha by layer", "cats": cats, "series": [
+        {"kind": "line", "marks": True, "x": list(range(len(cats))), "label": "pl_alpha",
+         "y": [2 + (i % 3) for i in range(len(cats))]}]}]}
+    (chart,) = _boxes(tmp_path, [spec])
+    ticks = [t for t in chart["ticks"] if t["cls"] == "tick" and t["rot"]]
+    assert len(ticks) == len(cats)
+    texts = [t["text"] for t in ticks]
+    assert len(set(texts)) == len(texts), texts
+    assert "layer.0\u2026a.output.dense" in texts and "layer.0\u2026output.dense" in texts
+    for t in chart["ticks"]:
+        if t["text"]:  # (an empty axis label has no box)
+            assert t["x0"] >= 0 and t["x1"] <= t["w"] and t["y0"] >= 0 and t["y1"] <= t["h"], t
+
+
+def test_a_flat_runs_alignment_stays_in_0_to_1_and_both_curves_show(tmp_path):
+    """A run whose checkpoints barely differ: the overlap (bounded by 1) is drawn on an
+    axis that stays within [0, 1], the two curves (with the previous and with the first
+    checkpoint) are drawn differently so the one on top does not hide the other, and
+    the Movers table lists no interval in which nothing changed (issue 77.4)."""
+    torch = pytest.importorskip("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    from diffract.cli import main
+
+    torch.manual_seed(0)
+    base = {f"l{i}.weight": torch.randn(64, 48) for i in range(3)}
+    for step in (1, 2, 3):
+        folder = tmp_path / "run" / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        # checkpoint 3 repeats checkpoint 2: an interval in which nothing moved
+        state = {k: v + (1e-7 * min(step, 2) if k == "l0.weight" else 0.0)
+                 for k, v in base.items()}
+        safetensors_torch.save_file(state, str(folder / "model.safetensors"))
+    report = tmp_path / "r.html"
+    assert main(["track", str(tmp_path / "run"), "--store", str(tmp_path / "s"), "--report",
+                 str(report), "-q"]) == 0
+    text = report.read_text()
+    specs = [json.loads(html.unescape(m)) for m in
+             re.findall(r"<div class=chart data-chart='([^']*)'", text)]
+    (overlap,) = [s for s in specs if s["panels"][0]["title"].startswith("l_subspace_overlap")]
+    (chart,) = _boxes(tmp_path, [overlap])
+    y = [float(t["text"]) for t in chart["ticks"] if t["cls"] == "tick y"]
+    assert y and min(y) >= 0 and max(y) <= 1, y
+    assert len(chart["lines"]) == 2 and chart["lines"][0] != chart["lines"][1], chart["lines"]
+    movers = re.search(r'<table[^>]* id="movers">(.*?)</table>', text, re.S)
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in
+            re.findall(r"<tr[^>]*>(.*?)</tr>", movers.group(1) if movers else "", re.S)]
+    rows = [r for r in rows if r]
+    assert all(float(r[-1]) != 0 for r in rows), rows
+    assert not [r for r in rows if r[1] == "3"], rows  # 2 -> 3 moved nothing
+
+
+def test_the_compare_heat_maps_colour_bar_keeps_its_label_inside():
+    """A long field name on a heat map of one pair of values near 1: the colour bar's
+    label and tick labels end inside the PNG, with no '1e-6+9.99999e-1' offset on top
+    (issue 77.4)."""
+    pytest.importorskip("matplotlib")
+    z = np.array([[0.9999991], [0.9999995], [0.9999999], [0.9999993]])
+    rows = [f"encoder.layer.{i}.attention.output.dense.weight" for i in range(4)]
+    fig = viz.heatmap_figure(z, rows, ["a -> b"], "avg_max_l_agreement")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    width = fig.bbox.width
+    texts = [t for t in fig.findobj(lambda a: hasattr(a, "get_text") and a.get_visible()
+                                    and a.get_text())]
+    assert any(t.get_text() == "avg_max_l_agreement" and t.get_rotation() == 90 for t in texts)
+    for t in texts:
+        box = t.get_window_extent(renderer)
+        assert box.x0 >= 0 and box.x1 <= width + 0.5, (t.get_text(), box, width)
+    assert not [t.get_text() for t in texts if "e-" in t.get_text() or "e\u2212" in
+                t.get_text()]

@@ -85,11 +85,19 @@
       if (panel.ylim[0] !== null) lo = Math.min(lo, panel.ylim[0]);
       if (panel.ylim[1] !== null) hi = Math.max(hi, panel.ylim[1]);
     }
-    if (!isFinite(lo)) return [log ? 1 : 0, log ? 10 : 1];
-    if (lo === hi) return log ? [lo / 2, hi * 2] : [lo - 1, hi + 1];
-    if (log) return [lo / Math.pow(hi / lo, 0.04), hi * Math.pow(hi / lo, 0.04)];
-    var pad = (hi - lo) * 0.05;
-    return [lo - pad, hi + pad];
+    var out;
+    if (!isFinite(lo)) out = [log ? 1 : 0, log ? 10 : 1];
+    else if (lo === hi) out = log ? [lo / 2, hi * 2] : [lo - 1, hi + 1];
+    else if (log) out = [lo / Math.pow(hi / lo, 0.04), hi * Math.pow(hi / lo, 0.04)];
+    else out = [lo - (hi - lo) * 0.05, hi + (hi - lo) * 0.05];
+    var bound = axis === "y" && panel.ybound;  /* what the quantity can be (an overlap: 0..1) */
+    if (bound) {
+      if (bound[0] !== null) out[0] = Math.max(out[0], bound[0]);
+      if (bound[1] !== null) out[1] = Math.min(out[1], bound[1]);
+      if (!(out[0] < out[1])) out = [bound[0] !== null ? bound[0] : out[1] - 1,
+                                     bound[1] !== null ? bound[1] : out[0] + 1];
+    }
+    return out;
   }
 
   function scale(domain, range, log) {
@@ -113,6 +121,28 @@
     }
     var cut = head ? head + "\u2026" + tail : "\u2026" + tail;
     return cut.length <= n ? cut : "\u2026" + name.slice(-(n - 1));
+  }
+
+  function shortAll(names, n) {  /* each shortened; those that would read alike keep the
+    words the cut dropped after the layer index as initials (BERT's attention.output.dense
+    beside output.dense: layer.0\u2026a.output.dense, layer.0\u2026output.dense) */
+    var out = names.map(function (c) { return shorten(c, n); }), groups = {};
+    out.forEach(function (t, i) { (groups[t] = groups[t] || []).push(i); });
+    Object.keys(groups).forEach(function (t) {
+      if (groups[t].length > 1) groups[t].forEach(function (i) {
+        var cut = out[i], k = cut.indexOf("\u2026"), head = cut.slice(0, k),
+            tail = cut.slice(k + 1), name = names[i];
+        if (k < 0) return;
+        var start = head ? name.indexOf(head) + head.length + 1 : 0,
+            end = name.length - tail.length - 1;
+        if (end <= start) return;
+        var lost = name.slice(start, end).split(".").map(function (w) {
+          return w.charAt(0); }).join(".");
+        var longer = head + "\u2026" + lost + "." + tail;
+        if (longer.length <= n) out[i] = longer;
+      });
+    });
+    return out;
   }
 
   function colour(t) {  /* 0..1 -> a viridis-like ramp */
@@ -207,13 +237,14 @@
     var ytext = labels(yt), widest = 0;
     ytext.forEach(function (text) { widest = Math.max(widest, text.length); });
     /* the left margin makes room for the widest tick label beside the axis's own label */
-    var m = {l: Math.max(58, 28 + 6 * widest), r: 12, t: 22, b: cats ? 26 + 5.8 * longest : 40};
+    var m = {l: Math.max(58, 28 + 6 * widest), r: 12, t: 22,
+             b: cats ? (p.room || 26 + 5.8 * longest) : 40};
     var x0 = left + m.l, x1 = left + width - m.r, y0 = top + height - m.b, y1 = top + m.t;
     var xd = cats ? [-0.5, cats.length - 0.5] : extent(p, "x");
     var X = scale(xd, [x0, x1], p.xlog && !cats), Y = scale(yd, [y0, y1], p.ylog);
     /* the legend: in the corner of the plot that holds no data, else above the plot */
     var legend = p.series.filter(function (s) { return s.label; }).map(function (s) {
-      return [s.label, s.color || "#1f77b4", s.kind]; });
+      return [s.label, s.color || "#1f77b4", s.kind, s.dash || ""]; });
     var lw = 30 + 6 * Math.max.apply(null, legend.map(function (t) { return t[0].length; })
       .concat([0])), lh = 15 * legend.length + 4, place = null;
     if (legend.length) {
@@ -238,12 +269,12 @@
          ytext[i]);
     });
     if (cats) {
-      var every = Math.max(1, Math.ceil(cats.length / 40));
+      var every = Math.max(1, Math.ceil(cats.length / 40)), short = shortAll(cats, 24);
       cats.forEach(function (c, i) {
         if (i % every) return;
         var x = X(i) + 3, lab = el("text", {x: x, y: y0 + 8, "class": "tick",
           transform: "rotate(-90 " + x + " " + (y0 + 8) + ")", "text-anchor": "end"}, g,
-          shorten(c, 24));
+          short[i]);
         el("title", {}, lab, c);
       });
     } else {
@@ -308,17 +339,33 @@
       var y = place[1] + 12 + 15 * i, x = place[0] - 8;
       el("text", {x: x - 22, y: y + 4, "text-anchor": "end", "class": "tick"}, g, item[0]);
       el("line", {x1: x - 18, x2: x, y1: y, y2: y, stroke: item[1], "stroke-width": 3,
-                  "stroke-dasharray": item[2] === "vline" ? "4,3" : ""}, g);
+                  "stroke-dasharray": item[2] === "vline" ? "4,3" : item[3]}, g);
     });
   }
 
   function draw(box) {
     var spec = JSON.parse(box.getAttribute("data-chart")), n = spec.panels.length;
     var w = spec.w || 520 * n, h = spec.h || 300;
-    var svg = el("svg", {viewBox: "0 0 " + w + " " + h, width: w, height: h,
-                         role: "img", "aria-label": spec.title || "chart"});
+    var svg = el("svg", {role: "img", "aria-label": spec.title || "chart"}, box);
+    spec.panels.forEach(function (p) {  /* room for the longest category label: measured */
+      if (p.cats) p.room = labelRoom(svg, p.cats);
+      if (p.cats) h = Math.max(h, 22 + 140 + p.room);  /* the plot keeps 140 px */
+    });
+    svg.setAttribute("viewBox", "0 0 " + w + " " + h);
+    svg.setAttribute("width", w);
+    svg.setAttribute("height", h);
     spec.panels.forEach(function (p, i) { panel(svg, p, i * w / n, 0, w / n, h); });
-    box.appendChild(svg);
+  }
+
+  function labelRoom(svg, cats) {  /* the bottom margin the rotated labels need */
+    var widest = 0;
+    shortAll(cats, 24).forEach(function (text) {
+      var t = el("text", {"class": "tick", x: 0, y: -50}, svg, text);
+      var width = t.getComputedTextLength ? t.getComputedTextLength() : 0;
+      svg.removeChild(t);
+      widest = Math.max(widest, width || 6.5 * text.length);
+    });
+    return 16 + widest;
   }
 
   function sortable(t) {

@@ -129,8 +129,8 @@ def track_sections(session: Any, metrics: Sequence[str], k: float,
         parts.append(_lines(by_type, f"{field} by layer type (mean)", field) + "</div>")
         diffs = frame.diff().iloc[1:]
         for step, row in diffs.iterrows():
-            if row.notna().any():
-                layer = row.abs().idxmax()
+            if row.notna().any() and row.abs().max() > 0:  # an interval where none moved
+                layer = row.abs().idxmax()  # has no mover (the terminal says "no change")
                 movers_rows.append([field, step, layer, float(row[layer])])
         flagged_rows += [[field, step, layer, change, size]
                          for step, layer, change, size in sudden(frame, k)]
@@ -138,14 +138,16 @@ def track_sections(session: Any, metrics: Sequence[str], k: float,
         if not views.empty and not views.isna().all().all():
             parts.append(_heat(views, f"{field} per view and step"))
     curves = _alignment(session, "l_subspace_overlap")
-    if curves:
+    if curves:  # the first curve broad and pale, the second dashed on top: both show
+        looks = ({"color": BLUE, "width": 4.5, "opacity": 0.45},  # where they coincide
+                 {"color": ORANGE, "dash": "6,4"})
         series = [{"kind": "line", "marks": True, "x": [s for s, _ in pts],
-                   "y": _num([v for _, v in pts]), "color": colour,
+                   "y": _num([v for _, v in pts]), **look,
                    "label": f"with the {kind} checkpoint"}
-                  for (kind, pts), colour in zip(curves.items(), (BLUE, ORANGE), strict=False)]
+                  for (kind, pts), look in zip(curves.items(), looks, strict=False)]
         parts.append("<h3>Alignment</h3>" + _chart({"w": 820, "h": 300, "panels": [{
             "title": "l_subspace_overlap, mean over the layers", "xlabel": "step",
-            "ylabel": "overlap", "series": series}]}))
+            "ylabel": "overlap", "ybound": [0, 1], "series": series}]}))
     if flagged_rows:
         votes: dict[tuple[Any, str], int] = {}
         for _, step, layer, _, _ in flagged_rows:

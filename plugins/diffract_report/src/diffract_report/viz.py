@@ -231,10 +231,39 @@ def heatmap_figure(matrix: Any, rows: Sequence[str], cols: Sequence[str], title:
                       interpolation="nearest")
     ax.set_xticks(range(len(cols)), labels=list(cols), rotation=30, ha="right", fontsize=8)
     ax.set_yticks(range(len(rows)), labels=list(rows), fontsize=7)
-    fig.colorbar(image, ax=ax, label=title)
+    bar = fig.colorbar(image, ax=ax, label=title)
+    bar.formatter.set_useOffset(False)  # 0.99999x as such, not "1e-6+9.99999e-1" on top
+    bar.update_ticks()
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
+    fig.set_layout_engine(None)
+    _inside(fig)
     return fig
+
+
+def _inside(fig: Any) -> None:
+    """Widen ``fig`` until every text it draws (the colour bar's label on the right, long
+    row names on the left) lies inside it: tight_layout keeps the axes' labels in, not a
+    colour bar's."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for _ in range(3):
+        boxes = [t.get_window_extent(renderer) for t in fig.findobj(
+            lambda a: hasattr(a, "get_text") and a.get_visible() and a.get_text())]
+        width = fig.bbox.width
+        left = min((b.x0 for b in boxes), default=0.0)
+        right = max((b.x1 for b in boxes), default=width)
+        if left >= 0 and right <= width:
+            return
+        extra = max(0.0, -left) + max(0.0, right - width) + 4
+        inches = fig.get_size_inches()
+        shift = (max(0.0, -left) + 2) / (width + extra)
+        for ax in fig.axes:  # keep each axes' place in pixels, moved right by the overflow
+            box = ax.get_position()
+            ax.set_position([box.x0 * width / (width + extra) + shift,
+                             box.y0, box.width * width / (width + extra), box.height])
+        fig.set_size_inches(inches[0] * (width + extra) / width, inches[1])
+        fig.canvas.draw()
 
 
 def save_png(fig: Any, path: str | Path) -> Path:
