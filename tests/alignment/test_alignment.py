@@ -248,8 +248,9 @@ class TestScopeAndPairs:
                 s.models.add({"w": np.ones((3, 3))}, model_id="b")
                 with pytest.raises(MissingProducerError, match=r"Kernel 'l_overlap' requires field "
                                    r"'weights_lsvs', which no registered kernel produces\..* Install "
-                                   r"diffractml-kernels-spectral \(pip install diffractml-kernels-spectral \(from a "
-                                   r"checkout of Diffract: pip install \./diffract_kernels_spectral\)\)"):
+                                   r"diffractml-kernels-spectral \(diffractml-kernels-spectral is "
+                                   r"installed but not loaded .*allow=\[\.\.\., "
+                                   r"'diffractml-kernels-spectral'\]\) loads it\)"):
                     s.filter(["a", "b"]).compute.apply("avg_l_agreement")
         finally:
             set_plugin_manager(previous)

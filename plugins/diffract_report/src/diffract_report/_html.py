@@ -317,6 +317,15 @@ def _model_section(session: Any, root: Any, model_id: str, number: int, table: d
                         for r, c in record["poor_reasons"].items())
         parts.append(f"<p id='poor-fits-{number}'>Poor power-law fits (pl_fit_quality) on "
                      f"{record['poor_fits']} layer(s):</p><ul>{items}</ul>")
+    if record and record.get("noise_like"):
+        names = record["noise_like"]
+        parts.append(f"<p id='noise-{number}'>The alpha of {len(names)} layer(s) describes "
+                     "noise: their spectrum has no eigenvalue beyond the Marchenko-Pastur "
+                     "bulk edge of a random matrix of its size and norm (num_spikes 0), so it "
+                     "is consistent with random noise:</p><ul>" + "".join(
+                         f"<li>{_esc(n)}</li>" for n in names[:20]) + (
+                         f"<li>... {len(names) - 20} more</li>" if len(names) > 20 else "")
+                     + "</ul>")
     params = {p.name: p for p in root.models.params(model_id)}
     known = set(session.compute.list_available_metrics())
     wanted = [f for f in (*ESD_FIELDS, *DEPTH_FIELDS) if f in known] if plots else []

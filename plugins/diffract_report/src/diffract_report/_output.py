@@ -19,7 +19,7 @@ import numpy as np
 
 from diffract.errors import printable
 from diffract_report._inputs import UsageError
-from diffract_report.summary import format_table, format_value
+from diffract_report.summary import NOISE_MARK, NOISE_WHY, format_table, format_value
 
 
 # -- progress ----------------------------------------------------------------------------
@@ -101,11 +101,26 @@ def bounded(view: Any, model_id: str) -> set[str]:
     return {name for name, row in rows.items() if row.get("pl_bounded") == 1}
 
 
-def _marked(metric: str, value: Any, flagged: bool) -> Any:
-    """``value`` with BOUNDED_MARK when it is a pl_alpha the library's bound constrained."""
-    return f"{format_value(value)}{BOUNDED_MARK}" if flagged and metric in (
-        "pl_alpha", "alpha") else value
+def noise_like(view: Any, model_id: str) -> set[str]:
+    """The parameters whose spectrum has no eigenvalue beyond its Marchenko-Pastur bulk
+    (num_spikes 0, where stored): consistent with noise (summary.NOISE_WHY)."""
+    if "num_spikes" not in view.compute.list_available_metrics():
+        return set()
+    rows = view.results.export_metrics("num_spikes").get(model_id, {})
+    return {name for name, row in rows.items() if row.get("num_spikes") == 0}
 
+
+def _marked(metric: str, value: Any, flagged: bool, noise: bool = False) -> Any:
+    """``value`` with NOISE_MARK when it is a pl_alpha of a noise-like spectrum and
+    BOUNDED_MARK when the library's bound constrained it."""
+    if metric not in ("pl_alpha", "alpha") or not (flagged or noise) or not (
+            isinstance(value, (int, float)) and math.isfinite(value)):
+        return value
+    return (f"{format_value(value)}{NOISE_MARK if noise else ''}"
+            f"{BOUNDED_MARK if flagged else ''}")
+
+
+NOISE_NOTE = f"{NOISE_MARK} pl_alpha of a spectrum consistent with noise: {NOISE_WHY}"
 
 #: What marks a stack's value (packed experts): the median over its views, and the note.
 STACK_MARK = "~"
@@ -123,6 +138,7 @@ def table_rows(session: Any, view: Any, model_id: str, metrics: Sequence[str],
     values = view.results.export_metrics(*metrics)[model_id]
     params = {p.name: p for p in session.models.params(model_id)}
     flagged = bounded(view, model_id)
+    noise = noise_like(view, model_id)
     children: dict[str, list[str]] = {}
     for p in params.values():
         if p.parent is not None and len(params[p.parent].shape) >= 3:
@@ -135,7 +151,7 @@ def table_rows(session: Any, view: Any, model_id: str, metrics: Sequence[str],
         if (len(shape) < 2 and not include_1d) or (name in params and params[name].parent):
             continue
         cells = ["" if m == "warning" and not isinstance(row.get(m), str)
-                 else _marked(m, row.get(m), name in flagged)
+                 else _marked(m, row.get(m), name in flagged, name in noise)
                  for m in metrics]  # no warning applies: an empty cell, as WeightWatcher's
         for i, m in enumerate(metrics):
             if name in children and row.get(m) is None:

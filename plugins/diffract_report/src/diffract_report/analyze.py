@@ -29,6 +29,7 @@ from diffract_report._inputs import (
 from diffract_report._output import (
     BOUNDED_MARK,
     BOUNDED_NOTE,
+    NOISE_NOTE,
     STACK_MARK,
     STACK_NOTE,
     ProgressBar,
@@ -133,6 +134,8 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                     say(BOUNDED_NOTE)
                 if any(str(v).endswith(STACK_MARK) for row in rows for v in row[2:]):
                     say(STACK_NOTE)
+                if any("\u00b0" in str(v) for row in rows for v in row[2:]):  # NOISE_MARK
+                    say(NOISE_NOTE)
                 view_tables(session, view, model_id, view_fields or metrics, console, say,
                             every=args.view_rows)
             for record in summaries:

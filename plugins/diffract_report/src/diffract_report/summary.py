@@ -98,8 +98,8 @@ def summarize(
     in_scope = list(session.model_ids)
     ids = list(model_ids) if model_ids is not None else in_scope
     known = set(session.compute.list_available_metrics())
-    fields = [f for f in (alpha, weighted, "pl_fit_quality", "pl_fit_quality_reason")
-              if f in known]
+    fields = [f for f in (alpha, weighted, "pl_fit_quality", "pl_fit_quality_reason",
+                          "num_spikes") if f in known]
     table = results.export_metrics(*fields) if fields else {}
     notes = [n for n in results.export_notes() if n["kind"] in ("undefined", "failed")]
     producer = None
@@ -139,6 +139,8 @@ def summarize(
             poor += str(r.get("pl_fit_quality_reason") or "").split("; ")
         count = len(defined)
         stored = Counter(stored_as(root, model_id).values())
+        noise = sorted(n for n, r in rows.items() if r.get("num_spikes") == 0 and (
+            (a := _number(r.get(alpha))) is not None and math.isfinite(a)))
         out.append({
             "model_id": model_id,
             "quantized": dict(stored.most_common()),
@@ -156,9 +158,17 @@ def summarize(
             "undefined_reasons": grouped(reasons),
             "poor_fits": poor_layers,
             "poor_reasons": grouped(poor),
+            "noise_like": noise,
             "conventions": conventions,
         })
     return out
+
+
+#: What marks an alpha whose spectrum is consistent with Marchenko-Pastur noise, and why.
+NOISE_MARK = "\u00b0"
+NOISE_WHY = ("no eigenvalue lies beyond the Marchenko-Pastur bulk edge of a random matrix "
+             "of its size and norm (num_spikes 0), so the spectrum is consistent with "
+             "random noise and its alpha describes that noise, not learned structure")
 
 
 def stored_as(session: Any, model_id: str) -> dict[str, str]:
@@ -210,6 +220,11 @@ def summary_lines(record: Mapping[str, Any]) -> list[str]:
         more = len(record["undefined_reasons"]) - 5
         if more > 0:
             lines.append(f"    ... {more} more reason(s): results.export_notes() lists each")
+    if record.get("noise_like"):
+        names = record["noise_like"]
+        lines.append(f"  {NOISE_MARK} alpha of {len(names)} layer(s) describes noise "
+                     f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}): no "
+                     "eigenvalue beyond the Marchenko-Pastur bulk (num_spikes 0)")
     if record.get("poor_fits"):
         lines.append(f"  poor power-law fits (pl_fit_quality) on {record['poor_fits']} "
                      "layer(s):")
