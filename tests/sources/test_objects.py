@@ -622,3 +622,34 @@ def test_every_s3_request_gets_the_deadline_unless_the_user_set_one(monkeypatch)
     monkeypatch.setenv("DIFFRACT_REMOTE_TIMEOUT", "soon")
     with pytest.raises(ModelSourceError, match="DIFFRACT_REMOTE_TIMEOUT takes a number"):
         ObjectFiles.of("s3://runs/x", {})
+
+
+def test_the_docs_shell_recipe_for_a_local_s3_runs_as_written(tmp_path):
+    """docs/storage.md's shell block (moto's server, a bucket, `diffract analyze s3://`)
+    run by bash as a user would, on a free port, with this environment's tools first on
+    PATH; the analysis prints the checkpoint's layer (issue 77.6)."""
+    import os
+    import shutil
+    import socket
+    import subprocess
+    import sys
+
+    pytest.importorskip("moto")
+    text = (Path(__file__).resolve().parents[2] / "docs" / "storage.md").read_text()
+    block = re.search(r"<!-- shell-recipe: loopback s3 -->\n```bash\n(.*?)```", text,
+                      re.S).group(1)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert block.startswith("PORT=9000\n")
+    bin_dir = str(Path(sys.executable).parent)
+    if shutil.which("moto_server", path=bin_dir) is None:
+        pytest.skip("moto_server is not installed beside this python")
+    save_file({"layers.0.weight": np.eye(16, dtype=np.float32)}, str(tmp_path /
+                                                                        "model.safetensors"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DIFFRACT_"))}
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    run = subprocess.run(["bash", "-c", block.replace("PORT=9000", f"PORT={port}", 1)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "step-100: 1 layers" in run.stdout and "layers.0.weight" in run.stdout, run.stdout
