@@ -708,6 +708,33 @@ MUTANTS = [
            "    return grid[np.arange(rows) // r][:, np.arange(cols) // c]",
            "    return grid[np.arange(rows) // c % grid.shape[0]][:, np.arange(cols) // c]",
            ("tests/formats/test_quantized.py",), "a block scale's rows taken by its width"),
+    # The wheels' checks (issue 71) and the Ray executor's (issue 73), issue 74.
+    Mutant("wheel-dependency-forgotten", "plugins/diffract_report/pyproject.toml",
+           '    "rich>=13",\n', "", ("tests/wheels/test_wheels.py::"
+                                    "test_every_import_is_declared",),
+           "diffractml-report installed alone fails at its first table (rich undeclared)"),
+    Mutant("wheel-version-disagrees", "plugins/diffract_views/pyproject.toml",
+           'version = "0.2.0"', 'version = "0.2.1"',
+           ("tests/wheels/test_wheels.py::test_every_version_is_the_one_in_VERSION",),
+           "one distribution released under another version than the rest"),
+    Mutant("ray-port-without-upper-bound", "plugins/diffract_executor_ray/src/"
+           "diffract_executor_ray/executor.py", "not 0 < int(port) < 65536", "not 0 < int(port)",
+           ("tests/executors/test_ray.py::TestRay::"
+            "test_bad_options_are_refused_when_the_session_opens",),
+           "a port of 70000 taken, Ray then retrying it for minutes"),
+    Mutant("ray-env-vars-unchecked", "plugins/diffract_executor_ray/src/"
+           "diffract_executor_ray/executor.py",
+           '            problems.append("runtime_env.env_vars must be a table of names to '
+           'strings, got "',
+           '            print("runtime_env.env_vars must be a table of names to strings, got "',
+           ("tests/executors/test_ray.py::TestRay::"
+            "test_bad_options_are_refused_when_the_session_opens",),
+           "a runtime_env Ray refuses on the cluster, taken at the session's start"),
+    Mutant("ray-remote-reads-this-machines-files", "plugins/diffract_executor_ray/src/"
+           "diffract_executor_ray/executor.py", '    return True if _local(options) else "urls"',
+           "    return True", ("tests/executors/test_ray.py::"
+                              "test_what_the_workers_read_themselves",),
+           "a remote cluster's workers sent this machine's paths, which they cannot open"),
     # Reliability, fifth pass (issue 73).
     Mutant("options-checked-at-the-top-only", FSSPEC + "objects.py",
            "                walk(value, f\"{path}.{key}\" if path else str(key))",
