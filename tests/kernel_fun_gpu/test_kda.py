@@ -323,7 +323,8 @@ class TestGate:
             ({"initial_state": "S16"}, "initial_state is not a float32 tensor"),
             ({"initial_state": "Swrong"}, r"initial_state has shape \(1, 2, 16, 24\)"),
             ({"scale": torch.tensor(0.5)}, "scale is Tensor"),
-            ({"transpose_state_layout": True}, r"unknown argument\(s\) \['transpose_state_layout'\]"),
+            ({"transpose_state_layout": True, "state_v_first": True}, "fla refuses the two"),
+            ({"a_new_flag": True}, r"unknown argument\(s\) \['a_new_flag'\]"),
         ],
     )
     def test_each_unsupported_argument_has_its_reason(self, kwargs, reason):
@@ -370,7 +371,7 @@ class TestGate:
 class TestFallback:
     @pytest.mark.parametrize(
         "kwargs",
-        [{"cu_seqlens": "C"}, {"chunk_size": 32}, {"transpose_state_layout": True},
+        [{"cu_seqlens": "C"}, {"chunk_size": 32}, {"a_new_flag": True},
          {"output_final_state": True, "initial_state": "S16"}],
         ids=["varlen", "chunk32", "unknown", "fp16-state"],
     )
@@ -578,3 +579,25 @@ def test_the_benchmark_script_runs():
                          text=True, env=dict(os.environ), timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count(": ok") == 3, out.stdout
+
+
+def test_the_deprecated_transpose_state_layout_is_state_v_first(monkeypatch, caplog):
+    """fla 0.6.0 reads transpose_state_layout as state_v_first: so does the drop-in (it
+    went to fla before, with a warning that fla "may have grown a flag"); both together
+    are fla's error, which fla raises (issue 78.5)."""
+    from kernel_fun.ops.kda import op
+
+    x, _ = _inputs(*SHAPES[0], torch.float32, state=True)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    state = x["initial_state"].transpose(-1, -2).contiguous()
+    monkeypatch.setattr(op, "_fla_chunk_kda", lambda: (_ for _ in ()).throw(
+        AssertionError("fla was called")))
+    with caplog.at_level(logging.WARNING, logger="kernel_fun"):
+        o1, h1 = chunk_kda(*args, initial_state=state, output_final_state=True,
+                           transpose_state_layout=True)
+    o2, h2 = chunk_kda(*args, initial_state=state, output_final_state=True, state_v_first=True)
+    assert torch.equal(o1, o2) and torch.equal(h1, h2) and h1.shape[-2:] == (
+        x["v"].shape[-1], x["q"].shape[-1])
+    assert "grown a flag" not in caplog.text
+    ok, reason = is_supported(*args, state_v_first=True, transpose_state_layout=True)
+    assert not ok and "fla refuses the two together" in reason

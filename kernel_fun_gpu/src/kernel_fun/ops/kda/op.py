@@ -95,6 +95,9 @@ def is_supported(
 ) -> tuple[bool, str]:
     """Whether kernel-fun runs this call itself: ``(True, "")`` or ``(False, reason)``."""
     given = {n: value for n, value in locals().items() if n != "kwargs"}
+    if "transpose_state_layout" in kwargs:
+        return False, ("transpose_state_layout with state_v_first: fla refuses the two "
+                       "together (transpose_state_layout is state_v_first's old name).")
     unknown = sorted(set(kwargs) - set(KNOWN_KWARGS))
     if unknown:
         return False, (f"unknown argument(s) {unknown}: fla may have grown a flag kernel-fun "
@@ -289,7 +292,10 @@ def chunk_kda(
     as fla's ``chunk_kda`` does (o ``[B, T, HV, V]`` in q's dtype; the final state float32
     ``[B, HV, K, V]``, or ``[B, HV, V, K]`` with ``state_v_first``, or None). Calls outside
     the supported box (module docstring) go to fla unchanged. Wrapped in
-    ``torch.compiler.disable``: one graph break at the call."""
+    ``torch.compiler.disable``: one graph break at the call. fla 0.6.0's deprecated
+    ``transpose_state_layout`` is ``state_v_first``, as fla reads it."""
+    if "transpose_state_layout" in kwargs and not state_v_first:  # both given: fla's error
+        state_v_first = bool(kwargs.pop("transpose_state_layout"))
     # the parameters by name, as given (locals() holds exactly them at this point)
     args = {name: value for name, value in locals().items() if name != "kwargs"}
     ok, reason = is_supported(**args, **kwargs)
