@@ -735,6 +735,10 @@ MUTANTS = [
            "    return True", ("tests/executors/test_ray.py::"
                               "test_what_the_workers_read_themselves",),
            "a remote cluster's workers sent this machine's paths, which they cannot open"),
+    Mutant("cconv-packed-batch-to-fla", "kernel_fun_gpu/src/kernel_fun/ops/cconv/op.py",
+           "if cu_seqlens is not None and batch > 1:", "if cu_seqlens is not None and batch > 9:",
+           ("tests/kernel_fun_gpu/test_cconv.py",),
+           "packed sequences over a batch of 2 handed to fla: dweight from row 0 only (#955)"),
     # Reliability, fifth pass (issue 73).
     Mutant("options-checked-at-the-top-only", FSSPEC + "objects.py",
            "                walk(value, f\"{path}.{key}\" if path else str(key))",

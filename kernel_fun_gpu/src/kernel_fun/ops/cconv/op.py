@@ -150,6 +150,17 @@ def causal_conv1d(
         )
     if not ok:
         _support.fla_can_run(x, "causal_conv1d")
+        batch = x.shape[0] if isinstance(x, torch.Tensor) and x.dim() == 3 else 1
+        if cu_seqlens is not None and batch > 1:  # sequences packed over the rows: fla 0.6.0
+            # writes dweight's partials of row 0 only (fla #955); the [1, B*T, D] call is right
+            y, final = _fla_causal_conv1d()(
+                x=x.reshape(1, -1, x.shape[-1]), weight=weight, bias=bias,
+                residual=None if residual is None else residual.reshape(1, -1, x.shape[-1]),
+                initial_state=initial_state, output_final_state=output_final_state,
+                activation=activation, backend=backend, cu_seqlens=cu_seqlens,
+                cu_seqlens_cpu=cu_seqlens_cpu, chunk_indices=chunk_indices,
+                cp_context=cp_context, **kwargs)
+            return y.reshape(x.shape), final
         return _fla_causal_conv1d()(
             x=x, weight=weight, bias=bias, residual=residual, initial_state=initial_state,
             output_final_state=output_final_state, activation=activation, backend=backend,
