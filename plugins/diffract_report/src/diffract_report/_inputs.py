@@ -14,11 +14,13 @@ import os
 import re
 import shlex
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from diffract.errors import (
+    DiffractWarning,
     InvalidArgumentError,
     ModelSourceError,
     install_hint,
@@ -335,6 +337,9 @@ def open_session(args: argparse.Namespace) -> Any:
     if not args.quiet and sys.stderr.isatty():
         config["apply"] = {"chunk_seconds": 0.5}  # the bar moves at least twice a second
     kwargs: dict[str, Any] = {"executor": args.executor} if args.executor else {}
+    # --store names where a command writes: a new path there is meant (and a command
+    # refused before it wrote anything says why itself), not a mistyped store to read
+    warnings.filterwarnings("ignore", message="No store was at ", category=DiffractWarning)
     return Session(profile=profile, config=config or None, **kwargs, **options)
 
 
