@@ -29,6 +29,7 @@ class TestCli:
         assert "    requires: frob_norm" in out
         assert "config:   ord=2.0" in out
 
+    @pytest.mark.slow
     def test_demo_is_a_tracked_run_whose_planted_event_is_found(self, tmp_path):
         """`diffract demo`: trains with a planted learning-rate spike in one layer, tracks
         the checkpoints into a store, and the sudden change that most metrics flag is at

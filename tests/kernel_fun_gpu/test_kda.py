@@ -566,6 +566,7 @@ def test_every_kernel_compiles_for_hopper():
         assert out.stdout.count("\n_") == 12, out.stdout  # every kernel variant reported
 
 
+@pytest.mark.slow
 def test_the_benchmark_script_runs():
     """benchmarks/bench_kda.py --dry-run: its inputs and calls for every case, on the CPU
     (a GPU session should not spend its minutes on a broken script)."""
