@@ -46,18 +46,18 @@ HARNESS = """<script>
 </script>"""
 
 
-def _page(specs) -> str:
+def _page(specs, harness: str) -> str:
     script = resources.files("diffract_report").joinpath("_charts.js").read_text()
     return ("<!doctype html><html><head><meta charset=utf-8></head><body>"
-            + "".join(_chart(s) for s in specs) + f"<script>{script}</script>{HARNESS}"
+            + "".join(_chart(s) for s in specs) + f"<script>{script}</script>{harness}"
             "</body></html>")
 
 
-def _drawn(tmp_path, specs) -> dict:
+def _drawn(tmp_path, specs, harness: str = HARNESS) -> dict:
     if shutil.which("chromium") is None:
         pytest.skip("chromium is not installed (apt-get install chromium)")
     page = tmp_path / "charts.html"
-    page.write_text(_page(specs))
+    page.write_text(_page(specs, harness))
     dom = subprocess.run(["chromium", "--headless=new", "--no-sandbox", "--disable-gpu",
                           "--dump-dom", page.as_uri()], capture_output=True, text=True,
                          timeout=120).stdout
@@ -153,12 +153,7 @@ PANELS = """<script>
 
 
 def _panels(tmp_path, specs) -> list:
-    global HARNESS
-    saved, HARNESS = HARNESS, PANELS
-    try:
-        return _drawn(tmp_path, specs)
-    finally:
-        HARNESS = saved
+    return _drawn(tmp_path, specs, PANELS)
 
 
 def test_ticks_and_colour_bars_never_repeat_a_label_at_small_drifts(tmp_path):
@@ -247,12 +242,7 @@ BOXES = """<script>
 
 
 def _boxes(tmp_path, specs) -> list:
-    global HARNESS
-    saved, HARNESS = HARNESS, BOXES
-    try:
-        return _drawn(tmp_path, specs)
-    finally:
-        HARNESS = saved
+    return _drawn(tmp_path, specs, BOXES)
 
 
 def test_a_bert_models_layer_ticks_are_distinct_and_drawn_whole(tmp_path):

@@ -19,20 +19,18 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from diffract import Session  # noqa: E402
 from diffract_training import AlphaDecay, LayerwiseLR, TempBalance  # noqa: E402
+from tests.training.test_schedules import _engine_alphas, _matrices  # noqa: E402
+from tests.training.test_schedules import _llama as schedules_llama  # noqa: E402
 
 LR, WD = 1e-3, 0.1
 
 
 def _llama():
-    # 2 key-value heads of 16: k_proj and v_proj have 32 eigenvalues, under eigs_thresh
-    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128,
-                                      num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=32)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():  # spread the alphas apart, as training does
+    """test_schedules' tiny Llama (2 key-value heads of 16: k_proj and v_proj have 32
+    eigenvalues, under eigs_thresh), its matrices' alphas spread apart as training does."""
+    model = schedules_llama()
+    with torch.no_grad():
         for i, p in enumerate(p for p in model.parameters() if p.dim() == 2):
             p.mul_(torch.linspace(0.2, 1 + 0.3 * (i % 5), p.shape[1]) ** (1 + i % 3))
     return model
@@ -40,12 +38,8 @@ def _llama():
 
 def _alphas(model) -> dict[str, float]:
     """pl_alpha_hill of every matrix (diffract analyze's), by module."""
-    with Session() as s:
-        s.models.add({n: p.detach().clone() for n, p in model.named_parameters()
-                      if p.dim() == 2}, "m", copy_weights=True)
-        s.compute.apply("pl_alpha_hill")
-        table = s.results.export_metrics("pl_alpha_hill")["m"]
-    return {n.removesuffix(".weight"): row["pl_alpha_hill"] for n, row in table.items()}
+    table = _engine_alphas(_matrices(model))
+    return {n.removesuffix(".weight"): a for n, a in table.items()}
 
 
 def authors_mapping(rows, *, low, high, remove_first, remove_last, eigs_thresh,
