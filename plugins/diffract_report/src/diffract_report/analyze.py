@@ -75,7 +75,7 @@ def configure_analyze(p: argparse.ArgumentParser) -> None:
 
 
 def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
-    from diffract_report.summary import summarize, summary_lines
+    from diffract_report.summary import NOISE_MARK, summarize, summary_lines
 
     started = time.perf_counter()
     metrics = [m.strip() for m in (args.metrics or ",".join(DEFAULT_METRICS)).split(",")
@@ -134,7 +134,7 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                     say(BOUNDED_NOTE)
                 if any(str(v).endswith(STACK_MARK) for row in rows for v in row[2:]):
                     say(STACK_NOTE)
-                if any("\u00b0" in str(v) for row in rows for v in row[2:]):  # NOISE_MARK
+                if any(NOISE_MARK in str(v) for row in rows for v in row[2:]):
                     say(NOISE_NOTE)
                 view_tables(session, view, model_id, view_fields or metrics, console, say,
                             every=args.view_rows)
