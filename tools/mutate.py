@@ -40,6 +40,7 @@ FITTER_TESTS = ["tests/spectral/test_fitter_exactness.py", "tests/spectral/test_
 STATS_TESTS = ["tests/spectral/test_statistics.py", "tests/spectral/test_fitting.py"]
 CORE_TESTS = ["tests/core"]
 CONV_TESTS = ["tests/kernel_fun_gpu/test_cconv.py"]
+FLA_FIXES = "tests/kernel_fun_gpu/test_cconv_fla_fixes.py"
 CONV = "kernel_fun_gpu/src/kernel_fun/ops/cconv/_triton.py"
 KDA = "kernel_fun_gpu/src/kernel_fun/ops/kda/_triton.py"
 KDA_TESTS = ["tests/kernel_fun_gpu/test_kda.py::TestAgainstFlaNaive"]
@@ -737,8 +738,29 @@ MUTANTS = [
            "a remote cluster's workers sent this machine's paths, which they cannot open"),
     Mutant("cconv-packed-batch-to-fla", "kernel_fun_gpu/src/kernel_fun/ops/cconv/op.py",
            "if cu_seqlens is not None and batch > 1:", "if cu_seqlens is not None and batch > 9:",
-           ("tests/kernel_fun_gpu/test_cconv.py",),
+           (FLA_FIXES + "::test_packed_sequences",),
            "packed sequences over a batch of 2 handed to fla: dweight from row 0 only (#955)"),
+    Mutant("cconv-final-state-to-fla", "kernel_fun_gpu/src/kernel_fun/ops/cconv/exact.py",
+           "if output_final_state and needs_grad and weight is not None:",
+           "if output_final_state and needs_grad and weight is None:",
+           (FLA_FIXES + "::test_every_argument_against_the_definition",),
+           "a final state with gradients handed to fla: final_state[..., 0]'s gradient lost"),
+    Mutant("cconv-backend-final-state-to-fla", "kernel_fun_gpu/src/kernel_fun/ops/cconv/binding.py",
+           "    if dht is not None:\n        return _exact_bwd(", "    if dht is None:\n        return _exact_bwd(",
+           (FLA_FIXES + "::test_registered_as_fla_backend_the_final_state_gradient_is_right",),
+           "registered as fla's backend, a final-state gradient computed by fla's kernel"),
+    Mutant("cconv-exact-state-offset", "kernel_fun_gpu/src/kernel_fun/ops/cconv/exact.py",
+           "before = h0[seq, :, (W + positions - lo).clamp(0, W - 1)]",
+           "before = h0[seq, :, (W - 1 + positions - lo).clamp(0, W - 1)]",
+           (FLA_FIXES + "::test_packed_sequences",),
+           "the initial state read one step off (initial_state[..., W - k] is x[-k])"),
+    Mutant("cconv-dy-strides-of-x", CONV, "*x.stride(), *dy.stride())", "*x.stride(), *x.stride())",
+           (FLA_FIXES + "::test_non_contiguous_dy_and_inputs",),
+           "the backward reads dy with x's strides (fla #871, #1139)"),
+    Mutant("cconv-rows-past-the-end", CONV, "ok = (rows >= 0) & (rows < T)",
+           "ok = (rows >= 0) & (rows < T + 1)",
+           (FLA_FIXES + "::test_sequences_shorter_than_the_width",),
+           "a row past the sequence's end read (fla #1141's kind)"),
     # Reliability, fifth pass (issue 73).
     Mutant("options-checked-at-the-top-only", FSSPEC + "objects.py",
            "                walk(value, f\"{path}.{key}\" if path else str(key))",

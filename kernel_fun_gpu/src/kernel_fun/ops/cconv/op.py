@@ -2,7 +2,11 @@
 
 Same signature, defaults and ``(y, final_state)`` return. Calls inside the supported box
 run kernel-fun's Triton kernels; every other call is forwarded to fla with the caller's
-arguments untouched, so its result is fla's, bit for bit. The box is what a Kimi Delta
+arguments untouched, so its result is fla's, bit for bit, except where fla-core 0.6.0's
+answer is wrong: a call with ``output_final_state=True`` that needs gradients (fla drops
+the gradient of ``final_state[..., 0]``) runs :mod:`kernel_fun.ops.cconv.exact`, plain
+PyTorch; ``cu_seqlens`` over a batch of more than one row (fla #955: a wrong ``dweight``)
+goes to fla as the equivalent ``[1, B*T, D]`` call. The box is what a Kimi Delta
 Attention layer calls in pretraining:
 
 * ``activation`` "silu" or "swish"; no ``bias``, ``residual``, ``initial_state``;
@@ -31,6 +35,7 @@ from typing import Any
 import torch
 
 from kernel_fun import _check, _support, _toolchain
+from kernel_fun.ops.cconv.exact import causal_conv1d_exact, why_exact
 
 __all__ = ["causal_conv1d", "fla_probe", "is_supported", "warmup"]
 
@@ -142,6 +147,16 @@ def causal_conv1d(
         cu_seqlens, cu_seqlens_cpu, chunk_indices, cp_context, **kwargs,
     )
     _support.log_versions()
+    if not ok and isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor):
+        needs_grad = torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad
+            for t in (x, weight, bias, residual, initial_state))
+        exact = why_exact(output_final_state, needs_grad, weight)
+        if exact is not None and not kwargs and cp_context is None and backend == "triton":
+            _support.log_once(("exact", "causal_conv1d"), logging.WARNING,
+                              "kernel-fun causal_conv1d: %s", exact)
+            return causal_conv1d_exact(x, weight, bias, residual, initial_state,
+                                       output_final_state, activation, cu_seqlens)
     if ok and self_check(x, weight) is not None:  # logged once by the check
         ok = False
     elif not ok:
