@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernel_fun import _support
+from kernel_fun import _support, _toolchain
 
 # -- constants ----------------------------------------------------------------------------
 #: Widest kernel the Triton path takes (what KDA layers use is 4).
@@ -68,7 +68,32 @@ def _load_rows(base, rows, d, d_ok, T, st, sd):
                    mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
 
 
-@triton.autotune(configs=_configs(FWD_MAX_TILE), key=["D", "W", "B", "T"])
+FWD_CONFIGS = _configs(FWD_MAX_TILE)
+BWD_CONFIGS = _configs(BWD_MAX_TILE)
+
+
+def _known_good(kernel: str):
+    """The autotuner's early prune: the configurations the known-bad table allows on the
+    device of the call (kernel_fun._toolchain.allowed; the gate refuses the op when none
+    is left, so the list is never empty here)."""
+
+    def prune(configs, named_args, **kwargs):
+        toolchain = _toolchain.current(named_args["x"].device)
+        return _toolchain.allowed("causal_conv1d", kernel, configs, toolchain) or configs
+
+    return prune
+
+
+def launch_problem(toolchain) -> str | None:
+    """Why a kernel has no configuration the known-bad table allows under ``toolchain``."""
+    for name, configs in (("_fwd_kernel", FWD_CONFIGS), ("_bwd_kernel", BWD_CONFIGS)):
+        if not _toolchain.allowed("causal_conv1d", name, configs, toolchain):
+            return f"the known-bad table rules out every configuration of causal_conv1d's {name}"
+    return None
+
+
+@triton.autotune(configs=FWD_CONFIGS, key=["D", "W", "B", "T"],
+                 prune_configs_by={"early_config_prune": _known_good("_fwd_kernel")})
 @triton.jit
 def _fwd_kernel(x, w4, y, B, T, D, W, sxb, sxt, sxd, BT: tl.constexpr, BD: tl.constexpr):
     pid_d = tl.program_id(0)
@@ -98,7 +123,8 @@ def _dz(z, g):
     return g * s * (1.0 + z * (1.0 - s))
 
 
-@triton.autotune(configs=_configs(BWD_MAX_TILE), key=["D", "W", "B", "T"])
+@triton.autotune(configs=BWD_CONFIGS, key=["D", "W", "B", "T"],
+                 prune_configs_by={"early_config_prune": _known_good("_bwd_kernel")})
 @triton.jit
 def _bwd_kernel(
     x, w4, dy, dx, dwp, B, T, D, W, sxb, sxt, sxd, syb, syt, syd,

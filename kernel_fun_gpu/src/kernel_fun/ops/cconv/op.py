@@ -102,7 +102,15 @@ def is_supported(
         return False, f"x has an empty dimension {tuple(x.shape)}."
     reason = _support.device_reason(x)
     if reason is None:  # a toolchain known to compile wrong on this device
-        reason = _toolchain.refusal("causal_conv1d", _toolchain.current(x.device))
+        toolchain = _toolchain.current(x.device)
+        reason = _toolchain.refusal("causal_conv1d", toolchain)
+        if reason is None and toolchain.arch is not None:  # configurations it rules out
+            from kernel_fun.ops.cconv._triton import launch_problem
+
+            problem = launch_problem(toolchain)
+            if problem is not None:
+                reason = (f"{problem}; this device runs {toolchain.describe()}, so kernel-fun "
+                          "uses fla.")
     if reason is not None:
         return False, reason
     if weight.device != x.device:

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 
 import torch
 import triton
 import triton.language as tl
 
-from kernel_fun import _support
+from kernel_fun import _support, _toolchain
 
 # -- constants ------------------------------------------------------------------------------
 #: Chunk length (fla's default for chunk_kda).
@@ -718,10 +719,34 @@ if os.environ.get("KERNEL_FUN_KDA_LAUNCH"):
     set_launch(json.loads(os.environ["KERNEL_FUN_KDA_LAUNCH"]))
 
 
-def launch_settings(kernel, K: int, V: int) -> dict[str, int]:
+def launch_settings(kernel, K: int, V: int, toolchain=None) -> dict[str, int]:
     """A kernel's LAUNCH settings for head sizes K and V: tiles clipped to them (at least
     16), a V-block small enough for the state tile, BK = all of K for a kernel that holds
-    the whole state (it has BK but no BK setting), plus num_warps / num_stages."""
+    the whole state (it has BK but no BK setting), plus num_warps / num_stages; under a
+    ``toolchain`` (:class:`kernel_fun._toolchain.Toolchain`), steered around the
+    configurations its known-bad table rules out (LookupError when none is left)."""
+    cfg = _clipped(kernel, K, V)
+    if toolchain is not None:
+        name = kernel.fn.__name__
+        cfg, avoided = _toolchain.steer("chunk_kda", name, cfg, toolchain, _pow2(K))
+        if avoided is not None:
+            _support.log_once(("steer", name, toolchain), logging.INFO,
+                              "kernel-fun chunk_kda: %s runs with %s instead of LAUNCH's "
+                              "settings: %s (%s)", name, cfg, avoided["why"], avoided["source"])
+    return cfg
+
+
+def launch_problem(K: int, V: int, toolchain) -> str | None:
+    """Why some kernel has no launch the known-bad table allows at head sizes K, V."""
+    for name in LAUNCH:
+        try:
+            launch_settings(globals()[name], K, V, toolchain)
+        except LookupError as exc:
+            return str(exc)
+    return None
+
+
+def _clipped(kernel, K: int, V: int) -> dict[str, int]:
     cfg = dict(LAUNCH[kernel.fn.__name__])
     state = cfg.pop("STATE", None)
     if "BK" in cfg:
@@ -738,7 +763,8 @@ def launch_settings(kernel, K: int, V: int) -> dict[str, int]:
 def _launch(kernel, grid, *args, K: int, V: int = 16, **consts):
     """``kernel[grid](*args, **consts)`` with its :func:`launch_settings` (K and V are
     passed on to the kernels that take them)."""
-    cfg = launch_settings(kernel, K, V)
+    device = next(a.device for a in args if isinstance(a, torch.Tensor))
+    cfg = launch_settings(kernel, K, V, _toolchain.current(device))
     for name, value in (("K", K), ("V", V)):
         if name in kernel.arg_names:
             consts[name] = value

@@ -171,7 +171,15 @@ def is_supported(
             extra.append((name, value))
     reason = _support.device_reason(q)
     if reason is None:  # a toolchain known to compile wrong on this device
-        reason = _toolchain.refusal("chunk_kda", _toolchain.current(q.device))
+        toolchain = _toolchain.current(q.device)
+        reason = _toolchain.refusal("chunk_kda", toolchain)
+        if reason is None and toolchain.arch is not None:  # configurations it rules out
+            from kernel_fun.ops.kda._triton import launch_problem
+
+            problem = launch_problem(K, v.shape[3], toolchain)
+            if problem is not None:
+                reason = (f"{problem}; this device runs {toolchain.describe()}, so kernel-fun "
+                          "uses fla.")
     if reason is not None:
         return False, reason
     for name, value in tensors[1:] + tuple(extra):
