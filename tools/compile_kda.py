@@ -43,6 +43,55 @@ def _resources(cubin: bytes) -> tuple[str, str]:
     return (regs.group(1) if regs else "?"), (spills.group(1) if spills else "?")
 
 
+def _signature(fn, constexprs: dict, dtype: str) -> dict[str, str]:
+    """Triton's signature of a KDA kernel: pointers in the inputs' dtype for q, k, v, o, do
+    and the operands the scans and the backward keep in it (the rest float32)."""
+    in_io = {"q", "k", "v", "o", "do", "w", "u", "qg", "kd", "h", "dlt", "dh", "dd"}
+    scalars = {"T": "i32", "NT": "i32", "scale": "fp32", "lower_bound": "fp32"}
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in scalars:
+            sig[name] = scalars[name]
+        else:
+            sig[name] = ("*" + dtype) if name in in_io else "*fp32"
+    return sig
+
+
+def variants(K: int, V: int, H: int, HV: int, dtype: str, toolchain=None) -> list[tuple]:
+    """Every KDA kernel variant the op launches: ``(fn, signature, constexprs, options)``,
+    with LAUNCH's settings for K and V (steered as the gate would under ``toolchain``)."""
+    from kernel_fun.ops.kda import _triton as kt
+
+    gate = dict(GATE=True, HAS_A=True, HAS_BIAS=True, LOWER=False)
+    every = dict(H=H, HV=HV, K=K, V=V, BT=kt.BT, BC=kt.BC, NK=2)
+    kinds = [
+        (kt._gate_cumsum_kernel, gate),
+        (kt._intra_fwd_kernel, {}),
+        (kt._solve_fwd_kernel, {}),
+        (kt._scan_fwd_kernel, dict(HAS_H0=True, STORE_FINAL=True, OUTPUT=True, SAVE=False)),
+        (kt._scan_fwd_kernel, dict(HAS_H0=True, STORE_FINAL=False, OUTPUT=False, SAVE=True)),
+        (kt._scan_fwd_kernel, dict(HAS_H0=True, STORE_FINAL=True, OUTPUT=True, SAVE=True)),
+        (kt._scan_bwd_kernel, dict(HAS_DHT=True, HAS_H0=True)),
+        (kt._dv_bwd_kernel, {}),
+        (kt._dk_bwd_kernel, {}),
+        (kt._dm_bwd_kernel, {}),
+        (kt._intra_bwd_kernel, {}),
+        (kt._gate_bwd_kernel, gate),
+    ]
+    out = []
+    for kernel, flags in kinds:
+        cfg = kt.launch_settings(kernel, K, V, toolchain)
+        options = {"num_warps": cfg.pop("num_warps", 4)}
+        if "num_stages" in cfg:
+            options["num_stages"] = cfg.pop("num_stages")
+        constexprs = {n: v for n, v in every.items() if n in kernel.arg_names}
+        constexprs.update(cfg, **flags)
+        out.append((kernel, _signature(kernel, constexprs, dtype), constexprs, options))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--arch", type=int, default=90)
@@ -59,54 +108,13 @@ def main() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernel_fun.ops.kda import _triton as kt
-
-    K, V, H, HV, io = args.K, args.V, args.H, args.HV, "*" + args.dtype
-    # pointers in the inputs' dtype (the rest are float32): q, k, v, o, do and the
-    # operands the scans and the backward keep in it
-    in_io = {"q", "k", "v", "o", "do", "w", "u", "qg", "kd", "h", "dlt", "dh", "dd"}
-    scalars = {"T": "i32", "NT": "i32", "scale": "fp32", "lower_bound": "fp32"}
-    gate = dict(GATE=True, HAS_A=True, HAS_BIAS=True, LOWER=False)
-    every = dict(H=H, HV=HV, K=K, V=V, BT=kt.BT, BC=kt.BC, NK=2)
-    variants = [
-        (kt._gate_cumsum_kernel, gate),
-        (kt._intra_fwd_kernel, {}),
-        (kt._solve_fwd_kernel, {}),
-        (kt._scan_fwd_kernel, dict(HAS_H0=True, STORE_FINAL=True, OUTPUT=True, SAVE=False)),
-        (kt._scan_fwd_kernel, dict(HAS_H0=True, STORE_FINAL=False, OUTPUT=False, SAVE=True)),
-        (kt._scan_fwd_kernel, dict(HAS_H0=True, STORE_FINAL=True, OUTPUT=True, SAVE=True)),
-        (kt._scan_bwd_kernel, dict(HAS_DHT=True, HAS_H0=True)),
-        (kt._dv_bwd_kernel, {}),
-        (kt._dk_bwd_kernel, {}),
-        (kt._dm_bwd_kernel, {}),
-        (kt._intra_bwd_kernel, {}),
-        (kt._gate_bwd_kernel, gate),
-    ]
-    kernels = []
-    for fn, flags in variants:
-        cfg = kt.launch_settings(fn, K, V)
-        warps = cfg.pop("num_warps", 4)
-        stages = cfg.pop("num_stages", None)
-        constexprs = {n: v for n, v in every.items() if n in fn.arg_names}
-        constexprs.update(cfg, **flags)
-        kernels.append((fn, constexprs, warps, stages))
+    K, V, H, HV = args.K, args.V, args.H, args.HV
     target = GPUTarget("cuda", args.arch, 32)
     print(f"# sm_{args.arch}, K={K} V={V} H={H} HV={HV}, q/k/v {args.dtype}; "
           f"triton {triton.__version__}")
     print(f"{'kernel':<24} {'variant':<28} {'regs':>5} {'stack':>6} {'smem KB':>8} {'warps':>5}")
     failed = 0
-    for fn, constexprs, warps, stages in kernels:
-        sig = {}
-        for name in fn.arg_names:
-            if name in constexprs:
-                sig[name] = "constexpr"
-            elif name in scalars:
-                sig[name] = scalars[name]
-            else:
-                sig[name] = io if name in in_io else "*fp32"
-        options = {"num_warps": warps}
-        if stages is not None:
-            options["num_stages"] = stages
+    for fn, sig, constexprs, options in variants(K, V, H, HV, args.dtype):
         for item in args.set:
             name, _, pairs = item.partition(":")
             if name == fn.__name__:

@@ -34,9 +34,10 @@ BWD_PROGRAMS_PER_SM = 4
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _configs(max_tile: int) -> list[triton.Config]:
-    """Tile shapes to autotune over, at most ``max_tile`` elements per tile (register
-    budget). The interpreter cannot benchmark: one small config there."""
+def _configs(max_tile: int, per_thread: int) -> list[triton.Config]:
+    """Tile shapes to autotune over: at most ``max_tile`` elements per tile and
+    ``per_thread`` per thread (register budget). The interpreter cannot benchmark: one
+    small config there."""
     if _INTERPRET:
         return [triton.Config({"BT": 16, "BD": 16}, num_warps=1)]
     return [
@@ -44,7 +45,7 @@ def _configs(max_tile: int) -> list[triton.Config]:
         for bt in (8, 16, 32, 64, 128)
         for bd in (64, 128, 256)
         for nw in (4, 8)
-        if 1024 <= bt * bd <= max_tile
+        if 1024 <= bt * bd <= max_tile and bt * bd <= per_thread * 32 * nw
     ]
 
 
@@ -52,6 +53,14 @@ def _configs(max_tile: int) -> list[triton.Config]:
 #: (seven shifted x tiles, a dz tile, the dx accumulator), so its tiles are smaller.
 FWD_MAX_TILE = 16384
 BWD_MAX_TILE = 4096
+#: Tile elements a thread may hold. Compiled for sm_90 and sm_100 under Triton 3.8.0 and
+#: 3.9.0 (tools/compile_kernels.py, docs/kernel_fun.md), the forward spills from 64 a
+#: thread (152 to 5152 bytes) and the backward from 32 (328 to 4512 bytes: BT=32 BD=128 at
+#: 4 warps spilled 904); at these budgets the worst is 144 bytes (the backward at 16).
+FWD_PER_THREAD = 32
+BWD_PER_THREAD = 16
+FWD_CONFIGS = _configs(FWD_MAX_TILE, FWD_PER_THREAD)
+BWD_CONFIGS = _configs(BWD_MAX_TILE, BWD_PER_THREAD)
 
 
 # -- kernels --------------------------------------------------------------------------------
@@ -66,10 +75,6 @@ def _load_rows(base, rows, d, d_ok, T, st, sd):
     ok = (rows >= 0) & (rows < T)
     return tl.load(base + rows[:, None] * st + d[None, :] * sd,
                    mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-
-
-FWD_CONFIGS = _configs(FWD_MAX_TILE)
-BWD_CONFIGS = _configs(BWD_MAX_TILE)
 
 
 def _known_good(kernel: str):
