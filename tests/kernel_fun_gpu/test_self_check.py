@@ -26,8 +26,11 @@ from kernel_fun.ops.kda.reference import reference_chunk_kda  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _checks_on(monkeypatch):
+    """The op-level check alone (each autotuner configuration's own check is
+    test_config_check.py's)."""
     monkeypatch.setenv("KERNEL_FUN_SELF_CHECK", "1")
     monkeypatch.delenv("KERNEL_FUN_SELF_CHECK_CACHE", raising=False)
+    monkeypatch.setattr(conv_triton, "config_check", lambda *args: None)
 
 
 def _conv_inputs(seed: int = 0):
@@ -50,8 +53,8 @@ def probes(monkeypatch):
     ran = []
     real = _check.verdict
 
-    def counting(op, kind, device, probe):
-        return real(op, kind, device, lambda: ran.append(op) or probe())
+    def counting(op, kind, device, probe, **kwargs):
+        return real(op, kind, device, lambda: ran.append(op) or probe(), **kwargs)
 
     monkeypatch.setattr(_check, "verdict", counting)
     return ran

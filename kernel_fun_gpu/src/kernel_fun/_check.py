@@ -160,10 +160,11 @@ def _write(key: str, result: str | None) -> None:
                           "verdicts stay in this process", path, exc)
 
 
-def verdict(op: str, kind: tuple, device: Any, probe: Callable[[], str | None]) -> str | None:
+def verdict(op: str, kind: tuple, device: Any, probe: Callable[[], str | None],
+            then: str = "every call of this kind goes to fla") -> str | None:
     """None when ``op``'s kernels passed the check for ``kind`` on ``device`` (or checks
-    are off); else why they did not (the call then goes to fla). ``probe`` runs the
-    check and says what differed, or None."""
+    are off); else why they did not (``then`` says what follows, for the log). ``probe``
+    runs the check and says what differed, or None."""
     if not enabled():
         return None
     toolchain = _toolchain.current(device)
@@ -188,9 +189,9 @@ def verdict(op: str, kind: tuple, device: Any, probe: Callable[[], str | None]) 
     if result is not None:
         _support.log_once(
             ("selfcheck", key), logging.WARNING,
-            "kernel-fun %s: the self-check failed for %s on %s: %s; every call of this kind "
-            "goes to fla (KERNEL_FUN_SELF_CHECK=0 skips the check, at the risk of training "
-            "on wrong values).", op, kind, toolchain.describe(), result)
+            "kernel-fun %s: the self-check failed for %s on %s: %s; %s "
+            "(KERNEL_FUN_SELF_CHECK=0 skips the check, at the risk of training on wrong "
+            "values).", op, kind, toolchain.describe(), result, then)
     return result
 
 

@@ -80,11 +80,10 @@ def _load_rows(base, rows, d, d_ok, T, st, sd):
 def _known_good(kernel: str):
     """The autotuner's early prune: the configurations the known-bad table allows on the
     device of the call (kernel_fun._toolchain.allowed; the gate refuses the op when none
-    is left, so the list is never empty here)."""
+    is left) and no per-configuration check has failed on."""
 
     def prune(configs, named_args, **kwargs):
-        toolchain = _toolchain.current(named_args["x"].device)
-        return _toolchain.allowed("causal_conv1d", kernel, configs, toolchain) or configs
+        return _usable(kernel, configs, named_args["x"].device) or configs
 
     return prune
 
@@ -207,16 +206,57 @@ def _taps(w: torch.Tensor) -> torch.Tensor:
     return w.contiguous() if W == MAX_W else torch.nn.functional.pad(w, (MAX_W - W, 0)).contiguous()
 
 
-def forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``y`` (contiguous, x's dtype) for ``x [B, T, D]`` (any strides), ``w [D, W]``."""
+def _launch(kernel, grid, args: tuple, x: torch.Tensor, config=None) -> None:
+    """``kernel[grid](*args)``: autotuned, or with ``config`` pinned (as the autotuner runs
+    a config: its pre-hook, then the kernel with its settings)."""
+    with _device_ctx(x):
+        if config is None:
+            kernel[grid](*args)
+            return
+        if config.pre_hook is not None:
+            config.pre_hook({**dict(zip(kernel.arg_names, args, strict=False)),
+                            **config.all_kwargs()})
+        kernel.fn[grid](*args, **config.all_kwargs())
+
+
+def _tuned(kernel, name: str, grid, args, x: torch.Tensor, w: torch.Tensor) -> None:
+    """Launch the autotuned ``kernel`` and make sure the configuration it picked for this
+    key passed its own self-check (:func:`config_check`); a configuration that fails is
+    ruled out on this device (the autotuner's prune drops it), the autotuner forgets its
+    choices, and the launch is redone with another (``args()`` built afresh), so the result
+    is a checked one."""
+    for _ in range(len(kernel.configs)):  # at most one try a configuration
+        _launch(kernel, grid, args(), x)
+        config = kernel.best_config
+        if _support.is_capturing() or config_check(name, config, x, w) is None:
+            return
+        _RULED_OUT.add((name, _config_key(config), str(x.device)))
+        kernel.cache.clear()
+        if not _usable(name, kernel.configs, x.device):
+            break
+    raise RuntimeError(
+        f"kernel-fun causal_conv1d: every configuration of {name} failed its self-check on "
+        "this device; set KERNEL_FUN_SELF_CHECK=0 only if you accept wrong values, or "
+        "uninstall kernel-fun's adoption to run fla.")
+
+
+def forward(x: torch.Tensor, w: torch.Tensor, config=None) -> torch.Tensor:
+    """``y`` (contiguous, x's dtype) for ``x [B, T, D]`` (any strides), ``w [D, W]``;
+    ``config`` pins a configuration (the per-configuration check) instead of autotuning."""
     B, T, D = x.shape
     W = w.shape[1]
     y = torch.empty((B, T, D), dtype=x.dtype, device=x.device)
-    with _device_ctx(x):
-        def grid(meta):
-            return (triton.cdiv(D, meta["BD"]), triton.cdiv(T, meta["BT"]), B)
 
-        _fwd_kernel[grid](x, _taps(w), y, B, T, D, W, *x.stride())
+    def grid(meta):
+        return (triton.cdiv(D, meta["BD"]), triton.cdiv(T, meta["BT"]), B)
+
+    def args():
+        return (x, _taps(w), y, B, T, D, W, *x.stride())
+
+    if config is None:
+        _tuned(_fwd_kernel, "_fwd_kernel", grid, args, x, w)
+    else:
+        _launch(_fwd_kernel, grid, args(), x, config)
     return y
 
 
@@ -227,20 +267,78 @@ def _strips(x: torch.Tensor, B: int, T: int, D: int) -> int:
 
 
 def backward(
-    x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor
+    x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, config=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx contiguous in x's dtype, dw float32 [D, W]) for the saved ``x``, ``w`` and ``dy``."""
+    """(dx contiguous in x's dtype, dw float32 [D, W]) for the saved ``x``, ``w`` and ``dy``;
+    ``config`` as in :func:`forward`."""
     B, T, D = x.shape
     W = w.shape[1]
     strips = _strips(x, B, T, D)
     dx = torch.empty((B, T, D), dtype=x.dtype, device=x.device)
     dwp = torch.empty((B, strips, D, MAX_W), dtype=torch.float32, device=x.device)
-    with _device_ctx(x):
-        def grid(meta):
-            return (triton.cdiv(D, meta["BD"]), strips, B)
 
-        _bwd_kernel[grid](x, _taps(w), dy, dx, dwp, B, T, D, W, *x.stride(), *dy.stride())
+    def grid(meta):
+        return (triton.cdiv(D, meta["BD"]), strips, B)
+
+    def args():
+        return (x, _taps(w), dy, dx, dwp, B, T, D, W, *x.stride(), *dy.stride())
+
+    if config is None:
+        _tuned(_bwd_kernel, "_bwd_kernel", grid, args, x, w)
+    else:
+        _launch(_bwd_kernel, grid, args(), x, config)
     return dx, dwp.sum(dim=(0, 1))[:, MAX_W - W:]
+
+
+# -- the check of each configuration the autotuners pick -------------------------------------
+#: (kernel, configuration, device) that failed their check in this process.
+_RULED_OUT: set[tuple] = set()
+
+
+def _config_key(config) -> tuple:
+    return (tuple(sorted(config.kwargs.items())), config.num_warps, config.num_stages)
+
+
+def _usable(kernel: str, configs, device) -> list:
+    """``configs`` of ``kernel`` neither the known-bad table nor a failed check rules out."""
+    toolchain = _toolchain.current(device)
+    return [c for c in _toolchain.allowed("causal_conv1d", kernel, configs, toolchain)
+            if (kernel, _config_key(c), str(device)) not in _RULED_OUT]
+
+
+def config_check(kernel: str, config, x: torch.Tensor, w: torch.Tensor) -> str | None:
+    """None when ``kernel`` (``"_fwd_kernel"`` or ``"_bwd_kernel"``) with ``config`` passed
+    the self-check for x's and w's dtypes on x's device: on ``[2, 80, min(D, 512)]``, its
+    outputs against the float32 reference within the op's tolerance (kept like every
+    verdict, :mod:`kernel_fun._check`); else what differed."""
+    from kernel_fun import _check
+
+    kind = ("configuration", kernel, _config_key(config), x.dtype, w.dtype, w.shape[1])
+    return _check.verdict("causal_conv1d", kind, x.device,
+                          lambda: _config_probe(kernel, config, x, w),
+                          then="the autotuner no longer picks that configuration here")
+
+
+def _config_probe(kernel: str, config, x: torch.Tensor, w: torch.Tensor) -> str | None:
+    from kernel_fun import _check
+    from kernel_fun.ops.cconv.op import TOLERANCE
+    from kernel_fun.ops.cconv.reference import reference_causal_conv1d
+
+    gen = torch.Generator().manual_seed(1)
+    D, W = min(x.shape[2], 512), w.shape[1]
+    px = torch.randn(2, 80, D, generator=gen).to(device=x.device, dtype=x.dtype)
+    pw = (torch.randn(D, W, generator=gen) / W**0.5).to(device=x.device, dtype=w.dtype)
+    with torch.inference_mode(False), torch.enable_grad():
+        a, b = px.clone().requires_grad_(), pw.clone().requires_grad_()
+        want = reference_causal_conv1d(a, b)
+        if kernel == "_fwd_kernel":
+            return _check.compare({"y": want.detach()}, {"y": forward(px, pw, config).float()},
+                                  {"*": TOLERANCE[x.dtype]})
+        dy = torch.randn(2, 80, D, generator=gen).to(device=x.device, dtype=x.dtype)
+        (want * dy.float()).sum().backward()
+        dx, dw = backward(px, pw, dy, config)
+    return _check.compare({"dx": a.grad, "dw": b.grad}, {"dx": dx.float(), "dw": dw},
+                          {"*": TOLERANCE[x.dtype]})
 
 
 # -- autograd ---------------------------------------------------------------------------------
