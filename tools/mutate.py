@@ -781,7 +781,7 @@ MUTANTS = [
            ("tests/kernel_fun_gpu/test_toolchain.py",),
            "KDA launches LAUNCH's settings whatever the table rules out"),
     Mutant("conv-prune-nothing", CONV,
-           'return _toolchain.allowed("causal_conv1d", kernel, configs, toolchain) or configs',
+           'return _usable(kernel, configs, named_args["x"].device) or configs',
            "return configs",
            ("tests/kernel_fun_gpu/test_toolchain.py",),
            "the conv autotuner tries configurations the table rules out"),

@@ -321,8 +321,7 @@ def config_check(kernel: str, config, x: torch.Tensor, w: torch.Tensor) -> str |
 
 def _config_probe(kernel: str, config, x: torch.Tensor, w: torch.Tensor) -> str | None:
     from kernel_fun import _check
-    from kernel_fun.ops.cconv.op import TOLERANCE
-    from kernel_fun.ops.cconv.reference import reference_causal_conv1d
+    from kernel_fun.ops.cconv.reference import TOLERANCE, reference_causal_conv1d
 
     gen = torch.Generator().manual_seed(1)
     D, W = min(x.shape[2], 512), w.shape[1]

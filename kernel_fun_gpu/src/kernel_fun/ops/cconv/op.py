@@ -36,6 +36,7 @@ import torch
 
 from kernel_fun import _check, _support, _toolchain
 from kernel_fun.ops.cconv.exact import causal_conv1d_exact, why_exact
+from kernel_fun.ops.cconv.reference import TOLERANCE
 
 __all__ = ["causal_conv1d", "fla_probe", "is_supported", "warmup"]
 
@@ -198,8 +199,6 @@ def causal_conv1d(
     return CausalConv1dSiLU.apply(x, weight), None
 
 
-#: fla's tolerances for a Triton op against its plain reference (RMS ratio), by dtype.
-TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 def self_check(x: torch.Tensor, weight: torch.Tensor,
