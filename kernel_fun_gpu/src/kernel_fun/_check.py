@@ -39,6 +39,8 @@ CACHE_ENV = "KERNEL_FUN_SELF_CHECK_CACHE"
 
 _lock = threading.Lock()
 _verdicts: dict[str, str | None] = {}
+#: The same verdicts by (op, kind, toolchain), what the per-call lookup uses.
+_seen: dict[tuple, str | None] = {}
 #: Seconds each check of this process took, in order (what docs/kernel_fun.md states).
 seconds: list[float] = []
 
@@ -168,9 +170,14 @@ def verdict(op: str, kind: tuple, device: Any, probe: Callable[[], str | None],
     if not enabled():
         return None
     toolchain = _toolchain.current(device)
+    seen = (op, kind, toolchain)  # every call asks: no JSON key on the way to a known verdict
+    with _lock:
+        if seen in _seen:
+            return _seen[seen]
     key = _key(op, kind, toolchain)
     with _lock:
         if key in _verdicts:
+            _seen[seen] = _verdicts[key]
             return _verdicts[key]
     found, result = _read(key)
     if not found:
@@ -185,7 +192,7 @@ def verdict(op: str, kind: tuple, device: Any, probe: Callable[[], str | None],
         seconds.append(time.perf_counter() - started)
         _write(key, result)
     with _lock:
-        _verdicts[key] = result
+        _verdicts[key] = _seen[seen] = result
     if result is not None:
         _support.log_once(
             ("selfcheck", key), logging.WARNING,
@@ -198,4 +205,5 @@ def verdict(op: str, kind: tuple, device: Any, probe: Callable[[], str | None],
 def reset_for_tests() -> None:
     with _lock:
         _verdicts.clear()
+        _seen.clear()
     seconds.clear()

@@ -235,13 +235,31 @@ def _matches(launch: dict[str, Any], kernel: str, settings: dict[str, Any]) -> b
     return True
 
 
+_holding: dict[tuple, tuple] = {}
+_holding_table: tuple = ()
+
+
+def launch_entries(op: str, toolchain: Toolchain) -> tuple[dict[str, Any], ...]:
+    """The configuration entries of :data:`KNOWN_BAD` that hold for ``op`` under
+    ``toolchain`` (usually none), worked out once per table, op and toolchain: every
+    launch asks."""
+    global _holding_table
+    if _holding_table is not KNOWN_BAD:  # a changed table (tests swap it) starts afresh
+        _holding.clear()
+        _holding_table = KNOWN_BAD
+    found = _holding.get((op, toolchain))
+    if found is None:
+        found = _holding[(op, toolchain)] = tuple(
+            e for e in KNOWN_BAD if "launch" in e and _holds(e, op, toolchain))
+    return found
+
+
 def bad_launch(op: str, kernel: str, settings: dict[str, Any],
                toolchain: Toolchain) -> dict[str, Any] | None:
     """The entry of :data:`KNOWN_BAD` that rules out launching ``kernel`` of ``op`` with
     ``settings`` (num_warps and tile sizes) under ``toolchain``, or None."""
-    for entry in KNOWN_BAD:
-        if "launch" in entry and _holds(entry, op, toolchain) \
-                and _matches(entry["launch"], kernel, settings):
+    for entry in launch_entries(op, toolchain):
+        if _matches(entry["launch"], kernel, settings):
             return entry
     return None
 
@@ -278,3 +296,4 @@ def steer(op: str, kernel: str, settings: dict[str, Any], toolchain: Toolchain,
 
 def reset_for_tests() -> None:
     _current.clear()
+    _holding.clear()

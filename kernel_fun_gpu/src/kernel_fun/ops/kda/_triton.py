@@ -738,6 +738,8 @@ def launch_settings(kernel, K: int, V: int, toolchain=None) -> dict[str, int]:
 
 def launch_problem(K: int, V: int, toolchain) -> str | None:
     """Why some kernel has no launch the known-bad table allows at head sizes K, V."""
+    if not _toolchain.launch_entries("chunk_kda", toolchain):  # the usual case, every call
+        return None
     for name in LAUNCH:
         try:
             launch_settings(globals()[name], K, V, toolchain)
