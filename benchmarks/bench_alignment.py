@@ -16,7 +16,7 @@ of the weights themselves does to them (float64 vectors of the unrounded weights
 vectors need no more precision than the weights carry.
 
     python benchmarks/bench_alignment.py [--top-k 32] [--layers 12]
-    python benchmarks/bench_alignment.py --precision [--layers 4]
+    python benchmarks/bench_alignment.py --precision [--layers 4] [--shapes 768x2304,...]
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def _pair(rows: int, cols: int, rng) -> tuple:
         np.float32)
 
 
-def precision(layers: int) -> None:
+def precision(layers: int, shapes: list[tuple[int, int]]) -> None:
     import numpy as np
     import torch
     from diffract_kernels_alignment.kernels import l_overlap, l_subspace, max_l_agreement
@@ -101,11 +101,10 @@ def precision(layers: int) -> None:
         (ua, sa, _), (ub, sb, _) = (svd(w, vectors=vectors) for w in (wa, wb))
         pair = (ua, ub)
         subspace = l_subspace(pair, (sa, sb))[0]
-        agreement = float(np.mean(max_l_agreement(l_overlap(pair))))
+        agreement = float(np.mean(max_l_agreement(l_overlap(pair, (sa, sb)))))
         return np.array([subspace, agreement])
 
     rng = np.random.default_rng(0)
-    shapes = [(768, 2304), (768, 768), (768, 3072), (3072, 768), (2048, 8192)]
     worst = {name: np.zeros(2) for name in ("float32", "float16", "weights")}
     for _ in range(layers):
         for rows, cols in shapes:
@@ -137,9 +136,12 @@ def main() -> None:
                         "SVD's worst case: its top-k subspace is then not well defined)")
     parser.add_argument("--precision", action="store_true",
                         help="what the stored vectors' precision does to the fields instead")
+    parser.add_argument("--shapes", default="768x2304,768x768,768x3072,3072x768,2048x8192",
+                        help="the matrices of --precision, ROWSxCOLS,...")
     args = parser.parse_args()
     if args.precision:
-        precision(args.layers)
+        precision(args.layers, [tuple(int(n) for n in shape.split("x"))
+                                for shape in args.shapes.split(",")])
         return
     header("alignment of two GPT-2-small-shaped checkpoints: full SVD vs top-k",
            ["diffractml-core", "diffractml-kernels-spectral", "diffractml-kernels-alignment",

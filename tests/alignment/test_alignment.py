@@ -58,8 +58,8 @@ class TestKnownAnswers:
         np.testing.assert_allclose(got["l_agreement@w"], 1.0, atol=1e-10)
         np.testing.assert_allclose(got["max_r_agreement@w"], 1.0, atol=1e-10)
         assert got["avg_l_agreement@w"] == pytest.approx(1.0, abs=1e-10)
-        assert got["l_subspace_overlap@w"] == pytest.approx(1.0, abs=1e-10)
-        np.testing.assert_allclose(got["l_principal_angles@w"], 0.0, atol=1e-6)
+        assert got["l_subspace_overlap@w"] == 1.0  # exactly: a head ranking shows 0 change
+        assert np.max(got["l_principal_angles@w"]) < 1e-14  # arccos alone gave 1.5e-8
         assert got["intruder_dimensions@w"] == 0 and got["sval_rel_change@w"] == pytest.approx(0.0, abs=1e-12)
         assert got["l_overlap@w"].shape == (20, 20)
 
@@ -311,6 +311,35 @@ class TestAgainstNumpy:
         assert 0.05 < got["r_subspace_overlap@w"] < 0.95  # a case that tells the sides apart
         two = np.sum((v[:, :2].T @ vb_svd[:, :2]) ** 2) / 2
         assert abs(got["r_subspace_overlap@w"] - two) > 1e-3  # and rounding down from ceil
+
+    def test_small_principal_angles_keep_their_digits(self, rng):
+        """b's top 5 left directions are a's turned by planted angles into directions a
+        does not use (1e-8 to 1.2 rad): the principal angles are those, each to 1e-5 of
+        itself (arccos of the cosines gave 0 for 1e-8 and 1e-7 off at 3e-7), the overlap
+        the mean of their squared cosines."""
+        n, m = 50, 50
+        u, s, v = self._factors(rng, n, m)
+        theta = np.array([1e-8, 3e-7, 1e-4, 0.3, 1.2])
+        a_top, free = u[:, :5], u[:, 5:10]
+        turned = a_top * np.cos(theta) + free * np.sin(theta)
+        away = -a_top * np.sin(theta) + free * np.cos(theta)
+        ub = np.hstack([turned, away, u[:, 10:]])  # orthogonal, b's top 5 turned
+        got = _pair({"w": (u * s) @ v.T}, {"w": (ub * s) @ v.T},
+                    fields=("l_subspace_overlap", "l_principal_angles"))
+        np.testing.assert_allclose(got["l_principal_angles@w"], theta, rtol=1e-5)
+        assert got["l_subspace_overlap@w"] == pytest.approx(np.mean(np.cos(theta) ** 2),
+                                                            rel=1e-12)
+
+    def test_vectors_kept_in_float16_span_one_subspace_for_one_matrix(self, rng):
+        """svd vectors="float16": the stored columns are orthonormal only to float16's
+        rounding; the subspace they span is compared, so one matrix against itself gives
+        angles of float64 rounding (the raw columns gave 0.015 rad)."""
+        w = {"w": _spread(rng, 60, 40)}
+        got = _pair(w, {"w": w["w"].copy()}, fields=("l_subspace_overlap",
+                                                     "l_principal_angles"),
+                    svd={"vectors": "float16"})
+        assert np.max(got["l_principal_angles@w"]) < 1e-14
+        assert got["l_subspace_overlap@w"] == 1.0
 
     def test_a_direction_rising_into_the_top_k_is_no_intruder(self, rng):
         """b's top direction is a's 30th (its singular value raised from far below): it

@@ -231,10 +231,10 @@ def svd(
     ``device``: "auto" runs where the weights are (torch on a GPU); "cpu" or a torch
     device forces it. ``vectors`` "float32" keeps U and V^T rounded to float32 (computed
     in float64; half the bytes): the alignment fields computed from them move by about
-    float32's epsilon at most (1.6e-8 measured on small layers, 1.2e-9 on GPT-2-small's),
+    float32's epsilon at most (8e-9 measured on small layers, 1.2e-10 on GPT-2-small's),
     and every path rounds the same way. "float16" rounds them to float16 (a quarter of
-    the bytes; the subspace overlap moved by 5.7e-6 at most on GPT-2-small and OLMo-2-1B
-    shapes, 63x less than bfloat16's rounding of the weights moves it:
+    the bytes; the subspace overlap moved by 7.1e-7 at most on GPT-2-small and OLMo-2-1B
+    shapes, 900x less than bfloat16's rounding of the weights moves it:
     ``benchmarks/bench_alignment.py --precision``).
     ``diffract track`` keeps its vectors in float16 for a run of 16-bit checkpoints and in
     float32 otherwise. The singular values are float64 always.
