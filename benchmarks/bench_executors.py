@@ -217,10 +217,11 @@ def executors_table(modes: tuple[str, ...], args: argparse.Namespace,
     table(["executor", "cold", f"speed-up over {modes[0]}", "warm", "speed-up", "same alphas"],
           rows)
     pool = results.get("processes")
-    if pool is not None:
+    others = [m for m in results if m not in ("processes", modes[0])]
+    if pool is not None and others:
         print("time / the pool's: " + ", ".join(
-            f"{mode} {r['cold'] / pool['cold']:.2f}x cold, {r['warm'] / pool['warm']:.2f}x warm"
-            for mode, r in results.items() if mode not in ("processes", modes[0])))
+            f"{m} {results[m]['cold'] / pool['cold']:.2f}x cold, "
+            f"{results[m]['warm'] / pool['warm']:.2f}x warm" for m in others))
 
 
 if __name__ == "__main__":
