@@ -360,6 +360,33 @@ class TestAgainstNumpy:
         assert got_d["intruder_dimensions@w"] == 5
 
 
+    def test_intruders_need_every_direction_of_a(self, rng):
+        """With the vectors of a's top tenth only (svd vector_share=0.1, what diffract
+        track keeps), b's risen 30th direction would find no counterpart and count as an
+        intruder: the field is undefined there, saying what to set, not another number
+        under the same name (it gave 1 where every direction's vectors give 0)."""
+        n = 48
+        u, s, v = self._factors(rng, n, n)
+        sb = s.copy()
+        sb[29] = 40.0
+        with Session() as session:
+            session.models.add({"w": (u * s) @ v.T}, model_id="a")
+            session.models.add({"w": (u * sb) @ v.T}, model_id="b")
+            session.compute.configure_kernel("svd", vector_share=0.1)
+            try:
+                session.filter(["a", "b"]).compute.apply(
+                    "intruder_dimensions", errors="record", progress=False)
+                values = session.results.export_aggregates("intruder_dimensions")
+                notes = session.results.export_notes()
+            finally:
+                session.registry.reset_configuration("svd")
+        assert list(values) == ["intruder_dimensions@models[a,b]@params[w]"]
+        assert np.isnan(values["intruder_dimensions@models[a,b]@params[w]"])
+        (note,) = [n for n in notes if n["kernel"] == "intruder_dimensions"]
+        assert "all 48 of model a's directions" in note["reason"]
+        assert "vector_share=1" in note["reason"]
+
+
 @pytest.mark.parametrize("scale", [1.0, 1e-20, 1e-150])
 def test_weights_rel_change_of_tiny_weights_is_computed_in_float64(scale):
     """Weights of 1e-20 (their squares underflow float32) change by 1%: 0.01, not "all

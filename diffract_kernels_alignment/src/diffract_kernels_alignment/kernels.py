@@ -308,6 +308,7 @@ def weights_rel_change(weights: tuple[np.ndarray, np.ndarray]) -> float:
 @kernel(apply_level=CROSS, hints=_HINTS)
 def intruder_dimensions(
     weights_lsvs: tuple[np.ndarray, np.ndarray],
+    weights_svals: tuple,
     *,
     k: Annotated[int, Range(ge=1)] = 10,
     threshold: Annotated[float, Range(gt=0.0, lt=1.0)] = 0.5,
@@ -319,9 +320,19 @@ def intruder_dimensions(
     0 when b keeps a's directions; ``k`` when b's top directions are new (e.g. a random
     orthogonal replacement, whose vectors have cosines about ``sqrt(2 ln n / n)`` with
     any basis of ``R^n``). Within a group of (nearly) equal singular values b's vectors
-    may rotate without being intruders only when a spans the same group."""
+    may rotate without being intruders only when a spans the same group. Undefined where
+    the SVD kept the vectors of fewer of a's directions (``svd.vector_share`` < 1, as
+    ``diffract track``): a direction of b matched among a's top tenth only would be
+    another count under this name."""
     ua, ub = (np.asarray(x, dtype=np.float64) for x in weights_lsvs)
-    top = ub[:, : min(k, ub.shape[1])]
+    every, top_n = len(weights_svals[0]), min(k, len(weights_svals[1]))
+    if ua.shape[1] < every or ub.shape[1] < top_n:
+        raise FieldUndefined(
+            f"intruder_dimensions matches b's top {top_n} directions among all {every} of "
+            f"model a's directions, and the SVD kept the vectors of {ua.shape[1]} of a's "
+            f"and {ub.shape[1]} of b's (svd vector_share < 1, as diffract track keeps the "
+            "top tenth): set svd vector_share=1")
+    top = ub[:, :top_n]
     best = np.max(np.abs(ua.T @ top), axis=0)
     return int(np.sum(best < threshold))
 
