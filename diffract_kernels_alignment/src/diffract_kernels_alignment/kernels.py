@@ -247,7 +247,8 @@ _SUBSPACE_DOC = """Rotation-invariant comparison of the top-``k`` {side} singula
     ``theta_i = arccos(s_i)`` with ``s_i`` the singular values of ``{M}_a,k^T {M}_b,k``
     (radians, ascending ``[k]``; an angle below pi/4 from its sine, so small ones keep
     their digits). ``k`` = 0 takes the top tenth of the directions,
-    rounded up (``ceil(min(N, M) / 10)``: 3 of 25, at least one). Unlike the
+    rounded up (``ceil(min(N, M) / 10)``: 3 of 25, at least one; of the ``top_k`` directions
+    when the SVD computed only those, ``svd.top_k``: set ``k`` with it). Unlike the
     per-direction agreements these do not depend on how (nearly) equal singular values
     split their subspace into vectors."""
 
