@@ -100,7 +100,7 @@ def precision(layers: int, shapes: list[tuple[int, int]]) -> None:
     def fields(wa, wb, vectors):
         (ua, sa, _), (ub, sb, _) = (svd(w, vectors=vectors) for w in (wa, wb))
         pair = (ua, ub)
-        subspace = l_subspace(pair, (sa, sb))[0]
+        subspace = l_subspace(pair, (sa, sb), (wa.shape, wb.shape))[0]
         agreement = float(np.mean(max_l_agreement(l_overlap(pair, (sa, sb)))))
         return np.array([subspace, agreement])
 

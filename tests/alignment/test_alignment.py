@@ -201,6 +201,46 @@ class TestWeightedAndTopK:
         assert top.shape == (8, 8)
         np.testing.assert_allclose(top, full[:8, :8], atol=atol)
 
+    def test_the_top_tenth_under_svd_top_k_is_the_matrix_s_or_undefined(self):
+        """The subspace fields' default k is the top tenth of min(N, M) = 200 directions,
+        20, whatever the SVD computed: with svd top_k = 8 that is undefined, saying to set
+        k (it was the top tenth of the 8 computed, one direction, under the same name);
+        with k = 8 set it is the full SVD's, to the documented accuracy (a gap after the top
+        8); with top_k = 50 (a truncated full SVD: over a fifth) the full SVD's exactly."""
+        g = np.random.default_rng(1)
+        u, _ = np.linalg.qr(g.standard_normal((300, 200)))
+        v, _ = np.linalg.qr(g.standard_normal((200, 200)))
+        s = np.r_[np.linspace(100, 50, 8), np.linspace(5, 0.01, 192)]
+        a = (u * s) @ v.T
+        b = a + 0.5 * np.random.default_rng(2).standard_normal((300, 200))
+        fields = ("l_subspace_overlap", "avg_max_r_agreement_top")
+        full = _pair({"w": a}, {"w": b}, fields=fields)
+        full8 = _pair({"w": a}, {"w": b}, fields=fields, l_subspace={"k": 8},
+                      avg_max_r_agreement_top={"k": 8})
+        with Session() as session:
+            session.models.add({"w": a}, model_id="a")
+            session.models.add({"w": b}, model_id="b")
+            session.compute.configure_kernel("svd", top_k=8)
+            try:
+                session.filter(["a", "b"]).compute.apply(*fields, errors="record",
+                                                         progress=False)
+                values = session.results.export_aggregates(*fields)
+                notes = {n["kernel"]: n["reason"] for n in session.results.export_notes()}
+            finally:
+                session.registry.reset_configuration("svd")
+        assert all(np.isnan(v) for v in values.values()) and len(values) == 2
+        assert "the top 20 of 200 directions are asked for" in notes["l_subspace"]
+        assert "svd top_k=8" in notes["l_subspace"] and "set k=8" in notes["l_subspace"]
+        assert "avg_max_r_agreement_top" in notes
+        top8 = _pair({"w": a}, {"w": b}, fields=fields, svd={"top_k": 8},
+                     l_subspace={"k": 8}, avg_max_r_agreement_top={"k": 8})
+        top50 = _pair({"w": a}, {"w": b}, fields=fields, svd={"top_k": 50})
+        for field in fields:
+            assert top8[f"{field}@w"] == pytest.approx(full8[f"{field}@w"], abs=1e-9)
+            assert top50[f"{field}@w"] == pytest.approx(full[f"{field}@w"], abs=1e-12)
+        assert full8["l_subspace_overlap@w"] != pytest.approx(full["l_subspace_overlap@w"],
+                                                              abs=1e-3)
+
 
 class TestScopeAndPairs:
     def test_three_models_need_a_pair_and_pairs_helper_covers_them(self, rng):

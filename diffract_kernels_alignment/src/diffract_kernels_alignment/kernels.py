@@ -174,14 +174,15 @@ for _fn, _x in ((avg_l_agreement, "l_agreement"), (avg_r_agreement, "r_agreement
     _fn.__doc__ = _AVG_DOC.format(x=_x)
 
 
-def _best_matches_top(a: np.ndarray, b: np.ndarray, svals: tuple, k: int) -> float:
-    n = _subspace_k(min(a.shape[1], b.shape[1]), svals, k)
+def _best_matches_top(a: np.ndarray, b: np.ndarray, svals: tuple, shape: tuple,
+                      k: int) -> float:
+    n = _subspace_k(min(a.shape[1], b.shape[1]), svals, shape, k)
     return float(np.mean(np.max(np.abs(a[:, :n].T @ b[:, :n]), axis=1)))
 
 
 @kernel(apply_level=CROSS, hints=_HINTS)
 def avg_max_l_agreement_top(weights_lsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple,
-                            *, k: TopK = 0) -> float:
+                            shape: tuple, *, k: TopK = 0) -> float:
     """``(1 / k) sum_{i <= k} max_{j <= k} |u_a,i . u_b,j|``: how well each of a's top ``k``
     left singular directions is matched among b's top ``k`` (1: the top subspace kept its
     directions, in any order). ``k`` = 0 takes the top tenth of the directions, rounded up
@@ -190,23 +191,33 @@ def avg_max_l_agreement_top(weights_lsvs: tuple[np.ndarray, np.ndarray], weights
     ``avg_max_l_agreement`` averages over every direction of a, matched among all of b's:
     another number (the lower directions move more), under another name."""
     ua, ub = _left(weights_lsvs, 0)
-    return _best_matches_top(ua, ub, weights_svals, k)
+    return _best_matches_top(ua, ub, weights_svals, shape, k)
 
 
 @kernel(apply_level=CROSS, hints=_HINTS)
 def avg_max_r_agreement_top(weights_rsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple,
-                            *, k: TopK = 0) -> float:
+                            shape: tuple, *, k: TopK = 0) -> float:
     """``avg_max_l_agreement_top`` for the right singular vectors (the input space)."""
     va, vb = _right(weights_rsvs, 0)
-    return _best_matches_top(va, vb, weights_svals, k)
+    return _best_matches_top(va, vb, weights_svals, shape, k)
 
 
 # -- subspaces -----------------------------------------------------------------------------
-def _subspace_k(vectors: int, svals: tuple, k: int) -> int:
-    """The subspace's dimension: ``k``, or the top tenth of the directions (counted by the
-    singular values: the SVD may have kept the vectors of fewer, ``svd.vector_share``)."""
-    directions = min(len(svals[0]), len(svals[1]))
+def _subspace_k(vectors: int, svals: tuple, shape: tuple, k: int) -> int:
+    """The subspace's dimension: ``k``, or the top tenth of the matrix's ``min(N, M)``
+    directions (of its ``[shape[0], prod(shape[1:])]`` view, as the SVD reads it), refused
+    when the SVD computed fewer (``svd.top_k``) or kept the vectors of fewer
+    (``svd.vector_share``): a top tenth of the top_k directions would be another field
+    under the same name."""
+    directions = min(min(s[0], math.prod(s[1:])) for s in shape)
     n = min(directions, k) if k > 0 else max(1, math.ceil(directions / 10))
+    computed = min(len(svals[0]), len(svals[1]))
+    if n > computed:
+        raise FieldUndefined(
+            f"the top {n} of {directions} directions are asked for, and the SVD computed "
+            f"{computed} (svd top_k={computed}): set k={computed} or less for this field "
+            f"(as {n if k == 0 else k} directions it would be another number), or svd "
+            f"top_k={n} or more")
     if n > vectors:
         raise FieldUndefined(
             f"the top {n} of {directions} directions are asked for, and the SVD kept the "
@@ -247,27 +258,27 @@ _SUBSPACE_DOC = """Rotation-invariant comparison of the top-``k`` {side} singula
     ``theta_i = arccos(s_i)`` with ``s_i`` the singular values of ``{M}_a,k^T {M}_b,k``
     (radians, ascending ``[k]``; an angle below pi/4 from its sine, so small ones keep
     their digits). ``k`` = 0 takes the top tenth of the directions,
-    rounded up (``ceil(min(N, M) / 10)``: 3 of 25, at least one; of the ``top_k`` directions
-    when the SVD computed only those, ``svd.top_k``: set ``k`` with it). Unlike the
+    rounded up (``ceil(min(N, M) / 10)``: 3 of 25, at least one), undefined where the SVD
+    computed fewer directions (``svd.top_k``: set ``k`` at most top_k). Unlike the
     per-direction agreements these do not depend on how (nearly) equal singular values
     split their subspace into vectors."""
 
 
 @kernel(apply_level=CROSS, produce_fields=("l_subspace_overlap", "l_principal_angles"),
         hints=_HINTS)
-def l_subspace(weights_lsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple, *,
-               k: TopK = 0):
+def l_subspace(weights_lsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple,
+               shape: tuple, *, k: TopK = 0):
     ua, ub = _left(weights_lsvs, 0)
-    n = _subspace_k(ua.shape[1], weights_svals, k)
+    n = _subspace_k(ua.shape[1], weights_svals, shape, k)
     return _subspace(ua[:, :n], ub[:, :n])
 
 
 @kernel(apply_level=CROSS, produce_fields=("r_subspace_overlap", "r_principal_angles"),
         hints=_HINTS)
-def r_subspace(weights_rsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple, *,
-               k: TopK = 0):
+def r_subspace(weights_rsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple,
+               shape: tuple, *, k: TopK = 0):
     va, vb = _right(weights_rsvs, 0)
-    n = _subspace_k(va.shape[1], weights_svals, k)
+    n = _subspace_k(va.shape[1], weights_svals, shape, k)
     return _subspace(va[:, :n], vb[:, :n])
 
 
