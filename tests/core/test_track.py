@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -339,6 +340,28 @@ class TestStoreSize:
         ids, fields, overlaps, values = self._stored(store)
         assert [m for m in ids if "weights_lsvs" in fields[m]] == [ids[-1]]
         assert overlaps == [] and len({r[1] for r in values}) == 3  # the 3 previous pairs
+
+    def test_the_first_checkpoint_deleted_still_anchors_the_new_pairs(self, tmp_path):
+        """A Trainer's save_total_limit deletes the first checkpoint's folder: the next
+        round still compares the new checkpoint with it from what the store kept (its
+        vectors, and the shapes the subspace fields read), and gets the values a run whose
+        folder stayed gets."""
+        _run(tmp_path / "all", range(1000, 5000, 1000))
+        run, kept = tmp_path / "run", tmp_path / "kept"
+        run.mkdir()
+        for step in (1000, 2000, 3000):
+            shutil.copytree(tmp_path / "all" / f"checkpoint-{step}", run / f"checkpoint-{step}")
+        assert _track(str(run), "--store", str(tmp_path / "gone"), "--metrics", METRICS) == 0
+        shutil.rmtree(run / "checkpoint-1000")
+        shutil.copytree(tmp_path / "all" / "checkpoint-4000", run / "checkpoint-4000")
+        assert _track(str(run), "--store", str(tmp_path / "gone"), "--metrics", METRICS) == 0
+        assert _track(str(tmp_path / "all"), "--store", str(kept), "--metrics", METRICS) == 0
+        values = self._stored(tmp_path / "gone")[3]
+        assert values == self._stored(kept)[3]
+        first = [r for r in values if r[1] == "checkpoint-1000,checkpoint-4000"]
+        assert {r[0] for r in first} == {"l_subspace_overlap", "avg_max_l_agreement_top",
+                                         "sval_rel_change"}
+        assert all(math.isfinite(r[3]) for r in first) and len(first) == 3 * len(NAMES)
 
 
 class TestRefusals:
