@@ -230,7 +230,7 @@ class TestWeightedAndTopK:
                 session.registry.reset_configuration("svd")
         assert all(np.isnan(v) for v in values.values()) and len(values) == 2
         assert "the top 20 of 200 directions are asked for" in notes["l_subspace"]
-        assert "svd top_k=8" in notes["l_subspace"] and "set k=8" in notes["l_subspace"]
+        assert "svd top_k=8" in notes["l_subspace"] and "k=8 or less" in notes["l_subspace"]
         assert "avg_max_r_agreement_top" in notes
         top8 = _pair({"w": a}, {"w": b}, fields=fields, svd={"top_k": 8},
                      l_subspace={"k": 8}, avg_max_r_agreement_top={"k": 8})

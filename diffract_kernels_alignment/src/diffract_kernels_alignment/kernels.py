@@ -215,9 +215,8 @@ def _subspace_k(vectors: int, svals: tuple, shape: tuple, k: int) -> int:
     if n > computed:
         raise FieldUndefined(
             f"the top {n} of {directions} directions are asked for, and the SVD computed "
-            f"{computed} (svd top_k={computed}): set k={computed} or less for this field "
-            f"(as {n if k == 0 else k} directions it would be another number), or svd "
-            f"top_k={n} or more")
+            f"{computed} (svd top_k={computed}): set this field's k={computed} or less, or "
+            f"svd top_k={n} or more")
     if n > vectors:
         raise FieldUndefined(
             f"the top {n} of {directions} directions are asked for, and the SVD kept the "
