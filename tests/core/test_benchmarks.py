@@ -40,3 +40,20 @@ def test_the_benchmark_runs(name, tmp_path):
                           capture_output=True, text=True, cwd=tmp_path, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert shows in done.stdout, done.stdout[-2000:]
+
+
+def test_the_precision_benchmark_orders_its_rows():
+    """bench_alignment --precision (it failed for a while after l_overlap took the
+    singular values): float32 vectors move the subspace overlap less than float16 ones,
+    and both less than the bfloat16 rounding of the weights does."""
+    pytest.importorskip("diffract_kernels_alignment")
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "bench_alignment.py"), "--precision", "--layers", "1",
+         "--shapes", "120x300,300x120"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    labels = ("vectors in float32", "vectors in float16", "the weights unrounded")
+    rows = {label: float(line.split()[-2]) for line in done.stdout.splitlines()
+            for label in labels if line.strip().startswith(label)}
+    assert len(rows) == 3, done.stdout
+    assert 0 < rows[labels[0]] < rows[labels[1]] < rows[labels[2]], done.stdout
+    assert "more than float16 vectors do" in done.stdout

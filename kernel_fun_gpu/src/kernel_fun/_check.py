@@ -38,9 +38,8 @@ ENV = "KERNEL_FUN_SELF_CHECK"
 CACHE_ENV = "KERNEL_FUN_SELF_CHECK_CACHE"
 
 _lock = threading.Lock()
-_verdicts: dict[str, str | None] = {}
-#: The same verdicts by (op, kind, toolchain), what the per-call lookup uses.
-_seen: dict[tuple, str | None] = {}
+#: This process's verdicts by (op, kind, toolchain): the per-call lookup builds no JSON key.
+_verdicts: dict[tuple, str | None] = {}
 #: Seconds each check of this process took, in order (what docs/kernel_fun.md states).
 seconds: list[float] = []
 
@@ -170,15 +169,11 @@ def verdict(op: str, kind: tuple, device: Any, probe: Callable[[], str | None],
     if not enabled():
         return None
     toolchain = _toolchain.current(device)
-    seen = (op, kind, toolchain)  # every call asks: no JSON key on the way to a known verdict
+    seen = (op, kind, toolchain)
     with _lock:
-        if seen in _seen:
-            return _seen[seen]
-    key = _key(op, kind, toolchain)
-    with _lock:
-        if key in _verdicts:
-            _seen[seen] = _verdicts[key]
-            return _verdicts[key]
+        if seen in _verdicts:
+            return _verdicts[seen]
+    key = _key(op, kind, toolchain)  # the on-disk cache's key
     found, result = _read(key)
     if not found:
         if _support.is_capturing():
@@ -192,7 +187,7 @@ def verdict(op: str, kind: tuple, device: Any, probe: Callable[[], str | None],
         seconds.append(time.perf_counter() - started)
         _write(key, result)
     with _lock:
-        _verdicts[key] = _seen[seen] = result
+        _verdicts[seen] = result
     if result is not None:
         _support.log_once(
             ("selfcheck", key), logging.WARNING,
@@ -205,5 +200,4 @@ def verdict(op: str, kind: tuple, device: Any, probe: Callable[[], str | None],
 def reset_for_tests() -> None:
     with _lock:
         _verdicts.clear()
-        _seen.clear()
     seconds.clear()

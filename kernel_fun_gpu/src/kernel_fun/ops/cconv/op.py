@@ -199,8 +199,6 @@ def causal_conv1d(
     return CausalConv1dSiLU.apply(x, weight), None
 
 
-
-
 def self_check(x: torch.Tensor, weight: torch.Tensor,
                need_grad: bool | None = None) -> str | None:
     """None when kernel-fun's kernels passed the self-check (:mod:`kernel_fun._check`)
