@@ -407,9 +407,22 @@ MUTANTS = [
            ("tests/alignment",), "intruders are matched among every direction of a"),
     Mutant("alignment-top-tenth-of-top-k",
            "diffract_kernels_alignment/src/diffract_kernels_alignment/kernels.py",
-           "    directions = min(min(s[0], math.prod(s[1:])) for s in shape)\n",
-           "    directions = min(len(svals[0]), len(svals[1]))\n",
+           "    directions = _matrix_directions(shape)\n    n = min(directions, k) if k > 0 "
+           "else max(1,",
+           "    directions = min(len(svals[0]), len(svals[1]))\n    n = min(directions, k) "
+           "if k > 0 else max(1,",
            ("tests/alignment",), "the default k is the top tenth of the matrix's directions"),
+    Mutant("alignment-every-direction-of-top-k",
+           "diffract_kernels_alignment/src/diffract_kernels_alignment/kernels.py",
+           "    directions = _matrix_directions(shape)\n    n = min(directions, k) if k > 0 "
+           "else directions\n    _computed(n, directions, svals,",
+           "    directions = min(len(svals[0]), len(svals[1]))\n    n = min(directions, k) "
+           "if k > 0 else directions\n    _computed(n, directions, svals,",
+           ("tests/alignment",), "k = 0 reads every direction of the matrix, not of top_k"),
+    Mutant("alignment-intruders-among-computed",
+           "diffract_kernels_alignment/src/diffract_kernels_alignment/kernels.py",
+           "    if computed < every:", "    if False:",
+           ("tests/alignment",), "intruders are matched among all of a's directions"),
     Mutant("randomized-svd-no-power-iterations", SPECTRAL + "linalg.py",
            "POWER_ITERATIONS = 6", "POWER_ITERATIONS = 0",
            ("tests/spectral/test_kernels.py", "tests/alignment"),

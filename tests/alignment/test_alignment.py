@@ -188,7 +188,8 @@ class TestWeightedAndTopK:
     ])
     def test_top_k_overlap_from_a_randomized_svd_matches_the_full_one(self, spectrum, atol):
         """With svd top_k = 8 (randomized: well under a fifth of 200 directions) the
-        overlap is the top-left 8 x 8 block of the full one, to the documented accuracy."""
+        overlap of the top k = 8 is the top-left 8 x 8 block of the full one, to the
+        documented accuracy."""
         g = np.random.default_rng(1)
         u, _ = np.linalg.qr(g.standard_normal((300, 200)))
         v, _ = np.linalg.qr(g.standard_normal((200, 200)))
@@ -197,7 +198,8 @@ class TestWeightedAndTopK:
         a = (u * s) @ v.T
         b = a + 0.02 * np.random.default_rng(2).standard_normal((300, 200))
         full = _pair({"w": a}, {"w": b}, fields=("l_overlap",))["l_overlap@w"]
-        top = _pair({"w": a}, {"w": b}, fields=("l_overlap",), svd={"top_k": 8})["l_overlap@w"]
+        top = _pair({"w": a}, {"w": b}, fields=("l_overlap",), svd={"top_k": 8},
+                    l_overlap={"k": 8})["l_overlap@w"]
         assert top.shape == (8, 8)
         np.testing.assert_allclose(top, full[:8, :8], atol=atol)
 
@@ -229,7 +231,7 @@ class TestWeightedAndTopK:
             finally:
                 session.registry.reset_configuration("svd")
         assert all(np.isnan(v) for v in values.values()) and len(values) == 2
-        assert "the top 20 of 200 directions are asked for" in notes["l_subspace"]
+        assert "read the top 20 of 200 directions" in notes["l_subspace"]
         assert "svd top_k=8" in notes["l_subspace"] and "k=8 or less" in notes["l_subspace"]
         assert "avg_max_r_agreement_top" in notes
         top8 = _pair({"w": a}, {"w": b}, fields=fields, svd={"top_k": 8},
@@ -240,6 +242,45 @@ class TestWeightedAndTopK:
             assert top50[f"{field}@w"] == pytest.approx(full[f"{field}@w"], abs=1e-12)
         assert full8["l_subspace_overlap@w"] != pytest.approx(full["l_subspace_overlap@w"],
                                                               abs=1e-3)
+
+
+    def test_the_fields_over_every_direction_are_undefined_under_svd_top_k(self):
+        """The overlaps and agreements with k = 0, sval_rel_change and intruder_dimensions
+        are over all min(N, M) = 200 directions (intruders: b's top 10 among all of a's).
+        With svd top_k = 8 they were over the 8 computed, under the same names; they are
+        undefined, saying what to set, and with k = 8 set they are the full SVD's top 8."""
+        g = np.random.default_rng(1)
+        u, _ = np.linalg.qr(g.standard_normal((300, 200)))
+        v, _ = np.linalg.qr(g.standard_normal((200, 200)))
+        a = (u * np.r_[np.linspace(100, 50, 8), np.linspace(5, 0.01, 192)]) @ v.T
+        b = a + 0.5 * np.random.default_rng(2).standard_normal((300, 200))
+        fields = ("avg_l_agreement", "avg_max_r_agreement", "sval_rel_change",
+                  "intruder_dimensions")
+        with Session() as session:
+            session.models.add({"w": a}, model_id="a")
+            session.models.add({"w": b}, model_id="b")
+            session.compute.configure_kernel("svd", top_k=8)
+            try:
+                session.filter(["a", "b"]).compute.apply(*fields, errors="record",
+                                                         progress=False)
+                values = session.results.export_aggregates(*fields)
+                notes = {n["kernel"]: n["reason"] for n in session.results.export_notes()}
+            finally:
+                session.registry.reset_configuration("svd")
+        assert len(values) == 4 and all(np.isnan(v) for v in values.values()), values
+        for kernel in ("l_overlap", "r_overlap", "sval_rel_change"):
+            assert "read all 200 directions, and the SVD computed 8" in notes[kernel]
+            assert "k=8 or less, or svd top_k=0" in notes[kernel], notes[kernel]
+        assert "all 200 of model a's directions" in notes["intruder_dimensions"]
+        assert "set svd top_k=0" in notes["intruder_dimensions"]
+        top8 = {"l_overlap": {"k": 8}, "r_overlap": {"k": 8}, "sval_rel_change": {"k": 8}}
+        full = _pair({"w": a}, {"w": b}, fields=fields[:3], **top8)
+        got = _pair({"w": a}, {"w": b}, fields=fields[:3], svd={"top_k": 8}, **top8)
+        for field in fields[:3]:
+            assert got[f"{field}@w"] == pytest.approx(full[f"{field}@w"], abs=1e-9)
+        whole = _pair({"w": a}, {"w": b}, fields=fields[:3])  # every direction: another value
+        assert whole["sval_rel_change@w"] != pytest.approx(full["sval_rel_change@w"], rel=1e-2)
+        assert whole["avg_l_agreement@w"] != pytest.approx(full["avg_l_agreement@w"], abs=1e-2)
 
 
 class TestScopeAndPairs:

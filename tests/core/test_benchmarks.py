@@ -18,7 +18,7 @@ BENCH = Path(__file__).parents[2] / "benchmarks"
 
 RUNS = {  # script and arguments: a piece of output that shows it did its comparison
     "alignment": (["bench_alignment.py", "--layers", "1", "--top-k", "8"],
-                  "subspace overlap equal to the full SVD's within"),
+                  "top-k SVD's values equal the full SVD's within"),
     "esd-precision": (["bench_esd_precision.py", "--shapes", "64x128", "--no-svd64"],
                       "gram float64 (default)"),
     "dcp-chunks": (["bench_dcp_chunks.py", "--sizes", "1000", "--pairwise-max", "100"],

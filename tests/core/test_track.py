@@ -254,7 +254,7 @@ class TestStoreSize:
         with Session(profile="local", path=store) as s:
             notes = [n for n in s.store.notes() if n.kernel == "l_subspace"]
         assert len(notes) == 3 and {n.kind for n in notes} == {"undefined"}
-        assert all("the top 5 of 30 directions are asked for, and the SVD kept the vectors "
+        assert all("read the top 5 of 30 directions, and the SVD kept the vectors "
                    "of 3" in n.reason for n in notes)
         capsys.readouterr()
 

@@ -58,11 +58,14 @@ def _right(pair: tuple[np.ndarray, np.ndarray], k: int) -> tuple[np.ndarray, np.
     return va[:n].T, vb[:n].T
 
 
-def _directions(vectors: int, svals: tuple, k: int, fields: str) -> int:
-    """The directions a field over ``k`` directions (all: ``k`` = 0) reads, refused when
-    the SVD kept the vectors of fewer (``svd.vector_share`` < 1, as ``diffract track``)."""
-    directions = min(len(svals[0]), len(svals[1]))
+def _directions(vectors: int, svals: tuple, shape: tuple, k: int, fields: str) -> int:
+    """The directions a field over ``k`` directions (all ``min(N, M)``: ``k`` = 0) reads:
+    refused when the SVD computed fewer (``svd.top_k``: the top 8 are another field than
+    all 200 under one name) or kept the vectors of fewer (``svd.vector_share`` < 1, as
+    ``diffract track``)."""
+    directions = _matrix_directions(shape)
     n = min(directions, k) if k > 0 else directions
+    _computed(n, directions, svals, fields, "0 (every direction)" if k == 0 else str(n))
     if n > vectors:
         raise FieldUndefined(
             f"{fields} read the vectors of {'all ' if k == 0 else 'the top '}{n} of "
@@ -73,31 +76,49 @@ def _directions(vectors: int, svals: tuple, k: int, fields: str) -> int:
     return n
 
 
+def _matrix_directions(shape: tuple) -> int:
+    """``min(N, M)`` of the pair's matrices, in the ``[shape[0], prod(shape[1:])]`` view
+    the SVD reads (CROSS kernels receive the ``shape`` field as a pair)."""
+    return min(min(s[0], math.prod(s[1:])) for s in shape)
+
+
+def _computed(n: int, directions: int, svals: tuple, fields: str, top_k: str) -> None:
+    """Refuses ``n`` directions when the SVD computed fewer (``svd.top_k``)."""
+    computed = min(len(svals[0]), len(svals[1]))
+    if n > computed:
+        which = (f"all {n} directions" if n == directions else
+                 f"the top {n} of {directions} directions")
+        raise FieldUndefined(
+            f"{fields} read {which}, and the SVD computed {computed} (svd top_k="
+            f"{computed}): set this field's k={computed} or less, or svd top_k={top_k}")
+
+
 # -- overlaps ------------------------------------------------------------------------------
 @kernel(apply_level=CROSS, hints=_HINTS)
-def l_overlap(weights_lsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple, *,
-              k: TopK = 0) -> np.ndarray:
+def l_overlap(weights_lsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple,
+              shape: tuple, *, k: TopK = 0) -> np.ndarray:
     """``O^L = |U_a^T U_b|``, ``[k, k]``: the absolute cosine between left singular
     vector ``i`` of model a and ``j`` of model b (the sign of a singular vector is
     arbitrary, so only the absolute value is a property of the pair). ``k = min(N, M)``,
     every direction, by default; ``k`` > 0 keeps the top ``k`` directions. Undefined
-    where the SVD kept the vectors of fewer directions (``svd.vector_share`` < 1: the top
-    tenth in ``diffract track``): the fields read from it (the agreements and their means)
-    have one definition wherever they are computed. Rows follow a's directions, columns
+    where the SVD computed fewer directions than it reads (``svd.top_k``: set ``k`` at most
+    top_k) or kept the vectors of fewer (``svd.vector_share`` < 1: the top tenth in
+    ``diffract track``): the fields read from it (the agreements and their means) have
+    one definition wherever they are computed. Rows follow a's directions, columns
     b's, both by decreasing singular value."""
     ua, ub = _left(weights_lsvs, 0)
-    n = _directions(min(ua.shape[1], ub.shape[1]), weights_svals, k, "the overlaps")
+    n = _directions(min(ua.shape[1], ub.shape[1]), weights_svals, shape, k, "the overlaps")
     product = ua[:, :n].T @ ub[:, :n]
     return np.abs(product, out=product)  # in place: one k x k array at a time
 
 
 @kernel(apply_level=CROSS, hints=_HINTS)
-def r_overlap(weights_rsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple, *,
-              k: TopK = 0) -> np.ndarray:
+def r_overlap(weights_rsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple,
+              shape: tuple, *, k: TopK = 0) -> np.ndarray:
     """``O^R = |V_a^T V_b|``, ``[k, k]``: as ``l_overlap`` for the right singular
     vectors (the input space of ``W``)."""
     va, vb = _right(weights_rsvs, 0)
-    n = _directions(min(va.shape[1], vb.shape[1]), weights_svals, k, "the overlaps")
+    n = _directions(min(va.shape[1], vb.shape[1]), weights_svals, shape, k, "the overlaps")
     product = va[:, :n].T @ vb[:, :n]
     return np.abs(product, out=product)
 
@@ -176,7 +197,7 @@ for _fn, _x in ((avg_l_agreement, "l_agreement"), (avg_r_agreement, "r_agreement
 
 def _best_matches_top(a: np.ndarray, b: np.ndarray, svals: tuple, shape: tuple,
                       k: int) -> float:
-    n = _subspace_k(min(a.shape[1], b.shape[1]), svals, shape, k)
+    n = _subspace_k(min(a.shape[1], b.shape[1]), svals, shape, k, "the best matches")
     return float(np.mean(np.max(np.abs(a[:, :n].T @ b[:, :n]), axis=1)))
 
 
@@ -203,23 +224,17 @@ def avg_max_r_agreement_top(weights_rsvs: tuple[np.ndarray, np.ndarray], weights
 
 
 # -- subspaces -----------------------------------------------------------------------------
-def _subspace_k(vectors: int, svals: tuple, shape: tuple, k: int) -> int:
+def _subspace_k(vectors: int, svals: tuple, shape: tuple, k: int, fields: str) -> int:
     """The subspace's dimension: ``k``, or the top tenth of the matrix's ``min(N, M)``
-    directions (of its ``[shape[0], prod(shape[1:])]`` view, as the SVD reads it), refused
-    when the SVD computed fewer (``svd.top_k``) or kept the vectors of fewer
-    (``svd.vector_share``): a top tenth of the top_k directions would be another field
-    under the same name."""
-    directions = min(min(s[0], math.prod(s[1:])) for s in shape)
+    directions, refused when the SVD computed fewer (``svd.top_k``) or kept the vectors
+    of fewer (``svd.vector_share``): a top tenth of the top_k directions would be another
+    field under the same name."""
+    directions = _matrix_directions(shape)
     n = min(directions, k) if k > 0 else max(1, math.ceil(directions / 10))
-    computed = min(len(svals[0]), len(svals[1]))
-    if n > computed:
-        raise FieldUndefined(
-            f"the top {n} of {directions} directions are asked for, and the SVD computed "
-            f"{computed} (svd top_k={computed}): set this field's k={computed} or less, or "
-            f"svd top_k={n} or more")
+    _computed(n, directions, svals, fields, f"{n} or more")
     if n > vectors:
         raise FieldUndefined(
-            f"the top {n} of {directions} directions are asked for, and the SVD kept the "
+            f"{fields} read the top {n} of {directions} directions, and the SVD kept the "
             f"vectors of {vectors} (svd vector_share): set svd vector_share=1 or a smaller k")
     return n
 
@@ -268,7 +283,7 @@ _SUBSPACE_DOC = """Rotation-invariant comparison of the top-``k`` {side} singula
 def l_subspace(weights_lsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple,
                shape: tuple, *, k: TopK = 0):
     ua, ub = _left(weights_lsvs, 0)
-    n = _subspace_k(ua.shape[1], weights_svals, shape, k)
+    n = _subspace_k(ua.shape[1], weights_svals, shape, k, "the subspaces")
     return _subspace(ua[:, :n], ub[:, :n])
 
 
@@ -277,7 +292,7 @@ def l_subspace(weights_lsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple
 def r_subspace(weights_rsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple,
                shape: tuple, *, k: TopK = 0):
     va, vb = _right(weights_rsvs, 0)
-    n = _subspace_k(va.shape[1], weights_svals, shape, k)
+    n = _subspace_k(va.shape[1], weights_svals, shape, k, "the subspaces")
     return _subspace(va[:, :n], vb[:, :n])
 
 
@@ -287,15 +302,21 @@ r_subspace.__doc__ = _SUBSPACE_DOC.format(side="right", prefix="r", M="V")
 
 # -- singular values and intruders ---------------------------------------------------------
 @kernel(apply_level=CROSS, hints=_HINTS)
-def sval_rel_change(weights_svals: tuple[np.ndarray, np.ndarray]) -> float:
+def sval_rel_change(weights_svals: tuple[np.ndarray, np.ndarray], shape: tuple, *,
+                    k: TopK = 0) -> float:
     """``||sigma_b - sigma_a||_2 / ||sigma_a||_2``: the relative change of the singular
-    values, matched by rank (largest with largest)."""
-    sa, sb = (np.asarray(x, dtype=np.float64) for x in weights_svals)
-    n = min(len(sa), len(sb))
-    norm = float(np.linalg.norm(sa[:n]))
+    values, matched by rank (largest with largest), over all ``min(N, M)`` of them, or the
+    top ``k`` (``k`` > 0). Undefined where the SVD computed fewer (``svd.top_k``): the
+    change of the top 8 is another number than that of all 200."""
+    directions = _matrix_directions(shape)
+    n = min(directions, k) if k > 0 else directions
+    _computed(n, directions, weights_svals, "sval_rel_change",
+              "0 (every direction)" if k == 0 else str(n))
+    sa, sb = (np.asarray(x, dtype=np.float64)[:n] for x in weights_svals)
+    norm = float(np.linalg.norm(sa))
     if not norm > 0:
         raise FieldUndefined("model a's singular values are all zero")
-    return float(np.linalg.norm(sb[:n] - sa[:n]) / norm)
+    return float(np.linalg.norm(sb - sa) / norm)
 
 
 @kernel(apply_level=CROSS)
@@ -320,6 +341,7 @@ def weights_rel_change(weights: tuple[np.ndarray, np.ndarray]) -> float:
 def intruder_dimensions(
     weights_lsvs: tuple[np.ndarray, np.ndarray],
     weights_svals: tuple,
+    shape: tuple,
     *,
     k: Annotated[int, Range(ge=1)] = 10,
     threshold: Annotated[float, Range(gt=0.0, lt=1.0)] = 0.5,
@@ -332,11 +354,18 @@ def intruder_dimensions(
     orthogonal replacement, whose vectors have cosines about ``sqrt(2 ln n / n)`` with
     any basis of ``R^n``). Within a group of (nearly) equal singular values b's vectors
     may rotate without being intruders only when a spans the same group. Undefined where
-    the SVD kept the vectors of fewer of a's directions (``svd.vector_share`` < 1, as
-    ``diffract track``): a direction of b matched among a's top tenth only would be
-    another count under this name."""
+    the SVD computed fewer of a's directions (``svd.top_k``) or kept the vectors of fewer
+    (``svd.vector_share`` < 1, as ``diffract track``): a direction of b matched among a's
+    top directions only would be another count under this name."""
     ua, ub = (np.asarray(x, dtype=np.float64) for x in weights_lsvs)
-    every, top_n = len(weights_svals[0]), min(k, len(weights_svals[1]))
+    every = _matrix_directions(shape)
+    top_n = min(k, every)
+    computed = min(len(weights_svals[0]), len(weights_svals[1]))
+    if computed < every:
+        raise FieldUndefined(
+            f"intruder_dimensions matches b's top {top_n} directions among all {every} of "
+            f"model a's directions, and the SVD computed {computed} (svd top_k="
+            f"{computed}): set svd top_k=0")
     if ua.shape[1] < every or ub.shape[1] < top_n:
         raise FieldUndefined(
             f"intruder_dimensions matches b's top {top_n} directions among all {every} of "
