@@ -100,9 +100,9 @@ def precision(layers: int, shapes: list[tuple[int, int]]) -> None:
 
     def fields(wa, wb, vectors):
         (ua, sa, _), (ub, sb, _) = (svd(w, vectors=vectors) for w in (wa, wb))
-        pair = (ua, ub)
-        subspace = l_subspace(pair, (sa, sb), (wa.shape, wb.shape))[0]
-        agreement = float(np.mean(max_l_agreement(l_overlap(pair, (sa, sb)))))
+        pair, svals, shapes = (ua, ub), (sa, sb), (wa.shape, wb.shape)
+        subspace = l_subspace(pair, svals, shapes)[0]
+        agreement = float(np.mean(max_l_agreement(l_overlap(pair, svals, shapes))))
         return np.array([subspace, agreement])
 
     rng = np.random.default_rng(0)
