@@ -55,12 +55,14 @@ class _Schedule:
     def __init__(self, model: Any, optimizer: Any, *, every: int, low: float, high: float,
                  remove_first: bool, remove_last: bool, min_eigenvalues: int,
                  batchnorm: bool, ramp: int = 0, pinned: Sequence[str] = (),
-                 store: Any = None, background: bool = True) -> None:
+                 store: Any = None, background: bool = True, batchnorm_type: str = "name",
+                 layernorm: bool = False) -> None:
         self._check(every, low, high, remove_first, remove_last, min_eigenvalues, batchnorm,
-                    ramp, pinned, background)
+                    ramp, pinned, background, batchnorm_type, layernorm)
         self.every, self.low, self.high, self.ramp = every, float(low), float(high), ramp
         self.remove_first, self.remove_last = remove_first, remove_last
         self.min_eigenvalues, self.batchnorm = min_eigenvalues, batchnorm
+        self.batchnorm_type, self.layernorm = batchnorm_type, layernorm
         self._pinned = tuple(pinned)
         self._store, self._background = store, background
         self.monitor: Monitor | None = None
@@ -85,7 +87,7 @@ class _Schedule:
 
     def _check(self, every: Any, low: Any, high: Any, remove_first: Any, remove_last: Any,
                min_eigenvalues: Any, batchnorm: Any, ramp: Any, pinned: Any,
-               background: Any) -> None:
+               background: Any, batchnorm_type: Any, layernorm: Any) -> None:
         def whole(value: Any, least: int) -> bool:
             return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
@@ -110,8 +112,12 @@ class _Schedule:
                             "be recomputed before they reached the last ones")
         problems += [f"{name} takes True or False, got {value!r}" for name, value in (
             ("remove_first", remove_first), ("remove_last", remove_last),
-            ("batchnorm", batchnorm), ("background", background))
+            ("batchnorm", batchnorm), ("background", background), ("layernorm", layernorm))
             if not isinstance(value, bool)]
+        if batchnorm_type not in ("name", "order"):
+            problems.append("batchnorm_type takes 'name' (a BatchNorm2d follows the conv "
+                            "its name names, bn -> conv) or 'order' (the Conv2d just before "
+                            f"it), got {batchnorm_type!r}")
         if isinstance(pinned, str) or not all(isinstance(p, str) and p for p in pinned):
             problems.append(f"the pinned names take a list of non-empty names, got {pinned!r}")
         if problems:
@@ -198,7 +204,7 @@ class _Schedule:
         import torch
 
         found = [(unwrapped(name, model), m) for name, m in model.named_modules()
-                 if _kind(m) in self.types and isinstance(
+                 if _is(m, self.types) and isinstance(
                      getattr(m, "weight", None), torch.Tensor) and m.weight.dim() >= 2]
         candidates = list(found)
         if self.remove_first:  # the authors drop the first and last by position, pinned
@@ -225,13 +231,32 @@ class _Schedule:
         for name, module in [*analysed, *[(n, m) for n, m in found if n in pinned]]:
             units[name] = [p for p in module.parameters(recurse=False) if id(p) not in seen]
             seen.update(id(p) for p in units[name])
-        if self.batchnorm:  # TempBalance's BatchNorm follows the conv of its name
-            for name, module in model.named_modules():
-                twin = unwrapped(name, model).replace("bn", "conv")
-                if isinstance(module, torch.nn.BatchNorm2d) and twin in units:
-                    units[twin] += [p for p in module.parameters(recurse=False)
-                                    if id(p) not in seen]
+        for module, leader in self._followers(model):
+            if leader in units:
+                units[leader] += [p for p in module.parameters(recurse=False)
+                                  if id(p) not in seen]
+                seen.update(id(p) for p in units[leader])
         return units, [n for n, _ in analysed], pinned, ranging
+
+    def _followers(self, model: Any) -> list[tuple[Any, str]]:
+        """(module, the module whose value it takes), as the authors' ``bn_to_conv`` and
+        ``ln_to_linear``: with ``batchnorm`` a ``BatchNorm2d`` follows the conv its name
+        names (``batchnorm_type='name'``: ``bn`` -> ``conv``) or the ``Conv2d`` registered
+        just before it (``'order'``); with ``layernorm`` a ``LayerNorm`` follows the linear
+        layer registered just before it. One registered after another of its kind, or
+        before any leader, follows none (the authors' ``'order'`` fails on the latter)."""
+        import torch
+
+        named = [(unwrapped(name, model), m) for name, m in model.named_modules()]
+        out: list[tuple[Any, str]] = []
+        if self.batchnorm and self.batchnorm_type == "name":
+            out += [(m, n.replace("bn", "conv")) for n, m in named
+                    if isinstance(m, torch.nn.BatchNorm2d)]
+        elif self.batchnorm:
+            out += _after(named, torch.nn.BatchNorm2d, ("Conv2d",))
+        if self.layernorm:
+            out += _after(named, torch.nn.LayerNorm, ("Linear", "Conv1D"))
+        return out
 
     def _undo(self) -> None:
         for split in self._splits:
@@ -427,13 +452,28 @@ def restore_states(front_end: str, schedules: Sequence[_Schedule], saved: Any,
     return True
 
 
-def _kind(module: Any) -> str:
-    """A module's class name, as its authors wrote it: FSDP2's ``fully_shard`` makes each
-    sharded module an ``FSDP<Name>`` subclass of its class."""
-    for cls in type(module).__mro__:
-        if not cls.__name__.startswith("FSDP") or cls.__module__.startswith("torch.nn."):
-            return cls.__name__
-    return type(module).__name__
+def _after(named: list[tuple[str, Any]], follower: type,
+           leaders: tuple[str, ...]) -> list[tuple[Any, str]]:
+    """Each ``follower`` module with the leader registered just before it, where the
+    module of those two kinds just before it is a leader (``named``: the model's
+    ``named_modules`` in order)."""
+    out: list[tuple[Any, str]] = []
+    previous: str | None = None  # the latest leader, None after a follower
+    for name, module in named:
+        if _is(module, leaders):
+            previous = name
+        elif isinstance(module, follower):
+            if previous is not None:
+                out.append((module, previous))
+            previous = None
+    return out
+
+
+def _is(module: Any, kinds: tuple[str, ...]) -> bool:
+    """Whether ``module`` is of a class named in ``kinds`` or of a subclass of one, as the
+    authors' ``isinstance(m, nn.Linear)``: ``nn.MultiheadAttention``'s ``out_proj`` is a
+    ``NonDynamicallyQuantizableLinear``, FSDP2's ``fully_shard`` makes ``FSDPLinear``."""
+    return any(cls.__name__ in kinds for cls in type(module).__mro__)
 
 
 def _eigenvalues(weight: Any) -> int:
@@ -456,17 +496,21 @@ class TempBalance(_Schedule):
     modules are left at the user's value (``remove_first_layer``/``remove_last_layer``),
     and any with fewer than 50 eigenvalues (``eigs_thresh``); a module's bias takes its
     weight's rate, a ``BatchNorm2d`` the rate of the conv its name names (``bn`` ->
-    ``conv``); convolutions' spectra are their kernel positions' pooled, scaled by 1/2
+    ``conv``; ``batchnorm_type='order'``: of the ``Conv2d`` registered just before it), a
+    ``LayerNorm`` with ``layernorm=True`` that of the linear layer registered just before
+    it; convolutions' spectra are their kernel positions' pooled, scaled by 1/2
     (``conv_norm``)."""
 
     def __init__(self, model: Any = None, optimizer: Any = None, *, every: int,
                  lr_min_ratio: float = 0.5, lr_max_ratio: float = 1.5,
                  remove_first: bool = True, remove_last: bool = True,
-                 min_eigenvalues: int = 50, batchnorm: bool = True, store: Any = None,
+                 min_eigenvalues: int = 50, batchnorm: bool = True,
+                 batchnorm_type: str = "name", layernorm: bool = False, store: Any = None,
                  background: bool = True) -> None:
         super().__init__(model, optimizer, every=every, low=lr_min_ratio, high=lr_max_ratio,
                          remove_first=remove_first, remove_last=remove_last,
-                         min_eigenvalues=min_eigenvalues, batchnorm=batchnorm, store=store,
+                         min_eigenvalues=min_eigenvalues, batchnorm=batchnorm,
+                         batchnorm_type=batchnorm_type, layernorm=layernorm, store=store,
                          background=background)
 
 
@@ -480,7 +524,9 @@ class AlphaDecay(_Schedule):
     ``tb_linear_map``): a heavy-tailed module (low alpha, one that has learned features)
     is decayed less. The first and last modules are left at the user's value, and those
     with fewer than 50 eigenvalues, as the authors; a group the user gave no decay (a
-    no-decay group of biases) keeps none."""
+    no-decay group of biases) keeps none. A ``BatchNorm2d`` takes the decay of the conv
+    its name names (``bn`` -> ``conv``), a ``LayerNorm`` with ``layernorm=True`` that of
+    the linear layer registered just before it."""
 
     key = "weight_decay"
     low_name, high_name = "wd_min_ratio", "wd_max_ratio"
@@ -488,12 +534,12 @@ class AlphaDecay(_Schedule):
     def __init__(self, model: Any = None, optimizer: Any = None, *, every: int = 500,
                  wd_min_ratio: float = 0.6666, wd_max_ratio: float = 5.0,
                  remove_first: bool = True, remove_last: bool = True,
-                 min_eigenvalues: int = 50, batchnorm: bool = True, store: Any = None,
-                 background: bool = True) -> None:
+                 min_eigenvalues: int = 50, batchnorm: bool = True, layernorm: bool = False,
+                 store: Any = None, background: bool = True) -> None:
         super().__init__(model, optimizer, every=every, low=wd_min_ratio, high=wd_max_ratio,
                          remove_first=remove_first, remove_last=remove_last,
-                         min_eigenvalues=min_eigenvalues, batchnorm=batchnorm, store=store,
-                         background=background)
+                         min_eigenvalues=min_eigenvalues, batchnorm=batchnorm,
+                         layernorm=layernorm, store=store, background=background)
 
 
 class LayerwiseLR(_Schedule):
@@ -514,8 +560,10 @@ class LayerwiseLR(_Schedule):
     eigenvalues, ``eigs_thresh``, and a first or last one left out) count towards the top
     of the range too, as theirs (with 2 key-value heads ``k_proj``/``v_proj`` are such
     modules). The first and last modules are kept (the configs' ``remove_first_layer:
-    False``); left out, they keep the user's value, pinned or not, as the authors'. With
-    Muon for the matrices and AdamW for the rest, pass both optimizers as a list."""
+    False``); left out, they keep the user's value, pinned or not, as the authors'. A
+    ``LayerNorm`` with ``layernorm=True`` takes the rate of the linear layer registered
+    just before it (LLaMA's and OLMo's RMSNorm is no ``LayerNorm``). With Muon for the
+    matrices and AdamW for the rest, pass both optimizers as a list."""
 
     types = ("Linear", "Conv2d", "Conv1D", "Embedding")
 
@@ -523,9 +571,10 @@ class LayerwiseLR(_Schedule):
                  lr_min_ratio: float = 1.0, lr_max_ratio: float = 5.0, ramp: int = 50,
                  embed_name: str = "embed", head_name: str = "head",
                  remove_first: bool = False, remove_last: bool = False,
-                 min_eigenvalues: int = 50, store: Any = None,
+                 min_eigenvalues: int = 50, layernorm: bool = False, store: Any = None,
                  background: bool = True) -> None:
         super().__init__(model, optimizer, every=every, low=lr_min_ratio, high=lr_max_ratio,
                          remove_first=remove_first, remove_last=remove_last,
                          min_eigenvalues=min_eigenvalues, batchnorm=False, ramp=ramp,
-                         pinned=[embed_name, head_name], store=store, background=background)
+                         pinned=[embed_name, head_name], store=store, background=background,
+                         layernorm=layernorm)
