@@ -81,6 +81,24 @@ def test_the_linear_map_for_a_few_alphas_written_out():
     assert llr.mapping({"a": 3.0}) == {}  # one alpha balances nothing
 
 
+
+def test_tempbalances_other_assignment_functions_written_out():
+    """tb_sqrt and tb_log2: n g(alpha) / sum g, a mean factor of 1 (the ratios unread);
+    tb_step: the i-th smallest of n gets low + (high - low) i / n, ties their mean."""
+    sqrt = TempBalance(every=10, assign_func="tb_sqrt", lr_min_ratio=0.9, lr_max_ratio=1.1)
+    assert sqrt.mapping({"a": 4.0, "b": 9.0, "c": 16.0}) == pytest.approx(
+        {"a": 6 / 9, "b": 1.0, "c": 12 / 9}, rel=1e-15)
+    log2 = TempBalance(every=10, assign_func="tb_log2")
+    assert log2.mapping({"a": 2.0, "b": 4.0, "c": 8.0}) == pytest.approx(
+        {"a": 0.5, "b": 1.0, "c": 1.5}, rel=1e-15)
+    step = TempBalance(every=10, assign_func="tb_step")
+    assert step.mapping({"a": 5.0, "b": 2.0, "c": 3.0, "d": 9.0}) == {
+        "a": 1.0, "b": 0.5, "c": 0.75, "d": 1.25}
+    assert step.mapping({"a": 3.0, "b": 2.0, "c": 3.0}) == pytest.approx(
+        {"a": 1.0, "b": 0.5, "c": 1.0}, rel=1e-15)  # 0.5 + 1/3 and 0.5 + 2/3 shared
+    with pytest.raises(InvalidArgumentError, match="assign_func takes one of tb_linear_map"):
+        TempBalance(every=10, assign_func="tb_sigmoid")
+
 # -- TempBalance ------------------------------------------------------------------------
 def test_tempbalance_sets_each_module_lr_from_its_alpha_at_the_analysed_step():
     model = _llama()

@@ -43,7 +43,7 @@ def _alphas(model) -> dict[str, float]:
 
 
 def authors_mapping(rows, *, low, high, remove_first, remove_last, eigs_thresh,
-                    pinned=()) -> dict[str, float]:
+                    pinned=(), assign="tb_linear_map") -> dict[str, float]:
     """``rows``: (module, alpha, eigenvalue count) of every module the authors compute,
     in the model's order. Returns module -> factor for the modules their table keeps."""
     table = [{"name": n, "alpha": a, "eigs": e} for n, a, e in rows]
@@ -61,7 +61,16 @@ def authors_mapping(rows, *, low, high, remove_first, remove_last, eigs_thresh,
         table = table[:-1]
     table = [r for r in table if r["eigs"] >= eigs_thresh]
     scores = np.array([r["alpha"] for r in table])
-    factors = np.interp(scores, [scores.min(), scores.max()], [low, high])
+    n = len(scores)
+    if assign == "tb_linear_map":
+        factors = np.interp(scores, [scores.min(), scores.max()], [low, high])
+    elif assign in ("tb_sqrt", "tb_log2"):  # TempBalance's, over the user's rate 1
+        g = np.sqrt if assign == "tb_sqrt" else np.log2
+        factors = g(scores) / np.sum(g(scores)) * n
+    else:  # tb_step: the i-th of the argsort gets low + (high - low) i / n, put back
+        order = np.argsort(scores)
+        steps = [low + (high - low) * i / n for i in range(n)]
+        factors = [f for _, f in sorted(zip(order, steps, strict=True), key=lambda t: t[0])]
     return {r["name"]: float(f) for r, f in zip(table, factors, strict=True)}
 
 
@@ -82,6 +91,9 @@ CASES = [
     ("TempBalance", {}, ),
     ("TempBalance", {"remove_first": False, "remove_last": False}),
     ("TempBalance", {"min_eigenvalues": 20, "lr_min_ratio": 0.25, "lr_max_ratio": 2.0}),
+    ("TempBalance", {"assign_func": "tb_sqrt"}),
+    ("TempBalance", {"assign_func": "tb_log2", "remove_first": False}),
+    ("TempBalance", {"assign_func": "tb_step", "lr_min_ratio": 0.25, "lr_max_ratio": 2.0}),
     ("AlphaDecay", {}),
     ("AlphaDecay", {"remove_first": False, "min_eigenvalues": 20}),
     ("LayerwiseLR", {}),  # k_proj/v_proj raise the top though not balanced
@@ -113,7 +125,8 @@ def test_factors_are_the_authors_mapping_of_the_same_alphas(kind, options):
             _rows(model, schedule.types, alphas), low=low, high=high, pinned=pinned,
             remove_first=options.get("remove_first", kind != "LayerwiseLR"),
             remove_last=options.get("remove_last", kind != "LayerwiseLR"),
-            eigs_thresh=options.get("min_eigenvalues", 50))
+            eigs_thresh=options.get("min_eigenvalues", 50),
+            assign=options.get("assign_func", "tb_linear_map"))
         assert len(set(want.values())) > 2  # a mapping, not one value for all
         key, base = ("weight_decay", WD) if kind == "AlphaDecay" else ("lr", LR)
         for name, module in model.named_modules():

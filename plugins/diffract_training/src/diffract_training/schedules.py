@@ -11,8 +11,9 @@ authors' ``tb_linear_map``): over the analysed modules,
     factor_m = low + (alpha_m - min alpha) / (max alpha - min alpha) * (high - low)
 
 so the module with the lightest tail (highest alpha) gets ``high`` and the heaviest
-``low``. A module's ``lr`` (or ``weight_decay``) is then its user group's current value
-times its factor: the user's value, and any scheduler that moves it, stay the scale.
+``low`` (TempBalance's ``assign_func`` also takes the authors' other mappings). A
+module's ``lr`` (or ``weight_decay``) is then its user group's current value times its
+factor: the user's value, and any scheduler that moves it, stay the scale.
 
 Each schedule owns a :class:`~diffract_training.Monitor` that computes the alphas in the
 background (so they equal ``diffract analyze`` of the same weights), analyses the weights
@@ -30,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from diffract.errors import InvalidArgumentError
+from diffract_training._assign import ASSIGN, factors
 from diffract_training._groups import Split, torch_optimizer
 from diffract_training._setup import checkpoint_names, fsdp1_units, global_step, unwrapped
 from diffract_training.monitor import Monitor
@@ -56,13 +58,13 @@ class _Schedule:
                  remove_first: bool, remove_last: bool, min_eigenvalues: int,
                  batchnorm: bool, ramp: int = 0, pinned: Sequence[str] = (),
                  store: Any = None, background: bool = True, batchnorm_type: str = "name",
-                 layernorm: bool = False) -> None:
+                 layernorm: bool = False, assign: str = "tb_linear_map") -> None:
         self._check(every, low, high, remove_first, remove_last, min_eigenvalues, batchnorm,
-                    ramp, pinned, background, batchnorm_type, layernorm)
+                    ramp, pinned, background, batchnorm_type, layernorm, assign)
         self.every, self.low, self.high, self.ramp = every, float(low), float(high), ramp
         self.remove_first, self.remove_last = remove_first, remove_last
         self.min_eigenvalues, self.batchnorm = min_eigenvalues, batchnorm
-        self.batchnorm_type, self.layernorm = batchnorm_type, layernorm
+        self.batchnorm_type, self.layernorm, self.assign = batchnorm_type, layernorm, assign
         self._pinned = tuple(pinned)
         self._store, self._background = store, background
         self.monitor: Monitor | None = None
@@ -87,7 +89,8 @@ class _Schedule:
 
     def _check(self, every: Any, low: Any, high: Any, remove_first: Any, remove_last: Any,
                min_eigenvalues: Any, batchnorm: Any, ramp: Any, pinned: Any,
-               background: Any, batchnorm_type: Any, layernorm: Any) -> None:
+               background: Any, batchnorm_type: Any, layernorm: Any,
+               assign: Any) -> None:
         def whole(value: Any, least: int) -> bool:
             return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
@@ -118,6 +121,8 @@ class _Schedule:
             problems.append("batchnorm_type takes 'name' (a BatchNorm2d follows the conv "
                             "its name names, bn -> conv) or 'order' (the Conv2d just before "
                             f"it), got {batchnorm_type!r}")
+        if assign not in ASSIGN:
+            problems.append(f"assign_func takes one of {', '.join(ASSIGN)}, got {assign!r}")
         if isinstance(pinned, str) or not all(isinstance(p, str) and p for p in pinned):
             problems.append(f"the pinned names take a list of non-empty names, got {pinned!r}")
         if problems:
@@ -194,7 +199,8 @@ class _Schedule:
     def _settings(self) -> str:
         """What sets this schedule's factors, as the ranks compare it at attach."""
         return (f"{self.low_name}={self.low!r}, {self.high_name}={self.high!r}, "
-                f"ramp={self.ramp}, modules={','.join(self.modules)}")
+                f"assign_func={self.assign}, ramp={self.ramp}, "
+                f"modules={','.join(self.modules)}")
 
     def _units(self, model: Any) -> tuple[dict[str, list[Any]], list[str], list[str],
                                           list[str]]:
@@ -295,18 +301,11 @@ class _Schedule:
     def mapping(self, alphas: Mapping[str, float],
                 top: float | None = None) -> dict[str, float]:
         """The factor of each module of ``alphas`` (the module docstring's equation, the
-        authors' ``tb_linear_map``); empty with fewer than two alphas. ``top``: an alpha
+        authors' ``tb_linear_map``, or TempBalance's ``assign_func``: see
+        ``diffract_training._assign``); empty with fewer than two alphas. ``top``: an alpha
         the range reaches up to besides those of ``alphas`` (LayerwiseLR's pinned
         modules: the largest alpha of the modules it does not balance)."""
-        if len(alphas) < 2:
-            return {}
-        least, most = min(alphas.values()), max(alphas.values())
-        if top is not None and math.isfinite(top):
-            most = max(most, top)
-        if most == least:
-            return dict.fromkeys(alphas, (self.low + self.high) / 2)
-        span = self.high - self.low
-        return {m: self.low + (a - least) / (most - least) * span for m, a in alphas.items()}
+        return factors(self.assign, alphas, self.low, self.high, top)
 
     @property
     def factors(self) -> dict[str, float]:
@@ -499,19 +498,22 @@ class TempBalance(_Schedule):
     ``conv``; ``batchnorm_type='order'``: of the ``Conv2d`` registered just before it), a
     ``LayerNorm`` with ``layernorm=True`` that of the linear layer registered just before
     it; convolutions' spectra are their kernel positions' pooled, scaled by 1/2
-    (``conv_norm``)."""
+    (``conv_norm``). ``assign_func`` picks the authors' other mappings: ``'tb_sqrt'`` and
+    ``'tb_log2'`` (factors of mean 1, proportional to sqrt or log2 of alpha; the ratios
+    are not read) and ``'tb_step'`` (by rank); see ``diffract_training._assign``."""
 
     def __init__(self, model: Any = None, optimizer: Any = None, *, every: int,
                  lr_min_ratio: float = 0.5, lr_max_ratio: float = 1.5,
                  remove_first: bool = True, remove_last: bool = True,
                  min_eigenvalues: int = 50, batchnorm: bool = True,
-                 batchnorm_type: str = "name", layernorm: bool = False, store: Any = None,
+                 batchnorm_type: str = "name", layernorm: bool = False,
+                 assign_func: str = "tb_linear_map", store: Any = None,
                  background: bool = True) -> None:
         super().__init__(model, optimizer, every=every, low=lr_min_ratio, high=lr_max_ratio,
                          remove_first=remove_first, remove_last=remove_last,
                          min_eigenvalues=min_eigenvalues, batchnorm=batchnorm,
                          batchnorm_type=batchnorm_type, layernorm=layernorm, store=store,
-                         background=background)
+                         background=background, assign=assign_func)
 
 
 class AlphaDecay(_Schedule):
