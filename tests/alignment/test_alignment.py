@@ -232,7 +232,8 @@ class TestWeightedAndTopK:
                 session.registry.reset_configuration("svd")
         assert all(np.isnan(v) for v in values.values()) and len(values) == 2
         assert "read the top 20 of 200 directions" in notes["l_subspace"]
-        assert "svd top_k=8" in notes["l_subspace"] and "k=8 or less" in notes["l_subspace"]
+        assert "(svd.top_k=8): set l_subspace.k=8 or less, or svd.top_k=20 or more" in \
+            notes["l_subspace"]
         assert "avg_max_r_agreement_top" in notes
         top8 = _pair({"w": a}, {"w": b}, fields=fields, svd={"top_k": 8},
                      l_subspace={"k": 8}, avg_max_r_agreement_top={"k": 8})
@@ -270,9 +271,9 @@ class TestWeightedAndTopK:
         assert len(values) == 4 and all(np.isnan(v) for v in values.values()), values
         for kernel in ("l_overlap", "r_overlap", "sval_rel_change"):
             assert "read all 200 directions, and the SVD computed 8" in notes[kernel]
-            assert "k=8 or less, or svd top_k=0" in notes[kernel], notes[kernel]
+            assert f"{kernel}.k=8 or less, or svd.top_k=0" in notes[kernel], notes[kernel]
         assert "all 200 of model a's directions" in notes["intruder_dimensions"]
-        assert "set svd top_k=0" in notes["intruder_dimensions"]
+        assert "set svd.top_k=0" in notes["intruder_dimensions"]
         top8 = {"l_overlap": {"k": 8}, "r_overlap": {"k": 8}, "sval_rel_change": {"k": 8}}
         full = _pair({"w": a}, {"w": b}, fields=fields[:3], **top8)
         got = _pair({"w": a}, {"w": b}, fields=fields[:3], svd={"top_k": 8}, **top8)

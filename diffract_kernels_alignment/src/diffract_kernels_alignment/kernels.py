@@ -58,20 +58,22 @@ def _right(pair: tuple[np.ndarray, np.ndarray], k: int) -> tuple[np.ndarray, np.
     return va[:n].T, vb[:n].T
 
 
-def _directions(vectors: int, svals: tuple, shape: tuple, k: int, fields: str) -> int:
+def _directions(vectors: int, svals: tuple, shape: tuple, k: int, fields: str,
+                kernel: str) -> int:
     """The directions a field over ``k`` directions (all ``min(N, M)``: ``k`` = 0) reads:
     refused when the SVD computed fewer (``svd.top_k``: the top 8 are another field than
     all 200 under one name) or kept the vectors of fewer (``svd.vector_share`` < 1, as
     ``diffract track``)."""
     directions = _matrix_directions(shape)
     n = min(directions, k) if k > 0 else directions
-    _computed(n, directions, svals, fields, "0 (every direction)" if k == 0 else str(n))
+    _computed(n, directions, svals, fields, kernel,
+              "0 (every direction)" if k == 0 else str(n))
     if n > vectors:
         raise FieldUndefined(
             f"{fields} read the vectors of {'all ' if k == 0 else 'the top '}{n} of "
             f"{directions} directions, and the SVD kept those of {vectors} (svd "
-            "vector_share < 1, as diffract track keeps the top tenth): set svd "
-            "vector_share=1, or read the top-tenth forms (avg_max_l_agreement_top, "
+            "vector_share < 1, as diffract track keeps the top tenth): set "
+            "svd.vector_share=1, or read the top-tenth forms (avg_max_l_agreement_top, "
             "l_subspace_overlap)")
     return n
 
@@ -82,15 +84,16 @@ def _matrix_directions(shape: tuple) -> int:
     return min(min(s[0], math.prod(s[1:])) for s in shape)
 
 
-def _computed(n: int, directions: int, svals: tuple, fields: str, top_k: str) -> None:
+def _computed(n: int, directions: int, svals: tuple, fields: str, kernel: str,
+              top_k: str) -> None:
     """Refuses ``n`` directions when the SVD computed fewer (``svd.top_k``)."""
     computed = min(len(svals[0]), len(svals[1]))
     if n > computed:
         which = (f"all {n} directions" if n == directions else
                  f"the top {n} of {directions} directions")
         raise FieldUndefined(
-            f"{fields} read {which}, and the SVD computed {computed} (svd top_k="
-            f"{computed}): set this field's k={computed} or less, or svd top_k={top_k}")
+            f"{fields} read {which}, and the SVD computed {computed} (svd.top_k="
+            f"{computed}): set {kernel}.k={computed} or less, or svd.top_k={top_k}")
 
 
 # -- overlaps ------------------------------------------------------------------------------
@@ -107,7 +110,8 @@ def l_overlap(weights_lsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple,
     one definition wherever they are computed. Rows follow a's directions, columns
     b's, both by decreasing singular value."""
     ua, ub = _left(weights_lsvs, 0)
-    n = _directions(min(ua.shape[1], ub.shape[1]), weights_svals, shape, k, "the overlaps")
+    n = _directions(min(ua.shape[1], ub.shape[1]), weights_svals, shape, k, "the overlaps",
+                    "l_overlap")
     product = ua[:, :n].T @ ub[:, :n]
     return np.abs(product, out=product)  # in place: one k x k array at a time
 
@@ -118,7 +122,8 @@ def r_overlap(weights_rsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple,
     """``O^R = |V_a^T V_b|``, ``[k, k]``: as ``l_overlap`` for the right singular
     vectors (the input space of ``W``)."""
     va, vb = _right(weights_rsvs, 0)
-    n = _directions(min(va.shape[1], vb.shape[1]), weights_svals, shape, k, "the overlaps")
+    n = _directions(min(va.shape[1], vb.shape[1]), weights_svals, shape, k, "the overlaps",
+                    "r_overlap")
     product = va[:, :n].T @ vb[:, :n]
     return np.abs(product, out=product)
 
@@ -196,8 +201,8 @@ for _fn, _x in ((avg_l_agreement, "l_agreement"), (avg_r_agreement, "r_agreement
 
 
 def _best_matches_top(a: np.ndarray, b: np.ndarray, svals: tuple, shape: tuple,
-                      k: int) -> float:
-    n = _subspace_k(min(a.shape[1], b.shape[1]), svals, shape, k, "the best matches")
+                      k: int, kernel: str) -> float:
+    n = _subspace_k(min(a.shape[1], b.shape[1]), svals, shape, k, "the best matches", kernel)
     return float(np.mean(np.max(np.abs(a[:, :n].T @ b[:, :n]), axis=1)))
 
 
@@ -212,7 +217,7 @@ def avg_max_l_agreement_top(weights_lsvs: tuple[np.ndarray, np.ndarray], weights
     ``avg_max_l_agreement`` averages over every direction of a, matched among all of b's:
     another number (the lower directions move more), under another name."""
     ua, ub = _left(weights_lsvs, 0)
-    return _best_matches_top(ua, ub, weights_svals, shape, k)
+    return _best_matches_top(ua, ub, weights_svals, shape, k, "avg_max_l_agreement_top")
 
 
 @kernel(apply_level=CROSS, hints=_HINTS)
@@ -220,22 +225,24 @@ def avg_max_r_agreement_top(weights_rsvs: tuple[np.ndarray, np.ndarray], weights
                             shape: tuple, *, k: TopK = 0) -> float:
     """``avg_max_l_agreement_top`` for the right singular vectors (the input space)."""
     va, vb = _right(weights_rsvs, 0)
-    return _best_matches_top(va, vb, weights_svals, shape, k)
+    return _best_matches_top(va, vb, weights_svals, shape, k, "avg_max_r_agreement_top")
 
 
 # -- subspaces -----------------------------------------------------------------------------
-def _subspace_k(vectors: int, svals: tuple, shape: tuple, k: int, fields: str) -> int:
+def _subspace_k(vectors: int, svals: tuple, shape: tuple, k: int, fields: str,
+                kernel: str) -> int:
     """The subspace's dimension: ``k``, or the top tenth of the matrix's ``min(N, M)``
     directions, refused when the SVD computed fewer (``svd.top_k``) or kept the vectors
     of fewer (``svd.vector_share``): a top tenth of the top_k directions would be another
     field under the same name."""
     directions = _matrix_directions(shape)
     n = min(directions, k) if k > 0 else max(1, math.ceil(directions / 10))
-    _computed(n, directions, svals, fields, f"{n} or more")
+    _computed(n, directions, svals, fields, kernel, f"{n} or more")
     if n > vectors:
         raise FieldUndefined(
             f"{fields} read the top {n} of {directions} directions, and the SVD kept the "
-            f"vectors of {vectors} (svd vector_share): set svd vector_share=1 or a smaller k")
+            f"vectors of {vectors} (svd.vector_share): set svd.vector_share=1 or a smaller "
+            f"{kernel}.k")
     return n
 
 
@@ -283,7 +290,7 @@ _SUBSPACE_DOC = """Rotation-invariant comparison of the top-``k`` {side} singula
 def l_subspace(weights_lsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple,
                shape: tuple, *, k: TopK = 0):
     ua, ub = _left(weights_lsvs, 0)
-    n = _subspace_k(ua.shape[1], weights_svals, shape, k, "the subspaces")
+    n = _subspace_k(ua.shape[1], weights_svals, shape, k, "the subspaces", "l_subspace")
     return _subspace(ua[:, :n], ub[:, :n])
 
 
@@ -292,7 +299,7 @@ def l_subspace(weights_lsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple
 def r_subspace(weights_rsvs: tuple[np.ndarray, np.ndarray], weights_svals: tuple,
                shape: tuple, *, k: TopK = 0):
     va, vb = _right(weights_rsvs, 0)
-    n = _subspace_k(va.shape[1], weights_svals, shape, k, "the subspaces")
+    n = _subspace_k(va.shape[1], weights_svals, shape, k, "the subspaces", "r_subspace")
     return _subspace(va[:, :n], vb[:, :n])
 
 
@@ -310,7 +317,7 @@ def sval_rel_change(weights_svals: tuple[np.ndarray, np.ndarray], shape: tuple, 
     change of the top 8 is another number than that of all 200."""
     directions = _matrix_directions(shape)
     n = min(directions, k) if k > 0 else directions
-    _computed(n, directions, weights_svals, "sval_rel_change",
+    _computed(n, directions, weights_svals, "sval_rel_change", "sval_rel_change",
               "0 (every direction)" if k == 0 else str(n))
     sa, sb = (np.asarray(x, dtype=np.float64)[:n] for x in weights_svals)
     norm = float(np.linalg.norm(sa))
@@ -364,14 +371,14 @@ def intruder_dimensions(
     if computed < every:
         raise FieldUndefined(
             f"intruder_dimensions matches b's top {top_n} directions among all {every} of "
-            f"model a's directions, and the SVD computed {computed} (svd top_k="
-            f"{computed}): set svd top_k=0")
+            f"model a's directions, and the SVD computed {computed} (svd.top_k="
+            f"{computed}): set svd.top_k=0")
     if ua.shape[1] < every or ub.shape[1] < top_n:
         raise FieldUndefined(
             f"intruder_dimensions matches b's top {top_n} directions among all {every} of "
             f"model a's directions, and the SVD kept the vectors of {ua.shape[1]} of a's "
-            f"and {ub.shape[1]} of b's (svd vector_share < 1, as diffract track keeps the "
-            "top tenth): set svd vector_share=1")
+            f"and {ub.shape[1]} of b's (svd.vector_share < 1, as diffract track keeps the "
+            "top tenth): set svd.vector_share=1")
     top = ub[:, :top_n]
     best = np.max(np.abs(ua.T @ top), axis=0)
     return int(np.sum(best < threshold))

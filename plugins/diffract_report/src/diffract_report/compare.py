@@ -34,7 +34,7 @@ from diffract_report._output import (
     terminal_console,
 )
 from diffract_report.analyze import command_entry
-from diffract_report.summary import dequantized_line, stored_as
+from diffract_report.summary import dequantized_line, stored_as, undefined_lines
 
 #: Pairwise fields shown by default: direction agreement, subspace overlap, spectrum change.
 DEFAULT_COMPARE = ("avg_max_l_agreement", "l_subspace_overlap", "sval_rel_change",
@@ -145,6 +145,9 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                         ["parameter", *pairs], [[layer, *matrix[i]]
                                                 for i, layer in enumerate(layers)],
                         table_id=f"compare-{field}"))
+        if args.format == "table":
+            for line in undefined_lines(view, metrics):
+                tell(line)
         if args.out or args.format != "table":
             fmt = "csv" if args.format == "table" else args.format
             if args.out is None:

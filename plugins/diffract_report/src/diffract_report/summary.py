@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["ALPHA_OVER_TRAINED", "ALPHA_UNDER_TRAINED", "conventions_line", "format_table",
-           "format_value", "pair_matrix", "summarize", "summary_lines"]
+           "format_value", "pair_matrix", "summarize", "summary_lines", "undefined_lines"]
 
 #: WeightWatcher's reading of a layer's power-law exponent: below 2 the layer is likely
 #: over-trained (over-fit to its data), above 6 under-trained; 2-6 is the well-trained band.
@@ -68,6 +68,57 @@ def _spread(members: Sequence[str]) -> str:
         return low if float(low) == float(high) else f"{low}-{high}"
 
     return _NUMBER.sub(shown, members[0])
+
+
+_CHAIN = re.compile(r"^(?:input '[^']+' is undefined: )+")
+#: Reasons told after a command's tables; the rest are counted.
+REASONS_SHOWN = 8
+
+
+def undefined_lines(session: Any, fields: Sequence[str], *,
+                    leave_out: Iterable[str] = ()) -> list[str]:
+    """Why the values of ``fields`` that a command shows as nan are undefined: one line
+    per reason (grouped as :func:`grouped` does; an input's chain of "input 'x' is
+    undefined: ..." cut to its root), with the fields and the units it left undefined,
+    the most frequent first. ``leave_out``: kernels whose reasons are told elsewhere (the
+    model summary's alpha); views (heads, experts) are left out too, told with their own
+    tables. Works in a view; empty when every value is defined."""
+    from diffract.errors import printable
+
+    root = getattr(session, "session", session)
+    left_out = set(leave_out)
+    kernels: dict[str, list[str]] = {}
+    for field in dict.fromkeys(fields):
+        producer = root.registry.producer(field)
+        if producer is not None and producer.name not in left_out:
+            kernels.setdefault(producer.name, []).append(field)
+    views = {p.name for m in session.model_ids for p in root.models.params(m) if p.parent}
+    groups: dict[str, dict[str, Any]] = {}
+    for note in session.results.export_notes():
+        shown = kernels.get(note["kernel"])
+        unit = note["unit"]
+        if not shown or note["kind"] != "undefined" or views and any(
+                unit[i + 1:] in views for i, c in enumerate(unit) if c == "/"):
+            continue
+        reason = _CHAIN.sub("", note["reason"])
+        group = groups.setdefault(_reason_key(reason), {"fields": {}, "units": {},
+                                                         "reasons": []})
+        group["fields"].update(dict.fromkeys(shown))
+        group["units"][note["unit"]] = None
+        group["reasons"].append(reason)
+    if not groups:
+        return []
+    ordered = sorted(groups.values(), key=lambda g: -len(g["units"]))
+    lines = ["nan where a value is undefined:"]
+    for group in ordered[:REASONS_SHOWN]:
+        units = list(group["units"])
+        more = f" and {len(units) - 1} more" if len(units) > 1 else ""
+        lines.append(printable(f"  {', '.join(group['fields'])} on {units[0]}{more}: "
+                               f"{_spread(group['reasons'])}"))
+    if len(ordered) > REASONS_SHOWN:
+        lines.append(f"  and {len(ordered) - REASONS_SHOWN} more reason(s): "
+                     "session.results.export_notes() lists each")
+    return lines
 
 
 def summarize(
