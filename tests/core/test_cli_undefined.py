@@ -72,8 +72,10 @@ def test_compare_says_why_a_pair_is_nan(tmp_path, capsys):
     np.savez(tmp_path / "b.npz", **{k: v + 0.1 * rng.standard_normal(v.shape)
                                     for k, v in a.items()})
     assert main(["compare", str(tmp_path / "a.npz"), str(tmp_path / "b.npz"), "--set",
-                 "svd.top_k=8"]) == 0
+                 "svd.top_k=8", "--report", str(tmp_path / "r.html")]) == 0
     block = _block(capsys.readouterr().out)
+    page = (tmp_path / "r.html").read_text()
+    assert "nan where a value is undefined:" in page and page.count("svd.top_k=8") == 3
     assert len(block) == 3, block
     want = {"avg_max_l_agreement": "set l_overlap.k=8 or less, or svd.top_k=0",
             "l_subspace_overlap": "set l_subspace.k=8 or less, or svd.top_k=20 or more",

@@ -145,9 +145,13 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                         ["parameter", *pairs], [[layer, *matrix[i]]
                                                 for i, layer in enumerate(layers)],
                         table_id=f"compare-{field}"))
+        undefined = undefined_lines(view, metrics)
         if args.format == "table":
-            for line in undefined_lines(view, metrics):
+            for line in undefined:
                 tell(line)
+        if undefined:  # the report's tables show nan too
+            sections.append(f"<p class='note'>{html.escape(undefined[0])}</p><ul>" + "".join(
+                f"<li>{html.escape(line.strip())}</li>" for line in undefined[1:]) + "</ul>")
         if args.out or args.format != "table":
             fmt = "csv" if args.format == "table" else args.format
             if args.out is None:
