@@ -57,6 +57,17 @@ def test_analyze_leaves_alphas_reason_to_the_summary_and_cuts_input_chains(tmp_p
     assert "is undefined: " not in block[0]  # "input 'pl_alpha' is undefined: ..." cut
 
 
+def test_the_analyze_report_says_why_too(tmp_path, capsys):
+    np.savez(tmp_path / "m.npz", zero=np.zeros((64, 64)),
+             w=np.random.default_rng(0).standard_normal((64, 80)))
+    assert main(["analyze", str(tmp_path / "m.npz"), "--metrics", "stable_rank",
+                 "--report", str(tmp_path / "r.html")]) == 0
+    page = (tmp_path / "r.html").read_text()
+    assert "<h2 id='undefined'>Undefined values</h2>" in page
+    assert "<li>stable_rank on m/zero: stable_rank is undefined for an all-zero matrix " \
+           "(every eigenvalue is 0)</li>" in page
+
+
 def test_a_fully_defined_table_has_no_reasons(tmp_path, capsys):
     np.savez(tmp_path / "m.npz", w=np.random.default_rng(0).standard_normal((64, 80)))
     assert main(["analyze", str(tmp_path / "m.npz"), "--metrics", "stable_rank"]) == 0
@@ -75,7 +86,8 @@ def test_compare_says_why_a_pair_is_nan(tmp_path, capsys):
                  "svd.top_k=8", "--report", str(tmp_path / "r.html")]) == 0
     block = _block(capsys.readouterr().out)
     page = (tmp_path / "r.html").read_text()
-    assert "nan where a value is undefined:" in page and page.count("svd.top_k=8") == 3
+    assert "<h2 id='undefined'>Undefined values</h2>" in page
+    assert page.count("(svd.top_k=8): set ") == 3
     assert len(block) == 3, block
     want = {"avg_max_l_agreement": "set l_overlap.k=8 or less, or svd.top_k=0",
             "l_subspace_overlap": "set l_subspace.k=8 or less, or svd.top_k=20 or more",

@@ -30,6 +30,7 @@ from diffract_report.summary import (
     conventions_line,
     format_value,
     summarize,
+    undefined_lines,
 )
 from diffract_report.viz import (
     DEPTH_FIELDS,
@@ -461,6 +462,7 @@ def write_html(
     lead: Sequence[str] = (),
     detail: Sequence[str] | None = None,
     view_metrics: Sequence[str] | None = None,
+    explain: Sequence[str] = (),
 ) -> Path:
     """One self-contained HTML file (styles, script, data and charts inline; opens
     offline): a table of contents; the summary (with the conventions in effect, and
@@ -470,8 +472,10 @@ def write_html(
     ESD plot) and every layer's ESD (when ``plots`` and ``esd`` is stored), for the
     models of ``detail`` (all when None); ``lead`` (HTML fragments after the summary) and
     ``sections`` (after the models); ``view_metrics``: the fields drawn per head (alpha
-    and stable rank when None); and the run's provenance: versions, kernel
-    configuration, inputs with their files' header hashes, time taken, ``command``.
+    and stable rank when None); why values of these fields (and of ``explain``: a
+    section's, such as compare's pairwise fields) are undefined; and the run's
+    provenance: versions, kernel configuration, inputs with their files' header hashes,
+    time taken, ``command``.
     Returns the path."""
     root = getattr(session, "session", session)
     model_ids = root.models.ordered(session.model_ids)
@@ -514,6 +518,13 @@ def write_html(
     counter = iter(range(1_000_000))
     parts += [re.sub(r"<h2>", lambda _: f"<h2 id='section-{next(counter)}'>", s)
               for s in sections]
+    alpha = root.registry.producer("pl_alpha") if summaries else None  # told above
+    undefined = undefined_lines(session, [*fields, *explain],
+                                leave_out=[alpha.name] if alpha else [])
+    if undefined:  # the tables show nan: why, as the command's terminal says
+        parts.append("<h2 id='undefined'>Undefined values</h2><p>" + _esc(undefined[0])
+                     + "</p><ul>" + "".join(f"<li>{_esc(line.strip())}</li>"
+                                            for line in undefined[1:]) + "</ul>")
     parts.append("<h2 id='provenance'>Provenance</h2>")
     prov = [["command", command or ""], ["time taken (s)", seconds],
             ["storage profile", root.profile]]

@@ -145,13 +145,9 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                         ["parameter", *pairs], [[layer, *matrix[i]]
                                                 for i, layer in enumerate(layers)],
                         table_id=f"compare-{field}"))
-        undefined = undefined_lines(view, metrics)
-        if args.format == "table":
-            for line in undefined:
+        if args.format == "table":  # the report tells them under its own heading
+            for line in undefined_lines(view, metrics):
                 tell(line)
-        if undefined:  # the report's tables show nan too
-            sections.append(f"<p class='note'>{html.escape(undefined[0])}</p><ul>" + "".join(
-                f"<li>{html.escape(line.strip())}</li>" for line in undefined[1:]) + "</ul>")
         if args.out or args.format != "table":
             fmt = "csv" if args.format == "table" else args.format
             if args.out is None:
@@ -170,6 +166,7 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
             from diffract_report.report import write_html
 
             written.append(write_html(view, args.report, metrics=[], sections=sections,
+                                      explain=metrics,
                                       seconds=time.perf_counter() - started,
                                       command=" ".join(["diffract", *sys.argv[1:]])))
         for path in written:
