@@ -95,3 +95,20 @@ def test_compare_says_why_a_pair_is_nan(tmp_path, capsys):
     for field, fix in want.items():
         (line,) = [x for x in block if x.startswith(f"{field} on [a,b]/l0 and 1 more: ")]
         assert fix in line and "(svd.top_k=8)" in line
+
+
+def test_compare_says_which_parameters_it_could_not_compare(tmp_path, capsys):
+    """A parameter shaped differently in the second checkpoint is skipped: it has no row
+    in the tables (it was left out without a word), and a line says why."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "a.npz", l0=rng.standard_normal((20, 30)), l1=rng.standard_normal((20, 30)))
+    np.savez(tmp_path / "b.npz", l0=rng.standard_normal((20, 31)), l1=rng.standard_normal((20, 30)))
+    assert main(["compare", str(tmp_path / "a.npz"), str(tmp_path / "b.npz"), "--metrics",
+                 "sval_rel_change,weights_rel_change"]) == 0
+    out = capsys.readouterr().out
+    assert not [line for line in out.splitlines() if line.startswith("l0 ")]
+    lines = out.splitlines()
+    start = lines.index("not computed, so not in the tables:")
+    assert lines[start + 1].strip() == (
+        "sval_rel_change, weights_rel_change on [a,b]/l0: parameter 'l0' has shape (20, 30) "
+        "in 'a' but (20, 31) in 'b'")

@@ -75,14 +75,20 @@ _CHAIN = re.compile(r"^(?:input '[^']+' is undefined: )+")
 REASONS_SHOWN = 8
 
 
+_HEADS = {"undefined": "nan where a value is undefined:",
+          "skipped": "not computed, so not in the tables:"}
+
+
 def undefined_lines(session: Any, fields: Sequence[str], *,
-                    leave_out: Iterable[str] = ()) -> list[str]:
+                    leave_out: Iterable[str] = (), kind: str = "undefined") -> list[str]:
     """Why the values of ``fields`` that a command shows as nan are undefined: one line
     per reason (grouped as :func:`grouped` does; an input's chain of "input 'x' is
     undefined: ..." cut to its root), with the fields and the units it left undefined,
     the most frequent first. ``leave_out``: kernels whose reasons are told elsewhere (the
     model summary's alpha); views (heads, experts) are left out too, told with their own
-    tables. Works in a view; empty when every value is defined."""
+    tables. ``kind="skipped"``: the units not computed instead (a parameter missing from
+    one model of a pair, or shaped differently). Works in a view; empty when there are
+    none."""
     from diffract.errors import printable
 
     root = getattr(session, "session", session)
@@ -97,7 +103,7 @@ def undefined_lines(session: Any, fields: Sequence[str], *,
     for note in session.results.export_notes():
         shown = kernels.get(note["kernel"])
         unit = note["unit"]
-        if not shown or note["kind"] != "undefined" or views and any(
+        if not shown or note["kind"] != kind or views and any(
                 unit[i + 1:] in views for i, c in enumerate(unit) if c == "/"):
             continue
         reason = _CHAIN.sub("", note["reason"])
@@ -109,7 +115,7 @@ def undefined_lines(session: Any, fields: Sequence[str], *,
     if not groups:
         return []
     ordered = sorted(groups.values(), key=lambda g: -len(g["units"]))
-    lines = ["nan where a value is undefined:"]
+    lines = [_HEADS[kind]]
     for group in ordered[:REASONS_SHOWN]:
         units = list(group["units"])
         more = f" and {len(units) - 1} more" if len(units) > 1 else ""
