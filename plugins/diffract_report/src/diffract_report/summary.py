@@ -86,9 +86,10 @@ def undefined_lines(session: Any, fields: Sequence[str], *,
     undefined: ..." cut to its root), with the fields and the units it left undefined,
     the most frequent first. ``leave_out``: kernels whose reasons are told elsewhere (the
     model summary's alpha); views (heads, experts) are left out too, told with their own
-    tables. ``kind="skipped"``: the units not computed instead (a parameter missing from
-    one model of a pair, or shaped differently). Works in a view; empty when there are
-    none."""
+    tables. ``kind="skipped"``: the units the fields' own kernels did not compute instead
+    (a parameter missing from one model of a pair, or shaped differently; not those whose
+    input was never computed, such as a bias's SVD). Works in a view; empty when there
+    are none."""
     from diffract.errors import printable
 
     root = getattr(session, "session", session)
@@ -106,6 +107,8 @@ def undefined_lines(session: Any, fields: Sequence[str], *,
         if not shown or note["kind"] != kind or views and any(
                 unit[i + 1:] in views for i, c in enumerate(unit) if c == "/"):
             continue
+        if kind == "skipped" and note["reason"].startswith("input '"):
+            continue  # an input not computed (a bias has no SVD): not this field's doing
         reason = _CHAIN.sub("", note["reason"])
         group = groups.setdefault(_reason_key(reason), {"fields": {}, "units": {},
                                                          "reasons": []})
