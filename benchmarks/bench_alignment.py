@@ -163,5 +163,6 @@ def main() -> None:
           f"top-k SVD's values equal the full SVD's within "
           + ", ".join(f"{d:.1e} ({field})" for field, d in diffs.items()))
 
+
 if __name__ == "__main__":
     main()

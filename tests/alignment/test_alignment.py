@@ -35,6 +35,33 @@ def _spread(rng, n, m):
     return (u[:, :k] * s) @ v[:, :k].T
 
 
+def _spectrum_pair(spectrum: str, noise: float) -> tuple[np.ndarray, np.ndarray]:
+    """A 300 x 200 matrix whose spectrum has a gap after its top 8 (``"gap"``) or decays
+    by 5% per direction (``"decaying"``), and it plus Gaussian noise of scale ``noise``."""
+    g = np.random.default_rng(1)
+    u, _ = np.linalg.qr(g.standard_normal((300, 200)))
+    v, _ = np.linalg.qr(g.standard_normal((200, 200)))
+    s = (np.r_[np.linspace(100, 50, 8), np.linspace(5, 0.01, 192)] if spectrum == "gap"
+         else np.geomspace(100, 0.01, 200))
+    a = (u * s) @ v.T
+    return a, a + noise * np.random.default_rng(2).standard_normal((300, 200))
+
+
+def _recorded(a: np.ndarray, b: np.ndarray, fields, **svd) -> tuple[dict, list[dict]]:
+    """The pair's aggregates of ``fields`` under the svd configuration ``svd``, undefined
+    values recorded, and the notes saying why."""
+    with Session() as session:
+        session.models.add({"w": a}, model_id="a")
+        session.models.add({"w": b}, model_id="b")
+        session.compute.configure_kernel("svd", **svd)
+        try:
+            session.filter(["a", "b"]).compute.apply(*fields, errors="record", progress=False)
+            return (session.results.export_aggregates(*fields),
+                    session.results.export_notes())
+        finally:
+            session.registry.reset_configuration("svd")
+
+
 def _pair(a: dict, b: dict, fields=ALL_FIELDS, **config):
     with Session() as s:
         s.models.add(a, model_id="a")
@@ -190,13 +217,7 @@ class TestWeightedAndTopK:
         """With svd top_k = 8 (randomized: well under a fifth of 200 directions) the
         overlap of the top k = 8 is the top-left 8 x 8 block of the full one, to the
         documented accuracy."""
-        g = np.random.default_rng(1)
-        u, _ = np.linalg.qr(g.standard_normal((300, 200)))
-        v, _ = np.linalg.qr(g.standard_normal((200, 200)))
-        s = (np.r_[np.linspace(100, 50, 8), np.linspace(5, 0.01, 192)] if spectrum == "gap"
-             else np.geomspace(100, 0.01, 200))
-        a = (u * s) @ v.T
-        b = a + 0.02 * np.random.default_rng(2).standard_normal((300, 200))
+        a, b = _spectrum_pair(spectrum, 0.02)
         full = _pair({"w": a}, {"w": b}, fields=("l_overlap",))["l_overlap@w"]
         top = _pair({"w": a}, {"w": b}, fields=("l_overlap",), svd={"top_k": 8},
                     l_overlap={"k": 8})["l_overlap@w"]
@@ -209,27 +230,13 @@ class TestWeightedAndTopK:
         k (it was the top tenth of the 8 computed, one direction, under the same name);
         with k = 8 set it is the full SVD's, to the documented accuracy (a gap after the top
         8); with top_k = 50 (a truncated full SVD: over a fifth) the full SVD's exactly."""
-        g = np.random.default_rng(1)
-        u, _ = np.linalg.qr(g.standard_normal((300, 200)))
-        v, _ = np.linalg.qr(g.standard_normal((200, 200)))
-        s = np.r_[np.linspace(100, 50, 8), np.linspace(5, 0.01, 192)]
-        a = (u * s) @ v.T
-        b = a + 0.5 * np.random.default_rng(2).standard_normal((300, 200))
+        a, b = _spectrum_pair("gap", 0.5)
         fields = ("l_subspace_overlap", "avg_max_r_agreement_top")
         full = _pair({"w": a}, {"w": b}, fields=fields)
         full8 = _pair({"w": a}, {"w": b}, fields=fields, l_subspace={"k": 8},
                       avg_max_r_agreement_top={"k": 8})
-        with Session() as session:
-            session.models.add({"w": a}, model_id="a")
-            session.models.add({"w": b}, model_id="b")
-            session.compute.configure_kernel("svd", top_k=8)
-            try:
-                session.filter(["a", "b"]).compute.apply(*fields, errors="record",
-                                                         progress=False)
-                values = session.results.export_aggregates(*fields)
-                notes = {n["kernel"]: n["reason"] for n in session.results.export_notes()}
-            finally:
-                session.registry.reset_configuration("svd")
+        values, listed = _recorded(a, b, fields, top_k=8)
+        notes = {n["kernel"]: n["reason"] for n in listed}
         assert all(np.isnan(v) for v in values.values()) and len(values) == 2
         assert "read the top 20 of 200 directions" in notes["l_subspace"]
         assert "(svd.top_k=8): set l_subspace.k=8 or less, or svd.top_k=20 or more" in \
@@ -244,30 +251,16 @@ class TestWeightedAndTopK:
         assert full8["l_subspace_overlap@w"] != pytest.approx(full["l_subspace_overlap@w"],
                                                               abs=1e-3)
 
-
     def test_the_fields_over_every_direction_are_undefined_under_svd_top_k(self):
         """The overlaps and agreements with k = 0, sval_rel_change and intruder_dimensions
         are over all min(N, M) = 200 directions (intruders: b's top 10 among all of a's).
         With svd top_k = 8 they were over the 8 computed, under the same names; they are
         undefined, saying what to set, and with k = 8 set they are the full SVD's top 8."""
-        g = np.random.default_rng(1)
-        u, _ = np.linalg.qr(g.standard_normal((300, 200)))
-        v, _ = np.linalg.qr(g.standard_normal((200, 200)))
-        a = (u * np.r_[np.linspace(100, 50, 8), np.linspace(5, 0.01, 192)]) @ v.T
-        b = a + 0.5 * np.random.default_rng(2).standard_normal((300, 200))
+        a, b = _spectrum_pair("gap", 0.5)
         fields = ("avg_l_agreement", "avg_max_r_agreement", "sval_rel_change",
                   "intruder_dimensions")
-        with Session() as session:
-            session.models.add({"w": a}, model_id="a")
-            session.models.add({"w": b}, model_id="b")
-            session.compute.configure_kernel("svd", top_k=8)
-            try:
-                session.filter(["a", "b"]).compute.apply(*fields, errors="record",
-                                                         progress=False)
-                values = session.results.export_aggregates(*fields)
-                notes = {n["kernel"]: n["reason"] for n in session.results.export_notes()}
-            finally:
-                session.registry.reset_configuration("svd")
+        values, listed = _recorded(a, b, fields, top_k=8)
+        notes = {n["kernel"]: n["reason"] for n in listed}
         assert len(values) == 4 and all(np.isnan(v) for v in values.values()), values
         for kernel in ("l_overlap", "r_overlap", "sval_rel_change"):
             assert "read all 200 directions, and the SVD computed 8" in notes[kernel]
@@ -441,7 +434,6 @@ class TestAgainstNumpy:
                       intruder_dimensions={"k": 5, "threshold": 0.5})
         assert got_d["intruder_dimensions@w"] == 5
 
-
     def test_intruders_need_every_direction_of_a(self, rng):
         """With the vectors of a's top tenth only (svd vector_share=0.1, what diffract
         track keeps), b's risen 30th direction would find no counterpart and count as an
@@ -451,17 +443,8 @@ class TestAgainstNumpy:
         u, s, v = self._factors(rng, n, n)
         sb = s.copy()
         sb[29] = 40.0
-        with Session() as session:
-            session.models.add({"w": (u * s) @ v.T}, model_id="a")
-            session.models.add({"w": (u * sb) @ v.T}, model_id="b")
-            session.compute.configure_kernel("svd", vector_share=0.1)
-            try:
-                session.filter(["a", "b"]).compute.apply(
-                    "intruder_dimensions", errors="record", progress=False)
-                values = session.results.export_aggregates("intruder_dimensions")
-                notes = session.results.export_notes()
-            finally:
-                session.registry.reset_configuration("svd")
+        values, notes = _recorded((u * s) @ v.T, (u * sb) @ v.T, ("intruder_dimensions",),
+                                  vector_share=0.1)
         assert list(values) == ["intruder_dimensions@models[a,b]@params[w]"]
         assert np.isnan(values["intruder_dimensions@models[a,b]@params[w]"])
         (note,) = [n for n in notes if n["kernel"] == "intruder_dimensions"]

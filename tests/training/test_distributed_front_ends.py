@@ -23,6 +23,18 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
 
 from diffract import Session  # noqa: E402
 
+#: How each script ends: both ranks done before the group goes, then out without the
+#: interpreter's teardown, where gloo's C++ threads sometimes abort a finished process
+#: ("terminate called without an active exception", seen in CI beside other tests).
+_LEAVE = """
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
+"""
+
 _HF = textwrap.dedent("""
     import json, os, sys
     import torch, transformers
@@ -64,16 +76,7 @@ _HF = textwrap.dedent("""
     trainer.train()
     with open(f"{out}/rank{rank}.json", "w") as fh:
         json.dump({"lrs": lrs, "analysed": callback.monitor.analysed,
-                   "share": callback.monitor._mine}, fh)    # Both ranks done before the group goes; then leave without the interpreter's
-    # teardown, where gloo's C++ threads sometimes abort a finished process
-    # ("terminate called without an active exception", seen in CI beside other tests).
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-""")
+                   "share": callback.monitor._mine}, fh)""")
 
 _LIGHTNING = textwrap.dedent("""
     import json, os, sys
@@ -126,16 +129,7 @@ _LIGHTNING = textwrap.dedent("""
     trainer.fit(Net())
     with open(f"{out}/rank{trainer.global_rank}.json", "w") as fh:
         json.dump({"decays": decays, "analysed": callback.monitor.analysed,
-                   "share": callback.monitor._mine}, fh)    # Both ranks done before the group goes; then leave without the interpreter's
-    # teardown, where gloo's C++ threads sometimes abort a finished process
-    # ("terminate called without an active exception", seen in CI beside other tests).
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-""")
+                   "share": callback.monitor._mine}, fh)""")
 
 
 def _events(folder: Path) -> dict[str, list[tuple[int, float]]]:
@@ -164,7 +158,7 @@ def _stored_steps(store: Path) -> list[int]:
 
 def test_hf_trainer_under_torchrun_with_a_schedule(tmp_path):
     pytest.importorskip("transformers")
-    (tmp_path / "hf.py").write_text(_HF)
+    (tmp_path / "hf.py").write_text(_HF + _LEAVE)
     _launch([sys.executable, "-m", "torch.distributed.run", "--standalone",
              "--nproc_per_node", "2", "hf.py", str(tmp_path)], tmp_path)
     zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
@@ -190,7 +184,7 @@ def test_hf_trainer_under_torchrun_with_a_schedule(tmp_path):
 
 def test_lightning_ddp_with_two_processes_and_a_schedule(tmp_path):
     pytest.importorskip("lightning.pytorch")
-    (tmp_path / "fit.py").write_text(_LIGHTNING)
+    (tmp_path / "fit.py").write_text(_LIGHTNING + _LEAVE)
     _launch([sys.executable, "fit.py", str(tmp_path)], tmp_path)
     zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert zero["decays"] == one["decays"] and sorted(map(int, zero["decays"])) == list(

@@ -58,17 +58,17 @@ def _right(pair: tuple[np.ndarray, np.ndarray], k: int) -> tuple[np.ndarray, np.
     return va[:n].T, vb[:n].T
 
 
-def _directions(vectors: int, svals: tuple, shape: tuple, k: int, fields: str,
+def _directions(vectors: int | None, svals: tuple, shape: tuple, k: int, fields: str,
                 kernel: str) -> int:
     """The directions a field over ``k`` directions (all ``min(N, M)``: ``k`` = 0) reads:
     refused when the SVD computed fewer (``svd.top_k``: the top 8 are another field than
     all 200 under one name) or kept the vectors of fewer (``svd.vector_share`` < 1, as
-    ``diffract track``)."""
+    ``diffract track``; ``vectors`` None: no vectors are read)."""
     directions = _matrix_directions(shape)
     n = min(directions, k) if k > 0 else directions
     _computed(n, directions, svals, fields, kernel,
               "0 (every direction)" if k == 0 else str(n))
-    if n > vectors:
+    if vectors is not None and n > vectors:
         raise FieldUndefined(
             f"{fields} read the vectors of {'all ' if k == 0 else 'the top '}{n} of "
             f"{directions} directions, and the SVD kept those of {vectors} (svd "
@@ -315,10 +315,7 @@ def sval_rel_change(weights_svals: tuple[np.ndarray, np.ndarray], shape: tuple, 
     values, matched by rank (largest with largest), over all ``min(N, M)`` of them, or the
     top ``k`` (``k`` > 0). Undefined where the SVD computed fewer (``svd.top_k``): the
     change of the top 8 is another number than that of all 200."""
-    directions = _matrix_directions(shape)
-    n = min(directions, k) if k > 0 else directions
-    _computed(n, directions, weights_svals, "sval_rel_change", "sval_rel_change",
-              "0 (every direction)" if k == 0 else str(n))
+    n = _directions(None, weights_svals, shape, k, "sval_rel_change", "sval_rel_change")
     sa, sb = (np.asarray(x, dtype=np.float64)[:n] for x in weights_svals)
     norm = float(np.linalg.norm(sa))
     if not norm > 0:

@@ -30,6 +30,7 @@ from diffract_report.summary import (
     conventions_line,
     format_value,
     summarize,
+    told_by_summary,
     undefined_lines,
 )
 from diffract_report.viz import (
@@ -518,9 +519,8 @@ def write_html(
     counter = iter(range(1_000_000))
     parts += [re.sub(r"<h2>", lambda _: f"<h2 id='section-{next(counter)}'>", s)
               for s in sections]
-    alpha = root.registry.producer("pl_alpha") if summaries else None  # told above
     undefined = undefined_lines(session, [*fields, *explain],
-                                leave_out=[alpha.name] if alpha else [])
+                                leave_out=told_by_summary(root, summaries.values()))
     if undefined:  # the tables show nan: why, as the command's terminal says
         parts.append("<h2 id='undefined'>Undefined values</h2><p>" + _esc(undefined[0])
                      + "</p><ul>" + "".join(f"<li>{_esc(line.strip())}</li>"

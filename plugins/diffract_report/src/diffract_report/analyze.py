@@ -75,7 +75,13 @@ def configure_analyze(p: argparse.ArgumentParser) -> None:
 
 
 def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
-    from diffract_report.summary import NOISE_MARK, summarize, summary_lines, undefined_lines
+    from diffract_report.summary import (
+        NOISE_MARK,
+        summarize,
+        summary_lines,
+        told_by_summary,
+        undefined_lines,
+    )
 
     started = time.perf_counter()
     metrics = [m.strip() for m in (args.metrics or ",".join(DEFAULT_METRICS)).split(",")
@@ -138,9 +144,8 @@ def analyze(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                     say(NOISE_NOTE)
                 view_tables(session, view, model_id, view_fields or metrics, console, say,
                             every=args.view_rows)
-            told = [session.registry.producer("pl_alpha")] if any(
-                r["layers"] for r in summaries) else []  # the summary tells alpha's
-            for line in undefined_lines(view, metrics, leave_out=[k.name for k in told if k]):
+            for line in undefined_lines(view, metrics,
+                                        leave_out=told_by_summary(session, summaries)):
                 say(line)
             for record in summaries:
                 if record["layers"]:  # alpha was asked for

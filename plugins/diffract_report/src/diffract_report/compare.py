@@ -146,8 +146,7 @@ def compare(args: argparse.Namespace, say: Callable[[str], None] = print) -> int
                                                 for i, layer in enumerate(layers)],
                         table_id=f"compare-{field}"))
         if args.format == "table":  # the report tells them under its own heading
-            for line in [*undefined_lines(view, metrics),
-                         *undefined_lines(view, metrics, kind="skipped")]:
+            for line in undefined_lines(view, metrics, kinds=("undefined", "skipped")):
                 tell(line)
         if args.out or args.format != "table":
             fmt = "csv" if args.format == "table" else args.format

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["ALPHA_OVER_TRAINED", "ALPHA_UNDER_TRAINED", "conventions_line", "format_table",
-           "format_value", "pair_matrix", "summarize", "summary_lines", "undefined_lines"]
+           "format_value", "pair_matrix", "summarize", "summary_lines", "told_by_summary",
+           "undefined_lines"]
 
 #: WeightWatcher's reading of a layer's power-law exponent: below 2 the layer is likely
 #: over-trained (over-fit to its data), above 6 under-trained; 2-6 is the well-trained band.
@@ -79,17 +80,25 @@ _HEADS = {"undefined": "nan where a value is undefined:",
           "skipped": "not computed, so not in the tables:"}
 
 
-def undefined_lines(session: Any, fields: Sequence[str], *,
-                    leave_out: Iterable[str] = (), kind: str = "undefined") -> list[str]:
+def told_by_summary(session: Any, summaries: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The kernels whose undefined values the model summary explains: alpha's producer,
+    where alpha was asked for (a record with ``layers``)."""
+    producer = getattr(session, "session", session).registry.producer("pl_alpha")
+    return [producer.name] if producer is not None and any(
+        r["layers"] for r in summaries) else []
+
+
+def undefined_lines(session: Any, fields: Sequence[str], *, leave_out: Iterable[str] = (),
+                    kinds: Sequence[str] = ("undefined",)) -> list[str]:
     """Why the values of ``fields`` that a command shows as nan are undefined: one line
     per reason (grouped as :func:`grouped` does; an input's chain of "input 'x' is
     undefined: ..." cut to its root), with the fields and the units it left undefined,
     the most frequent first. ``leave_out``: kernels whose reasons are told elsewhere (the
     model summary's alpha); views (heads, experts) are left out too, told with their own
-    tables. ``kind="skipped"``: the units the fields' own kernels did not compute instead
-    (a parameter missing from one model of a pair, or shaped differently; not those whose
-    input was never computed, such as a bias's SVD). Works in a view; empty when there
-    are none."""
+    tables. ``kinds`` with ``"skipped"``: also, under a heading of their own, the units
+    the fields' own kernels did not compute (a parameter missing from one model of a
+    pair, or shaped differently; not those whose input was never computed, such as a
+    bias's SVD). One pass over the notes; works in a view; empty when there are none."""
     from diffract.errors import printable
 
     root = getattr(session, "session", session)
@@ -100,33 +109,35 @@ def undefined_lines(session: Any, fields: Sequence[str], *,
         if producer is not None and producer.name not in left_out:
             kernels.setdefault(producer.name, []).append(field)
     views = {p.name for m in session.model_ids for p in root.models.params(m) if p.parent}
-    groups: dict[str, dict[str, Any]] = {}
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
     for note in session.results.export_notes():
         shown = kernels.get(note["kernel"])
-        unit = note["unit"]
-        if not shown or note["kind"] != kind or views and any(
+        unit, kind = note["unit"], note["kind"]
+        if not shown or kind not in kinds or views and any(
                 unit[i + 1:] in views for i, c in enumerate(unit) if c == "/"):
             continue
         if kind == "skipped" and note["reason"].startswith("input '"):
             continue  # an input not computed (a bias has no SVD): not this field's doing
         reason = _CHAIN.sub("", note["reason"])
-        group = groups.setdefault(_reason_key(reason), {"fields": {}, "units": {},
-                                                         "reasons": []})
+        group = groups.setdefault((kind, _reason_key(reason)), {"fields": {}, "units": {},
+                                                                 "reasons": []})
         group["fields"].update(dict.fromkeys(shown))
         group["units"][note["unit"]] = None
         group["reasons"].append(reason)
-    if not groups:
-        return []
-    ordered = sorted(groups.values(), key=lambda g: -len(g["units"]))
-    lines = [_HEADS[kind]]
-    for group in ordered[:REASONS_SHOWN]:
-        units = list(group["units"])
-        more = f" and {len(units) - 1} more" if len(units) > 1 else ""
-        lines.append(printable(f"  {', '.join(group['fields'])} on {units[0]}{more}: "
-                               f"{_spread(group['reasons'])}"))
-    if len(ordered) > REASONS_SHOWN:
-        lines.append(f"  and {len(ordered) - REASONS_SHOWN} more reason(s): "
-                     "session.results.export_notes() lists each")
+    lines: list[str] = []
+    for kind in kinds:
+        ordered = sorted((g for (k, _), g in groups.items() if k == kind),
+                         key=lambda g: -len(g["units"]))
+        if ordered:
+            lines.append(_HEADS[kind])
+        for group in ordered[:REASONS_SHOWN]:
+            units = list(group["units"])
+            more = f" and {len(units) - 1} more" if len(units) > 1 else ""
+            lines.append(printable(f"  {', '.join(group['fields'])} on {units[0]}{more}: "
+                                   f"{_spread(group['reasons'])}"))
+        if len(ordered) > REASONS_SHOWN:
+            lines.append(f"  and {len(ordered) - REASONS_SHOWN} more reason(s): "
+                         "session.results.export_notes() lists each")
     return lines
 
 
